@@ -1,0 +1,64 @@
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "backend/cuda/device.h"
+
+namespace exl3::cuda {
+
+namespace {
+__global__ void axpy_kernel(int n, float a, const float* x, float* y) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
+}
+
+Status check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return Status::ok();
+    return internal_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+}  // namespace
+
+std::vector<DeviceInfo> list_devices() {
+    std::vector<DeviceInfo> out;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return out;
+    }
+    for (int i = 0; i < n; ++i) {
+        cudaDeviceProp p{};
+        if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+        out.push_back({i, p.name, p.major, p.minor, p.totalGlobalMem, p.multiProcessorCount});
+    }
+    return out;
+}
+
+Status self_test(int device) {
+    EXL3_RETURN_IF_ERROR(check(cudaSetDevice(device), "cudaSetDevice"));
+    const int n = 1000;
+    std::vector<float> x(n), y(n);
+    for (int i = 0; i < n; ++i) {
+        x[i] = 0.5f * static_cast<float>(i);
+        y[i] = static_cast<float>(n - i);
+    }
+    float *dx = nullptr, *dy = nullptr;
+    EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dx, n * sizeof(float)), "cudaMalloc"));
+    Status st = check(cudaMalloc(&dy, n * sizeof(float)), "cudaMalloc");
+    if (st.is_ok()) st = check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy x");
+    if (st.is_ok()) st = check(cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy y");
+    if (st.is_ok()) {
+        axpy_kernel<<<(n + 255) / 256, 256>>>(n, 2.0f, dx, dy);
+        st = check(cudaGetLastError(), "axpy launch");
+    }
+    if (st.is_ok()) st = check(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
+    cudaFree(dx);
+    cudaFree(dy);
+    EXL3_RETURN_IF_ERROR(st);
+    for (int i = 0; i < n; ++i) {
+        float want = 2.0f * 0.5f * static_cast<float>(i) + static_cast<float>(n - i);
+        if (y[i] != want) return internal_error("CUDA self test: wrong result at " + std::to_string(i));
+    }
+    return Status::ok();
+}
+
+}  // namespace exl3::cuda

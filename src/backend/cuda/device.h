@@ -1,0 +1,26 @@
+// CUDA device discovery. The CUDA ops and the backend land with the CUDA issue; this keeps the toolchain honest
+// (CI compiles it on every change) and lets `exl3 inspect --devices` say what the machine has.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "exl3/status.h"
+
+namespace exl3::cuda {
+
+struct DeviceInfo {
+    int index = 0;
+    std::string name;
+    int sm_major = 0, sm_minor = 0;
+    size_t total_memory = 0;
+    int multiprocessors = 0;
+};
+
+// Lists the visible devices; an empty list (not an error) when there is no GPU or driver.
+std::vector<DeviceInfo> list_devices();
+
+// Runs a small kernel and checks its result: proves that the build's device code runs on this GPU.
+Status self_test(int device);
+
+}  // namespace exl3::cuda
