@@ -1,0 +1,315 @@
+#include "format/model_config.h"
+
+#include <fmt/core.h>
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "core/mmap.h"
+
+namespace exl3 {
+
+namespace {
+
+using json = nlohmann::json;
+
+const std::vector<ArchInfo> kArchs = {
+    {Arch::kLlama, "LlamaForCausalLM", "llama"},
+    {Arch::kMistral, "MistralForCausalLM", "mistral"},
+    {Arch::kQwen2, "Qwen2ForCausalLM", "qwen2"},
+    {Arch::kQwen3, "Qwen3ForCausalLM", "qwen3"},
+};
+
+// Typed field access with messages that name the file and the key.
+class Fields {
+public:
+    Fields(const json& j, std::string source) : j_(j), source_(std::move(source)) {}
+
+    bool has(const char* key) const {
+        auto it = j_.find(key);
+        return it != j_.end() && !it->is_null();
+    }
+    Status get_int(const char* key, int* out, bool required, int lo = 1, int hi = 1 << 30) const {
+        auto it = j_.find(key);
+        if (it == j_.end() || it->is_null()) {
+            if (required) return invalid_argument(fmt::format("{}: missing required field '{}'", source_, key));
+            return Status::ok();
+        }
+        if (!it->is_number_integer() && !(it->is_number_float() && std::floor(it->get<double>()) == it->get<double>()))
+            return invalid_argument(fmt::format("{}: '{}' must be an integer", source_, key));
+        double v = it->get<double>();
+        if (v < lo || v > hi)
+            return invalid_argument(fmt::format("{}: '{}' = {} is out of range [{}, {}]", source_, key, v, lo, hi));
+        *out = static_cast<int>(v);
+        return Status::ok();
+    }
+    Status get_double(const char* key, double* out, bool required = false) const {
+        auto it = j_.find(key);
+        if (it == j_.end() || it->is_null()) {
+            if (required) return invalid_argument(fmt::format("{}: missing required field '{}'", source_, key));
+            return Status::ok();
+        }
+        if (!it->is_number()) return invalid_argument(fmt::format("{}: '{}' must be a number", source_, key));
+        *out = it->get<double>();
+        if (!std::isfinite(*out)) return invalid_argument(fmt::format("{}: '{}' is not finite", source_, key));
+        return Status::ok();
+    }
+    Status get_bool(const char* key, bool* out) const {
+        auto it = j_.find(key);
+        if (it == j_.end() || it->is_null()) return Status::ok();
+        if (!it->is_boolean()) return invalid_argument(fmt::format("{}: '{}' must be true or false", source_, key));
+        *out = it->get<bool>();
+        return Status::ok();
+    }
+    Status get_string(const char* key, std::string* out) const {
+        auto it = j_.find(key);
+        if (it == j_.end() || it->is_null()) return Status::ok();
+        if (!it->is_string()) return invalid_argument(fmt::format("{}: '{}' must be a string", source_, key));
+        *out = it->get<std::string>();
+        return Status::ok();
+    }
+    Status get_double_list(const char* key, std::vector<double>* out) const {
+        auto it = j_.find(key);
+        if (it == j_.end() || it->is_null()) return Status::ok();
+        if (!it->is_array()) return invalid_argument(fmt::format("{}: '{}' must be a list of numbers", source_, key));
+        out->clear();
+        for (const auto& v : *it) {
+            if (!v.is_number()) return invalid_argument(fmt::format("{}: '{}' must be a list of numbers", source_, key));
+            out->push_back(v.get<double>());
+        }
+        return Status::ok();
+    }
+    const std::string& source() const { return source_; }
+
+private:
+    const json& j_;
+    std::string source_;
+};
+
+// Token ids given as an int or a list of ints.
+Status parse_token_ids(const json& j, const char* key, const std::string& source, std::vector<int>* out) {
+    auto it = j.find(key);
+    if (it == j.end() || it->is_null()) return Status::ok();
+    out->clear();
+    auto add = [&](const json& v) -> Status {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 30))
+            return invalid_argument(fmt::format("{}: '{}' must hold non-negative integer token ids", source, key));
+        out->push_back(static_cast<int>(v.get<int64_t>()));
+        return Status::ok();
+    };
+    if (it->is_array()) {
+        for (const auto& v : *it) EXL3_RETURN_IF_ERROR(add(v));
+        return Status::ok();
+    }
+    return add(*it);
+}
+
+Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
+    RopeConfig& r = mc->rope;
+    r.max_position_embeddings = mc->max_position_embeddings;
+    Fields top(cfg, source);
+    // The transformers-5 style keeps everything in rope_parameters; the older one has rope_theta at the top and
+    // the scaling in rope_scaling ("type" or "rope_type").
+    const json* params = nullptr;
+    std::string where;
+    if (top.has("rope_parameters")) {
+        params = &cfg["rope_parameters"];
+        where = "rope_parameters";
+    } else if (top.has("rope_scaling")) {
+        params = &cfg["rope_scaling"];
+        where = "rope_scaling";
+    }
+    EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
+    // A top-level partial_rotary_factor is ignored: none of the supported architectures rotate part of a head,
+    // and transformers ignores it for them too (checked in the RoPE fixtures). Inside rope_parameters it counts.
+    EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
+    if (params) {
+        if (!params->is_object())
+            return invalid_argument(fmt::format("{}: '{}' must be an object", source, where));
+        if (params->contains("full_attention") || params->contains("sliding_attention"))
+            return unsupported(fmt::format("{}: per-layer-type '{}' is not supported", source, where));
+        Fields p(*params, source + " " + where);
+        std::string type = "default";
+        EXL3_RETURN_IF_ERROR(p.get_string("type", &type));
+        EXL3_RETURN_IF_ERROR(p.get_string("rope_type", &type));
+        static const std::pair<const char*, RopeType> kTypes[] = {
+            {"default", RopeType::kDefault}, {"linear", RopeType::kLinear}, {"dynamic", RopeType::kDynamic},
+            {"yarn", RopeType::kYarn},       {"llama3", RopeType::kLlama3}, {"longrope", RopeType::kLongrope},
+            {"su", RopeType::kLongrope},  // the name Phi-3 configs used before "longrope"
+        };
+        bool known = false;
+        for (const auto& [name, t] : kTypes) {
+            if (type == name) {
+                r.type = t;
+                known = true;
+            }
+        }
+        if (!known)
+            return unsupported(fmt::format("{}: rope type '{}' is not supported (supported: default, linear, "
+                                           "dynamic, yarn, llama3, longrope)",
+                                           source, type));
+        EXL3_RETURN_IF_ERROR(p.get_double("rope_theta", &r.theta));
+        EXL3_RETURN_IF_ERROR(p.get_double("partial_rotary_factor", &r.partial_rotary_factor));
+        EXL3_RETURN_IF_ERROR(p.get_double("factor", &r.factor));
+        EXL3_RETURN_IF_ERROR(p.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
+        EXL3_RETURN_IF_ERROR(p.get_double("low_freq_factor", &r.low_freq_factor));
+        EXL3_RETURN_IF_ERROR(p.get_double("high_freq_factor", &r.high_freq_factor));
+        EXL3_RETURN_IF_ERROR(p.get_double("beta_fast", &r.beta_fast));
+        EXL3_RETURN_IF_ERROR(p.get_double("beta_slow", &r.beta_slow));
+        EXL3_RETURN_IF_ERROR(p.get_double("mscale", &r.mscale));
+        EXL3_RETURN_IF_ERROR(p.get_double("mscale_all_dim", &r.mscale_all_dim));
+        EXL3_RETURN_IF_ERROR(p.get_bool("truncate", &r.truncate));
+        EXL3_RETURN_IF_ERROR(p.get_double("attention_factor", &r.attention_factor));
+        EXL3_RETURN_IF_ERROR(p.get_double_list("short_factor", &r.short_factor));
+        EXL3_RETURN_IF_ERROR(p.get_double_list("long_factor", &r.long_factor));
+        if (r.attention_factor != -1.0 && !(r.attention_factor > 0))
+            return invalid_argument(fmt::format("{}: attention_factor must be positive", source));
+    }
+    return rope_validate(r, mc->head_dim).with_context(source);
+}
+
+}  // namespace
+
+const std::vector<ArchInfo>& supported_architectures() { return kArchs; }
+
+Result<ModelConfig> parse_model_config(const std::string& text, const std::string& source) {
+    json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (cfg.is_discarded()) return invalid_argument(source + ": not valid JSON");
+    if (!cfg.is_object()) return invalid_argument(source + ": not a JSON object");
+    Fields f(cfg, source);
+    ModelConfig mc;
+
+    // Architecture: the first entry of "architectures", else model_type.
+    std::string arch_name, model_type;
+    if (cfg.contains("architectures")) {
+        const json& a = cfg["architectures"];
+        if (!a.is_array() || a.empty() || !a[0].is_string())
+            return invalid_argument(source + ": 'architectures' must be a non-empty list of strings");
+        arch_name = a[0].get<std::string>();
+    }
+    EXL3_RETURN_IF_ERROR(f.get_string("model_type", &model_type));
+    const ArchInfo* info = nullptr;
+    for (const auto& ai : kArchs)
+        if ((!arch_name.empty() && arch_name == ai.hf_class) || (arch_name.empty() && model_type == ai.model_type))
+            info = &ai;
+    if (!info) {
+        std::string names;
+        for (const auto& ai : kArchs) names += (names.empty() ? "" : ", ") + std::string(ai.hf_class);
+        return unsupported(fmt::format("{}: architecture '{}' is not supported (supported: {})", source,
+                                       arch_name.empty() ? model_type : arch_name, names));
+    }
+    mc.arch = info->arch;
+    mc.arch_name = info->hf_class;
+
+    EXL3_RETURN_IF_ERROR(f.get_int("vocab_size", &mc.vocab_size, true));
+    EXL3_RETURN_IF_ERROR(f.get_int("hidden_size", &mc.hidden_size, true));
+    EXL3_RETURN_IF_ERROR(f.get_int("intermediate_size", &mc.intermediate_size, true));
+    EXL3_RETURN_IF_ERROR(f.get_int("num_hidden_layers", &mc.num_layers, true, 1, 100000));
+    EXL3_RETURN_IF_ERROR(f.get_int("num_attention_heads", &mc.num_heads, true, 1, 100000));
+    mc.num_kv_heads = mc.num_heads;
+    EXL3_RETURN_IF_ERROR(f.get_int("num_key_value_heads", &mc.num_kv_heads, false, 1, 100000));
+    if (mc.num_heads % mc.num_kv_heads)
+        return invalid_argument(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                                            source, mc.num_heads, mc.num_kv_heads));
+    if (f.has("head_dim")) {
+        EXL3_RETURN_IF_ERROR(f.get_int("head_dim", &mc.head_dim, true, 1, 4096));
+    } else {
+        if (mc.hidden_size % mc.num_heads)
+            return invalid_argument(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {} and "
+                                                "no head_dim is given",
+                                                source, mc.hidden_size, mc.num_heads));
+        mc.head_dim = mc.hidden_size / mc.num_heads;
+    }
+    if (mc.head_dim % 2) return invalid_argument(fmt::format("{}: head_dim {} must be even", source, mc.head_dim));
+    EXL3_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &mc.rms_norm_eps));
+    if (!(mc.rms_norm_eps > 0)) return invalid_argument(source + ": rms_norm_eps must be positive");
+    mc.max_position_embeddings = 2048;
+    EXL3_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &mc.max_position_embeddings, false));
+    EXL3_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
+
+    std::string act = "silu";
+    EXL3_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
+    if (act != "silu" && act != "swish")
+        return unsupported(fmt::format("{}: hidden_act '{}' is not supported (only silu)", source, act));
+
+    bool attention_bias = false;
+    EXL3_RETURN_IF_ERROR(f.get_bool("attention_bias", &attention_bias));
+    EXL3_RETURN_IF_ERROR(f.get_bool("mlp_bias", &mc.mlp_bias));
+    switch (mc.arch) {
+        case Arch::kLlama:
+        case Arch::kQwen3:
+            mc.qkv_bias = mc.o_bias = attention_bias;
+            break;
+        case Arch::kQwen2:
+            mc.qkv_bias = true;  // fixed by the architecture
+            break;
+        case Arch::kMistral:
+            break;
+    }
+    if (mc.arch != Arch::kLlama) mc.mlp_bias = false;
+    mc.qk_norm = mc.arch == Arch::kQwen3;
+
+    // Sliding windows: Mistral applies sliding_window to every layer; Qwen2/3 per layer_types (or, in older
+    // configs, use_sliding_window with layers from max_window_layers on).
+    int window = 0;
+    EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false));
+    mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
+    if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
+        const json& lt = cfg["layer_types"];
+        if (!lt.is_array() || lt.size() != static_cast<size_t>(mc.num_layers))
+            return invalid_argument(fmt::format("{}: layer_types must list {} layers", source, mc.num_layers));
+        for (size_t i = 0; i < lt.size(); ++i) {
+            std::string t = lt[i].is_string() ? lt[i].get<std::string>() : "";
+            if (t == "sliding_attention") {
+                if (window <= 0)
+                    return invalid_argument(source + ": layer_types has sliding_attention but no sliding_window");
+                mc.sliding_window[i] = window;
+            } else if (t != "full_attention") {
+                return unsupported(fmt::format("{}: layer type '{}' is not supported", source, t));
+            }
+        }
+    } else if (mc.arch == Arch::kMistral) {
+        for (auto& w : mc.sliding_window) w = window;
+    } else if (mc.arch == Arch::kQwen2 || mc.arch == Arch::kQwen3) {
+        bool use = false;
+        int from = mc.num_layers;
+        EXL3_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &use));
+        EXL3_RETURN_IF_ERROR(f.get_int("max_window_layers", &from, false, 0));
+        if (use && window > 0)
+            for (int i = from; i < mc.num_layers; ++i) mc.sliding_window[static_cast<size_t>(i)] = window;
+    }
+
+    std::string dtype = "bfloat16";
+    EXL3_RETURN_IF_ERROR(f.get_string("torch_dtype", &dtype));
+    EXL3_RETURN_IF_ERROR(f.get_string("dtype", &dtype));
+    if (dtype == "bfloat16") mc.dtype = DType::kBF16;
+    else if (dtype == "float16") mc.dtype = DType::kF16;
+    else if (dtype == "float32") mc.dtype = DType::kF32;
+    else return unsupported(fmt::format("{}: dtype '{}' is not supported (bfloat16, float16, float32)", source, dtype));
+
+    std::vector<int> bos;
+    EXL3_RETURN_IF_ERROR(parse_token_ids(cfg, "bos_token_id", source, &bos));
+    if (!bos.empty()) mc.bos_token_id = bos[0];
+    EXL3_RETURN_IF_ERROR(parse_token_ids(cfg, "eos_token_id", source, &mc.eos_token_ids));
+
+    EXL3_RETURN_IF_ERROR(parse_rope(cfg, source, &mc));
+    return mc;
+}
+
+Result<ModelConfig> load_model_config(const std::string& dir) {
+    std::string path = dir + "/config.json";
+    EXL3_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+    EXL3_ASSIGN_OR_RETURN(ModelConfig mc, parse_model_config(text, path));
+    std::string gen_path = dir + "/generation_config.json";
+    if (file_exists(gen_path)) {
+        EXL3_ASSIGN_OR_RETURN(std::string gtext, read_text_file(gen_path));
+        json g = json::parse(gtext, nullptr, false);
+        if (g.is_discarded() || !g.is_object()) return invalid_argument(gen_path + ": not a JSON object");
+        std::vector<int> eos;
+        EXL3_RETURN_IF_ERROR(parse_token_ids(g, "eos_token_id", gen_path, &eos));
+        if (!eos.empty()) mc.eos_token_ids = eos;  // generation_config.json wins, as in transformers' generate()
+    }
+    return mc;
+}
+
+}  // namespace exl3

@@ -1,0 +1,81 @@
+// The public model API: load a checkpoint, run tokens through it with a per-sequence KV cache, greedy-generate.
+// Sampling, batching and streaming live in the Generator (a later layer); this is the engine underneath.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exl3/status.h"
+
+namespace exl3 {
+
+struct ModelInfo {
+    std::string architecture;   // HF class name, e.g. "LlamaForCausalLM"
+    std::string dtype;          // weights as stored: "bfloat16", "float16", "float32"
+    std::string rope_type;
+    int vocab_size = 0;
+    int hidden_size = 0;
+    int intermediate_size = 0;
+    int num_layers = 0;
+    int num_heads = 0;
+    int num_kv_heads = 0;
+    int head_dim = 0;
+    int context_length = 0;     // the longest sequence allowed (LoadOptions::context_length or the config's)
+    int bos_token_id = -1;
+    std::vector<int> eos_token_ids;
+    int64_t num_parameters = 0;
+    int64_t weight_bytes = 0;
+};
+
+struct LoadOptions {
+    int threads = 0;            // CPU threads; 0: EXL3_THREADS or all hardware threads
+    int context_length = 0;     // longest sequence allowed; 0: the model's max_position_embeddings. Larger values
+                                // make sense with RoPE scaling that extrapolates (dynamic NTK)
+};
+
+class Model;
+
+// The state of one sequence: its KV cache and length.
+class Sequence {
+public:
+    ~Sequence();
+    int length() const;
+    int max_length() const;
+    void reset();
+
+private:
+    friend class Model;
+    struct Impl;
+    explicit Sequence(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+class Model {
+public:
+    // Loads an HF checkpoint directory (config.json + safetensors). Weights stay memory-mapped.
+    static Result<std::unique_ptr<Model>> load(const std::string& dir, const LoadOptions& options = {});
+    ~Model();
+
+    const ModelInfo& info() const;
+
+    // A new empty sequence able to hold max_length tokens (0: the model's context length).
+    Result<std::unique_ptr<Sequence>> new_sequence(int max_length = 0) const;
+
+    // Appends `tokens` to the sequence and writes logits (fp32) for every new position ([n, vocab]) when
+    // all_logits, else for the last one ([vocab]). Fails without changing the sequence on bad token ids or when the
+    // sequence would outgrow its max_length.
+    Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+
+    // Greedy continuation: up to max_new_tokens, stopping after any of stop_ids.
+    Result<std::vector<int32_t>> generate_greedy(const std::vector<int32_t>& prompt, int max_new_tokens,
+                                                 const std::vector<int>& stop_ids = {}) const;
+
+private:
+    Model();
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace exl3

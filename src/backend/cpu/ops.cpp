@@ -1,0 +1,240 @@
+#include "backend/cpu/ops.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace exl3::cpu {
+
+namespace {
+
+// ---- matmul --------------------------------------------------------------------------------------------------
+// A register tile of NR weight rows x NT tokens. Weights are widened to fp32 as they are loaded, so they are
+// read from memory once per tile of tokens and never copied.
+
+inline float load_scalar(const uint16_t* w, int64_t i, DType dt) {
+    return dt == DType::kBF16 ? bf16_to_f32(w[i]) : f16_to_f32(w[i]);
+}
+
+template <int NR, int NT>
+void tile_scalar(const float* x, int k, const void* w, DType dt, int64_t row0, float* acc /*[NR][NT]*/) {
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < NT; ++t) {
+            const float* xr = x + static_cast<int64_t>(t) * k;
+            float s = 0.0f;
+            if (dt == DType::kF32) {
+                const float* wr = static_cast<const float*>(w) + (row0 + r) * k;
+                for (int i = 0; i < k; ++i) s += xr[i] * wr[i];
+            } else {
+                const uint16_t* wr = static_cast<const uint16_t*>(w) + (row0 + r) * k;
+                for (int i = 0; i < k; ++i) s += xr[i] * load_scalar(wr, i, dt);
+            }
+            acc[r * NT + t] = s;
+        }
+    }
+}
+
+__attribute__((target("avx2,fma,f16c"))) inline __m256 load8(const void* w, int64_t i, DType dt) {
+    if (dt == DType::kF32) return _mm256_loadu_ps(static_cast<const float*>(w) + i);
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(w) + i));
+    if (dt == DType::kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+template <int NR, int NT>
+__attribute__((target("avx2,fma,f16c"))) void tile_avx2(const float* x, int k, const void* w, DType dt, int64_t row0,
+                                                       float* acc) {
+    __m256 a[NR][NT];
+    for (int r = 0; r < NR; ++r)
+        for (int t = 0; t < NT; ++t) a[r][t] = _mm256_setzero_ps();
+    const int k8 = k & ~7;
+    for (int i = 0; i < k8; i += 8) {
+        __m256 xv[NT];
+        for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + static_cast<int64_t>(t) * k + i);
+        for (int r = 0; r < NR; ++r) {
+            __m256 wv = load8(w, (row0 + r) * k + i, dt);
+            for (int t = 0; t < NT; ++t) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
+        }
+    }
+    for (int r = 0; r < NR; ++r) {
+        for (int t = 0; t < NT; ++t) {
+            float s = hsum(a[r][t]);
+            const float* xr = x + static_cast<int64_t>(t) * k;
+            for (int i = k8; i < k; ++i) {
+                float wv = dt == DType::kF32 ? static_cast<const float*>(w)[(row0 + r) * k + i]
+                                             : load_scalar(static_cast<const uint16_t*>(w), (row0 + r) * k + i, dt);
+                s += xr[i] * wv;
+            }
+            acc[r * NT + t] = s;
+        }
+    }
+}
+
+bool has_avx2() {
+    static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
+    return v;
+}
+
+template <int NR, int NT>
+void tile(const float* x, int k, const void* w, DType dt, int64_t row0, float* acc) {
+    if (has_avx2())
+        tile_avx2<NR, NT>(x, k, w, dt, row0, acc);
+    else
+        tile_scalar<NR, NT>(x, k, w, dt, row0, acc);
+}
+
+template <int NR>
+void rows_block(const float* x, int n, int k, const void* w, DType dt, int64_t row0, int64_t m, const float* bias,
+                float* y) {
+    float acc[NR * 4];
+    int t = 0;
+    auto store = [&](int nt) {
+        for (int r = 0; r < NR; ++r)
+            for (int j = 0; j < nt; ++j)
+                y[static_cast<int64_t>(t + j) * m + row0 + r] = acc[r * nt + j] + (bias ? bias[row0 + r] : 0.0f);
+    };
+    for (; t + 4 <= n; t += 4) {
+        tile<NR, 4>(x + static_cast<int64_t>(t) * k, k, w, dt, row0, acc);
+        store(4);
+    }
+    switch (n - t) {
+        case 3: tile<NR, 3>(x + static_cast<int64_t>(t) * k, k, w, dt, row0, acc); store(3); break;
+        case 2: tile<NR, 2>(x + static_cast<int64_t>(t) * k, k, w, dt, row0, acc); store(2); break;
+        case 1: tile<NR, 1>(x + static_cast<int64_t>(t) * k, k, w, dt, row0, acc); store(1); break;
+        default: break;
+    }
+}
+
+}  // namespace
+
+void matmul(const float* x, int n, int k, const TensorView& w, const float* bias, float* y, ThreadPool& pool) {
+    const int64_t m = w.dim(0);
+    const int64_t blocks = (m + 3) / 4;
+    // Enough rows per chunk that each thread streams a useful slice of the weight.
+    pool.parallel_for(static_cast<size_t>(blocks), 8, [&](size_t b0, size_t b1) {
+        for (size_t b = b0; b < b1; ++b) {
+            int64_t row0 = static_cast<int64_t>(b) * 4;
+            int64_t rows = std::min<int64_t>(4, m - row0);
+            switch (rows) {
+                case 4: rows_block<4>(x, n, k, w.data, w.dtype, row0, m, bias, y); break;
+                case 3: rows_block<3>(x, n, k, w.data, w.dtype, row0, m, bias, y); break;
+                case 2: rows_block<2>(x, n, k, w.data, w.dtype, row0, m, bias, y); break;
+                default: rows_block<1>(x, n, k, w.data, w.dtype, row0, m, bias, y); break;
+            }
+        }
+    });
+}
+
+void rms_norm(const float* x, const float* w, int n, int d, float eps, float* out) {
+    for (int t = 0; t < n; ++t) {
+        const float* xr = x + static_cast<int64_t>(t) * d;
+        float* o = out + static_cast<int64_t>(t) * d;
+        double ss = 0.0;
+        for (int i = 0; i < d; ++i) ss += static_cast<double>(xr[i]) * xr[i];
+        float inv = 1.0f / std::sqrt(static_cast<float>(ss / d) + eps);
+        for (int i = 0; i < d; ++i) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+void rope_neox(float* x, int n, int heads, int head_dim, const int32_t* positions, const float* inv_freq,
+               int rotary_dim, float scaling) {
+    const int half = rotary_dim / 2;
+    std::vector<float> cs(static_cast<size_t>(half)), sn(static_cast<size_t>(half));
+    for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < half; ++i) {
+            float a = static_cast<float>(positions[t]) * inv_freq[i];  // fp32 product, as transformers forms it
+            cs[static_cast<size_t>(i)] = std::cos(a) * scaling;
+            sn[static_cast<size_t>(i)] = std::sin(a) * scaling;
+        }
+        for (int h = 0; h < heads; ++h) {
+            float* v = x + (static_cast<int64_t>(t) * heads + h) * head_dim;
+            for (int i = 0; i < half; ++i) {
+                float a = v[i], b = v[i + half];
+                v[i] = a * cs[static_cast<size_t>(i)] - b * sn[static_cast<size_t>(i)];
+                v[i + half] = b * cs[static_cast<size_t>(i)] + a * sn[static_cast<size_t>(i)];
+            }
+        }
+    }
+}
+
+void silu_mul(float* a, const float* b, int n, int d) {
+    const int64_t total = static_cast<int64_t>(n) * d;
+    for (int64_t i = 0; i < total; ++i) {
+        float v = a[i];
+        a[i] = v / (1.0f + std::exp(-v)) * b[i];
+    }
+}
+
+void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim, const float* k_cache,
+               const float* v_cache, int cache_len, const int32_t* positions, int window, float scale, float* out,
+               ThreadPool& pool) {
+    const int group = n_heads / n_kv_heads;
+    const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
+    pool.parallel_for(static_cast<size_t>(n) * n_heads, 1, [&](size_t i0, size_t i1) {
+        std::vector<float> scores;
+        for (size_t idx = i0; idx < i1; ++idx) {
+            const int t = static_cast<int>(idx / n_heads), h = static_cast<int>(idx % n_heads);
+            const int kvh = h / group;
+            const float* qv = q + (static_cast<int64_t>(t) * n_heads + h) * head_dim;
+            const int last = std::min(positions[t], cache_len - 1);
+            const int first = window > 0 ? std::max(0, positions[t] - window + 1) : 0;
+            float* o = out + (static_cast<int64_t>(t) * n_heads + h) * head_dim;
+            std::fill(o, o + head_dim, 0.0f);
+            if (last < first) continue;
+            scores.resize(static_cast<size_t>(last - first + 1));
+            float mx = -INFINITY;
+            for (int p = first; p <= last; ++p) {
+                const float* kv = k_cache + p * kv_stride + static_cast<int64_t>(kvh) * head_dim;
+                float s = 0.0f;
+                for (int i = 0; i < head_dim; ++i) s += qv[i] * kv[i];
+                s *= scale;
+                scores[static_cast<size_t>(p - first)] = s;
+                mx = std::max(mx, s);
+            }
+            float sum = 0.0f;
+            for (auto& s : scores) {
+                s = std::exp(s - mx);
+                sum += s;
+            }
+            const float inv = 1.0f / sum;
+            for (int p = first; p <= last; ++p) {
+                const float wgt = scores[static_cast<size_t>(p - first)] * inv;
+                const float* vv = v_cache + p * kv_stride + static_cast<int64_t>(kvh) * head_dim;
+                for (int i = 0; i < head_dim; ++i) o[i] += wgt * vv[i];
+            }
+        }
+    });
+}
+
+void embedding_row(const TensorView& table, int64_t row, float* out) {
+    const int64_t d = table.dim(1);
+    if (table.dtype == DType::kF32) {
+        const float* src = table.as<float>() + row * d;
+        std::copy(src, src + d, out);
+        return;
+    }
+    const uint16_t* src = table.as<uint16_t>() + row * d;
+    for (int64_t i = 0; i < d; ++i) out[i] = load_scalar(src, i, table.dtype);
+}
+
+void to_f32(const TensorView& t, float* out) {
+    const int64_t n = t.numel();
+    if (t.dtype == DType::kF32) {
+        std::copy(t.as<float>(), t.as<float>() + n, out);
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) out[i] = load_scalar(t.as<uint16_t>(), i, t.dtype);
+}
+
+}  // namespace exl3::cpu

@@ -1,0 +1,56 @@
+// HF config.json -> ModelConfig. Llama, Mistral, Qwen2 and Qwen3 are one dense decoder; the differences are flags
+// (biases, q/k norm, sliding windows, RoPE variant), so they share one config and one forward pass.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "exl3/status.h"
+#include "format/rope.h"
+
+namespace exl3 {
+
+enum class Arch { kLlama, kMistral, kQwen2, kQwen3 };
+
+struct ArchInfo {
+    Arch arch;
+    const char* hf_class;     // "LlamaForCausalLM"
+    const char* model_type;   // "llama"
+};
+// The table of supported architectures.
+const std::vector<ArchInfo>& supported_architectures();
+
+struct ModelConfig {
+    Arch arch = Arch::kLlama;
+    std::string arch_name;          // the HF class name as found
+    int vocab_size = 0;
+    int hidden_size = 0;
+    int intermediate_size = 0;
+    int num_layers = 0;
+    int num_heads = 0;
+    int num_kv_heads = 0;
+    int head_dim = 0;               // explicit in config.json, or hidden_size / num_heads
+    double rms_norm_eps = 1e-6;
+    int max_position_embeddings = 0;
+    bool tie_word_embeddings = false;
+    bool qkv_bias = false;          // Qwen2 always; Llama/Qwen3 with attention_bias
+    bool o_bias = false;            // Llama/Qwen3 with attention_bias
+    bool mlp_bias = false;          // Llama with mlp_bias
+    bool qk_norm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
+    std::vector<int> sliding_window;  // [num_layers]; 0 = full attention, w = attend to the last w positions
+    RopeConfig rope;
+    DType dtype = DType::kBF16;     // torch_dtype / dtype as declared
+    int bos_token_id = -1;
+    std::vector<int> eos_token_ids;
+
+    int q_dim() const { return num_heads * head_dim; }
+    int kv_dim() const { return num_kv_heads * head_dim; }
+};
+
+// Parses config.json text; `source` names the file in errors.
+Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);
+// Reads DIR/config.json (and eos ids from DIR/generation_config.json when present).
+Result<ModelConfig> load_model_config(const std::string& dir);
+
+}  // namespace exl3

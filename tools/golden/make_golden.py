@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Reference outputs from HF transformers for the CPU engine's golden tests.
+
+Runs where torch + transformers (5.x) + safetensors are installed (the H200 test machine); no GPU needed: the
+reference runs in float32 on the CPU so that it is deterministic and comparable at 1e-4.
+
+Writes, under OUT:
+  models/<name>/          small random-weight models, one per architecture and RoPE variant (HF layout)
+  golden/<name>.safetensors  token sequences, their logits [len, vocab] (fp32) and 64-token greedy continuations
+  golden/rope.json        inverse frequencies and attention scaling for many RoPE configs, as transformers computes
+
+Usage: make_golden.py --tiny DIR [--tiny DIR ...] --out OUT
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+
+import torch
+import transformers
+from safetensors.torch import save_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+torch.set_num_threads(min(16, os.cpu_count() or 1))
+torch.backends.cuda.matmul.allow_tf32 = False
+
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=256, max_position_embeddings=128, rms_norm_eps=1e-6,
+             bos_token_id=0, eos_token_id=1, pad_token_id=None)
+
+# name -> (model class name in config, extra config fields (new style unless noted), weight dtype, seq lengths)
+VARIANTS = {
+    "llama_llama3": ("LlamaForCausalLM", "llama", dict(
+        rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                             high_freq_factor=4.0, original_max_position_embeddings=64)), "bfloat16", [7, 40]),
+    "mistral_sliding": ("MistralForCausalLM", "mistral", dict(
+        sliding_window=8, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "float32", [7, 30]),
+    "qwen2_bias": ("Qwen2ForCausalLM", "qwen2", dict(
+        rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), "float16", [7, 30]),
+    "qwen3_qknorm": ("Qwen3ForCausalLM", "qwen3", dict(
+        head_dim=32, rope_parameters=dict(rope_type="default", rope_theta=1000000.0)), "bfloat16", [7, 30]),
+    "llama_yarn": ("LlamaForCausalLM", "llama", dict(
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=32)), "bfloat16", [7, 60]),
+    "llama_tied": ("LlamaForCausalLM", "llama", dict(
+        tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 30]),
+    # The old style: top-level rope_theta + rope_scaling, and "torch_dtype" (written by hand below).
+    "llama_old_style": ("LlamaForCausalLM", "llama", dict(
+        rope_parameters=dict(rope_type="linear", rope_theta=50000.0, factor=2.0)), "bfloat16", [7, 30]),
+    # The new style with dynamic NTK: sequences run past max_position_embeddings.
+    "llama_new_style_dynamic": ("LlamaForCausalLM", "llama", dict(
+        max_position_embeddings=32,
+        rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)), "bfloat16", [7, 48]),
+    "llama_longrope": ("LlamaForCausalLM", "llama", dict(
+        max_position_embeddings=128,
+        rope_parameters=dict(rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=32,
+                             short_factor=[1.0 + 0.05 * i for i in range(8)],
+                             long_factor=[1.0 + 0.4 * i for i in range(8)])), "bfloat16", [7, 48]),
+}
+OLD_STYLE = {"llama_old_style"}
+
+
+def randomize(model, seed):
+    """Weights with enough spread that logits are far from uniform (greedy ties would make tests flaky)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif p.dim() == 2:
+                fan_in = p.shape[1]
+                scale = 1.0 if "embed_tokens" in name else 1.5 / math.sqrt(fan_in)
+                p.copy_(scale * torch.randn(p.shape, generator=g))
+
+
+def to_old_style(cfg_path):
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    rp = cfg.pop("rope_parameters")
+    cfg["rope_theta"] = rp.pop("rope_theta")
+    rp["type"] = rp.pop("rope_type")
+    cfg["rope_scaling"] = rp
+    cfg["torch_dtype"] = cfg.pop("dtype")
+    cfg.pop("head_dim", None)  # derived from hidden_size / num_attention_heads
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+def load_fp32(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
+
+
+@torch.no_grad()
+def greedy(model, prompt, n_new):
+    """Greedy decoding with the KV cache, one token a step, as generate() would (no EOS stop)."""
+    ids = torch.tensor([prompt])
+    out = model(ids, use_cache=True)
+    past = out.past_key_values
+    tokens = []
+    nxt = int(out.logits[0, -1].argmax())
+    for _ in range(n_new):
+        tokens.append(nxt)
+        out = model(torch.tensor([[nxt]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        nxt = int(out.logits[0, -1].argmax())
+    return tokens
+
+
+@torch.no_grad()
+def golden_for(model, seqs, prompt, keep_last=None):
+    tensors = {}
+    for i, s in enumerate(seqs):
+        logits = model(torch.tensor([s])).logits[0].float()
+        if keep_last:
+            logits = logits[-keep_last:]
+        tensors[f"seq{i}.tokens"] = torch.tensor(s, dtype=torch.int32)
+        tensors[f"seq{i}.logits"] = logits.contiguous()
+    tensors["greedy.prompt"] = torch.tensor(prompt, dtype=torch.int32)
+    tensors["greedy.tokens"] = torch.tensor(greedy(model, prompt, 64), dtype=torch.int32)
+    return tensors
+
+
+def make_random_models(out):
+    for idx, (name, (arch, model_type, extra, dtype, lens)) in enumerate(VARIANTS.items()):
+        fields = dict(SMALL)
+        fields.update(extra)
+        fields["architectures"] = [arch]
+        cfg = AutoConfig.for_model(model_type, **fields)
+        torch.manual_seed(idx)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+        randomize(model, 1000 + idx)
+        mdir = os.path.join(out, "models", name)
+        model.to(getattr(torch, dtype)).save_pretrained(mdir)
+        if name in OLD_STYLE:
+            to_old_style(os.path.join(mdir, "config.json"))
+        ref = load_fp32(mdir)  # reload: the reference reads the same file (and config style) we do
+        g = torch.Generator().manual_seed(77 + idx)
+        vocab = fields["vocab_size"]
+        seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]
+        prompt = torch.randint(2, vocab, (5,), generator=g).tolist()
+        save_file(golden_for(ref, seqs, prompt), os.path.join(out, "golden", name + ".safetensors"))
+        print(f"{name}: {arch} {dtype} seqs {lens}", flush=True)
+
+
+TINY_TEXTS = [
+    "The old lighthouse keeper climbed the stairs every evening, counting each step as",
+    "Once upon a time, in a village at the edge of a great forest, there lived a young girl who loved to read. "
+    "Every morning she walked to the little library by the river and asked the librarian for a new book. "
+    "The librarian, an old man with a long white beard, always smiled and said that",
+]
+
+
+def make_tiny(out, tiny_dirs):
+    for d in tiny_dirs:
+        name = os.path.basename(os.path.normpath(d)).replace("-", "_")
+        tok = AutoTokenizer.from_pretrained(d)
+        model = load_fp32(d)
+        seqs = [tok(t)["input_ids"] for t in TINY_TEXTS]
+        tensors = {}
+        short = golden_for(model, [seqs[0]], seqs[0])
+        tensors.update(short)
+        with torch.no_grad():  # the long sequence: only its last 8 positions, to keep the fixture small
+            logits = model(torch.tensor([seqs[1]])).logits[0, -8:].float().contiguous()
+        tensors["seq1.tokens"] = torch.tensor(seqs[1], dtype=torch.int32)
+        tensors["seq1.logits"] = logits
+        save_file(tensors, os.path.join(out, "golden", name + ".safetensors"))
+        print(f"{name}: seqs {[len(s) for s in seqs]}, greedy {tensors['greedy.tokens'][:16].tolist()}", flush=True)
+
+
+def rope_configs():
+    """(name, config fields, head_dim, seq_lens to probe)."""
+    base = dict(hidden_size=512, num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=4096)
+    r = []
+    r.append(("default", dict(rope_parameters=dict(rope_type="default", rope_theta=10000.0)), [None]))
+    r.append(("default_theta1e6_hd128", dict(head_dim=128, rope_parameters=dict(rope_type="default",
+                                                                                rope_theta=1e6)), [None]))
+    r.append(("partial_rotary", dict(partial_rotary_factor=0.5,
+                                     rope_parameters=dict(rope_type="default", rope_theta=10000.0)), [None]))
+    r.append(("linear", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0)), [None]))
+    r.append(("dynamic", dict(rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)),
+              [None, 4096, 5000, 16384]))
+    r.append(("llama3", dict(head_dim=128, max_position_embeddings=131072, rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8192)), [None]))
+    r.append(("llama3_32", dict(head_dim=64, max_position_embeddings=131072, rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8192)), [None]))
+    r.append(("yarn", dict(head_dim=128, max_position_embeddings=131072, rope_parameters=dict(
+        rope_type="yarn", rope_theta=1e6, factor=4.0, original_max_position_embeddings=32768)), [None]))
+    r.append(("yarn_beta", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=8.0, beta_fast=16.0, beta_slow=2.0,
+        original_max_position_embeddings=2048)), [None]))
+    r.append(("yarn_attention_factor", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, attention_factor=1.25,
+        original_max_position_embeddings=1024)), [None]))
+    r.append(("yarn_mscale", dict(head_dim=64, rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=40.0, mscale=1.0, mscale_all_dim=0.707,
+        original_max_position_embeddings=4096, beta_fast=32, beta_slow=1)), [None]))
+    r.append(("yarn_no_truncate", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, truncate=False,
+        original_max_position_embeddings=1024)), [None]))
+    r.append(("longrope", dict(head_dim=96, max_position_embeddings=131072, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=4096,
+        short_factor=[1.0 + 0.01 * i for i in range(48)], long_factor=[1.0 + 0.5 * i for i in range(48)])),
+              [None, 4096, 4097, 20000]))
+    r.append(("longrope_attention_factor", dict(head_dim=64, max_position_embeddings=16384, rope_parameters=dict(
+        rope_type="longrope", rope_theta=10000.0, original_max_position_embeddings=4096, attention_factor=1.1,
+        short_factor=[1.0] * 32, long_factor=[2.0 + 0.1 * i for i in range(32)])), [None, 8000]))
+    out = []
+    for name, extra, lens in r:
+        fields = dict(base)
+        fields.update(extra)
+        fields["architectures"] = ["LlamaForCausalLM"]
+        fields["model_type"] = "llama"
+        out.append((name, fields, lens))
+    return out
+
+
+def make_rope(out, tmp):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    result = {"transformers": transformers.__version__, "configs": {}}
+    for name, fields, lens in rope_configs():
+        d = os.path.join(tmp, "rope_" + name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(fields, f)
+        cfg = AutoConfig.from_pretrained(d)
+        entry = {"config": fields, "probes": []}
+        for n in lens:
+            emb = LlamaRotaryEmbedding(cfg)
+            if n is not None:  # the forward pass updates dynamic and longrope frequencies
+                x = torch.zeros(1, 1, 8)
+                emb(x, torch.tensor([[n - 1]]))
+            entry["probes"].append({"seq_len": n, "inv_freq": emb.inv_freq.float().tolist(),
+                                    "attention_scaling": float(emb.attention_scaling)})
+        result["configs"][name] = entry
+        print(f"rope {name}: {len(entry['probes'])} probes, scaling {entry['probes'][0]['attention_scaling']}")
+    with open(os.path.join(out, "golden", "rope.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tiny", action="append", default=[])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--only", default="all", choices=["all", "rope", "random", "tiny"])
+    a = ap.parse_args()
+    os.makedirs(os.path.join(a.out, "golden"), exist_ok=True)
+    print(f"torch {torch.__version__} transformers {transformers.__version__}", flush=True)
+    tmp = os.path.join(a.out, "tmp")
+    if a.only in ("all", "rope"):
+        make_rope(a.out, tmp)
+    if a.only in ("all", "random"):
+        make_random_models(a.out)
+    if a.only in ("all", "tiny"):
+        make_tiny(a.out, a.tiny)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
