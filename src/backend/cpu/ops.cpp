@@ -54,28 +54,36 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
 template <int NR, int NT>
 __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const float* x, int k, const void* w, DType dt, int64_t row0,
                                                        float* acc) {
-    __m256 a[NR][NT];
-    for (int r = 0; r < NR; ++r)
-        for (int t = 0; t < NT; ++t) a[r][t] = _mm256_setzero_ps();
-    const int k8 = k & ~7;
-    for (int i = 0; i < k8; i += 8) {
-        __m256 xv[NT];
-        for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + static_cast<int64_t>(t) * k + i);
-        for (int r = 0; r < NR; ++r) {
-            __m256 wv = load8(w, (row0 + r) * k + i, dt);
-            for (int t = 0; t < NT; ++t) a[r][t] = _mm256_fmadd_ps(wv, xv[t], a[r][t]);
+    // With one token there are only NR independent FMA chains; a second set of accumulators hides FMA latency.
+    constexpr int NA = NT == 1 ? 2 : 1;
+    __m256 a[NA][NR][NT];
+    for (int s = 0; s < NA; ++s)
+        for (int r = 0; r < NR; ++r)
+            for (int t = 0; t < NT; ++t) a[s][r][t] = _mm256_setzero_ps();
+    const int step = 8 * NA;
+    const int kv = k / step * step;
+    for (int i = 0; i < kv; i += step) {
+        for (int s = 0; s < NA; ++s) {
+            __m256 xv[NT];
+            for (int t = 0; t < NT; ++t) xv[t] = _mm256_loadu_ps(x + static_cast<int64_t>(t) * k + i + 8 * s);
+            for (int r = 0; r < NR; ++r) {
+                __m256 wv = load8(w, (row0 + r) * k + i + 8 * s, dt);
+                for (int t = 0; t < NT; ++t) a[s][r][t] = _mm256_fmadd_ps(wv, xv[t], a[s][r][t]);
+            }
         }
     }
     for (int r = 0; r < NR; ++r) {
         for (int t = 0; t < NT; ++t) {
-            float s = hsum(a[r][t]);
+            __m256 v = a[0][r][t];
+            for (int s = 1; s < NA; ++s) v = _mm256_add_ps(v, a[s][r][t]);
+            float sum = hsum(v);
             const float* xr = x + static_cast<int64_t>(t) * k;
-            for (int i = k8; i < k; ++i) {
+            for (int i = kv; i < k; ++i) {
                 float wv = dt == DType::kF32 ? static_cast<const float*>(w)[(row0 + r) * k + i]
                                              : load_scalar(static_cast<const uint16_t*>(w), (row0 + r) * k + i, dt);
-                s += xr[i] * wv;
+                sum += xr[i] * wv;
             }
-            acc[r * NT + t] = s;
+            acc[r * NT + t] = sum;
         }
     }
 }

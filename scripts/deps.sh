@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the Debian packages exl3.cpp builds and tests with (as root; skips what is already installed).
+set -euo pipefail
+pkgs=(cmake ninja-build g++ clang pkg-config googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
+      libcli11-dev libpcre2-dev)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages: ${missing[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

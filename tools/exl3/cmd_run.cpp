@@ -1,0 +1,167 @@
+// exl3 run: a prompt in, generated text out on stdout, streamed token by token.
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "core/log.h"
+#include "exl3/model.h"
+#include "runtime/sampler.h"
+#include "tools/exl3/commands.h"
+#ifdef EXL3_HAVE_TOKENIZER
+#include "exl3/tokenizer.h"
+#endif
+
+namespace exl3::cli {
+
+namespace {
+
+struct RunOptions {
+    std::string model;
+    std::string prompt;
+    std::string tokens;  // "1,2,3": a prompt as token ids
+    int max_tokens = 128;
+    int threads = 0;
+    int context = 0;
+    bool ids = false;
+    bool ignore_eos = false;
+    bool no_bos = false;
+    SamplerSettings sampling;
+};
+
+Result<std::vector<int32_t>> parse_ids(const std::string& s) {
+    std::vector<int32_t> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            long v = std::stol(item, &used);
+            if (used != item.size() || v < 0 || v > (1L << 30)) throw std::invalid_argument(item);
+            out.push_back(static_cast<int32_t>(v));
+        } catch (const std::exception&) {
+            return invalid_argument("--tokens: '" + item + "' is not a token id");
+        }
+    }
+    if (out.empty()) return invalid_argument("--tokens: no token ids given");
+    return out;
+}
+
+int run(const RunOptions& o) {
+    if (Status s = validate(o.sampling); !s.is_ok()) return fail("run", s.message());
+    if (o.max_tokens < 0) return fail("run", "-n must be >= 0");
+    if (o.prompt.empty() == o.tokens.empty()) return fail("run", "give exactly one of -p TEXT or --tokens IDS");
+    LoadOptions lo;
+    lo.threads = o.threads;
+    lo.context_length = o.context;
+    auto model = Model::load(o.model, lo);
+    if (!model.is_ok()) return fail("run", model.status().to_string());
+    const Model& m = **model;
+
+    std::vector<int32_t> prompt;
+    std::vector<int> stop = m.info().eos_token_ids;
+#ifdef EXL3_HAVE_TOKENIZER
+    std::shared_ptr<const Tokenizer> tok;
+    if (!o.ids || !o.prompt.empty()) {
+        auto t = Tokenizer::load(o.model);
+        if (!t.is_ok()) return fail("run", t.status().to_string());
+        tok = *t;
+        for (int32_t id : tok->eos_ids())
+            if (std::find(stop.begin(), stop.end(), id) == stop.end()) stop.push_back(id);
+    }
+    if (!o.prompt.empty()) {
+        auto enc = tok->encode(o.prompt, !o.no_bos);
+        if (!enc.is_ok()) return fail("run", enc.status().to_string());
+        prompt = *enc;
+    }
+#else
+    if (!o.prompt.empty()) return fail("run", "this build has no tokenizer: use --tokens");
+#endif
+    if (!o.tokens.empty()) {
+        auto ids = parse_ids(o.tokens);
+        if (!ids.is_ok()) return fail("run", ids.status().message());
+        prompt = *ids;
+    }
+    if (o.ignore_eos) stop.clear();
+    if (prompt.empty()) return fail("run", "the prompt encodes to no tokens");
+    const int ctx = m.info().context_length;
+    if (static_cast<int>(prompt.size()) >= ctx)
+        return fail("run", "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
+                               std::to_string(ctx) + " (use --context to raise it where the model allows)");
+
+    auto seq = m.new_sequence();
+    if (!seq.is_ok()) return fail("run", seq.status().to_string());
+    Sampler sampler(o.sampling);
+#ifdef EXL3_HAVE_TOKENIZER
+    std::unique_ptr<IncrementalDetokenizer> detok;
+    if (tok && !o.ids) detok = std::make_unique<IncrementalDetokenizer>(tok, /*skip_special_tokens=*/true);
+#endif
+    using clock = std::chrono::steady_clock;
+    auto t0 = clock::now();
+    std::vector<float> logits;
+    std::vector<int32_t> step = prompt;
+    double prefill_s = 0;
+    int generated = 0;
+    std::string stop_reason = "length";
+    while (generated < o.max_tokens) {
+        if ((*seq)->length() + static_cast<int>(step.size()) > ctx) {
+            stop_reason = "context";
+            break;
+        }
+        Status s = m.forward(**seq, step, false, &logits);
+        if (!s.is_ok()) return fail("run", s.to_string());
+        if (generated == 0) prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+        int32_t next = sampler.sample(logits.data(), m.info().vocab_size);
+        ++generated;
+        if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
+            stop_reason = "eos";
+            break;
+        }
+#ifdef EXL3_HAVE_TOKENIZER
+        if (detok) {
+            std::string delta = detok->step(next);
+            std::fwrite(delta.data(), 1, delta.size(), stdout);
+        } else
+#endif
+        {
+            std::printf("%s%d", generated > 1 ? " " : "", next);
+        }
+        std::fflush(stdout);
+        step.assign(1, next);
+    }
+#ifdef EXL3_HAVE_TOKENIZER
+    if (detok) {
+        std::string rest = detok->flush();
+        std::fwrite(rest.data(), 1, rest.size(), stdout);
+    }
+#endif
+    std::printf("\n");
+    double total_s = std::chrono::duration<double>(clock::now() - t0).count();
+    double decode_s = total_s - prefill_s;
+    log_info("prompt {} tokens in {:.3f} s ({:.1f} tok/s); generated {} tokens, {:.1f} tok/s; stop: {}",
+             prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), generated,
+             generated > 1 ? (generated - 1) / std::max(decode_s, 1e-9) : 0.0, stop_reason);
+    return 0;
+}
+
+}  // namespace
+
+Runner add_run(CLI::App& app) {
+    auto o = std::make_shared<RunOptions>();
+    app.add_option("-m,--model", o->model, "model directory (HF layout)")->required();
+    app.add_option("-p,--prompt", o->prompt, "prompt text");
+    app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids");
+    app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens")->capture_default_str();
+    app.add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
+    app.add_option("--top-k", o->sampling.top_k, "0 = off")->capture_default_str();
+    app.add_option("--top-p", o->sampling.top_p, "1 = off")->capture_default_str();
+    app.add_option("--min-p", o->sampling.min_p, "0 = off")->capture_default_str();
+    app.add_option("--seed", o->sampling.seed, "random seed")->capture_default_str();
+    app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    app.add_option("-c,--context", o->context, "context length (0 = the model's)");
+    app.add_flag("--ids", o->ids, "print generated token ids instead of text");
+    app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");
+    app.add_flag("--no-bos", o->no_bos, "do not add the BOS token (and other special tokens) to the prompt");
+    return [o] { return run(*o); };
+}
+
+}  // namespace exl3::cli

@@ -1,0 +1,20 @@
+// The subcommands of the `exl3` program. Each registers its options on a CLI11 subcommand and runs from there.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <string>
+
+namespace exl3::cli {
+
+// Registers a subcommand; the returned callback runs it and gives the process exit code.
+using Runner = std::function<int()>;
+Runner add_run(CLI::App& app);
+Runner add_inspect(CLI::App& app);
+Runner add_bench(CLI::App& app);
+
+// Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
+int fail(const std::string& what, const std::string& message);
+
+}  // namespace exl3::cli
