@@ -1,0 +1,91 @@
+// Every template in tests/fixtures/chat/templates rendered with every context, with and without the generation
+// prompt, compared byte for byte with what jinja2 configured as transformers renders
+// (tools/golden/render_templates.py wrote the expectations).
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "exl3/chat_template.h"
+#include "test_util.h"
+
+namespace exl3 {
+namespace {
+
+std::string read_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+// The instant the fixtures pinned strftime_now to.
+std::tm fixed_now() {
+    std::tm tm{};
+    tm.tm_year = 2024 - 1900;
+    tm.tm_mon = 6;
+    tm.tm_mday = 26;
+    tm.tm_hour = 12;
+    tm.tm_min = 34;
+    tm.tm_sec = 56;
+    tm.tm_wday = 5;  // a Friday
+    tm.tm_yday = 207;
+    return tm;
+}
+
+TEST(ChatGolden, AllTemplatesMatchJinja2) {
+    const std::string dir = test::repo_path("tests/fixtures/chat/");
+    auto manifest = nlohmann::ordered_json::parse(read_file(dir + "cases.json"));
+    std::map<std::string, Result<ChatTemplate>> templates;
+    int n = 0, matched = 0;
+    for (const auto& c : manifest["cases"]) {
+        const std::string tname = c["template"];
+        const std::string cname = c["context"];
+        const bool agp = c["add_generation_prompt"];
+        SCOPED_TRACE(tname + " with " + cname + (agp ? " (generation prompt)" : ""));
+        auto it = templates.find(tname);
+        if (it == templates.end())
+            it = templates.emplace(tname, ChatTemplate::parse(read_file(dir + "templates/" + tname))).first;
+        ++n;
+        if (!it->second.is_ok()) {
+            ADD_FAILURE() << "parse failed: " << it->second.status().to_string();
+            continue;
+        }
+        ChatTemplate& tmpl = it->second.value();
+        tmpl.set_clock(fixed_now);
+        auto ctx = nlohmann::ordered_json::parse(read_file(dir + "contexts/" + cname));
+        ctx["add_generation_prompt"] = agp;
+        // transformers passes tools and documents always, None when the caller has none.
+        if (!ctx.contains("tools")) ctx["tools"] = nullptr;
+        if (!ctx.contains("documents")) ctx["documents"] = nullptr;
+        auto out = tmpl.render(ctx);
+        if (c.contains("error")) {
+            EXPECT_FALSE(out.is_ok()) << "jinja2 raised " << c["error"].get<std::string>() << " but we rendered:\n"
+                                      << (out.is_ok() ? *out : "");
+            if (!out.is_ok()) {
+                ++matched;
+                // A raise_exception() message must come through.
+                if (c.value("raised", false)) {
+                    std::string msg = c["error"].get<std::string>().substr(std::string("TemplateError: ").size());
+                    EXPECT_NE(out.status().message().find(msg), std::string::npos) << out.status().message();
+                }
+            }
+            continue;
+        }
+        if (!out.is_ok()) {
+            ADD_FAILURE() << "render failed: " << out.status().to_string();
+            continue;
+        }
+        const std::string expected = read_file(dir + c["expected"].get<std::string>());
+        EXPECT_EQ(*out, expected);
+        if (*out == expected) ++matched;
+    }
+    std::cout << "[chat golden] " << matched << " of " << n << " template x context cases match jinja2\n";
+    EXPECT_EQ(matched, n);
+    EXPECT_GT(n, 0);
+}
+
+}  // namespace
+}  // namespace exl3
