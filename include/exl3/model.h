@@ -33,6 +33,9 @@ struct LoadOptions {
     int threads = 0;            // CPU threads; 0: EXL3_THREADS or all hardware threads
     int context_length = 0;     // longest sequence allowed; 0: the model's max_position_embeddings. Larger values
                                 // make sense with RoPE scaling that extrapolates (dynamic NTK)
+    std::string device = "cpu"; // "cpu", "cuda" or "cuda:N"
+    int cache_tokens = 0;       // CUDA: tokens the paged KV cache holds over all sequences (0: context_length)
+    int page_size = 64;         // CUDA: tokens per KV page
 };
 
 class Model;
@@ -45,9 +48,10 @@ public:
     int max_length() const;
     void reset();
 
+    struct Impl;  // backend state (KV cache); opaque to users
+
 private:
     friend class Model;
-    struct Impl;
     explicit Sequence(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };
@@ -59,6 +63,8 @@ public:
     ~Model();
 
     const ModelInfo& info() const;
+    // "cpu" or "cuda:N".
+    std::string device() const;
 
     // A new empty sequence able to hold max_length tokens (0: the model's context length).
     Result<std::unique_ptr<Sequence>> new_sequence(int max_length = 0) const;
@@ -67,6 +73,15 @@ public:
     // all_logits, else for the last one ([vocab]). Fails without changing the sequence on bad token ids or when the
     // sequence would outgrow its max_length.
     Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
+
+    // One step over several sequences at once (continuous batching builds on this). Logit rows come out in item
+    // order: every new position of items with all_logits, else the last one. Nothing changes on failure.
+    struct BatchItem {
+        Sequence* seq = nullptr;
+        std::vector<int32_t> tokens;
+        bool all_logits = false;
+    };
+    Status forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const;
 
     // Greedy continuation: up to max_new_tokens, stopping after any of stop_ids.
     Result<std::vector<int32_t>> generate_greedy(const std::vector<int32_t>& prompt, int max_new_tokens,

@@ -1,0 +1,463 @@
+// Device code shared by the prefill and decode instantiations of the paged flash-attention kernel. Internal to
+// src/backend/cuda/attention/: only prefill.cu and decode.cu include it.
+//
+// Algorithm (flash-attention 2, Dao 2023): a CTA owns a tile of BM query rows and streams the keys they may see in
+// tiles of BN, keeping the running row max m, the running denominator l and the unnormalised output O in registers
+// (online softmax), so the [rows, keys] score matrix never reaches memory. Both products run on tensor cores
+// (mma.sync m16n8k16, fp32 accumulate); K/V tiles come straight from the pages with cp.async into a STAGES-deep
+// shared-memory ring, so the load of tile j+1 overlaps the maths of tile j.
+//
+// GQA packing: a "row" is one (query token, query head) pair of one KV head's group. Row r of sequence b is token
+// r / G, head kvh * G + r % G, with G = n_heads / n_kv_heads. The G heads of a token sit next to each other in q,
+// so a tile of rows is a contiguous run of q, and each K/V byte loaded serves all G heads: decode (one token) fills
+// G of the 16 rows of an mma tile, and a prefill tile of 64 rows is 64 / G tokens.
+//
+// Warp layout: WARPS_M warps split the BM rows (16 each), WARPS_N warps split each BN-key tile (BN / WARPS_N keys
+// each) and are merged in the epilogue. Prefill uses 4 x 1 (rows share every key tile); decode uses 1 x 4 (one
+// 16-row tile, four warps reading disjoint keys so that enough bytes are in flight).
+//
+// Split-K (flash-decoding): blockIdx.z selects a chunk of the key range; with several chunks the CTA writes its
+// normalised partial output and its log-sum-exp to the workspace and attention_combine merges them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/attention/paged_attention.cuh"
+
+namespace exl3::cuda::attn {
+
+struct KernelParams {
+    const void* q;        // [total_q, n_heads, D]
+    const void* k;        // [num_pages, page_size, n_kv_heads, D]
+    const void* v;
+    void* out;            // [total_q, n_heads, D]
+    float* part_o;        // [splits, total_q_bound * n_heads, D]  (splits > 1 only)
+    float* part_lse;      // [splits, total_q_bound * n_heads]     log2-domain log-sum-exp of each partial
+    const int32_t* q_start;
+    const int32_t* seq_len;
+    const int32_t* page_table;
+    int max_pages;
+    int batch;
+    int page_size;
+    int n_heads;
+    int n_kv_heads;
+    int group;            // n_heads / n_kv_heads
+    int q_tiles;          // row tiles per (sequence, kv head): grid.x = batch * q_tiles
+    int window;
+    int splits;
+    int split_keys;       // keys per split (multiple of BN)
+    int total_rows_bound; // total_q bound * n_heads: stride of one split in part_o / part_lse
+    float scale_log2;     // scale * log2(e): scores live in the exp2 domain
+};
+
+template <typename T>
+struct MmaOp;
+
+template <>
+struct MmaOp<__nv_bfloat16> {
+    __device__ static inline void mma(float* c, const uint32_t* a, const uint32_t* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    __device__ static inline uint32_t pack(float lo, float hi) {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+    __device__ static inline float2 unpack(uint32_t u) {
+        __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
+        return __bfloat1622float2(h);
+    }
+};
+
+template <>
+struct MmaOp<__half> {
+    __device__ static inline void mma(float* c, const uint32_t* a, const uint32_t* b) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+            "{%0,%1,%2,%3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    __device__ static inline uint32_t pack(float lo, float hi) {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *reinterpret_cast<uint32_t*>(&h);
+    }
+    __device__ static inline float2 unpack(uint32_t u) {
+        __half2 h = *reinterpret_cast<__half2*>(&u);
+        return __half22float2(h);
+    }
+};
+
+__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// 16-byte async copy; src_bytes = 0 zero-fills the destination (keys past the visible range must read as zeros:
+// a masked score is exp2(-inf) = 0, but 0 * garbage V can still be NaN).
+__device__ inline void cp_async16(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
+__device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ inline void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ inline void ldmatrix_x4(uint32_t* r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+__device__ inline void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Shared tiles are [rows, D] of 16-bit values stored as 16-byte chunks; chunk c of row r lives at c ^ (r & 7).
+// ldmatrix reads one chunk column from 8 consecutive rows, which without the XOR would all hit the same 4 banks.
+template <int D>
+__device__ inline int swz(int row, int chunk) {
+    return row * (D / 8) + (chunk ^ (row & 7));
+}
+
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+struct Config {
+    static constexpr int kWarps = WARPS_M * WARPS_N;
+    static constexpr int kThreads = kWarps * 32;
+    static constexpr int kChunks = D / 8;              // 16-byte chunks per row
+    static constexpr int kWarpKeys = BN / WARPS_N;     // keys of one tile that one warp handles
+    static constexpr int kQBytes = BM * D * 2;
+    static constexpr int kKVTileBytes = BN * D * 2;    // one of K or V
+    static constexpr int kPipeBytes = kQBytes + STAGES * 2 * kKVTileBytes;
+    static constexpr int kEpiStride = D + 4;           // floats; padding spreads rows over banks
+    static constexpr int kEpiBytes = WARPS_N * BM * kEpiStride * 4 + WARPS_N * BM * 2 * 4;
+    static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
+    static_assert(BM == 16 * WARPS_M, "each row warp owns 16 rows");
+    static_assert(kWarpKeys % 16 == 0, "a warp's key slice is a whole number of mma k-steps");
+    static_assert(kThreads % kChunks == 0, "tile loads cover whole rows per pass");
+};
+
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+__global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
+    paged_attention_kernel(const KernelParams p) {
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    using Op = MmaOp<T>;
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    // Heaviest tiles (the last rows of a causal prompt see the most keys) first, so the tail of the grid is short.
+    const int tile = p.q_tiles - 1 - static_cast<int>(blockIdx.x % p.q_tiles);
+    const int b = static_cast<int>(blockIdx.x / p.q_tiles);
+    const int kvh = blockIdx.y;
+    const int split = blockIdx.z;
+    const int G = p.group;
+
+    const int q0 = p.q_start[b];
+    const int q_len = p.q_start[b + 1] - q0;
+    const int L = p.seq_len[b];
+    const int rows = q_len * G;
+    const int row0 = tile * BM;
+    if (row0 >= rows) return;  // this sequence has fewer rows than the grid bound: nothing to write
+    const int row_end = min(rows, row0 + BM);
+    const int pos0 = L - q_len;  // position of the sequence's first new token
+
+    // Keys this tile may see: from the first row's window start to the last row's position, clipped to the split.
+    const int qpos_lo = pos0 + row0 / G, qpos_hi = pos0 + (row_end - 1) / G;
+    int k_lo = p.window > 0 ? max(0, qpos_lo - p.window + 1) : 0;
+    int k_hi = qpos_hi + 1;
+    k_lo = max(k_lo, split * p.split_keys);
+    k_hi = min(k_hi, (split + 1) * p.split_keys);
+
+    unsigned char* sq = smem;
+    unsigned char* skv = smem + C::kQBytes;  // STAGES x {K tile, V tile}
+    const T* kbase = static_cast<const T*>(p.k);
+    const T* vbase = static_cast<const T*>(p.v);
+    const int32_t* pt = p.page_table + static_cast<int64_t>(b) * p.max_pages;
+    const int64_t kv_row_stride = static_cast<int64_t>(p.n_kv_heads) * D;
+
+    // Q tile: row r -> q[(q0 + r / G) * n_heads + kvh * G + r % G]; rows past the sequence read as zeros.
+    {
+        const T* qbase = static_cast<const T*>(p.q);
+        for (int i = tid; i < BM * C::kChunks; i += C::kThreads) {
+            const int r = i / C::kChunks, c = i % C::kChunks;
+            const int gr = row0 + r;
+            const bool ok = gr < row_end;
+            const int t = ok ? gr / G : 0, g = ok ? gr % G : 0;
+            const T* src = qbase + (static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g) * D + c * 8;
+            cp_async16(smem_addr(sq + swz<D>(r, c) * 16), ok ? src : qbase, ok ? 16 : 0);
+        }
+    }
+
+    const int n_tiles = k_hi > k_lo ? (k_hi - k_lo + BN - 1) / BN : 0;
+    auto load_kv = [&](int j, int stage) {
+        unsigned char* sk = skv + stage * 2 * C::kKVTileBytes;
+        unsigned char* sv = sk + C::kKVTileBytes;
+        const int kt0 = k_lo + j * BN;
+        for (int i = tid; i < BN * C::kChunks; i += C::kThreads) {
+            const int r = i / C::kChunks, c = i % C::kChunks;
+            const int kp = kt0 + r;
+            const bool ok = kp < k_hi;
+            int64_t off = 0;
+            if (ok) {
+                const int page = pt[kp / p.page_size];
+                off = (static_cast<int64_t>(page) * p.page_size + kp % p.page_size) * kv_row_stride +
+                      static_cast<int64_t>(kvh) * D + c * 8;
+            }
+            const int so = swz<D>(r, c) * 16;
+            cp_async16(smem_addr(sk + so), kbase + off, ok ? 16 : 0);
+            cp_async16(smem_addr(sv + so), vbase + off, ok ? 16 : 0);
+        }
+    };
+
+    // Prologue: Q with tile 0 in group 0, then tiles 1..STAGES-2 (empty groups keep the wait arithmetic uniform).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < n_tiles) load_kv(s, s);
+        cp_async_commit();
+    }
+
+    // Per-thread softmax state for rows lane/4 and lane/4 + 8 of this warp's 16.
+    float m_run[2] = {-INFINITY, -INFINITY};
+    float l_run[2] = {0.f, 0.f};
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+
+    // Query positions of this thread's two rows (-1 past the end: masks every key, and the row is never written).
+    int my_qpos[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int gr = row0 + wm * 16 + lane / 4 + h * 8;
+        my_qpos[h] = gr < row_end ? pos0 + gr / G : -1;
+    }
+
+    // Q fragments stay in registers for the whole key loop where they fit (D <= 128); at D = 256 the accumulator
+    // alone takes 128 registers, so Q is re-read from shared memory (ldmatrix) at every tile instead.
+    constexpr bool kQRegs = D <= 128;
+    uint32_t qfrag[kQRegs ? D / 16 : 1][4];
+    bool q_loaded = !kQRegs;
+
+    for (int j = 0; j < n_tiles; ++j) {
+        const int stage = j % STAGES;
+        // Issue tile j + STAGES - 1 into the stage that tile j - 1 used; the barrier below (from the previous
+        // iteration's end) guarantees every warp is done reading it.
+        {
+            const int jn = j + STAGES - 1;
+            if (jn < n_tiles) load_kv(jn, jn % STAGES);
+            cp_async_commit();
+        }
+        cp_async_wait<STAGES - 1>();
+        __syncthreads();
+
+        if (!q_loaded) {
+            q_loaded = true;
+#pragma unroll
+            for (int kk = 0; kk < (kQRegs ? D / 16 : 0); ++kk) {
+                const int r = wm * 16 + (lane % 16), c = kk * 2 + lane / 16;
+                ldmatrix_x4(qfrag[kk], smem_addr(sq + swz<D>(r, c) * 16));
+            }
+        }
+
+        const unsigned char* sk = skv + stage * 2 * C::kKVTileBytes;
+        const unsigned char* sv = sk + C::kKVTileBytes;
+        const int key0 = wn * C::kWarpKeys;  // this warp's slice of the tile
+        const int kt0 = k_lo + j * BN + key0;
+
+        // S = Q K^T for 16 rows x kWarpKeys keys.
+        float s[C::kWarpKeys / 8][4];
+#pragma unroll
+        for (int n = 0; n < C::kWarpKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            uint32_t qtmp[4];
+            const uint32_t* qa = qtmp;
+            if constexpr (kQRegs) {
+                qa = qfrag[kk];
+            } else {
+                ldmatrix_x4(qtmp, smem_addr(sq + swz<D>(wm * 16 + (lane % 16), kk * 2 + lane / 16) * 16));
+            }
+#pragma unroll
+            for (int n2 = 0; n2 < C::kWarpKeys / 16; ++n2) {
+                uint32_t kf[4];
+                const int r = key0 + n2 * 16 + (lane % 8) + (lane / 16) * 8, c = kk * 2 + (lane / 8) % 2;
+                ldmatrix_x4(kf, smem_addr(sk + swz<D>(r, c) * 16));
+                Op::mma(s[2 * n2], qa, kf);
+                Op::mma(s[2 * n2 + 1], qa, kf + 2);
+            }
+        }
+
+        // Mask only tiles that straddle a boundary of some row's visible range (diagonal, window edge, end).
+        const int tile_last = kt0 + C::kWarpKeys - 1;
+        const int qpos_min = pos0 + (row0 + wm * 16) / G;
+        const bool full = tile_last < k_hi && tile_last <= qpos_min && kt0 >= k_lo &&
+                          (p.window <= 0 || kt0 > qpos_hi - p.window);
+        if (!full) {
+#pragma unroll
+            for (int n = 0; n < C::kWarpKeys / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int kp = kt0 + n * 8 + (lane % 4) * 2 + (e & 1);
+                    const int qp = my_qpos[e >> 1];
+                    const bool vis = kp >= k_lo && kp < k_hi && kp <= qp && (p.window <= 0 || kp > qp - p.window);
+                    if (!vis) s[n][e] = -INFINITY;
+                }
+            }
+        }
+
+        // Online softmax in the exp2 domain; a row whose keys are all masked so far keeps m = -inf and uses 0 as
+        // its reference so that exp2(-inf - ref) = 0 rather than NaN.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = m_run[h];
+#pragma unroll
+            for (int n = 0; n < C::kWarpKeys / 8; ++n)
+                mx = fmaxf(mx, fmaxf(s[n][2 * h] * p.scale_log2, s[n][2 * h + 1] * p.scale_log2));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+            const float ref = mx == -INFINITY ? 0.f : mx;
+            const float alpha = exp2f(m_run[h] - ref);
+            m_run[h] = mx;
+            float rs = 0.f;
+#pragma unroll
+            for (int n = 0; n < C::kWarpKeys / 8; ++n) {
+                s[n][2 * h] = exp2f(s[n][2 * h] * p.scale_log2 - ref);
+                s[n][2 * h + 1] = exp2f(s[n][2 * h + 1] * p.scale_log2 - ref);
+                rs += s[n][2 * h] + s[n][2 * h + 1];
+            }
+            l_run[h] = l_run[h] * alpha + rs;  // per-thread partial sum; the 4 lanes of a row are reduced at the end
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n) {
+                acc[n][2 * h] *= alpha;
+                acc[n][2 * h + 1] *= alpha;
+            }
+        }
+
+        // O += P V: P's accumulator layout for two adjacent 8-key tiles is exactly the A layout of one k-step.
+#pragma unroll
+        for (int kk = 0; kk < C::kWarpKeys / 16; ++kk) {
+            uint32_t pa[4];
+            pa[0] = Op::pack(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = Op::pack(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = Op::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = Op::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int n2 = 0; n2 < D / 16; ++n2) {
+                uint32_t vf[4];
+                const int r = key0 + kk * 16 + (lane % 8) + ((lane / 8) % 2) * 8, c = n2 * 2 + lane / 16;
+                ldmatrix_x4_trans(vf, smem_addr(sv + swz<D>(r, c) * 16));
+                Op::mma(acc[2 * n2], pa, vf);
+                Op::mma(acc[2 * n2 + 1], pa, vf + 2);
+            }
+        }
+        __syncthreads();  // every warp is done with this stage before the next iteration refills it
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the epilogue reuses the pipeline's shared memory
+
+    // Epilogue: every warp parks its unnormalised O, m and l in shared memory; then the CTA merges the WARPS_N key
+    // slices row by row and writes 16-byte chunks (coalesced) of the output or of the split partial.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);
+        l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);
+    }
+    float* epi = reinterpret_cast<float*>(smem);
+    float* ml = epi + WARPS_N * BM * C::kEpiStride;  // [WARPS_N][BM][2]
+    {
+        const int rbase = wm * 16 + lane / 4;
+        float* eo = epi + (wn * BM + rbase) * C::kEpiStride + (lane % 4) * 2;
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+            *reinterpret_cast<float2*>(eo + n * 8) = make_float2(acc[n][0], acc[n][1]);
+            *reinterpret_cast<float2*>(eo + 8 * C::kEpiStride + n * 8) = make_float2(acc[n][2], acc[n][3]);
+        }
+        if (lane % 4 == 0) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                ml[(wn * BM + rbase + h * 8) * 2 + 0] = m_run[h];
+                ml[(wn * BM + rbase + h * 8) * 2 + 1] = l_run[h];
+            }
+        }
+    }
+    __syncthreads();
+
+    for (int i = tid; i < BM * C::kChunks; i += C::kThreads) {
+        const int r = i / C::kChunks, c = i % C::kChunks;
+        const int gr = row0 + r;
+        if (gr >= row_end) continue;
+        float m_tot = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < WARPS_N; ++w) m_tot = fmaxf(m_tot, ml[(w * BM + r) * 2]);
+        const float ref = m_tot == -INFINITY ? 0.f : m_tot;
+        float l_tot = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < WARPS_N; ++w) {
+            const float f = exp2f(ml[(w * BM + r) * 2] - ref);
+            l_tot += f * ml[(w * BM + r) * 2 + 1];
+            const float4* src = reinterpret_cast<const float4*>(epi + (w * BM + r) * C::kEpiStride + c * 8);
+            const float4 a = src[0], bq = src[1];
+            o[0] += f * a.x, o[1] += f * a.y, o[2] += f * a.z, o[3] += f * a.w;
+            o[4] += f * bq.x, o[5] += f * bq.y, o[6] += f * bq.z, o[7] += f * bq.w;
+        }
+        const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
+        const int t = gr / G, g = gr % G;
+        const int64_t orow = static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g;
+        if (p.splits == 1) {
+            uint4 packed;
+            packed.x = Op::pack(o[0] * inv, o[1] * inv);
+            packed.y = Op::pack(o[2] * inv, o[3] * inv);
+            packed.z = Op::pack(o[4] * inv, o[5] * inv);
+            packed.w = Op::pack(o[6] * inv, o[7] * inv);
+            *reinterpret_cast<uint4*>(static_cast<T*>(p.out) + orow * D + c * 8) = packed;
+        } else {
+            const int64_t prow = static_cast<int64_t>(split) * p.total_rows_bound + orow;
+            float4* dst = reinterpret_cast<float4*>(p.part_o + prow * D + c * 8);
+            dst[0] = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
+            dst[1] = make_float4(o[4] * inv, o[5] * inv, o[6] * inv, o[7] * inv);
+            if (c == 0) p.part_lse[prow] = l_tot > 0.f ? m_tot + log2f(l_tot) : -INFINITY;
+        }
+    }
+}
+
+// Host side: launches one instantiation (defined in prefill.cu / decode.cu).
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+cudaError_t launch_instance(const KernelParams& p, dim3 grid, cudaStream_t s) {
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    static bool attr_set = false;  // per instantiation; the attribute is per device function, set once
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
+        if (e != cudaSuccess) return e;
+        attr_set = true;
+    }
+    kern<<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
+    return cudaGetLastError();
+}
+
+// Tile shapes of the two instantiation families; the dispatcher sizes grids and split chunks from these.
+// Prefill: 4 row warps x 64 rows, K/V tiles of 64 keys (32 at D = 256 to stay inside the register file), 2 stages
+// (80 KB of shared memory at D = 128: two CTAs per SM). Decode: one 16-row tile, 4 warps over 64-key tiles, 3 stages
+// (100 KB at D = 128: two CTAs and four tiles in flight per SM, about 128 KB of loads outstanding).
+struct PrefillShape {
+    static constexpr int kBM = 64, kWarpsM = 4, kWarpsN = 1, kStages = 2;
+    static constexpr int bn(int d) { return d > 128 ? 32 : 64; }
+};
+struct DecodeShape {
+    static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 4, kStages = 3;
+    static constexpr int bn(int d) { return 64; }
+    static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
+};
+
+template <typename T, int D>
+cudaError_t launch_prefill(const KernelParams& p, dim3 grid, cudaStream_t s);
+template <typename T, int D>
+cudaError_t launch_decode(const KernelParams& p, dim3 grid, cudaStream_t s);
+
+}  // namespace exl3::cuda::attn

@@ -1,0 +1,100 @@
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "backend/cuda/context.h"
+
+namespace exl3::cuda {
+
+Status check_cuda(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return Status::ok();
+    return internal_error(fmt::format("{}: {} ({})", what, cudaGetErrorString(e), static_cast<int>(e)));
+}
+
+Status check_cublas(cublasStatus_t e, const char* what) {
+    if (e == CUBLAS_STATUS_SUCCESS) return Status::ok();
+    return internal_error(fmt::format("{}: cuBLAS status {}", what, static_cast<int>(e)));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+    if (ptr_) cudaFree(ptr_);
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+        if (ptr_) cudaFree(ptr_);
+        ptr_ = o.ptr_;
+        bytes_ = o.bytes_;
+        o.ptr_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
+Status DeviceBuffer::reserve(size_t bytes) {
+    if (bytes <= bytes_) return Status::ok();
+    if (ptr_) cudaFree(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    if (bytes == 0) return Status::ok();
+    cudaError_t e = cudaMalloc(&ptr_, bytes);
+    if (e != cudaSuccess) {
+        ptr_ = nullptr;
+        return out_of_range(fmt::format("cannot allocate {:.1f} MiB on the GPU: {}", bytes / 1048576.0,
+                                        cudaGetErrorString(e)));
+    }
+    bytes_ = bytes;
+    return Status::ok();
+}
+
+Status DeviceBuffer::upload(const void* host, size_t bytes, cudaStream_t s) {
+    EXL3_RETURN_IF_ERROR(reserve(bytes));
+    if (bytes == 0) return Status::ok();
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(ptr_, host, bytes, cudaMemcpyHostToDevice, s), "upload"));
+    return check_cuda(cudaStreamSynchronize(s), "upload sync");
+}
+
+Result<std::unique_ptr<CudaContext>> CudaContext::create(int device) {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        return unsupported("no CUDA device is visible");
+    }
+    if (device < 0 || device >= count)
+        return invalid_argument(fmt::format("CUDA device {} does not exist ({} visible)", device, count));
+    std::unique_ptr<CudaContext> c(new CudaContext());
+    c->device_ = device;
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(device), "cudaSetDevice"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaGetDeviceProperties(&c->props_, device), "cudaGetDeviceProperties"));
+    if (c->props_.major < 8)
+        return unsupported(fmt::format("{} is sm_{}{}; exl3 needs sm_80 or newer", c->props_.name, c->props_.major,
+                                       c->props_.minor));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamCreateWithFlags(&c->stream_, cudaStreamNonBlocking), "stream"));
+    EXL3_RETURN_IF_ERROR(check_cublas(cublasCreate(&c->cublas_), "cublasCreate"));
+    EXL3_RETURN_IF_ERROR(check_cublas(cublasSetStream(c->cublas_, c->stream_), "cublasSetStream"));
+    // An explicit workspace keeps cuBLAS from allocating during graph capture.
+    const size_t ws = size_t{32} << 20;
+    EXL3_RETURN_IF_ERROR(c->cublas_workspace_.reserve(ws));
+    EXL3_RETURN_IF_ERROR(check_cublas(cublasSetWorkspace(c->cublas_, c->cublas_workspace_.get(), ws), "workspace"));
+    return c;
+}
+
+CudaContext::~CudaContext() {
+    if (cublas_) cublasDestroy(cublas_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
+            int k) {
+    if (n == 0 || m == 0) return Status::ok();
+    // Column-major view: out^T [m, n] = W [m, k] (row-major, i.e. W^T column-major, transposed back) . x^T [k, n].
+    const cudaDataType_t in_t = t == ActType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : in_t;
+    const float alpha = 1.0f, beta = 0.0f;
+    return check_cublas(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_t, k, x, in_t, k,
+                                     &beta, out, out_t, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                        "cublasGemmEx");
+}
+
+}  // namespace exl3::cuda

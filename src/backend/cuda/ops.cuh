@@ -1,0 +1,45 @@
+// Launchers of the small CUDA ops of the dense decoder. Plain C++ (no device code here): raw pointers in,
+// cudaError_t out, everything asynchronous on the given stream. Activations are `act` = bf16 or fp16 (the model's
+// dtype); the residual stream is kept in fp32.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <cstdint>
+
+namespace exl3::cuda {
+
+enum class ActType { kF16, kBF16 };
+
+// h[n, d] (fp32) = table[tokens[i], :] (act). Token ids are checked on the host before the step.
+cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s);
+
+// If delta: h += delta (act, [n, d]). Then out[n, d] (act) = h / sqrt(mean(h^2) + eps) * w.
+// The fused residual add saves one pass over the hidden states per sub-layer.
+cudaError_t add_rms_norm(float* h, const void* delta, const float* w, float eps, void* out, ActType t, int n, int d,
+                         cudaStream_t s);
+
+// h[n, d] += delta (act).
+cudaError_t add_residual(float* h, const void* delta, ActType t, int n, int d, cudaStream_t s);
+
+// x[rows, d] (act, a row = one head of one token) = rms_norm(x) * w[d], in place (Qwen3's q/k norm).
+cudaError_t head_rms_norm(void* x, ActType t, const float* w, float eps, int rows, int d, cudaStream_t s);
+
+// x[n, row_stride] (act): for each token i and head h < heads, the head at x + i*row_stride + h*head_dim is rotated
+// (neox layout, rotary_dim leading dims) by angle positions[i] * inv_freq[j], cos/sin scaled by `scaling`.
+cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_dim, const int32_t* positions,
+                 const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s);
+
+// x[n, row_stride] (act): x[i, j] += bias[j] for j < d.
+cudaError_t add_bias(void* x, ActType t, const float* bias, int n, int d, int row_stride, cudaStream_t s);
+
+// gu[n, 2*inter] (act) holds gate | up; out[n, inter] (act) = silu(gate) * up.
+cudaError_t silu_mul(const void* gu, void* out, ActType t, int n, int inter, cudaStream_t s);
+
+// out[n, d] (act) = x[n, ld_x] columns [col0, col0 + d): gathers q, k or v out of a fused qkv row.
+cudaError_t copy_columns(const void* x, int ld_x, int col0, void* out, ActType t, int n, int d, cudaStream_t s);
+
+// fp32 -> act conversion and back, for tests and the head.
+cudaError_t f32_to_act(const float* x, void* out, ActType t, int64_t n, cudaStream_t s);
+cudaError_t act_to_f32(const void* x, ActType t, float* out, int64_t n, cudaStream_t s);
+
+}  // namespace exl3::cuda

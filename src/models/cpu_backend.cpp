@@ -1,0 +1,142 @@
+#include "models/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cpu/ops.h"
+
+namespace exl3 {
+
+int CpuBackend::width(Slot s) const {
+    const ModelConfig& c = cfg_;
+    switch (s) {
+        case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
+        case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
+        case Slot::kQ: case Slot::kAttn: return c.q_dim();
+        case Slot::kK: case Slot::kV: return c.kv_dim();
+        case Slot::kGU: return 2 * c.intermediate_size;
+        case Slot::kG: return c.intermediate_size;
+        case Slot::kNone: return 0;
+    }
+    return 0;
+}
+
+Status CpuBackend::begin_step(const StepPlan& plan) {
+    plan_ = &plan;
+    EXL3_ASSIGN_OR_RETURN(rope_, rope_frequencies(cfg_.rope, cfg_.head_dim, plan.max_seq_len));
+    const size_t T = static_cast<size_t>(plan.total());
+    h_.assign(T * static_cast<size_t>(cfg_.hidden_size), 0.0f);
+    for (int s = 0; s < 10; ++s) bufs_[static_cast<size_t>(s)].resize(T * static_cast<size_t>(width(static_cast<Slot>(s))));
+    return Status::ok();
+}
+
+Status CpuBackend::embed() {
+    const int H = cfg_.hidden_size;
+    for (int t = 0; t < plan_->total(); ++t)
+        cpu::embedding_row(w_.embed, plan_->tokens[static_cast<size_t>(t)], h_.data() + static_cast<size_t>(t) * H);
+    return Status::ok();
+}
+
+Status CpuBackend::add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out) {
+    if (delta != Slot::kNone) {
+        const auto& d = buf(delta);
+        for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i];
+    }
+    cpu::rms_norm(h_.data(), w.data(), plan_->total(), cfg_.hidden_size, eps, buf(out).data());
+    return Status::ok();
+}
+
+Status CpuBackend::linear(Slot in, const HostLinear& l, Slot out) {
+    const int T = plan_->total();
+    std::vector<float>& y = buf(out);
+    if (l.parts.size() == 1) {
+        cpu::matmul(buf(in).data(), T, l.in, l.parts[0], l.bias.empty() ? nullptr : l.bias.data(), y.data(), pool_);
+        return Status::ok();
+    }
+    // Fused on the GPU; here each part runs alone and its columns are interleaved into the output rows.
+    std::vector<float> part;
+    int col = 0;
+    for (const TensorView& w : l.parts) {
+        const int m = static_cast<int>(w.dim(0));
+        part.resize(static_cast<size_t>(T) * m);
+        cpu::matmul(buf(in).data(), T, l.in, w, l.bias.empty() ? nullptr : l.bias.data() + col, part.data(), pool_);
+        for (int t = 0; t < T; ++t)
+            std::memcpy(y.data() + static_cast<size_t>(t) * l.out + col, part.data() + static_cast<size_t>(t) * m,
+                        static_cast<size_t>(m) * sizeof(float));
+        col += m;
+    }
+    return Status::ok();
+}
+
+Status CpuBackend::split_qkv() {
+    const int T = plan_->total(), qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), ld = qd + 2 * kvd;
+    const float* src = buf(Slot::kQKV).data();
+    for (int t = 0; t < T; ++t) {
+        const float* row = src + static_cast<size_t>(t) * ld;
+        std::memcpy(buf(Slot::kQ).data() + static_cast<size_t>(t) * qd, row, sizeof(float) * qd);
+        std::memcpy(buf(Slot::kK).data() + static_cast<size_t>(t) * kvd, row + qd, sizeof(float) * kvd);
+        std::memcpy(buf(Slot::kV).data() + static_cast<size_t>(t) * kvd, row + qd + kvd, sizeof(float) * kvd);
+    }
+    return Status::ok();
+}
+
+Status CpuBackend::head_norm(Slot s, int heads, const std::vector<float>& w, float eps) {
+    float* x = buf(s).data();
+    cpu::rms_norm(x, w.data(), plan_->total() * heads, cfg_.head_dim, eps, x);
+    return Status::ok();
+}
+
+Status CpuBackend::rope(Slot s, int heads) {
+    cpu::rope_neox(buf(s).data(), plan_->total(), heads, cfg_.head_dim, plan_->positions.data(),
+                   rope_.inv_freq.data(), rope_.rotary_dim, rope_.attention_scaling);
+    return Status::ok();
+}
+
+Status CpuBackend::attention(int layer, int window) {
+    const ModelConfig& c = cfg_;
+    const int kvd = c.kv_dim(), qd = c.q_dim();
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    for (int b = 0; b < plan_->batch(); ++b) {
+        Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
+        const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
+        const int total = plan_->seq_len[static_cast<size_t>(b)], start = total - (r1 - r0);
+        auto& kc = seq.k[static_cast<size_t>(layer)];
+        auto& vc = seq.v[static_cast<size_t>(layer)];
+        kc.resize(static_cast<size_t>(total) * kvd);
+        vc.resize(static_cast<size_t>(total) * kvd);
+        std::memcpy(kc.data() + static_cast<size_t>(start) * kvd, buf(Slot::kK).data() + static_cast<size_t>(r0) * kvd,
+                    sizeof(float) * static_cast<size_t>(r1 - r0) * kvd);
+        std::memcpy(vc.data() + static_cast<size_t>(start) * kvd, buf(Slot::kV).data() + static_cast<size_t>(r0) * kvd,
+                    sizeof(float) * static_cast<size_t>(r1 - r0) * kvd);
+        cpu::attention(buf(Slot::kQ).data() + static_cast<size_t>(r0) * qd, r1 - r0, c.num_heads, c.num_kv_heads,
+                       c.head_dim, kc.data(), vc.data(), total, plan_->positions.data() + r0, window, scale,
+                       buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_);
+    }
+    return Status::ok();
+}
+
+Status CpuBackend::silu_mul() {
+    const int T = plan_->total(), I = cfg_.intermediate_size;
+    const float* gu = buf(Slot::kGU).data();
+    float* g = buf(Slot::kG).data();
+    for (int t = 0; t < T; ++t) {
+        std::memcpy(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
+        cpu::silu_mul(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I + I, 1, I);
+    }
+    return Status::ok();
+}
+
+Status CpuBackend::logits(float eps, float* out) {
+    const int H = cfg_.hidden_size;
+    const auto& d = buf(Slot::kDown);
+    for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i];
+    const size_t n_out = plan_->out_rows.size();
+    std::vector<float> rows(n_out * static_cast<size_t>(H)), x(n_out * static_cast<size_t>(H));
+    for (size_t r = 0; r < n_out; ++r)
+        std::memcpy(rows.data() + r * H, h_.data() + static_cast<size_t>(plan_->out_rows[r]) * H, sizeof(float) * H);
+    cpu::rms_norm(rows.data(), w_.final_norm.data(), static_cast<int>(n_out), H, eps, x.data());
+    cpu::matmul(x.data(), static_cast<int>(n_out), H, w_.head, nullptr, out, pool_);
+    return Status::ok();
+}
+
+}  // namespace exl3

@@ -1,0 +1,64 @@
+// The dense decoder shared by Llama, Mistral, Qwen2 and Qwen3, written once for every backend.
+//
+// Per layer, for the residual stream h [T, hidden] (fp32) of the T new tokens of a step:
+//   x = rms_norm(h) ; qkv = x [Wq|Wk|Wv]^T (+ biases) ; q [T, heads, hd], k/v [T, kv_heads, hd]
+//   (Qwen3) q, k = rms_norm over head_dim with q_norm / k_norm
+//   q, k = rope(q, k) ; append k, v to the cache ; a = softmax(q k^T / sqrt(hd), causal, window) v
+//   h += a Wo^T (+ bo) ; x = rms_norm(h) ; h += (silu(x Wg^T) * (x Wu^T)) Wd^T
+// logits = rms_norm(h) Whead^T for the rows asked for (Whead = embed_tokens when tied).
+//
+// A backend B provides the primitives below on its own buffers (named by Slot) and weights; the sequence of
+// operations lives here only, so the CPU reference and the CUDA path cannot drift apart.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "exl3/status.h"
+#include "format/model_config.h"
+
+namespace exl3 {
+
+// What one forward step computes: new tokens of several sequences, concatenated.
+struct StepPlan {
+    std::vector<int32_t> tokens;     // [T]
+    std::vector<int32_t> positions;  // [T]
+    std::vector<int32_t> q_start;    // [B + 1]: sequence b's tokens are rows q_start[b] .. q_start[b+1)
+    std::vector<int32_t> seq_len;    // [B]: cached tokens of each sequence after the step
+    std::vector<int32_t> out_rows;   // rows whose logits are wanted, in output order
+    int max_seq_len = 0;             // max of seq_len; picks dynamic/longrope frequencies
+    int batch() const { return static_cast<int>(seq_len.size()); }
+    int total() const { return static_cast<int>(tokens.size()); }
+};
+
+// Buffers a backend keeps per step, by role.
+enum class Slot { kX, kQKV, kQ, kK, kV, kAttn, kO, kGU, kG, kDown, kNone };
+
+template <class B>
+Status decoder_forward(B& b, const ModelConfig& c, const StepPlan& plan, float* logits) {
+    EXL3_RETURN_IF_ERROR(b.begin_step(plan));
+    EXL3_RETURN_IF_ERROR(b.embed());
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    for (int li = 0; li < c.num_layers; ++li) {
+        const auto& L = b.layer(li);
+        // The previous layer's MLP output joins the residual stream inside the norm.
+        EXL3_RETURN_IF_ERROR(b.add_norm(li == 0 ? Slot::kNone : Slot::kDown, L.attn_norm, eps, Slot::kX));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
+        EXL3_RETURN_IF_ERROR(b.split_qkv());
+        if (c.qk_norm) {
+            EXL3_RETURN_IF_ERROR(b.head_norm(Slot::kQ, c.num_heads, L.q_norm, eps));
+            EXL3_RETURN_IF_ERROR(b.head_norm(Slot::kK, c.num_kv_heads, L.k_norm, eps));
+        }
+        EXL3_RETURN_IF_ERROR(b.rope(Slot::kQ, c.num_heads));
+        EXL3_RETURN_IF_ERROR(b.rope(Slot::kK, c.num_kv_heads));
+        EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
+        EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.gate_up, Slot::kGU));
+        EXL3_RETURN_IF_ERROR(b.silu_mul());  // kGU -> kG
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
+    }
+    return b.logits(eps, logits);  // h += kDown; final norm; head over plan.out_rows
+}
+
+}  // namespace exl3

@@ -1,0 +1,35 @@
+// Helpers for CUDA tests: skip without a GPU, check CUDA calls, fill buffers with random (never zero) data.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#define EXL3_REQUIRE_GPU()                                                        \
+    do {                                                                          \
+        int n_ = 0;                                                               \
+        if (cudaGetDeviceCount(&n_) != cudaSuccess || n_ == 0) {                  \
+            cudaGetLastError();                                                   \
+            GTEST_SKIP() << "no CUDA device";                                     \
+        }                                                                         \
+    } while (0)
+
+#define EXL3_CUDA_OK(expr)                                                                  \
+    do {                                                                                    \
+        cudaError_t e_ = (expr);                                                            \
+        ASSERT_EQ(e_, cudaSuccess) << #expr << ": " << cudaGetErrorString(e_);              \
+    } while (0)
+
+namespace exl3::test {
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+}  // namespace exl3::test
