@@ -138,6 +138,13 @@ __global__ void copy_columns_kernel(const T* x, int ld_x, int col0, T* out, int 
 }
 
 template <typename T>
+__global__ void gather_rows_kernel(const T* x, const int32_t* rows, int d, T* out) {
+    const int i = blockIdx.x;
+    const T* src = x + static_cast<int64_t>(rows[i]) * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[static_cast<int64_t>(i) * d + j] = src[j];
+}
+
+template <typename T>
 __global__ void f32_to_act_kernel(const float* x, T* out, int64_t n) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -240,6 +247,15 @@ cudaError_t copy_columns(const void* x, int ld_x, int col0, void* out, ActType t
         using T = std::remove_pointer_t<decltype(tag)>;
         copy_columns_kernel<T><<<n, threads_for(d), 0, s>>>(static_cast<const T*>(x), ld_x, col0, static_cast<T*>(out),
                                                              d);
+    });
+    return cudaGetLastError();
+}
+
+cudaError_t gather_rows(const void* x, const int32_t* rows, int n_rows, int d, void* out, ActType t, cudaStream_t s) {
+    if (n_rows == 0) return cudaSuccess;
+    dispatch(t, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        gather_rows_kernel<T><<<n_rows, threads_for(d), 0, s>>>(static_cast<const T*>(x), rows, d, static_cast<T*>(out));
     });
     return cudaGetLastError();
 }

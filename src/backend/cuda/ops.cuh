@@ -38,6 +38,9 @@ cudaError_t silu_mul(const void* gu, void* out, ActType t, int n, int inter, cud
 // out[n, d] (act) = x[n, ld_x] columns [col0, col0 + d): gathers q, k or v out of a fused qkv row.
 cudaError_t copy_columns(const void* x, int ld_x, int col0, void* out, ActType t, int n, int d, cudaStream_t s);
 
+// out[n_rows, d] = x[rows[i], :] (act): the rows whose logits are wanted.
+cudaError_t gather_rows(const void* x, const int32_t* rows, int n_rows, int d, void* out, ActType t, cudaStream_t s);
+
 // fp32 -> act conversion and back, for tests and the head.
 cudaError_t f32_to_act(const float* x, void* out, ActType t, int64_t n, cudaStream_t s);
 cudaError_t act_to_f32(const void* x, ActType t, float* out, int64_t n, cudaStream_t s);

@@ -1,0 +1,401 @@
+#include "models/cuda_backend.h"
+
+#include <cuda_runtime.h>
+#include <fmt/core.h>
+
+#include <array>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+
+#include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/context.h"
+#include "backend/cuda/ops.cuh"
+#include "core/log.h"
+#include "format/rope.h"
+
+namespace exl3 {
+
+using cuda::ActType;
+using cuda::check_cuda;
+using cuda::DeviceBuffer;
+
+namespace {
+
+struct DevLinear {
+    DeviceBuffer w;     // [out, in] act
+    DeviceBuffer bias;  // [out] fp32, or empty
+    int in = 0, out = 0;
+};
+
+struct DevLayer {
+    DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm;  // fp32
+    DevLinear qkv, o, gate_up, down;
+};
+
+// Host conversion of a checkpoint tensor to the activation type.
+std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
+    const int64_t n = t.numel();
+    std::vector<uint16_t> out(static_cast<size_t>(n));
+    const bool want_bf16 = act == ActType::kBF16;
+    if ((t.dtype == DType::kBF16 && want_bf16) || (t.dtype == DType::kF16 && !want_bf16)) {
+        std::memcpy(out.data(), t.data, static_cast<size_t>(n) * 2);
+        return out;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        float f = t.dtype == DType::kF32   ? t.as<float>()[i]
+                  : t.dtype == DType::kBF16 ? bf16_to_f32(t.as<uint16_t>()[i])
+                                            : f16_to_f32(t.as<uint16_t>()[i]);
+        out[static_cast<size_t>(i)] = want_bf16 ? f32_to_bf16(f) : f32_to_f16(f);
+    }
+    return out;
+}
+
+Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
+    return b.upload(v.data(), v.size() * sizeof(float));
+}
+
+Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
+    std::vector<uint16_t> all;
+    all.reserve(static_cast<size_t>(l.out) * l.in);
+    for (const TensorView& p : l.parts) {
+        auto part = to_act(p, act);
+        all.insert(all.end(), part.begin(), part.end());
+    }
+    d->in = l.in;
+    d->out = l.out;
+    EXL3_RETURN_IF_ERROR(d->w.upload(all.data(), all.size() * 2));
+    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, l.bias));
+    return Status::ok();
+}
+
+}  // namespace
+
+struct CudaModel::State {
+    ModelConfig cfg;
+    CudaModelOptions opts;
+    std::unique_ptr<cuda::CudaContext> ctx;
+    ActType act = ActType::kBF16;
+    DeviceBuffer embed, head_own, final_norm;
+    const void* head = nullptr;
+    std::vector<DevLayer> layers;
+
+    // Paged KV cache: per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for V.
+    int num_pages = 0, max_pages_per_seq = 0;
+    std::vector<DeviceBuffer> k_pages, v_pages;
+    std::vector<int32_t> free_list;
+
+    // Step buffers, sized for `capacity` tokens and `batch_capacity` sequences.
+    int capacity = 0, batch_capacity = 0, out_capacity = 0;
+    std::array<DeviceBuffer, 11> slots;
+    DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
+    std::vector<int32_t> plan_host;
+    // Offsets (in int32) of the plan's arrays inside plan_dev.
+    size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
+    RopeFrequencies rope;
+
+    std::map<int, cudaGraphExec_t> graphs;  // decode steps by batch size
+
+    ~State() {
+        for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
+    }
+
+    int width(Slot s) const {
+        const ModelConfig& c = cfg;
+        switch (s) {
+            case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
+            case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
+            case Slot::kQ: case Slot::kAttn: return c.q_dim();
+            case Slot::kK: case Slot::kV: return c.kv_dim();
+            case Slot::kGU: return 2 * c.intermediate_size;
+            case Slot::kG: return c.intermediate_size;
+            case Slot::kNone: return 0;
+        }
+        return 0;
+    }
+
+    // Buffers for a step of T tokens over B sequences with n_out logit rows. Growing invalidates graphs.
+    Status reserve(int T, int B, int n_out) {
+        if (T <= capacity && B <= batch_capacity && n_out <= out_capacity) return Status::ok();
+        capacity = std::max(capacity, T);
+        batch_capacity = std::max(batch_capacity, B);
+        out_capacity = std::max(out_capacity, n_out);
+        for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
+        graphs.clear();
+        const size_t T_ = static_cast<size_t>(capacity);
+        for (int s = 0; s < 10; ++s)
+            EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * width(static_cast<Slot>(s)) * 2));
+        EXL3_RETURN_IF_ERROR(h.reserve(T_ * cfg.hidden_size * sizeof(float)));
+        EXL3_RETURN_IF_ERROR(logits.reserve(static_cast<size_t>(out_capacity) * cfg.vocab_size * sizeof(float)));
+        EXL3_RETURN_IF_ERROR(xout.reserve(static_cast<size_t>(out_capacity) * cfg.hidden_size * 2));
+        off_tokens = 0;
+        off_pos = off_tokens + T_;
+        off_qstart = off_pos + T_;
+        off_seqlen = off_qstart + batch_capacity + 1;
+        off_pages = off_seqlen + batch_capacity;
+        off_rows = off_pages + static_cast<size_t>(batch_capacity) * max_pages_per_seq;
+        const size_t total = off_rows + out_capacity;
+        plan_host.assign(total, 0);
+        EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
+        EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(cfg.head_dim) * sizeof(float)));
+        return Status::ok();
+    }
+
+    cuda::AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const {
+        cuda::AttentionBatch b{};
+        b.batch = p.batch();
+        b.q_start = plan_dev.as<int32_t>() + off_qstart;
+        b.seq_len = plan_dev.as<int32_t>() + off_seqlen;
+        b.page_table = plan_dev.as<int32_t>() + off_pages;
+        b.max_pages = max_pages_per_seq;
+        b.total_q = p.total();
+        int max_q = 0;
+        for (int i = 0; i < p.batch(); ++i)
+            max_q = std::max(max_q, p.q_start[static_cast<size_t>(i) + 1] - p.q_start[static_cast<size_t>(i)]);
+        b.max_q_len = max_q;
+        // A captured graph must stay valid as sequences grow: bound by the context, not the current length.
+        b.max_seq_len = graph_bounds ? opts.context_length : p.max_seq_len;
+        return b;
+    }
+
+    cuda::PagedKV paged(int layer) const {
+        return {k_pages[static_cast<size_t>(layer)].get(), v_pages[static_cast<size_t>(layer)].get(), num_pages,
+                opts.page_size, cfg.num_kv_heads, cfg.head_dim,
+                act == ActType::kBF16 ? cuda::AttnDType::kBF16 : cuda::AttnDType::kF16};
+    }
+};
+
+namespace {
+
+// The backend object decoder_forward drives: enqueues work on the stream, never synchronises.
+class CudaOps {
+public:
+    CudaOps(CudaModel::State& s, cuda::AttentionBatch batch) : s_(s), batch_(batch) {}
+
+    const DevLayer& layer(int li) const { return s_.layers[static_cast<size_t>(li)]; }
+    Status begin_step(const StepPlan& p) {
+        plan_ = &p;
+        return Status::ok();
+    }
+    Status embed() {
+        return ck(cuda::embed(s_.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st()),
+                  "embed");
+    }
+    Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
+        return ck(cuda::add_rms_norm(s_.h.as<float>(), delta == Slot::kNone ? nullptr : slot(delta), w.as<float>(),
+                                     eps, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
+                  "add_rms_norm");
+    }
+    Status linear(Slot in, const DevLinear& l, Slot out) {
+        EXL3_RETURN_IF_ERROR(cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, false, T(), l.out, l.in));
+        if (l.bias.get())
+            return ck(cuda::add_bias(slot(out), s_.act, l.bias.as<float>(), T(), l.out, l.out, st()), "add_bias");
+        return Status::ok();
+    }
+    Status split_qkv() {
+        const int qd = s_.cfg.q_dim(), kvd = s_.cfg.kv_dim(), ld = qd + 2 * kvd;
+        EXL3_RETURN_IF_ERROR(ck(cuda::copy_columns(slot(Slot::kQKV), ld, 0, slot(Slot::kQ), s_.act, T(), qd, st()), "q"));
+        EXL3_RETURN_IF_ERROR(ck(cuda::copy_columns(slot(Slot::kQKV), ld, qd, slot(Slot::kK), s_.act, T(), kvd, st()), "k"));
+        return ck(cuda::copy_columns(slot(Slot::kQKV), ld, qd + kvd, slot(Slot::kV), s_.act, T(), kvd, st()), "v");
+    }
+    Status head_norm(Slot sl, int heads, const DeviceBuffer& w, float eps) {
+        return ck(cuda::head_rms_norm(slot(sl), s_.act, w.as<float>(), eps, T() * heads, s_.cfg.head_dim, st()),
+                  "head_rms_norm");
+    }
+    Status rope(Slot sl, int heads) {
+        const int hd = s_.cfg.head_dim;
+        return ck(cuda::rope(slot(sl), s_.act, T(), heads * hd, heads, hd, positions(), s_.inv_freq.as<float>(),
+                             s_.rope.rotary_dim, s_.rope.attention_scaling, st()),
+                  "rope");
+    }
+    Status attention(int li, int window) {
+        const cuda::PagedKV kv = s_.paged(li);
+        EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
+        return ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
+                                  s_.attn_ws.get(), st()),
+                  "attention");
+    }
+    Status silu_mul() {
+        return ck(cuda::silu_mul(slot(Slot::kGU), slot(Slot::kG), s_.act, T(), s_.cfg.intermediate_size, st()),
+                  "silu_mul");
+    }
+    Status logits(float eps, float*) {
+        const int H = s_.cfg.hidden_size;
+        EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.final_norm, eps, Slot::kX));
+        const int n_out = static_cast<int>(plan_->out_rows.size());
+        const void* x = slot(Slot::kX);
+        if (n_out != T()) {
+            EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
+                                                      s_.xout.get(), s_.act, st()),
+                                    "gather_rows"));
+            x = s_.xout.get();
+        }
+        return cuda::gemm(*s_.ctx, x, s_.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
+    }
+
+private:
+    static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
+    cudaStream_t st() const { return s_.ctx->stream(); }
+    int T() const { return plan_->total(); }
+    void* slot(Slot sl) const { return s_.slots[static_cast<size_t>(sl)].get(); }
+    const int32_t* tokens() const { return s_.plan_dev.as<int32_t>() + s_.off_tokens; }
+    const int32_t* positions() const { return s_.plan_dev.as<int32_t>() + s_.off_pos; }
+
+    CudaModel::State& s_;
+    cuda::AttentionBatch batch_;
+    const StepPlan* plan_ = nullptr;
+};
+
+}  // namespace
+
+CudaModel::CudaModel(std::unique_ptr<State> s) : s_(std::move(s)) {}
+CudaModel::~CudaModel() = default;
+int CudaModel::device() const { return s_->ctx->device(); }
+int CudaModel::free_pages() const { return static_cast<int>(s_->free_list.size()); }
+
+Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, const HostWeights& w,
+                                                     const CudaModelOptions& opts) {
+    auto s = std::make_unique<State>();
+    s->cfg = cfg;
+    s->opts = opts;
+    if (const char* e = std::getenv("EXL3_NO_GRAPHS"); e && std::string(e) == "1") s->opts.graphs = false;
+    if (opts.page_size <= 0 || opts.page_size % 16)
+        return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", opts.page_size));
+    if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
+        return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
+    EXL3_ASSIGN_OR_RETURN(s->ctx, cuda::CudaContext::create(opts.device));
+    s->act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
+
+    // Weights.
+    EXL3_RETURN_IF_ERROR(s->embed.upload(to_act(w.embed, s->act).data(), static_cast<size_t>(w.embed.numel()) * 2));
+    if (w.head.data == w.embed.data) {
+        s->head = s->embed.get();
+    } else {
+        EXL3_RETURN_IF_ERROR(s->head_own.upload(to_act(w.head, s->act).data(), static_cast<size_t>(w.head.numel()) * 2));
+        s->head = s->head_own.get();
+    }
+    EXL3_RETURN_IF_ERROR(upload_f32(s->final_norm, w.final_norm));
+    s->layers.resize(w.layers.size());
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        const HostLayer& hl = w.layers[i];
+        DevLayer& dl = s->layers[i];
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.attn_norm, hl.attn_norm));
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.mlp_norm, hl.mlp_norm));
+        if (!hl.q_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.q_norm, hl.q_norm));
+        if (!hl.k_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.k_norm, hl.k_norm));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, s->act, &dl.qkv));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, s->act, &dl.o));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, s->act, &dl.gate_up));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, s->act, &dl.down));
+    }
+
+    // KV pages.
+    const int ps = opts.page_size;
+    s->max_pages_per_seq = (opts.context_length + ps - 1) / ps;
+    s->num_pages = std::max((opts.cache_tokens + ps - 1) / ps, s->max_pages_per_seq);
+    const size_t page_bytes = static_cast<size_t>(ps) * cfg.kv_dim() * 2;
+    s->k_pages.resize(static_cast<size_t>(cfg.num_layers));
+    s->v_pages.resize(static_cast<size_t>(cfg.num_layers));
+    for (int l = 0; l < cfg.num_layers; ++l) {
+        EXL3_RETURN_IF_ERROR(s->k_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
+        EXL3_RETURN_IF_ERROR(s->v_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
+    }
+    for (int p = s->num_pages - 1; p >= 0; --p) s->free_list.push_back(p);
+    EXL3_RETURN_IF_ERROR(s->reserve(256, 8, 8));
+    log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB)", s->ctx->props().name, cfg.num_layers,
+             s->num_pages, ps, 2.0 * cfg.num_layers * page_bytes * s->num_pages / 1048576.0);
+    return std::unique_ptr<CudaModel>(new CudaModel(std::move(s)));
+}
+
+Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits_out) {
+    State& s = *s_;
+    const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
+
+    // Pages: all or nothing.
+    std::vector<std::pair<Sequence::Impl*, size_t>> grown;
+    for (int b = 0; b < B; ++b) {
+        Sequence::Impl* q = seqs[static_cast<size_t>(b)];
+        const size_t need = static_cast<size_t>((plan.seq_len[static_cast<size_t>(b)] + s.opts.page_size - 1) /
+                                                s.opts.page_size);
+        if (need > static_cast<size_t>(s.max_pages_per_seq))
+            return out_of_range("sequence longer than the context length the CUDA cache was built for");
+        grown.emplace_back(q, q->pages.size());
+        while (q->pages.size() < need) {
+            if (s.free_list.empty()) {
+                for (auto& [g, n] : grown) {
+                    while (g->pages.size() > n) {
+                        s.free_list.push_back(g->pages.back());
+                        g->pages.pop_back();
+                    }
+                }
+                return out_of_range(fmt::format("the KV cache is full ({} pages of {} tokens)", s.num_pages,
+                                                s.opts.page_size));
+            }
+            q->pages.push_back(s.free_list.back());
+            s.free_list.pop_back();
+        }
+        if (!q->release) {
+            State* st = s_.get();
+            q->release = [st](Sequence::Impl& seq) {
+                for (int32_t p : seq.pages) st->free_list.push_back(p);
+                seq.pages.clear();
+            };
+        }
+    }
+
+    // Plan upload (never inside a graph: a replay reads these same device arrays).
+    EXL3_RETURN_IF_ERROR(s.reserve(T, B, n_out));
+    auto& hp = s.plan_host;
+    std::copy(plan.tokens.begin(), plan.tokens.end(), hp.begin() + static_cast<long>(s.off_tokens));
+    std::copy(plan.positions.begin(), plan.positions.end(), hp.begin() + static_cast<long>(s.off_pos));
+    std::copy(plan.q_start.begin(), plan.q_start.end(), hp.begin() + static_cast<long>(s.off_qstart));
+    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp.begin() + static_cast<long>(s.off_seqlen));
+    for (int b = 0; b < B; ++b) {
+        const auto& pg = seqs[static_cast<size_t>(b)]->pages;
+        std::copy(pg.begin(), pg.end(), hp.begin() + static_cast<long>(s.off_pages) + static_cast<long>(b) * s.max_pages_per_seq);
+    }
+    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp.begin() + static_cast<long>(s.off_rows));
+    EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
+    cudaStream_t st = s.ctx->stream();
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.get(), hp.data(), hp.size() * sizeof(int32_t),
+                                                    cudaMemcpyHostToDevice, st),
+                                    "plan upload"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.inv_freq.get(), s.rope.inv_freq.data(),
+                                                    s.rope.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice, st),
+                                    "rope upload"));
+
+    const bool decode = T == B && n_out == T;
+    const bool use_graph = s.opts.graphs && decode;
+    const cuda::AttentionBatch ab = s.attention_batch(plan, use_graph);
+    EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab, s.cfg.num_heads, s.cfg.head_dim)));
+    CudaOps ops(s, ab);
+    if (!use_graph) {
+        EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));
+    } else {
+        auto it = s.graphs.find(B);
+        if (it == s.graphs.end()) {
+            cudaGraph_t g = nullptr;
+            EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture"));
+            Status fs = decoder_forward(ops, s.cfg, plan, nullptr);
+            cudaError_t ce = cudaStreamEndCapture(st, &g);
+            EXL3_RETURN_IF_ERROR(fs);
+            EXL3_RETURN_IF_ERROR(check_cuda(ce, "end capture"));
+            cudaGraphExec_t exec = nullptr;
+            ce = cudaGraphInstantiate(&exec, g, 0);
+            cudaGraphDestroy(g);
+            EXL3_RETURN_IF_ERROR(check_cuda(ce, "graph instantiate"));
+            it = s.graphs.emplace(B, exec).first;
+        }
+        EXL3_RETURN_IF_ERROR(check_cuda(cudaGraphLaunch(it->second, st), "graph launch"));
+    }
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),
+                                                    static_cast<size_t>(n_out) * s.cfg.vocab_size * sizeof(float),
+                                                    cudaMemcpyDeviceToHost, st),
+                                    "logits download"));
+    return check_cuda(cudaStreamSynchronize(st), "step");
+}
+
+}  // namespace exl3

@@ -1,0 +1,43 @@
+// The CUDA backend of decoder_forward: bf16/fp16 activations (the model's dtype; fp32 checkpoints run in bf16),
+// an fp32 residual stream, fused q|k|v and gate|up GEMMs through cuBLAS, and a paged KV cache shared by all
+// sequences. Decode steps (one new token per sequence) are captured once per batch size as a CUDA graph and
+// replayed: no host synchronisation inside a step.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "exl3/status.h"
+#include "format/model_config.h"
+#include "models/decoder.h"
+#include "models/sequence_impl.h"
+#include "models/weights.h"
+
+namespace exl3 {
+
+struct CudaModelOptions {
+    int device = 0;
+    int context_length = 0;  // longest sequence: sizes page tables and the graphs' attention bounds
+    int cache_tokens = 0;    // KV capacity over all sequences
+    int page_size = 64;
+    bool graphs = true;      // capture decode steps (EXL3_NO_GRAPHS=1 turns this off too)
+};
+
+class CudaModel {
+public:
+    static Result<std::unique_ptr<CudaModel>> create(const ModelConfig& cfg, const HostWeights& w,
+                                                     const CudaModelOptions& opts);
+    ~CudaModel();
+    int device() const;
+    // Runs one step; allocates pages for the sequences as needed (all or nothing).
+    Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits);
+    int free_pages() const;
+
+    struct State;
+
+private:
+    explicit CudaModel(std::unique_ptr<State> s);
+    std::unique_ptr<State> s_;
+};
+
+}  // namespace exl3
