@@ -101,6 +101,8 @@ struct CudaModel::State {
         for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
     }
 
+    static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
+
     int width(Slot s) const {
         const ModelConfig& c = cfg;
         switch (s) {
@@ -125,7 +127,8 @@ struct CudaModel::State {
         graphs.clear();
         const size_t T_ = static_cast<size_t>(capacity);
         for (int s = 0; s < 10; ++s)
-            EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * width(static_cast<Slot>(s)) * 2));
+            EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * width(static_cast<Slot>(s)) *
+                                                                        (is_f32(static_cast<Slot>(s)) ? 4 : 2)));
         EXL3_RETURN_IF_ERROR(h.reserve(T_ * cfg.hidden_size * sizeof(float)));
         EXL3_RETURN_IF_ERROR(logits.reserve(static_cast<size_t>(out_capacity) * cfg.vocab_size * sizeof(float)));
         EXL3_RETURN_IF_ERROR(xout.reserve(static_cast<size_t>(out_capacity) * cfg.hidden_size * 2));
@@ -183,15 +186,17 @@ public:
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
-        return ck(cuda::add_rms_norm(s_.h.as<float>(), delta == Slot::kNone ? nullptr : slot(delta), w.as<float>(),
+        return ck(cuda::add_rms_norm(s_.h.as<float>(), delta == Slot::kNone ? nullptr : static_cast<const float*>(slot(delta)), w.as<float>(),
                                      eps, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
                   "add_rms_norm");
     }
     Status linear(Slot in, const DevLinear& l, Slot out) {
-        EXL3_RETURN_IF_ERROR(cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, false, T(), l.out, l.in));
-        if (l.bias.get())
-            return ck(cuda::add_bias(slot(out), s_.act, l.bias.as<float>(), T(), l.out, l.out, st()), "add_bias");
-        return Status::ok();
+        // Outputs that join the residual stream stay fp32.
+        const bool f32 = CudaModel::State::is_f32(out);
+        EXL3_RETURN_IF_ERROR(cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in));
+        if (!l.bias.get()) return Status::ok();
+        if (f32) return ck(cuda::add_bias_f32(static_cast<float*>(slot(out)), l.bias.as<float>(), T(), l.out, st()), "bias");
+        return ck(cuda::add_bias(slot(out), s_.act, l.bias.as<float>(), T(), l.out, l.out, st()), "add_bias");
     }
     Status split_qkv() {
         const int qd = s_.cfg.q_dim(), kvd = s_.cfg.kv_dim(), ld = qd + 2 * kvd;

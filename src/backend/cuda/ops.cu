@@ -50,13 +50,13 @@ __global__ void embed_kernel(const T* table, const int32_t* tokens, int d, float
 }
 
 template <typename T>
-__global__ void add_rms_norm_kernel(float* h, const T* delta, const float* w, float eps, T* out, int d) {
+__global__ void add_rms_norm_kernel(float* h, const float* delta, const float* w, float eps, T* out, int d) {
     const int64_t base = static_cast<int64_t>(blockIdx.x) * d;
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
         float v = h[base + j];
         if (delta) {
-            v += to_f(delta[base + j]);
+            v += delta[base + j];
             h[base + j] = v;
         }
         ss += v * v;
@@ -65,11 +65,9 @@ __global__ void add_rms_norm_kernel(float* h, const T* delta, const float* w, fl
     for (int j = threadIdx.x; j < d; j += blockDim.x) out[base + j] = from_f<T>(w[j] * (h[base + j] * inv));
 }
 
-template <typename T>
-__global__ void add_residual_kernel(float* h, const T* delta, int64_t n) {
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-        h[i] += to_f(delta[i]);
+__global__ void add_bias_f32_kernel(float* x, const float* bias, int d) {
+    const int i = blockIdx.x;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) x[static_cast<int64_t>(i) * d + j] += bias[j];
 }
 
 // One warp per row (head_dim <= 256 in practice; any d works).
@@ -181,24 +179,19 @@ cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, in
     return cudaGetLastError();
 }
 
-cudaError_t add_rms_norm(float* h, const void* delta, const float* w, float eps, void* out, ActType t, int n, int d,
+cudaError_t add_rms_norm(float* h, const float* delta, const float* w, float eps, void* out, ActType t, int n, int d,
                          cudaStream_t s) {
     if (n == 0) return cudaSuccess;
     dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        add_rms_norm_kernel<T><<<n, threads_for(d), 0, s>>>(h, static_cast<const T*>(delta), w, eps,
-                                                             static_cast<T*>(out), d);
+        add_rms_norm_kernel<T><<<n, threads_for(d), 0, s>>>(h, delta, w, eps, static_cast<T*>(out), d);
     });
     return cudaGetLastError();
 }
 
-cudaError_t add_residual(float* h, const void* delta, ActType t, int n, int d, cudaStream_t s) {
-    const int64_t total = static_cast<int64_t>(n) * d;
-    if (total == 0) return cudaSuccess;
-    dispatch(t, [&](auto* tag) {
-        using T = std::remove_pointer_t<decltype(tag)>;
-        add_residual_kernel<T><<<grid_for(total), 256, 0, s>>>(h, static_cast<const T*>(delta), total);
-    });
+cudaError_t add_bias_f32(float* x, const float* bias, int n, int d, cudaStream_t s) {
+    if (n == 0) return cudaSuccess;
+    add_bias_f32_kernel<<<n, threads_for(d), 0, s>>>(x, bias, d);
     return cudaGetLastError();
 }
 

@@ -13,13 +13,14 @@ enum class ActType { kF16, kBF16 };
 // h[n, d] (fp32) = table[tokens[i], :] (act). Token ids are checked on the host before the step.
 cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s);
 
-// If delta: h += delta (act, [n, d]). Then out[n, d] (act) = h / sqrt(mean(h^2) + eps) * w.
-// The fused residual add saves one pass over the hidden states per sub-layer.
-cudaError_t add_rms_norm(float* h, const void* delta, const float* w, float eps, void* out, ActType t, int n, int d,
+// If delta: h += delta (fp32, [n, d]). Then out[n, d] (act) = h / sqrt(mean(h^2) + eps) * w.
+// The fused residual add saves one pass over the hidden states per sub-layer. Deltas (attention and MLP outputs)
+// arrive in fp32 from the GEMM so that the residual stream never rounds to 16 bits.
+cudaError_t add_rms_norm(float* h, const float* delta, const float* w, float eps, void* out, ActType t, int n, int d,
                          cudaStream_t s);
 
-// h[n, d] += delta (act).
-cudaError_t add_residual(float* h, const void* delta, ActType t, int n, int d, cudaStream_t s);
+// x[n, d] (fp32) += bias[d].
+cudaError_t add_bias_f32(float* x, const float* bias, int n, int d, cudaStream_t s);
 
 // x[rows, d] (act, a row = one head of one token) = rms_norm(x) * w[d], in place (Qwen3's q/k norm).
 cudaError_t head_rms_norm(void* x, ActType t, const float* w, float eps, int rows, int d, cudaStream_t s);

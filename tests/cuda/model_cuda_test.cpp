@@ -1,0 +1,154 @@
+// The whole model on CUDA against the CPU reference: logits within bf16 tolerance, identical greedy
+// continuations, batched steps equal to single ones, graph replays equal to eager steps.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "cuda_test_util.h"
+#include "exl3/model.h"
+#include "test_util.h"
+
+namespace exl3 {
+namespace {
+
+std::unique_ptr<Model> load(const std::string& dir, const char* device) {
+    LoadOptions o;
+    o.device = device;
+    o.cache_tokens = 4096;
+    auto m = Model::load(dir, o);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    return m.is_ok() ? std::move(*m) : nullptr;
+}
+
+std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    uint32_t x = seed;
+    for (auto& v : t) {
+        x = x * 1664525u + 1013904223u;
+        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+    }
+    return t;
+}
+
+// max |a - b| / max |b| over one row of logits.
+float rel_err(const float* a, const float* b, int n) {
+    float md = 0, mr = 0;
+    for (int i = 0; i < n; ++i) {
+        md = std::max(md, std::fabs(a[i] - b[i]));
+        mr = std::max(mr, std::fabs(b[i]));
+    }
+    return md / mr;
+}
+
+void compare_model(const std::string& dir) {
+    auto cpu = load(dir, "cpu");
+    auto gpu = load(dir, "cuda");
+    ASSERT_TRUE(cpu && gpu);
+    const int V = cpu->info().vocab_size;
+    // Prefill of a long prompt, all positions.
+    auto prompt = tokens(200, 7, V);
+    std::vector<float> lc, lg;
+    auto sc = cpu->new_sequence(), sg = gpu->new_sequence();
+    ASSERT_TRUE(cpu->forward(**sc, prompt, true, &lc).is_ok());
+    Status st = gpu->forward(**sg, prompt, true, &lg);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    float worst = 0;
+    for (int r = 0; r < 200; ++r) worst = std::max(worst, rel_err(lg.data() + r * V, lc.data() + r * V, V));
+    std::printf("  %s: prefill worst relative logit error CUDA vs CPU %.2e\n", dir.c_str(), worst);
+    EXPECT_LT(worst, 3e-2);
+    // Decode steps after it (graph path).
+    for (int i = 0; i < 20; ++i) {
+        std::vector<int32_t> t = {prompt[static_cast<size_t>(i)]};
+        ASSERT_TRUE(cpu->forward(**sc, t, false, &lc).is_ok());
+        ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
+        EXPECT_LT(rel_err(lg.data(), lc.data(), V), 3e-2) << "decode step " << i;
+    }
+}
+
+TEST(CudaModel, TinyDraftMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    compare_model(test::repo_path("tests/models/tiny-draft"));
+}
+
+TEST(CudaModel, TinyTargetMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target", dir);
+    compare_model(dir);
+}
+
+TEST(CudaModel, GreedyContinuationsIdentical) {
+    EXL3_REQUIRE_GPU();
+    for (std::string dir : {test::repo_path("tests/models/tiny-draft"), test::shared_dir() + "/models/tiny-target"}) {
+        if (!test::path_exists(dir)) continue;
+        auto cpu = load(dir, "cpu");
+        auto gpu = load(dir, "cuda");
+        ASSERT_TRUE(cpu && gpu);
+        // A real-text prompt: the ids of the golden fixture's first sequence.
+        std::vector<int32_t> prompt = {0, 483, 1446, 319, 1358, 388, 2026, 1670, 73, 574, 1296, 333};
+        auto a = cpu->generate_greedy(prompt, 64);
+        auto b = gpu->generate_greedy(prompt, 64);
+        ASSERT_TRUE(a.is_ok() && b.is_ok()) << b.status().to_string();
+        EXPECT_EQ(*a, *b) << dir;
+    }
+}
+
+TEST(CudaModel, BatchEqualsSingleAndGraphEqualsEager) {
+    EXL3_REQUIRE_GPU();
+    const std::string dir = test::repo_path("tests/models/tiny-draft");
+    auto gpu = load(dir, "cuda");
+    ASSERT_TRUE(gpu);
+    const int V = gpu->info().vocab_size;
+    // Three sequences of different lengths, prefilled together, then decoded together for a few steps.
+    std::vector<std::vector<int32_t>> prompts = {tokens(5, 1, V), tokens(70, 2, V), tokens(131, 3, V)};
+    std::vector<std::unique_ptr<Sequence>> batch_seqs, solo_seqs;
+    std::vector<Model::BatchItem> items;
+    for (auto& p : prompts) {
+        batch_seqs.push_back(std::move(*gpu->new_sequence()));
+        solo_seqs.push_back(std::move(*gpu->new_sequence()));
+        items.push_back({batch_seqs.back().get(), p, false});
+    }
+    std::vector<float> lb;
+    ASSERT_TRUE(gpu->forward_batch(items, &lb).is_ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<float> ls;
+        ASSERT_TRUE(gpu->forward(*solo_seqs[i], prompts[i], false, &ls).is_ok());
+        EXPECT_LT(rel_err(lb.data() + i * V, ls.data(), V), 1e-2) << "prefill of sequence " << i;
+    }
+    for (int step = 0; step < 6; ++step) {
+        items.clear();
+        for (size_t i = 0; i < prompts.size(); ++i) items.push_back({batch_seqs[i].get(), {int32_t(10 + step)}, false});
+        ASSERT_TRUE(gpu->forward_batch(items, &lb).is_ok());
+        for (size_t i = 0; i < prompts.size(); ++i) {
+            std::vector<float> ls;
+            ASSERT_TRUE(gpu->forward(*solo_seqs[i], {int32_t(10 + step)}, false, &ls).is_ok());
+            EXPECT_LT(rel_err(lb.data() + i * V, ls.data(), V), 1e-2) << "decode step " << step << " seq " << i;
+        }
+    }
+}
+
+TEST(CudaModel, PagesReturnAndCacheFullIsAnError) {
+    EXL3_REQUIRE_GPU();
+    LoadOptions o;
+    o.device = "cuda";
+    o.cache_tokens = 256;
+    o.context_length = 256;
+    auto m = Model::load(test::repo_path("tests/models/tiny-draft"), o);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    const int V = (*m)->info().vocab_size;
+    std::vector<float> lg;
+    {
+        auto a = (*m)->new_sequence();
+        ASSERT_TRUE((*m)->forward(**a, tokens(200, 5, V), false, &lg).is_ok());
+        auto b = (*m)->new_sequence();
+        Status s = (*m)->forward(**b, tokens(100, 6, V), false, &lg);
+        EXPECT_EQ(s.code(), StatusCode::kOutOfRange) << s.to_string();
+        EXPECT_EQ((*b)->length(), 0);
+    }
+    // Both sequences are gone: their pages are free again.
+    auto c = (*m)->new_sequence();
+    EXPECT_TRUE((*m)->forward(**c, tokens(250, 7, V), false, &lg).is_ok());
+}
+
+}  // namespace
+}  // namespace exl3
