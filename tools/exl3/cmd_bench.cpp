@@ -1,32 +1,61 @@
 // exl3 bench: prefill and decode throughput, each printed beside its ceiling.
-// CPU decode reads every weight once per token, so its ceiling is (memory bandwidth) / (bytes read per token);
-// the bandwidth is measured here by streaming a large buffer, not taken from a datasheet.
+// Decode reads every weight once per step plus the KV cache of every sequence, so its ceiling is
+// (memory bandwidth) / (bytes read per step); the bandwidth is measured here (CPU: streaming read of a large
+// buffer; CUDA: device-to-device copy), not taken from a datasheet. Prefill is compute-bound on the GPU: its
+// ceiling is the FLOPs of the step over the dense bf16 matrix rate (790 TFLOP/s measured on the H200 test GPU,
+// anchors.md); on the CPU no compute ceiling is claimed.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 
 #include "core/thread_pool.h"
 #include "exl3/model.h"
 #include "tools/exl3/commands.h"
+#ifdef EXL3_HAVE_CUDA
+#include "backend/cuda/device.h"
+#endif
 
 namespace exl3::cli {
 
 namespace {
 
+constexpr double kGpuMatrixFlops = 790e12;  // bf16 dense, measured (anchors.md / device KINDS.md)
+
 struct BenchOptions {
     std::string model;
-    int prompt = 128;
+    std::string device = "cpu";
+    std::string prompts = "128";  // prefill sizes
+    std::string batches = "1";
+    std::string contexts = "128"; // tokens already in each sequence's cache when decode is timed
     int gen = 64;
     int reps = 3;
     int threads = 0;
     bool json = false;
 };
 
-// Bytes read per second by all threads streaming through a buffer far larger than the caches: the ceiling of a
-// decode step, which only reads weights.
+Result<std::vector<int>> int_list(const std::string& s, const char* what) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        try {
+            size_t used = 0;
+            int v = std::stoi(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            return invalid_argument(std::string(what) + ": '" + item + "' is not a positive integer");
+        }
+    }
+    if (out.empty()) return invalid_argument(std::string(what) + ": empty list");
+    return out;
+}
+
+// Bytes read per second by all threads streaming through a buffer far larger than the caches.
 double measure_read_bandwidth(ThreadPool& pool) {
     const size_t n = (size_t{512} << 20) / sizeof(uint64_t);
     std::vector<uint64_t> a(n);
@@ -48,7 +77,7 @@ double measure_read_bandwidth(ThreadPool& pool) {
         double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         best = std::max(best, static_cast<double>(n * sizeof(uint64_t)) / s);
     }
-    if (sinks[0] == 42) std::printf(" ");  // keeps the reads from being optimised away
+    if (sinks[0] == 42) std::fprintf(stderr, " ");  // keeps the reads from being optimised away
     return best;
 }
 
@@ -57,64 +86,157 @@ double median(std::vector<double> v) {
     return v[v.size() / 2];
 }
 
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 int bench(const BenchOptions& o) {
-    if (o.prompt < 1 || o.gen < 1 || o.reps < 1) return fail("bench", "--prompt, --gen and --reps must be >= 1");
+    auto prompts = int_list(o.prompts, "--prompt");
+    auto batches = int_list(o.batches, "--batch");
+    auto contexts = int_list(o.contexts, "--context");
+    for (auto* r : {&prompts, &batches, &contexts})
+        if (!r->is_ok()) return fail("bench", r->status().message());
+    if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
+    const bool gpu = o.device != "cpu";
+    const int max_ctx = std::max(*std::max_element(prompts->begin(), prompts->end()),
+                                 *std::max_element(contexts->begin(), contexts->end()) + o.gen);
+    const int max_batch = *std::max_element(batches->begin(), batches->end());
     LoadOptions lo;
     lo.threads = o.threads;
-    lo.context_length = 0;
+    lo.device = o.device;
+    lo.context_length = max_ctx + 64;
+    lo.cache_tokens = std::max(max_batch * (max_ctx + 64), max_ctx + 64);
+    auto t_load = std::chrono::steady_clock::now();
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
+    const double load_s = seconds_since(t_load);
     const Model& m = **model;
     const ModelInfo& info = m.info();
-    if (o.prompt + o.gen > info.context_length) return fail("bench", "--prompt + --gen exceeds the context length");
+
+    // Ceilings.
+    double bandwidth = 0;
+    std::string bw_label;
+#ifdef EXL3_HAVE_CUDA
+    if (gpu) {
+        bandwidth = cuda::measure_copy_bandwidth(0);
+        bw_label = "device copy";
+    }
+#endif
+    std::unique_ptr<ThreadPool> pool;
+    if (!gpu) {
+        pool = std::make_unique<ThreadPool>(o.threads);
+        bandwidth = measure_read_bandwidth(*pool);
+        bw_label = "streaming read";
+    }
+    // Per decode step every weight matrix is read once (the embedding table only for its rows, unless it is also the
+    // head); weights run in 16 bits on the GPU.
+    const double elem = gpu ? 2.0 : static_cast<double>(info.weight_bytes) / static_cast<double>(info.num_parameters);
+    const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
+    const bool tied = static_cast<double>(info.num_parameters) < 2.0 * embed + 1.0 ||
+                      info.weight_bytes < static_cast<int64_t>(elem * 2.0 * embed);
+    const double weight_read = elem * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
+    const double kv_per_token = 2.0 * info.num_layers * info.num_kv_heads * info.head_dim * (gpu ? 2.0 : 4.0);
+    const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
 
     std::mt19937 rng(1234);
     std::uniform_int_distribution<int32_t> tok(0, info.vocab_size - 1);
-    std::vector<int32_t> prompt(static_cast<size_t>(o.prompt));
-    for (auto& t : prompt) t = tok(rng);
+    auto random_tokens = [&](int n) {
+        std::vector<int32_t> t(static_cast<size_t>(n));
+        for (auto& v : t) v = tok(rng);
+        return t;
+    };
+    nlohmann::json out = {{"model", o.model},
+                          {"device", m.device()},
+                          {"architecture", info.architecture},
+                          {"parameters", info.num_parameters},
+                          {"load_seconds", load_s},
+                          {"bandwidth_gb_s", bandwidth / 1e9},
+                          {"bandwidth_source", bw_label},
+                          {"prefill", nlohmann::json::array()},
+                          {"decode", nlohmann::json::array()}};
 
-    std::vector<double> prefill, decode;
-    std::vector<float> logits;
-    for (int r = 0; r < o.reps + 1; ++r) {  // the first round warms caches and page-ins
-        auto seq = m.new_sequence(o.prompt + o.gen);
-        auto t0 = std::chrono::steady_clock::now();
-        if (Status s = m.forward(**seq, prompt, false, &logits); !s.is_ok()) return fail("bench", s.to_string());
-        auto t1 = std::chrono::steady_clock::now();
-        for (int g = 0; g < o.gen; ++g)
-            if (Status s = m.forward(**seq, {tok(rng)}, false, &logits); !s.is_ok()) return fail("bench", s.to_string());
-        auto t2 = std::chrono::steady_clock::now();
-        if (r == 0) continue;
-        prefill.push_back(o.prompt / std::chrono::duration<double>(t1 - t0).count());
-        decode.push_back(o.gen / std::chrono::duration<double>(t2 - t1).count());
+    for (int P : *prompts) {
+        std::vector<double> times;
+        auto toks = random_tokens(P);
+        std::vector<float> logits;
+        for (int r = 0; r < o.reps + 1; ++r) {
+            auto seq = m.new_sequence(P);
+            if (!seq.is_ok()) return fail("bench", seq.status().to_string());
+            auto t0 = std::chrono::steady_clock::now();
+            if (Status s = m.forward(**seq, toks, false, &logits); !s.is_ok()) return fail("bench", s.to_string());
+            if (r > 0) times.push_back(seconds_since(t0));  // the first run warms up
+        }
+        const double t = median(times);
+        const double flops = linear_flops_per_token * P +
+                             4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
+        nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
+        if (gpu) row["roofline_tok_s"] = P / (flops / kGpuMatrixFlops);
+        out["prefill"].push_back(row);
     }
-    ThreadPool pool(o.threads);
-    const double bw = measure_read_bandwidth(pool);
-    // Per decoded token every weight matrix is read once; the embedding table only for one row (unless it is
-    // also the head, which counts in weight_bytes once).
-    const double elem = static_cast<double>(info.weight_bytes) / static_cast<double>(info.num_parameters);
-    const bool tied = info.weight_bytes < static_cast<int64_t>(elem * (2.0 * info.vocab_size * info.hidden_size));
-    const double bytes_per_token =
-        static_cast<double>(info.weight_bytes) - (tied ? 0.0 : elem * info.vocab_size * info.hidden_size);
-    const double roofline = bw / bytes_per_token;
-    nlohmann::json j = {{"model", o.model},
-                        {"backend", "cpu"},
-                        {"threads", pool.size()},
-                        {"prompt_tokens", o.prompt},
-                        {"gen_tokens", o.gen},
-                        {"prefill_tok_s", median(prefill)},
-                        {"decode_tok_s", median(decode)},
-                        {"memory_bandwidth_gb_s", bw / 1e9},
-                        {"decode_bytes_per_token", bytes_per_token},
-                        {"decode_roofline_tok_s", roofline}};
+
+    for (int C : *contexts) {
+        for (int B : *batches) {
+            std::vector<std::unique_ptr<Sequence>> seqs;
+            std::vector<float> logits;
+            for (int b = 0; b < B; ++b) {
+                auto seq = m.new_sequence(C + o.gen);
+                if (!seq.is_ok()) return fail("bench", seq.status().to_string());
+                seqs.push_back(std::move(*seq));
+                for (int done = 0; done < C;) {  // prefill in chunks to bound scratch memory
+                    const int n = std::min(4096, C - done);
+                    if (Status s = m.forward(*seqs.back(), random_tokens(n), false, &logits); !s.is_ok())
+                        return fail("bench", s.to_string());
+                    done += n;
+                }
+            }
+            std::vector<Model::BatchItem> items(static_cast<size_t>(B));
+            for (int b = 0; b < B; ++b) items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
+            auto step = [&]() -> Status {
+                for (auto& it : items) it.tokens.assign(1, tok(rng));
+                return m.forward_batch(items, &logits);
+            };
+            if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
+            auto t0 = std::chrono::steady_clock::now();
+            for (int g = 1; g < o.gen; ++g)
+                if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());
+            const double per_step = seconds_since(t0) / (o.gen - 1);
+            const double avg_ctx = C + o.gen / 2.0;
+            const double bytes = weight_read + B * avg_ctx * kv_per_token;
+            const double roof_step = bytes / bandwidth;
+            out["decode"].push_back({{"batch", B},
+                                     {"context", C},
+                                     {"ms_per_step", per_step * 1e3},
+                                     {"tok_s", B / per_step},
+                                     {"roofline_tok_s", B / roof_step},
+                                     {"bytes_per_step", bytes},
+                                     {"kv_bytes_per_step", B * avg_ctx * kv_per_token}});
+        }
+    }
+
     if (o.json) {
-        std::printf("%s\n", j.dump(2).c_str());
+        std::printf("%s\n", out.dump(2).c_str());
         return 0;
     }
-    std::printf("model %s, CPU backend, %d threads (median of %d runs)\n", o.model.c_str(), pool.size(), o.reps);
-    std::printf("  prefill %5d tokens: %10.1f tok/s\n", o.prompt, median(prefill));
-    std::printf("  decode  %5d tokens: %10.1f tok/s   roofline %.1f tok/s (%.1f GB/s measured read bandwidth, "
-                "%.1f MB read per token): %.0f%%\n",
-                o.gen, median(decode), roofline, bw / 1e9, bytes_per_token / 1e6, 100.0 * median(decode) / roofline);
+    std::printf("%s: %s, %.2f B parameters, on %s (loaded in %.1f s)\n", o.model.c_str(), info.architecture.c_str(),
+                info.num_parameters / 1e9, m.device().c_str(), load_s);
+    std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
+                gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
+    std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
+    for (const auto& r : out["prefill"]) {
+        if (r.contains("roofline_tok_s"))
+            std::printf("| %d | %.2f ms | %.0f | %.0f | %.0f %% |\n", r["tokens"].get<int>(),
+                        r["seconds"].get<double>() * 1e3, r["tok_s"].get<double>(), r["roofline_tok_s"].get<double>(),
+                        100.0 * r["tok_s"].get<double>() / r["roofline_tok_s"].get<double>());
+        else
+            std::printf("| %d | %.2f ms | %.0f | - | - |\n", r["tokens"].get<int>(), r["seconds"].get<double>() * 1e3,
+                        r["tok_s"].get<double>());
+    }
+    std::printf("\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"
+                "|---|---|---|---|---|---|\n");
+    for (const auto& r : out["decode"])
+        std::printf("| %d | %d | %.3f | %.1f | %.1f | %.0f %% |\n", r["batch"].get<int>(), r["context"].get<int>(),
+                    r["ms_per_step"].get<double>(), r["tok_s"].get<double>(), r["roofline_tok_s"].get<double>(),
+                    100.0 * r["tok_s"].get<double>() / r["roofline_tok_s"].get<double>());
     return 0;
 }
 
@@ -123,9 +245,12 @@ int bench(const BenchOptions& o) {
 Runner add_bench(CLI::App& app) {
     auto o = std::make_shared<BenchOptions>();
     app.add_option("-m,--model", o->model, "model directory")->required();
-    app.add_option("-p,--prompt", o->prompt, "prompt tokens (prefill)")->capture_default_str();
-    app.add_option("-g,--gen", o->gen, "generated tokens (decode)")->capture_default_str();
-    app.add_option("-r,--reps", o->reps, "timed repetitions")->capture_default_str();
+    app.add_option("-d,--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("-p,--prompt", o->prompts, "prefill sizes, comma-separated")->capture_default_str();
+    app.add_option("-b,--batch", o->batches, "decode batch sizes, comma-separated")->capture_default_str();
+    app.add_option("-c,--context", o->contexts, "tokens cached per sequence before decode is timed")->capture_default_str();
+    app.add_option("-g,--gen", o->gen, "decode steps timed")->capture_default_str();
+    app.add_option("-r,--reps", o->reps, "prefill repetitions (median)")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_flag("--json", o->json, "print one JSON object");
     return [o] { return bench(*o); };

@@ -33,6 +33,36 @@ std::vector<DeviceInfo> list_devices() {
     return out;
 }
 
+double measure_copy_bandwidth(int device) {
+    if (cudaSetDevice(device) != cudaSuccess) return 0.0;
+    const size_t bytes = size_t{2} << 30;
+    void *a = nullptr, *b = nullptr;
+    if (cudaMalloc(&a, bytes) != cudaSuccess) return 0.0;
+    if (cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaFree(a);
+        return 0.0;
+    }
+    cudaMemset(a, 0x5a, bytes);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    float best_ms = 1e30f;
+    for (int i = 0; i < 6; ++i) {
+        cudaEventRecord(e0);
+        cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0) best_ms = ms < best_ms ? ms : best_ms;
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * static_cast<double>(bytes) / (best_ms * 1e-3);
+}
+
 Status self_test(int device) {
     EXL3_RETURN_IF_ERROR(check(cudaSetDevice(device), "cudaSetDevice"));
     const int n = 1000;

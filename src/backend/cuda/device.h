@@ -20,6 +20,10 @@ struct DeviceInfo {
 // Lists the visible devices; an empty list (not an error) when there is no GPU or driver.
 std::vector<DeviceInfo> list_devices();
 
+// Device-to-device copy bandwidth (bytes read + written per second) over a buffer far larger than L2: the memory
+// roofline that decode figures are printed against. 0 on failure.
+double measure_copy_bandwidth(int device);
+
 // Runs a small kernel and checks its result: proves that the build's device code runs on this GPU.
 Status self_test(int device);
 

@@ -1,6 +1,7 @@
 // attention(): plans the grid and the split-K chunking from the host-side bounds, launches the prefill or decode
 // instantiation, and merges split partials (attention_combine).
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/attention/attention_kernel.cuh"
 
@@ -8,7 +9,7 @@ namespace exl3::cuda {
 namespace {
 
 // Fewest keys a split is given: below this the fixed cost of a CTA (Q load, pipeline fill, epilogue) dominates.
-constexpr int kMinSplitKeys = 256;
+constexpr int kMinSplitKeys = 128;
 constexpr int kMaxSplits = 128;
 
 int device_sm_count() {
@@ -31,6 +32,19 @@ struct Plan {
     int split_keys;
 };
 
+int occupancy(bool decode, int head_dim) {
+    // Same for fp16 and bf16 (same registers and shared memory), so the bf16 instance answers for both.
+    using BF = __nv_bfloat16;
+    switch (head_dim) {
+        case 64: return decode ? attn::occupancy_decode<BF, 64>() : attn::occupancy_prefill<BF, 64>();
+        case 256: return decode ? attn::occupancy_decode<BF, 256>() : attn::occupancy_prefill<BF, 256>();
+        default: return decode ? attn::occupancy_decode<BF, 128>() : attn::occupancy_prefill<BF, 128>();
+    }
+}
+
+// Split-K plan. The CTAs of a decode step all do the same amount of work, so the best grid is one full wave:
+// splits = floor(resident slots / base CTAs). A partial second wave (e.g. 320 CTAs on 264 slots) would double the
+// time of its stragglers' share.
 Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim) {
     Plan pl{};
     pl.decode = b.max_q_len <= 1;
@@ -39,15 +53,20 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     const int bn = pl.decode ? attn::DecodeShape::bn(head_dim) : attn::PrefillShape::bn(head_dim);
     pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
     const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
-    // Two resident CTAs per SM is what the shared memory of either shape allows at D = 128.
-    const int64_t target = 2LL * device_sm_count();
+    const int64_t slots = static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim), 1)) * device_sm_count();
     const int max_seq = std::max(b.max_seq_len, 1);
     int splits = 1;
-    if (base < target) {
-        splits = static_cast<int>((target + base - 1) / base);
+    if (base < slots) {
+        splits = static_cast<int>(slots / base);
         splits = std::min(splits, (max_seq + kMinSplitKeys - 1) / kMinSplitKeys);
         splits = std::clamp(splits, 1, kMaxSplits);
     }
+    // Kernel-lab override (bench only): EXL3_ATTN_SPLITS=n forces the split count of single-token steps.
+    static const int forced = [] {
+        const char* e = std::getenv("EXL3_ATTN_SPLITS");
+        return e ? std::atoi(e) : 0;
+    }();
+    if (forced > 0 && pl.decode) splits = std::clamp(forced, 1, kMaxSplits);
     int chunk = (max_seq + splits - 1) / splits;
     chunk = (chunk + bn - 1) / bn * bn;
     pl.split_keys = chunk;
@@ -55,37 +74,64 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     return pl;
 }
 
-// Merges split partials: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). One thread per 8 output
-// values of a row; rows past the device-side total are skipped (the grid is sized from the host bound).
+// Merges split partials: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). One CTA per output row
+// (a query head of a token): the split weights are computed once into shared memory, then each thread owns one
+// dimension for a slice of the splits, so its loads are independent (v1 chained 2 x splits dependent loads per
+// thread on 2 CTAs: 20 us on its own at batch 1). Rows past the device-side total exit (grid from the host bound).
+constexpr int kCombineThreads = 256;
+
 template <typename T, int D>
-__global__ void attention_combine(const float* part_o, const float* part_lse, int splits, int rows_bound,
-                                  const int32_t* q_start, int batch, int n_heads, T* out) {
-    constexpr int kChunks = D / 8;
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    const int64_t row = i / kChunks;
-    const int c = static_cast<int>(i % kChunks);
+__global__ void __launch_bounds__(kCombineThreads)
+    attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, int splits,
+                      int rows_bound, const int32_t* __restrict__ q_start, int batch, int n_heads,
+                      T* __restrict__ out) {
+    constexpr int kGroups = kCombineThreads / D;  // split slices summed in parallel
+    __shared__ float w[kMaxSplits];
+    __shared__ float red[kGroups][D];
+    __shared__ float inv_sum;
+    EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
+    const int64_t row = blockIdx.x;
     if (row >= static_cast<int64_t>(q_start[batch]) * n_heads) return;
-    float mx = -INFINITY;
-    for (int s = 0; s < splits; ++s) mx = fmaxf(mx, part_lse[static_cast<int64_t>(s) * rows_bound + row]);
-    const float ref = mx == -INFINITY ? 0.f : mx;
-    float o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, wsum = 0.f;
-    for (int s = 0; s < splits; ++s) {
-        const int64_t pr = static_cast<int64_t>(s) * rows_bound + row;
-        const float w = exp2f(part_lse[pr] - ref);
-        if (w == 0.f) continue;  // empty split: its partial holds zeros, skip the read
-        wsum += w;
-        const float4* src = reinterpret_cast<const float4*>(part_o + pr * D + c * 8);
-        const float4 a = src[0], bq = src[1];
-        o[0] += w * a.x, o[1] += w * a.y, o[2] += w * a.z, o[3] += w * a.w;
-        o[4] += w * bq.x, o[5] += w * bq.y, o[6] += w * bq.z, o[7] += w * bq.w;
+    const int tid = threadIdx.x;
+    if (tid < 32) {
+        float lse[kMaxSplits / 32];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kMaxSplits / 32; ++i) {
+            const int sp = tid + 32 * i;
+            lse[i] = sp < splits ? part_lse[static_cast<int64_t>(sp) * rows_bound + row] : -INFINITY;
+            mx = fmaxf(mx, lse[i]);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float ref = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kMaxSplits / 32; ++i) {
+            const float e = exp2f(lse[i] - ref);
+            if (tid + 32 * i < kMaxSplits) w[tid + 32 * i] = e;
+            sum += e;
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (tid == 0) inv_sum = sum > 0.f ? 1.f / sum : 0.f;
     }
-    const float inv = wsum > 0.f ? 1.f / wsum : 0.f;
-    uint4 packed;
-    packed.x = attn::MmaOp<T>::pack(o[0] * inv, o[1] * inv);
-    packed.y = attn::MmaOp<T>::pack(o[2] * inv, o[3] * inv);
-    packed.z = attn::MmaOp<T>::pack(o[4] * inv, o[5] * inv);
-    packed.w = attn::MmaOp<T>::pack(o[6] * inv, o[7] * inv);
-    *reinterpret_cast<uint4*>(out + row * D + c * 8) = packed;
+    __syncthreads();
+    const int d = tid % D, g = tid / D;
+    float acc = 0.f;
+#pragma unroll 8
+    for (int sp = g; sp < splits; sp += kGroups) {
+        const float ws = w[sp];  // 0 for an empty split, whose partial holds zeros: no branch needed
+        acc += ws * part_o[(static_cast<int64_t>(sp) * rows_bound + row) * D + d];
+    }
+    red[g][d] = acc;
+    __syncthreads();
+    if (g == 0) {
+        float o = 0.f;
+#pragma unroll
+        for (int i = 0; i < kGroups; ++i) o += red[i][d];
+        out[row * D + d] = attn::MmaOp<T>::from_float(o * inv_sum);
+    }
 }
 
 template <typename T, int D>
@@ -95,11 +141,18 @@ cudaError_t run(const attn::KernelParams& p, const Plan& pl, int n_kv_heads, con
                     static_cast<unsigned>(pl.splits));
     cudaError_t e = pl.decode ? attn::launch_decode<T, D>(p, grid, s) : attn::launch_prefill<T, D>(p, grid, s);
     if (e != cudaSuccess || pl.splits == 1) return e;
-    const int64_t threads = static_cast<int64_t>(p.total_rows_bound) * (D / 8);
-    const int block = 256;
-    attention_combine<T, D><<<static_cast<unsigned>((threads + block - 1) / block), block, 0, s>>>(
-        p.part_o, p.part_lse, pl.splits, p.total_rows_bound, b.q_start, b.batch, p.n_heads, static_cast<T*>(p.out));
-    return cudaGetLastError();
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(p.total_rows_bound));
+    cfg.blockDim = dim3(kCombineThreads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, attention_combine<T, D>, static_cast<const float*>(p.part_o),
+                              static_cast<const float*>(p.part_lse), pl.splits, p.total_rows_bound, b.q_start,
+                              b.batch, p.n_heads, static_cast<T*>(p.out));
 }
 
 template <typename T>

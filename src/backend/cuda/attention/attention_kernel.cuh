@@ -28,6 +28,20 @@
 
 #include "backend/cuda/attention/paged_attention.cuh"
 
+// Programmatic dependent launch exists from sm_90 on; older GPUs run the kernels in plain stream order, where
+// waiting is implicit, so the hooks compile to nothing there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define EXL3_GRID_DEPENDENCY_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define EXL3_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define EXL3_GRID_DEPENDENCY_WAIT() \
+    do {                            \
+    } while (0)
+#define EXL3_LAUNCH_DEPENDENTS() \
+    do {                         \
+    } while (0)
+#endif
+
 namespace exl3::cuda::attn {
 
 struct KernelParams {
@@ -74,6 +88,7 @@ struct MmaOp<__nv_bfloat16> {
         __nv_bfloat162 h = *reinterpret_cast<__nv_bfloat162*>(&u);
         return __bfloat1622float2(h);
     }
+    __device__ static inline __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
 };
 
 template <>
@@ -93,6 +108,7 @@ struct MmaOp<__half> {
         __half2 h = *reinterpret_cast<__half2*>(&u);
         return __half22float2(h);
     }
+    __device__ static inline __half from_float(float f) { return __float2half_rn(f); }
 };
 
 __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
@@ -158,6 +174,10 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     const int kvh = blockIdx.y;
     const int split = blockIdx.z;
     const int G = p.group;
+
+    // Programmatic dependent launch: everything above overlapped the previous kernel's tail; nothing it writes
+    // (q, the new K/V rows, the plan) may be read before this point. A no-op when launched without the attribute.
+    EXL3_GRID_DEPENDENCY_WAIT();
 
     const int q0 = p.q_start[b];
     const int q_len = p.q_start[b + 1] - q0;
@@ -360,6 +380,9 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     }
     cp_async_wait<0>();
     __syncthreads();  // the epilogue reuses the pipeline's shared memory
+    // Let the next kernel in the stream (the split combine) start launching; it waits for this grid's completion
+    // and memory flush (griddepcontrol.wait) before reading anything.
+    EXL3_LAUNCH_DEPENDENTS();
 
     // Epilogue: every warp parks its unnormalised O, m and l in shared memory; then the CTA merges the WARPS_N key
     // slices row by row and writes 16-byte chunks (coalesced) of the output or of the split partial.
@@ -426,19 +449,44 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     }
 }
 
-// Host side: launches one instantiation (defined in prefill.cu / decode.cu).
+// Host side. The dynamic shared-memory limit is raised once per instantiation (before any graph capture: the
+// dispatcher calls instance_occupancy while planning, i.e. before the first launch).
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+int instance_occupancy() {
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    static const int occ = [] {
+        auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+        int n = 0;
+        // Maximum shared-memory carve-out up front, so the SM's L1/shared split need not change between this
+        // kernel and its neighbours in the stream.
+        if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes) != cudaSuccess ||
+            cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared) != cudaSuccess ||
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kern, C::kThreads, C::kSmemBytes) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;  // launch will then report the real error
+        }
+        return n;
+    }();
+    return occ;
+}
+
+// Launches with programmatic stream serialisation so the kernel's launch overlaps the previous kernel's tail.
 template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
 cudaError_t launch_instance(const KernelParams& p, dim3 grid, cudaStream_t s) {
     using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
-    auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
-    static bool attr_set = false;  // per instantiation; the attribute is per device function, set once
-    if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes);
-        if (e != cudaSuccess) return e;
-        attr_set = true;
-    }
-    kern<<<grid, C::kThreads, C::kSmemBytes, s>>>(p);
-    return cudaGetLastError();
+    if (instance_occupancy<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>() <= 0) return cudaErrorInvalidConfiguration;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(C::kThreads);
+    cfg.dynamicSmemBytes = C::kSmemBytes;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>, p);
 }
 
 // Tile shapes of the two instantiation families; the dispatcher sizes grids and split chunks from these.
@@ -459,5 +507,10 @@ template <typename T, int D>
 cudaError_t launch_prefill(const KernelParams& p, dim3 grid, cudaStream_t s);
 template <typename T, int D>
 cudaError_t launch_decode(const KernelParams& p, dim3 grid, cudaStream_t s);
+// Resident CTAs per SM of each instantiation (the split planner fills exactly one wave with them).
+template <typename T, int D>
+int occupancy_prefill();
+template <typename T, int D>
+int occupancy_decode();
 
 }  // namespace exl3::cuda::attn

@@ -31,7 +31,8 @@ struct PagedKV {
 // The batch plan, built once per step on the host and shared by every layer (all pointers are device memory).
 struct AttentionBatch {
     int batch;                  // sequences in the step
-    const int32_t* q_start;     // [batch + 1] prefix sums of new-token counts: seq b's queries are rows q_start[b]..q_start[b+1)
+    const int32_t* q_start;     // [batch + 1] prefix sums of new-token counts: seq b's queries are rows
+                                //   q_start[b]..q_start[b+1)
     const int32_t* seq_len;     // [batch] tokens in the cache after this step (new ones included)
     const int32_t* page_table;  // [batch, max_pages] page indices of each sequence, in order
     int max_pages;              // row stride of page_table

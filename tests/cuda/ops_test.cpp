@@ -1,0 +1,194 @@
+// Every small CUDA op of the dense decoder against the CPU reference (backend/cpu/ops.h or a direct loop), on
+// random data in several shapes, for bf16 and fp16 activations. Outputs are poisoned before each run.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/context.h"
+#include "backend/cuda/ops.cuh"
+#include "core/dtype.h"
+#include "cuda_test_util.h"
+
+namespace exl3 {
+namespace {
+
+using cuda::ActType;
+using cuda::DeviceBuffer;
+
+struct OpsFixture : ::testing::TestWithParam<ActType> {
+    void SetUp() override {
+        int n = 0;
+        if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+            cudaGetLastError();
+            GTEST_SKIP() << "no CUDA device";
+        }
+        auto c = cuda::CudaContext::create(0);
+        ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+        ctx = std::move(*c);
+    }
+    ActType t() const { return GetParam(); }
+    // Rounds to the activation type and back, as the GPU sees the data.
+    float round(float f) const { return t() == ActType::kBF16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f)); }
+    std::vector<uint16_t> to_act(const std::vector<float>& v) const {
+        std::vector<uint16_t> o(v.size());
+        for (size_t i = 0; i < v.size(); ++i) o[i] = t() == ActType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+        return o;
+    }
+    std::vector<float> from_act(const std::vector<uint16_t>& v) const {
+        std::vector<float> o(v.size());
+        for (size_t i = 0; i < v.size(); ++i) o[i] = t() == ActType::kBF16 ? bf16_to_f32(v[i]) : f16_to_f32(v[i]);
+        return o;
+    }
+    DeviceBuffer up_act(const std::vector<float>& v) {
+        DeviceBuffer b;
+        auto a = to_act(v);
+        EXPECT_TRUE(b.upload(a.data(), a.size() * 2).is_ok());
+        return b;
+    }
+    DeviceBuffer up_f32(const std::vector<float>& v) {
+        DeviceBuffer b;
+        EXPECT_TRUE(b.upload(v.data(), v.size() * 4).is_ok());
+        return b;
+    }
+    DeviceBuffer poisoned(size_t bytes) {
+        DeviceBuffer b;
+        EXPECT_TRUE(b.reserve(bytes).is_ok());
+        cudaMemset(b.get(), 0xff, bytes);  // NaN in every float type
+        return b;
+    }
+    std::vector<float> down_act(const DeviceBuffer& b, size_t n) {
+        std::vector<uint16_t> a(n);
+        cudaMemcpy(a.data(), b.get(), n * 2, cudaMemcpyDeviceToHost);
+        return from_act(a);
+    }
+    std::vector<float> down_f32(const DeviceBuffer& b, size_t n) {
+        std::vector<float> a(n);
+        cudaMemcpy(a.data(), b.get(), n * 4, cudaMemcpyDeviceToHost);
+        return a;
+    }
+    // max |a - b| / max |b|
+    static double rel(const std::vector<float>& a, const std::vector<float>& b) {
+        double md = 0, mr = 0;
+        for (size_t i = 0; i < a.size(); ++i) {
+            if (!std::isfinite(a[i])) return INFINITY;
+            md = std::max(md, static_cast<double>(std::fabs(a[i] - b[i])));
+            mr = std::max(mr, static_cast<double>(std::fabs(b[i])));
+        }
+        return md / mr;
+    }
+    double tol() const { return t() == ActType::kBF16 ? 1e-2 : 2e-3; }
+    std::unique_ptr<cuda::CudaContext> ctx;
+};
+
+TEST_P(OpsFixture, EmbedAddRmsNormAndBias) {
+    for (auto [n, d] : {std::pair{1, 64}, {7, 384}, {33, 4096}, {3, 5000}}) {
+        auto table = test::random_floats(static_cast<size_t>(50) * d, 1);
+        for (auto& v : table) v = round(v);
+        std::vector<int32_t> tok(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) tok[static_cast<size_t>(i)] = (i * 17 + 3) % 50;
+        DeviceBuffer dt = up_act(table), dtok, dh = poisoned(static_cast<size_t>(n) * d * 4);
+        ASSERT_TRUE(dtok.upload(tok.data(), tok.size() * 4).is_ok());
+        EXL3_CUDA_OK(cuda::embed(dt.get(), t(), dtok.as<int32_t>(), n, d, dh.as<float>(), ctx->stream()));
+        auto delta = test::random_floats(static_cast<size_t>(n) * d, 2), w = test::random_floats(static_cast<size_t>(d), 3);
+        DeviceBuffer dd = up_f32(delta), dw = up_f32(w), dout = poisoned(static_cast<size_t>(n) * d * 2);
+        EXL3_CUDA_OK(cuda::add_rms_norm(dh.as<float>(), dd.as<float>(), dw.as<float>(), 1e-5f, dout.get(), t(), n, d,
+                                        ctx->stream()));
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        std::vector<float> h(static_cast<size_t>(n) * d), ref(h.size());
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < d; ++j)
+                h[static_cast<size_t>(i) * d + j] = table[static_cast<size_t>(tok[static_cast<size_t>(i)]) * d + j] +
+                                                     delta[static_cast<size_t>(i) * d + j];
+        cpu::rms_norm(h.data(), w.data(), n, d, 1e-5f, ref.data());
+        EXPECT_LT(rel(down_f32(dh, h.size()), h), 1e-6) << n << "x" << d;
+        EXPECT_LT(rel(down_act(dout, h.size()), ref), tol()) << n << "x" << d;
+        // Bias on act rows with a stride, and on fp32.
+        auto bias = test::random_floats(static_cast<size_t>(d), 4);
+        DeviceBuffer db = up_f32(bias);
+        EXL3_CUDA_OK(cuda::add_bias(dout.get(), t(), db.as<float>(), n, d, d, ctx->stream()));
+        EXL3_CUDA_OK(cuda::add_bias_f32(dh.as<float>(), db.as<float>(), n, d, ctx->stream()));
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < d; ++j) {
+                ref[static_cast<size_t>(i) * d + j] += bias[static_cast<size_t>(j)];
+                h[static_cast<size_t>(i) * d + j] += bias[static_cast<size_t>(j)];
+            }
+        EXPECT_LT(rel(down_act(dout, h.size()), ref), tol());
+        EXPECT_LT(rel(down_f32(dh, h.size()), h), 1e-6);
+    }
+}
+
+TEST_P(OpsFixture, HeadNormRopeSiluGather) {
+    for (auto [n, heads, hd, rot] : {std::tuple{1, 4, 64, 64}, {9, 8, 128, 128}, {5, 6, 128, 64}, {17, 2, 256, 256}}) {
+        const size_t total = static_cast<size_t>(n) * heads * hd;
+        auto x = test::random_floats(total, 5);
+        for (auto& v : x) v = round(v);
+        auto w = test::random_floats(static_cast<size_t>(hd), 6);
+        DeviceBuffer dx = up_act(x), dw = up_f32(w);
+        EXL3_CUDA_OK(cuda::head_rms_norm(dx.get(), t(), dw.as<float>(), 1e-6f, n * heads, hd, ctx->stream()));
+        std::vector<float> ref(total);
+        cpu::rms_norm(x.data(), w.data(), n * heads, hd, 1e-6f, ref.data());
+        auto got = down_act(dx, total);
+        EXPECT_LT(rel(got, ref), tol()) << "head norm " << hd;
+        // RoPE on the normed values (as rounded by the GPU), positions far apart.
+        std::vector<int32_t> pos(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = i * 1013 + 7;
+        std::vector<float> inv(static_cast<size_t>(rot / 2));
+        for (int i = 0; i < rot / 2; ++i) inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / rot);
+        DeviceBuffer dpos, dinv = up_f32(inv);
+        ASSERT_TRUE(dpos.upload(pos.data(), pos.size() * 4).is_ok());
+        EXL3_CUDA_OK(cuda::rope(dx.get(), t(), n, heads * hd, heads, hd, dpos.as<int32_t>(), dinv.as<float>(), rot,
+                                1.1f, ctx->stream()));
+        cpu::rope_neox(got.data(), n, heads, hd, pos.data(), inv.data(), rot, 1.1f);
+        EXPECT_LT(rel(down_act(dx, total), got), tol()) << "rope " << hd;
+    }
+    for (auto [n, inter] : {std::pair{1, 768}, {12, 14336}, {3, 1000}}) {
+        auto gu = test::random_floats(static_cast<size_t>(n) * 2 * inter, 7, 2.0f);
+        for (auto& v : gu) v = round(v);
+        DeviceBuffer dgu = up_act(gu), dout = poisoned(static_cast<size_t>(n) * inter * 2);
+        EXL3_CUDA_OK(cuda::silu_mul(dgu.get(), dout.get(), t(), n, inter, ctx->stream()));
+        std::vector<float> ref(static_cast<size_t>(n) * inter);
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < inter; ++j) {
+                float g = gu[static_cast<size_t>(i) * 2 * inter + j], u = gu[static_cast<size_t>(i) * 2 * inter + inter + j];
+                ref[static_cast<size_t>(i) * inter + j] = g / (1.0f + std::exp(-g)) * u;
+            }
+        EXPECT_LT(rel(down_act(dout, ref.size()), ref), tol()) << "silu_mul " << inter;
+        // Gather rows 2, 0 (or fewer).
+        std::vector<int32_t> rows = {n - 1, 0};
+        DeviceBuffer drows, dg = poisoned(2 * static_cast<size_t>(2 * inter) * 2);
+        ASSERT_TRUE(drows.upload(rows.data(), 8).is_ok());
+        EXL3_CUDA_OK(cuda::gather_rows(dgu.get(), drows.as<int32_t>(), 2, 2 * inter, dg.get(), t(), ctx->stream()));
+        auto g = down_act(dg, static_cast<size_t>(4) * inter);
+        for (int j = 0; j < 2 * inter; ++j) {
+            ASSERT_EQ(g[static_cast<size_t>(j)], gu[static_cast<size_t>(n - 1) * 2 * inter + j]);
+            ASSERT_EQ(g[static_cast<size_t>(2 * inter + j)], gu[static_cast<size_t>(j)]);
+        }
+    }
+}
+
+TEST_P(OpsFixture, GemmMatchesCpuMatmul) {
+    for (auto [n, m, k] : {std::tuple{1, 1024, 4096}, {8, 6144, 4096}, {37, 200, 384}, {129, 512, 1000}}) {
+        auto x = test::random_floats(static_cast<size_t>(n) * k, 8), w = test::random_floats(static_cast<size_t>(m) * k, 9);
+        for (auto& v : x) v = round(v);
+        for (auto& v : w) v = round(v);
+        DeviceBuffer dx = up_act(x), dw = up_act(w), dy = poisoned(static_cast<size_t>(n) * m * 4),
+                     dya = poisoned(static_cast<size_t>(n) * m * 2);
+        ASSERT_TRUE(cuda::gemm(*ctx, dx.get(), dw.get(), dy.get(), t(), true, n, m, k).is_ok());
+        ASSERT_TRUE(cuda::gemm(*ctx, dx.get(), dw.get(), dya.get(), t(), false, n, m, k).is_ok());
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        TensorView wv{w.data(), DType::kF32, {m, k}};
+        std::vector<float> ref(static_cast<size_t>(n) * m);
+        ThreadPool pool(4);
+        cpu::matmul(x.data(), n, k, wv, nullptr, ref.data(), pool);
+        EXPECT_LT(rel(down_f32(dy, ref.size()), ref), 1e-4) << n << "x" << m << "x" << k;
+        EXPECT_LT(rel(down_act(dya, ref.size()), ref), tol()) << n << "x" << m << "x" << k;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Act, OpsFixture, ::testing::Values(ActType::kBF16, ActType::kF16),
+                         [](const auto& i) { return i.param == ActType::kBF16 ? "bf16" : "f16"; });
+
+}  // namespace
+}  // namespace exl3

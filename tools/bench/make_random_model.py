@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""Random-weight HF checkpoints with the shapes of real models, for benchmarks (no download: shapes only).
+
+Weights are normal(0, 0.02) (norms 1.0) in bf16, written as HF safetensors shards, generated on the GPU when there
+is one. The values do not matter for speed as long as they are not zeros (zeros can run faster than real data).
+
+Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b --out DIR [--layers N]
+"""
+import argparse
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+SHAPES = {
+    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096,
+                      intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                      vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                      rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0, original_max_position_embeddings=8192),
+                      tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
+    "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584,
+                       intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                       rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                       tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "llama3-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
+                      intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                      head_dim=64, vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                      rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0, original_max_position_embeddings=8192),
+                      tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001),
+}
+
+
+def tensors_of(cfg):
+    H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = cfg.get("head_dim", H // cfg["num_attention_heads"])
+    q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    bias = cfg["model_type"] == "qwen2"
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        for name, shape in (("q_proj", (q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
+            yield p + "self_attn." + name + ".weight", shape
+            if bias and name != "o_proj":
+                yield p + "self_attn." + name + ".bias", (shape[0],)
+        yield p + "mlp.gate_proj.weight", (I, H)
+        yield p + "mlp.up_proj.weight", (I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield "model.norm.weight", (H,)
+    if not cfg.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--layers", type=int, default=0)
+    ap.add_argument("--shard-gb", type=float, default=4.0)
+    a = ap.parse_args()
+    cfg = dict(SHAPES[a.shape])
+    if a.layers:
+        cfg["num_hidden_layers"] = a.layers
+    cfg["dtype"] = "bfloat16"
+    os.makedirs(a.out, exist_ok=True)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(0)
+    shard, shard_bytes, shards, weight_map = {}, 0, [], {}
+
+    def flush():
+        nonlocal shard, shard_bytes
+        if shard:
+            name = f"model-{len(shards) + 1:05d}.safetensors"
+            save_file(shard, os.path.join(a.out, name), metadata={"format": "pt"})
+            shards.append(name)
+            for k in shard:
+                weight_map[k] = name
+            shard, shard_bytes = {}, 0
+
+    for name, shape in tensors_of(cfg):
+        if name.endswith("norm.weight"):
+            t = torch.ones(shape, dtype=torch.bfloat16, device=dev)
+        else:
+            t = (torch.randn(shape, generator=g, device=dev) * 0.02).to(torch.bfloat16)
+        shard[name] = t.cpu()
+        shard_bytes += t.numel() * 2
+        if shard_bytes >= a.shard_gb * 2**30:
+            flush()
+    flush()
+    with open(os.path.join(a.out, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    with open(os.path.join(a.out, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    print(f"{a.shape}: {len(weight_map)} tensors in {len(shards)} shards under {a.out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
