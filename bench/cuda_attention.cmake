@@ -1,3 +1,6 @@
 # Included from bench/CMakeLists.txt when the CUDA backend is on: the paged attention kernel lab.
 add_executable(bench_cuda_attention ${CMAKE_CURRENT_LIST_DIR}/cuda_attention_bench.cpp)
 target_link_libraries(bench_cuda_attention PRIVATE exl3_cuda exl3_options)
+
+add_executable(bench_cuda_gemv ${CMAKE_CURRENT_LIST_DIR}/cuda_gemv_bench.cpp)
+target_link_libraries(bench_cuda_gemv PRIVATE exl3_cuda exl3_options)

@@ -14,7 +14,12 @@ for shape in $shapes; do
   esac
   echo "== $shape: exl3 bench -m $dir -d cuda ${args[*]}"
   ./build-dev/tools/exl3/exl3 bench -m "$dir" -d cuda "${args[@]}" 2>&1 | tee "$OUT/bench_$shape.txt"
+  if [ "$shape" = llama3-8b ]; then
+    echo "== $shape with cuBLAS for decode GEMMs (EXL3_GEMV=0), for comparison"
+    EXL3_GEMV=0 ./build-dev/tools/exl3/exl3 bench -m "$dir" -d cuda -p 512 -b 1,8 -c 512 -g 32 2>&1 | tail -5
+  fi
 done
+if [ -x build-dev/bench/bench_cuda_gemv ]; then ./build-dev/bench/bench_cuda_gemv 2>&1 | tee "$OUT/bench_gemv.txt"; fi
 if [ -x build-dev/bench/bench_cuda_attention ]; then
   ./build-dev/bench/bench_cuda_attention 2>&1 | tee "$OUT/bench_attention.txt" | tail -30
 fi

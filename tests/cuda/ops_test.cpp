@@ -6,6 +6,7 @@
 
 #include "backend/cpu/ops.h"
 #include "backend/cuda/context.h"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -55,15 +56,18 @@ struct OpsFixture : ::testing::TestWithParam<ActType> {
         DeviceBuffer b;
         EXPECT_TRUE(b.reserve(bytes).is_ok());
         cudaMemset(b.get(), 0xff, bytes);  // NaN in every float type
+        cudaDeviceSynchronize();           // the legacy stream's memset must land before the ops' stream runs
         return b;
     }
     std::vector<float> down_act(const DeviceBuffer& b, size_t n) {
         std::vector<uint16_t> a(n);
+        cudaDeviceSynchronize();  // ops run on a non-blocking stream: the copy must wait for them
         cudaMemcpy(a.data(), b.get(), n * 2, cudaMemcpyDeviceToHost);
         return from_act(a);
     }
     std::vector<float> down_f32(const DeviceBuffer& b, size_t n) {
         std::vector<float> a(n);
+        cudaDeviceSynchronize();
         cudaMemcpy(a.data(), b.get(), n * 4, cudaMemcpyDeviceToHost);
         return a;
     }
@@ -185,6 +189,28 @@ TEST_P(OpsFixture, GemmMatchesCpuMatmul) {
         EXPECT_LT(rel(down_f32(dy, ref.size()), ref), 1e-4) << n << "x" << m << "x" << k;
         EXPECT_LT(rel(down_act(dya, ref.size()), ref), tol()) << n << "x" << m << "x" << k;
     }
+}
+
+TEST_P(OpsFixture, GemvMatchesCpuMatmul) {
+    for (auto [n, m, k] : {std::tuple{1, 1024, 4096}, {2, 333, 1000}, {3, 4096, 14336}, {4, 77, 8}, {1, 5, 4104}}) {
+        auto x = test::random_floats(static_cast<size_t>(n) * k, 10), w = test::random_floats(static_cast<size_t>(m) * k, 11);
+        for (auto& v : x) v = round(v);
+        for (auto& v : w) v = round(v);
+        DeviceBuffer dx = up_act(x), dw = up_act(w), dy = poisoned(static_cast<size_t>(n) * m * 4),
+                     dya = poisoned(static_cast<size_t>(n) * m * 2);
+        ASSERT_TRUE(cuda::gemv_supported(n, k, dx.get(), dw.get()));
+        EXL3_CUDA_OK(cuda::gemv(dx.get(), dw.get(), dy.get(), t(), true, n, m, k, ctx->stream()));
+        EXL3_CUDA_OK(cuda::gemv(dx.get(), dw.get(), dya.get(), t(), false, n, m, k, ctx->stream()));
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        TensorView wv{w.data(), DType::kF32, {m, k}};
+        std::vector<float> ref(static_cast<size_t>(n) * m);
+        ThreadPool pool(4);
+        cpu::matmul(x.data(), n, k, wv, nullptr, ref.data(), pool);
+        EXPECT_LT(rel(down_f32(dy, ref.size()), ref), 1e-5) << n << "x" << m << "x" << k;
+        EXPECT_LT(rel(down_act(dya, ref.size()), ref), tol()) << n << "x" << m << "x" << k;
+    }
+    EXPECT_FALSE(cuda::gemv_supported(5, 4096, nullptr, nullptr));
+    EXPECT_FALSE(cuda::gemv_supported(1, 4100, nullptr, nullptr));
 }
 
 INSTANTIATE_TEST_SUITE_P(Act, OpsFixture, ::testing::Values(ActType::kBF16, ActType::kF16),

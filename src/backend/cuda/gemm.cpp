@@ -1,9 +1,12 @@
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
+#include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "backend/cuda/context.h"
+#include "backend/cuda/gemv.cuh"
 
 namespace exl3::cuda {
 
@@ -88,6 +91,13 @@ CudaContext::~CudaContext() {
 Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
             int k) {
     if (n == 0 || m == 0) return Status::ok();
+    // One token: the bandwidth-bound GEMV beats cuBLAS by 3-15 % on Llama-3-8B shapes; from two tokens on cuBLAS
+    // wins (bench/cuda_gemv_bench, docs/kernels/gemv.md). EXL3_GEMV=0 turns it off for comparisons.
+    static const bool use_gemv = [] {
+        const char* e = std::getenv("EXL3_GEMV");
+        return !(e && std::string(e) == "0");
+    }();
+    if (use_gemv && n == 1 && gemv_supported(n, k, x, w)) return check_cuda(gemv(x, w, out, t, out_f32, n, m, k, ctx.stream()), "gemv");
     // Column-major view: out^T [m, n] = W [m, k] (row-major, i.e. W^T column-major, transposed back) . x^T [k, n].
     const cudaDataType_t in_t = t == ActType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
     const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : in_t;
