@@ -27,6 +27,7 @@ struct ModelInfo {
     std::vector<int> eos_token_ids;
     int64_t num_parameters = 0;
     int64_t weight_bytes = 0;
+    std::string quantization;   // empty when unquantized, else e.g. "exl3 4.00 bpw, head 6 bpw, mul1"
 };
 
 struct LoadOptions {
@@ -36,6 +37,8 @@ struct LoadOptions {
     std::string device = "cpu"; // "cpu", "cuda" or "cuda:N"
     int cache_tokens = 0;       // CUDA: tokens the paged KV cache holds over all sequences (0: context_length)
     int page_size = 64;         // CUDA: tokens per KV page
+    bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
+                                   // fly (4 bytes a weight): for comparisons
 };
 
 class Model;

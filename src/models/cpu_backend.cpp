@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "backend/cpu/ops.h"
+#include "quant/exl3_linear.h"
 
 namespace exl3 {
 
@@ -46,20 +47,35 @@ Status CpuBackend::add_norm(Slot delta, const std::vector<float>& w, float eps, 
     return Status::ok();
 }
 
+// y[T, part.out] = x[T, in] W^T (+ bias): a dense matmul over the mapped weight, or an EXL3 matmul that decodes the
+// trellis strip by strip so the weights stay compressed in memory.
+void CpuBackend::part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y) {
+    if (!p.is_exl3()) {
+        cpu::matmul(x, T, in, p.dense, bias, y, pool_);
+        return;
+    }
+    quant::exl3_matmul(x, T, *p.exl3, y, pool_);  // the Exl3Linear carries no bias: HostLinear holds it
+    if (!bias) return;
+    for (int t = 0; t < T; ++t) {
+        float* row = y + static_cast<size_t>(t) * p.out;
+        for (int i = 0; i < p.out; ++i) row[i] += bias[i];
+    }
+}
+
 Status CpuBackend::linear(Slot in, const HostLinear& l, Slot out) {
     const int T = plan_->total();
     std::vector<float>& y = buf(out);
     if (l.parts.size() == 1) {
-        cpu::matmul(buf(in).data(), T, l.in, l.parts[0], l.bias.empty() ? nullptr : l.bias.data(), y.data(), pool_);
+        part_matmul(buf(in).data(), T, l.in, l.parts[0], l.bias.empty() ? nullptr : l.bias.data(), y.data());
         return Status::ok();
     }
     // Fused on the GPU; here each part runs alone and its columns are interleaved into the output rows.
     std::vector<float> part;
     int col = 0;
-    for (const TensorView& w : l.parts) {
-        const int m = static_cast<int>(w.dim(0));
+    for (const HostPart& p : l.parts) {
+        const int m = p.out;
         part.resize(static_cast<size_t>(T) * m);
-        cpu::matmul(buf(in).data(), T, l.in, w, l.bias.empty() ? nullptr : l.bias.data() + col, part.data(), pool_);
+        part_matmul(buf(in).data(), T, l.in, p, l.bias.empty() ? nullptr : l.bias.data() + col, part.data());
         for (int t = 0; t < T; ++t)
             std::memcpy(y.data() + static_cast<size_t>(t) * l.out + col, part.data() + static_cast<size_t>(t) * m,
                         static_cast<size_t>(m) * sizeof(float));
@@ -135,7 +151,8 @@ Status CpuBackend::logits(float eps, float* out) {
     for (size_t r = 0; r < n_out; ++r)
         std::memcpy(rows.data() + r * H, h_.data() + static_cast<size_t>(plan_->out_rows[r]) * H, sizeof(float) * H);
     cpu::rms_norm(rows.data(), w_.final_norm.data(), static_cast<int>(n_out), H, eps, x.data());
-    cpu::matmul(x.data(), static_cast<int>(n_out), H, w_.head, nullptr, out, pool_);
+    const float* head_bias = w_.head.bias.empty() ? nullptr : w_.head.bias.data();
+    part_matmul(x.data(), static_cast<int>(n_out), H, w_.head.parts[0], head_bias, out);
     return Status::ok();
 }
 

@@ -1,4 +1,5 @@
-// The CPU reference backend of decoder_forward: fp32 activations, weights read in place from the mapped file.
+// The CPU reference backend of decoder_forward: fp32 activations, weights read in place from the mapped file (EXL3
+// linears decoded on the fly inside the matmul).
 #pragma once
 
 #include <array>
@@ -32,6 +33,7 @@ public:
 private:
     std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
     int width(Slot s) const;
+    void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
 
     const ModelConfig& cfg_;
     const HostWeights& w_;

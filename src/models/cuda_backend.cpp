@@ -14,6 +14,7 @@
 #include "backend/cuda/ops.cuh"
 #include "core/log.h"
 #include "format/rope.h"
+#include "quant/exl3_linear.h"
 
 namespace exl3 {
 
@@ -52,6 +53,15 @@ std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
     return out;
 }
 
+// The same for one linear part: EXL3 parts are dequantized on the host to fp32 first (the CUDA backend has no
+// trellis kernels yet, so it runs them as dense weights of the activation type).
+std::vector<uint16_t> to_act(const HostPart& p, int in, ActType act) {
+    if (!p.is_exl3()) return to_act(p.dense, act);
+    std::vector<float> w(static_cast<size_t>(p.out) * static_cast<size_t>(in));
+    quant::exl3_dequantize(*p.exl3, w.data(), &ThreadPool::global());
+    return to_act(TensorView{w.data(), DType::kF32, {p.out, in}}, act);
+}
+
 Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
     return b.upload(v.data(), v.size() * sizeof(float));
 }
@@ -59,8 +69,8 @@ Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
 Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
     std::vector<uint16_t> all;
     all.reserve(static_cast<size_t>(l.out) * l.in);
-    for (const TensorView& p : l.parts) {
-        auto part = to_act(p, act);
+    for (const HostPart& p : l.parts) {
+        auto part = to_act(p, l.in, act);
         all.insert(all.end(), part.begin(), part.end());
     }
     d->in = l.in;
@@ -275,10 +285,12 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
 
     // Weights.
     EXL3_RETURN_IF_ERROR(s->embed.upload(to_act(w.embed, s->act).data(), static_cast<size_t>(w.embed.numel()) * 2));
-    if (w.head.data == w.embed.data) {
+    const HostPart& head = w.head.parts[0];
+    if (!head.is_exl3() && head.dense.data == w.embed.data) {
         s->head = s->embed.get();
     } else {
-        EXL3_RETURN_IF_ERROR(s->head_own.upload(to_act(w.head, s->act).data(), static_cast<size_t>(w.head.numel()) * 2));
+        EXL3_RETURN_IF_ERROR(s->head_own.upload(to_act(head, w.head.in, s->act).data(),
+                                                static_cast<size_t>(w.head.out) * static_cast<size_t>(w.head.in) * 2));
         s->head = s->head_own.get();
     }
     EXL3_RETURN_IF_ERROR(upload_f32(s->final_norm, w.final_norm));

@@ -78,6 +78,9 @@ struct Model::Impl {
                 info.weight_bytes += static_cast<int64_t>(t->nbytes());
             }
         }
+        // EXL3: trellis words are not parameters; the loader counts each linear as in x out.
+        info.quantization = weights.quantization;
+        if (weights.num_parameters > 0) info.num_parameters = weights.num_parameters;
     }
 
     // Checks every item and builds the step; touches nothing.
@@ -131,13 +134,17 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     if (options.context_length < 0) return invalid_argument("context_length must not be negative");
     EXL3_ASSIGN_OR_RETURN(im.cfg, load_model_config(dir));
     EXL3_ASSIGN_OR_RETURN(im.store, TensorStore::open_dir(dir));
-    EXL3_RETURN_IF_ERROR(load_host_weights(im.store, im.cfg, &im.weights).with_context("loading " + dir));
     if (options.threads > 0) {
         im.own_pool = std::make_unique<ThreadPool>(options.threads);
         im.pool = im.own_pool.get();
     } else {
         im.pool = &ThreadPool::global();
     }
+    HostLoadOptions ho;
+    ho.dir = dir;
+    ho.exl3_dequantize = options.exl3_dequantize;
+    ho.pool = im.pool;
+    EXL3_RETURN_IF_ERROR(load_host_weights(im.store, im.cfg, &im.weights, ho).with_context("loading " + dir));
     im.fill_info();
     if (options.context_length > 0) im.info.context_length = options.context_length;
 

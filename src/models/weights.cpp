@@ -3,8 +3,11 @@
 #include <fmt/core.h>
 
 #include <cmath>
+#include <set>
 
 #include "backend/cpu/ops.h"
+#include "core/log.h"
+#include "quant/exl3_model.h"
 
 namespace exl3 {
 
@@ -12,9 +15,15 @@ namespace {
 
 const std::vector<DType> kFloat = {DType::kBF16, DType::kF16, DType::kF32};
 
+// "6" for whole numbers of bits, "4.25" otherwise.
+std::string bits_label(double bpw) {
+    if (std::fabs(bpw - std::round(bpw)) < 1e-9) return fmt::format("{}", static_cast<int>(std::round(bpw)));
+    return fmt::format("{:.2f}", bpw);
+}
+
 class Loader {
 public:
-    Loader(const TensorStore& s, HostWeights* w) : store_(s), w_(w) {}
+    Loader(const TensorStore& s, HostWeights* w, const HostLoadOptions& o) : store_(s), w_(w), opts_(o) {}
 
     Result<TensorView> matrix(const std::string& name, int64_t rows, int64_t cols) {
         EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, {rows, cols}, kFloat));
@@ -23,6 +32,7 @@ public:
             w_->owned.emplace_back(p, p + t.nbytes());
             t.data = w_->owned.back().data();
         }
+        params_ += rows * cols;
         return t;
     }
 
@@ -37,41 +47,157 @@ public:
         for (float f : out)
             if (!std::isfinite(f))
                 return invalid_argument(fmt::format("{}: tensor '{}' holds NaN or inf", store_.file_of(name), name));
+        params_ += n;
         return out;
     }
 
-    // Appends HF linear `prefix` ([out, in]) as one part of `l`.
+    // Appends HF linear `prefix` ([out, in]) as one part of `l`: EXL3 when `<prefix>.trellis` exists, else dense.
     Status part(const std::string& prefix, int64_t out, int64_t in, bool bias, HostLinear* l) {
-        EXL3_ASSIGN_OR_RETURN(TensorView w, matrix(prefix + ".weight", out, in));
-        l->parts.push_back(w);
+        HostPart p;
+        p.out = static_cast<int>(out);
+        const std::string bias_name = prefix + ".bias";
+        if (quant::is_exl3_linear(store_, prefix)) {
+            if (store_.contains(prefix + ".weight"))
+                return invalid_argument(fmt::format(
+                    "{}: layer '{}' is stored twice, as EXL3 ('{}.trellis') and dense ('{}.weight' in {}); a "
+                    "checkpoint holds one or the other",
+                    store_.file_of(prefix + ".trellis"), prefix, prefix, prefix, store_.file_of(prefix + ".weight")));
+            EXL3_ASSIGN_OR_RETURN(quant::Exl3Linear q,
+                                  quant::load_exl3_linear(store_, prefix, static_cast<int>(in), static_cast<int>(out)));
+            if (!q.bias.empty() && !bias)
+                return invalid_argument(fmt::format("{}: tensor '{}' is present but the config has no such bias",
+                                                    store_.file_of(bias_name), bias_name));
+            if (q.bias.empty() && bias)
+                return not_found(
+                    fmt::format("{}: tensor '{}' is missing (the config calls for a bias on EXL3 layer "
+                                "'{}')",
+                                store_.file_of(prefix + ".trellis"), bias_name, prefix));
+            for (float f : q.bias)
+                if (!std::isfinite(f))
+                    return invalid_argument(
+                        fmt::format("{}: tensor '{}' holds NaN or inf", store_.file_of(bias_name), bias_name));
+            // The one bias of the HostLinear: exl3_matmul would add the Exl3Linear's own a second time.
+            l->bias.insert(l->bias.end(), q.bias.begin(), q.bias.end());
+            q.bias.clear();
+            note_exl3(q, prefix == "lm_head");
+            params_ += in * out + (bias ? out : 0);
+            if (opts_.exl3_dequantize) {
+                w_->owned.emplace_back(static_cast<size_t>(in * out) * sizeof(float));
+                float* dst = reinterpret_cast<float*>(w_->owned.back().data());
+                quant::exl3_dequantize(q, dst, opts_.pool);
+                p.dense = TensorView{dst, DType::kF32, {out, in}};
+            } else {
+                p.exl3 = std::make_shared<const quant::Exl3Linear>(std::move(q));
+            }
+        } else {
+            EXL3_ASSIGN_OR_RETURN(p.dense, matrix(prefix + ".weight", out, in));
+            if (bias) {
+                EXL3_ASSIGN_OR_RETURN(auto b, vec(bias_name, out));
+                l->bias.insert(l->bias.end(), b.begin(), b.end());
+            } else if (store_.contains(bias_name)) {
+                return invalid_argument(fmt::format("{}: tensor '{}.bias' is present but the config has no such bias",
+                                                    store_.file_of(bias_name), prefix));
+            }
+            ++dense_linears_;
+        }
+        l->parts.push_back(std::move(p));
         l->in = static_cast<int>(in);
         l->out += static_cast<int>(out);
-        if (bias) {
-            EXL3_ASSIGN_OR_RETURN(auto b, vec(prefix + ".bias", out));
-            l->bias.insert(l->bias.end(), b.begin(), b.end());
-        } else if (store_.contains(prefix + ".bias")) {
-            return invalid_argument(fmt::format("{}: tensor '{}.bias' is present but the config has no such bias",
-                                                store_.file_of(prefix + ".bias"), prefix));
-        }
         return Status::ok();
     }
 
+    // "exl3 4.00 bpw, head 6 bpw, mul1", or empty when no linear is EXL3.
+    std::string quantization(bool tied_head) const {
+        if (dec_weights_ == 0 && head_weights_ == 0) return {};
+        std::string s = "exl3";
+        if (dec_weights_ > 0) s += fmt::format(" {:.2f} bpw", dec_bits_ / static_cast<double>(dec_weights_));
+        if (head_weights_ > 0)
+            s += fmt::format(", head {} bpw", bits_label(head_bits_ / static_cast<double>(head_weights_)));
+        else
+            s += tied_head ? ", head tied to the embedding" : ", head unquantized";
+        std::string cbs;
+        for (quant::Codebook cb : codebooks_) cbs += (cbs.empty() ? "" : "+") + std::string(quant::codebook_name(cb));
+        s += ", " + cbs;
+        if (dense_linears_ > 0) s += fmt::format(", {} linears unquantized", dense_linears_);
+        if (opts_.exl3_dequantize) s += ", dequantized to fp32 at load";
+        return s;
+    }
+    int64_t params() const { return params_; }
+
 private:
+    // Bits are counted over the padded shapes, as quant::summarize_exl3_model and the reference's bpw do.
+    void note_exl3(const quant::Exl3Linear& q, bool head) {
+        const double weights = static_cast<double>(q.k_pad) * q.n_pad;
+        (head ? head_bits_ : dec_bits_) += q.K * weights;
+        (head ? head_weights_ : dec_weights_) += weights;
+        codebooks_.insert(q.codebook);
+    }
+
     const TensorStore& store_;
     HostWeights* w_;
+    const HostLoadOptions& opts_;
+    int64_t params_ = 0;
+    double dec_bits_ = 0, dec_weights_ = 0, head_bits_ = 0, head_weights_ = 0;
+    int dense_linears_ = 0;
+    std::set<quant::Codebook> codebooks_;
 };
+
+// A declared quantization_config must be a valid EXL3 one; none at all is fine (dense checkpoints).
+Status check_quant_config(const std::string& dir, bool has_exl3) {
+    if (dir.empty()) return Status::ok();
+    auto qc = quant::read_exl3_quant_config(dir);
+    if (qc.is_ok()) return Status::ok();
+    if (qc.status().code() == StatusCode::kNotFound) {
+        // The per-tensor markers carry everything needed to decode, so this is not fatal.
+        if (has_exl3)
+            log_warn("{}: EXL3 tensors but no quantization_config (config.json or quantization_config.json)", dir);
+        return Status::ok();
+    }
+    return qc.status();
+}
+
+// Every `<prefix>.*` beside a `<prefix>.trellis` must be a part of the format we read: an unknown one (a new
+// codebook marker, a new kind of scale) would otherwise be ignored and the layer decoded wrongly.
+Status check_exl3_members(const TensorStore& store) {
+    static const std::set<std::string> kKnown = {"trellis", "suh", "svh", "su", "sv", "mcg", "mul1", "bias"};
+    for (const auto& name : store.names()) {
+        const size_t dot = name.rfind('.');
+        if (dot == std::string::npos || !quant::is_exl3_linear(store, name.substr(0, dot))) continue;
+        const std::string member = name.substr(dot + 1);
+        if (member == "weight") continue;  // a dense copy beside the trellis: Loader::part names that conflict
+        if (!kKnown.count(member))
+            return unsupported(
+                fmt::format("{}: tensor '{}' is not part of an EXL3 layer as we know it (expected "
+                            "trellis, suh, svh, su, sv, mcg, mul1, bias): an unknown codebook marker "
+                            "or format flag",
+                            store.file_of(name), name));
+    }
+    return Status::ok();
+}
 
 }  // namespace
 
-Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWeights* w) {
-    Loader ld(store, w);
+Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWeights* w,
+                         const HostLoadOptions& options) {
+    bool has_exl3 = false;
+    for (const auto& name : store.names())
+        has_exl3 = has_exl3 || (name.size() > 8 && name.compare(name.size() - 8, 8, ".trellis") == 0);
+    // First: a config naming another quantization method explains the missing '.weight' tensors better.
+    EXL3_RETURN_IF_ERROR(check_quant_config(options.dir, has_exl3));
+    if (has_exl3) EXL3_RETURN_IF_ERROR(check_exl3_members(store));
+    Loader ld(store, w, options);
     const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
     EXL3_ASSIGN_OR_RETURN(w->embed, ld.matrix("model.embed_tokens.weight", V, H));
     EXL3_ASSIGN_OR_RETURN(w->final_norm, ld.vec("model.norm.weight", H));
-    if (c.tie_word_embeddings && !store.contains("lm_head.weight")) {
-        w->head = w->embed;
+    // EXL3 always stores its own quantized lm_head, also for tied models: then the head is that one.
+    const bool tied =
+        c.tie_word_embeddings && !store.contains("lm_head.weight") && !quant::is_exl3_linear(store, "lm_head");
+    if (tied) {
+        w->head.parts.push_back(HostPart{w->embed, nullptr, static_cast<int>(V)});
+        w->head.in = static_cast<int>(H);
+        w->head.out = static_cast<int>(V);
     } else {
-        EXL3_ASSIGN_OR_RETURN(w->head, ld.matrix("lm_head.weight", V, H));
+        EXL3_RETURN_IF_ERROR(ld.part("lm_head", V, H, false, &w->head));
     }
     w->layers.resize(static_cast<size_t>(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i) {
@@ -91,6 +217,8 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
         EXL3_RETURN_IF_ERROR(ld.part(p + ".mlp.up_proj", I, H, c.mlp_bias, &L.gate_up));
         EXL3_RETURN_IF_ERROR(ld.part(p + ".mlp.down_proj", H, I, c.mlp_bias, &L.down));
     }
+    w->quantization = ld.quantization(tied);
+    w->num_parameters = w->quantization.empty() ? 0 : ld.params();
     return Status::ok();
 }
 

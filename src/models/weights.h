@@ -1,23 +1,38 @@
-// The decoder's weights as found in the checkpoint (memory-mapped views), shared by every backend: the CPU reads
-// them in place, the CUDA backend uploads them (fusing q|k|v and gate|up into one matrix each).
+// The decoder's weights as found in the checkpoint, shared by every backend: the CPU reads them in place (dense
+// views into the mapped file, or EXL3 linears decoded on the fly), the CUDA backend uploads them (fusing q|k|v and
+// gate|up into one matrix each).
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "core/thread_pool.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
+#include "quant/exl3_linear.h"
 
 namespace exl3 {
 
+// One HF linear [out, in] as stored: either a dense weight view or an EXL3 linear (exactly one of the two).
+struct HostPart {
+    TensorView dense;                               // [out, in] BF16/F16/F32, when not EXL3
+    std::shared_ptr<const quant::Exl3Linear> exl3;  // the compressed layer; its trellis points into the mapping
+    int out = 0;
+    bool is_exl3() const { return exl3 != nullptr; }
+};
+
 // A linear layer whose output columns are the concatenation of `parts` (q|k|v or gate|up): one GEMM on backends
-// that fuse, several on the CPU. Each part is an HF weight [out_i, in].
+// that fuse, several on the CPU.
+// The bias lives here only, for every part: an EXL3 part's own `<prefix>.bias` is moved out of its Exl3Linear at
+// load (whose matmul would otherwise add it a second time), so backends add `bias` once whatever the parts are.
 struct HostLinear {
-    std::vector<TensorView> parts;
+    std::vector<HostPart> parts;
     std::vector<float> bias;  // [sum of out_i] or empty
     int in = 0;
-    int out = 0;              // sum of out_i
+    int out = 0;  // sum of out_i
 };
 
 struct HostLayer {
@@ -27,13 +42,31 @@ struct HostLayer {
 
 struct HostWeights {
     TensorView embed;  // [vocab, hidden]
-    TensorView head;   // [vocab, hidden] (the embedding when tied)
+    HostLinear head;   // one part [vocab, hidden]: lm_head (EXL3 or dense), or the embedding when tied
     std::vector<float> final_norm;
     std::vector<HostLayer> layers;
-    std::vector<std::vector<uint8_t>> owned;  // aligned copies of tensors whose file offsets are misaligned
+    std::vector<std::vector<uint8_t>> owned;  // aligned copies of misaligned tensors, dequantized EXL3 parts
+
+    // What the checkpoint's EXL3 linears are, for ModelInfo: empty when nothing is quantized, else e.g.
+    // "exl3 4.00 bpw, head 6 bpw, mul1" (average trellis bits per weight, padded shapes, as the reference counts).
+    std::string quantization;
+    // HF parameters (EXL3 linears counted as in x out, dense tensors by their elements); 0 when unquantized.
+    int64_t num_parameters = 0;
+};
+
+struct HostLoadOptions {
+    // The checkpoint directory: when it declares a quantization_config (config.json or quantization_config.json),
+    // that is read and validated. Empty: not checked.
+    std::string dir;
+    // EXL3 parts become owned fp32 dense parts at load (4 bytes a weight): for comparisons with on-the-fly decoding.
+    bool exl3_dequantize = false;
+    ThreadPool* pool = nullptr;  // for the dequantization (nullptr: single-threaded)
 };
 
 // Loads and checks every tensor the config calls for: names, shapes and dtypes, with errors naming file and tensor.
-Status load_host_weights(const TensorStore& store, const ModelConfig& cfg, HostWeights* w);
+// Linears may be dense (`<prefix>.weight`) or EXL3 (`<prefix>.trellis` ...) in any mix; the config's bias flags
+// hold for both kinds.
+Status load_host_weights(const TensorStore& store, const ModelConfig& cfg, HostWeights* w,
+                         const HostLoadOptions& options = {});
 
 }  // namespace exl3
