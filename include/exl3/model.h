@@ -26,6 +26,7 @@ struct ModelInfo {
     int bos_token_id = -1;
     std::vector<int> eos_token_ids;
     int64_t num_parameters = 0;
+    bool tied_embeddings = false;  // the head reads the embedding table (no separate lm_head)
     int64_t weight_bytes = 0;
     std::string quantization;   // empty when unquantized, else e.g. "exl3 4.00 bpw, head 6 bpw, mul1"
 };

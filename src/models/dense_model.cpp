@@ -80,6 +80,8 @@ struct Model::Impl {
         }
         // EXL3: trellis words are not parameters; the loader counts each linear as in x out.
         info.quantization = weights.quantization;
+        info.tied_embeddings = weights.head.parts.size() == 1 && !weights.head.parts[0].is_exl3() &&
+                               weights.head.parts[0].dense.data == weights.embed.data;
         if (weights.num_parameters > 0) info.num_parameters = weights.num_parameters;
     }
 
