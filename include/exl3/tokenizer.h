@@ -14,7 +14,7 @@
 
 namespace exl3 {
 
-struct ChatTemplate {
+struct NamedChatTemplate {
     std::string name;  // "default" for a plain string in tokenizer_config.json
     std::string source;
 };
@@ -59,7 +59,7 @@ public:
 
     // The chat template of that name ("default" for the main one), or nullptr when there is none.
     const std::string* chat_template(std::string_view name = "default") const;
-    const std::vector<ChatTemplate>& chat_templates() const;
+    const std::vector<NamedChatTemplate>& chat_templates() const;
 
     // Internals (src/tokenizer/tokenizer_impl.h), for the streaming detokenizer and the stage-by-stage tests.
     struct Impl;

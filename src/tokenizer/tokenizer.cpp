@@ -416,10 +416,10 @@ Result<std::unique_ptr<Tokenizer::Impl>> Tokenizer::build_impl(std::string_view 
 
     if (const json* ct = tok::json_member(cfg, "chat_template")) {
         if (ct->is_string()) {
-            impl->chat_templates.push_back(ChatTemplate{"default", ct->get<std::string>()});
+            impl->chat_templates.push_back(NamedChatTemplate{"default", ct->get<std::string>()});
         } else if (ct->is_array()) {
             for (size_t i = 0; i < ct->size(); ++i) {
-                ChatTemplate t;
+                NamedChatTemplate t;
                 std::string path = fmt::format("tokenizer_config.json.chat_template[{}]", i);
                 EXL3_RETURN_IF_ERROR(tok::json_string((*ct)[i], "name", path, &t.name));
                 EXL3_RETURN_IF_ERROR(tok::json_string((*ct)[i], "template", path, &t.source));
@@ -486,8 +486,8 @@ Result<std::shared_ptr<const Tokenizer>> Tokenizer::load(const std::string& path
     auto impl = build_impl(text, cfg, gen, file);
     if (!impl) return impl.status().with_context(dir);
     if (!jinja.empty() && std::none_of((*impl)->chat_templates.begin(), (*impl)->chat_templates.end(),
-                                       [](const ChatTemplate& t) { return t.name == "default"; }))
-        (*impl)->chat_templates.push_back(ChatTemplate{"default", std::move(jinja)});
+                                       [](const NamedChatTemplate& t) { return t.name == "default"; }))
+        (*impl)->chat_templates.push_back(NamedChatTemplate{"default", std::move(jinja)});
     return std::shared_ptr<const Tokenizer>(new Tokenizer(std::move(impl).value()));
 }
 
@@ -564,7 +564,7 @@ const std::string* Tokenizer::chat_template(std::string_view name) const {
         if (t.name == name) return &t.source;
     return nullptr;
 }
-const std::vector<ChatTemplate>& Tokenizer::chat_templates() const {
+const std::vector<NamedChatTemplate>& Tokenizer::chat_templates() const {
     return impl_->chat_templates;
 }
 

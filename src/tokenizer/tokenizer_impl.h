@@ -71,7 +71,7 @@ struct Tokenizer::Impl {
     int32_t bos_id = -1, eos_id = -1;
     std::string bos_token, eos_token;
     std::vector<int32_t> eos_ids;
-    std::vector<ChatTemplate> chat_templates;
+    std::vector<NamedChatTemplate> chat_templates;
     size_t vocab_size = 0, id_space = 0;
     // Byte-fallback tokens (<0xAB>) by id: their text is not final until the run of them ends, since one more byte
     // can turn a valid run into U+FFFDs (the streaming detokenizer holds them back).

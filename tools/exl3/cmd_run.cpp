@@ -1,6 +1,8 @@
 // exl3 run: a prompt in, generated text out on stdout, streamed token by token.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <sstream>
 
 #include "core/log.h"
@@ -19,6 +21,7 @@ struct RunOptions {
     std::string model;
     std::string prompt;
     std::string tokens;  // "1,2,3": a prompt as token ids
+    std::string device = "cpu";
     int max_tokens = 128;
     int threads = 0;
     int context = 0;
@@ -53,6 +56,7 @@ int run(const RunOptions& o) {
     LoadOptions lo;
     lo.threads = o.threads;
     lo.context_length = o.context;
+    lo.device = o.device;
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("run", model.status().to_string());
     const Model& m = **model;
@@ -70,7 +74,7 @@ int run(const RunOptions& o) {
     }
     if (!o.prompt.empty()) {
         auto enc = tok->encode(o.prompt, !o.no_bos);
-        if (!enc.is_ok()) return fail("run", enc.status().to_string());
+        if (!enc.is_ok()) return fail("run", "the prompt: " + enc.status().message());
         prompt = *enc;
     }
 #else
@@ -137,8 +141,8 @@ int run(const RunOptions& o) {
     std::printf("\n");
     double total_s = std::chrono::duration<double>(clock::now() - t0).count();
     double decode_s = total_s - prefill_s;
-    log_info("prompt {} tokens in {:.3f} s ({:.1f} tok/s); generated {} tokens, {:.1f} tok/s; stop: {}",
-             prompt.size(), prefill_s, prompt.size() / std::max(prefill_s, 1e-9), generated,
+    log_info("prompt {} tokens in {:.3f} s ({:.1f} tok/s); generated {} tokens, {:.1f} tok/s; stop: {}", prompt.size(),
+             prefill_s, prompt.size() / std::max(prefill_s, 1e-9), generated,
              generated > 1 ? (generated - 1) / std::max(decode_s, 1e-9) : 0.0, stop_reason);
     return 0;
 }
@@ -147,6 +151,10 @@ int run(const RunOptions& o) {
 
 Runner add_run(CLI::App& app) {
     auto o = std::make_shared<RunOptions>();
+    app.footer(
+        "\nOnly the generated text goes to stdout, streamed as it is decoded and followed by a newline; timings go to "
+        "stderr. Generation stops after -n tokens, at an end-of-sequence token (tokenizer_config.json, "
+        "generation_config.json, config.json) unless --ignore-eos, or when the context is full.");
     app.add_option("-m,--model", o->model, "model directory (HF layout)")->required();
     app.add_option("-p,--prompt", o->prompt, "prompt text");
     app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids");
@@ -156,6 +164,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("--top-p", o->sampling.top_p, "1 = off")->capture_default_str();
     app.add_option("--min-p", o->sampling.min_p, "0 = off")->capture_default_str();
     app.add_option("--seed", o->sampling.seed, "random seed")->capture_default_str();
+    app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");

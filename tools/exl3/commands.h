@@ -13,6 +13,8 @@ using Runner = std::function<int()>;
 Runner add_run(CLI::App& app);
 Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);
+Runner add_chat(CLI::App& app);
+Runner add_ppl(CLI::App& app);
 
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
 int fail(const std::string& what, const std::string& message);

@@ -40,16 +40,22 @@ int main(int argc, char** argv) {
         auto* s = app.add_subcommand("bench", "measure prefill and decode speed");
         reg(s, add_bench(*s));
     }
+    {
+        auto* s = app.add_subcommand("chat", "interactive multi-turn chat through the model's template");
+        reg(s, add_chat(*s));
+    }
+    {
+        auto* s = app.add_subcommand("ppl", "perplexity of a model on a text file");
+        reg(s, add_ppl(*s));
+    }
     // Commands whose issues are still open: present so that scripts and help list the whole program.
     struct Pending {
         const char* name;
         const char* what;
         const char* issue;
     };
-    for (Pending p : {Pending{"chat", "interactive multi-turn chat through the model's template", "#3"},
-                      Pending{"serve", "OpenAI-compatible HTTP server", "#9"},
-                      Pending{"convert", "convert an HF checkpoint to EXL3", "#7"},
-                      Pending{"ppl", "perplexity of a model on a text file", "#3"}}) {
+    for (Pending p : {Pending{"serve", "OpenAI-compatible HTTP server", "#9"},
+                      Pending{"convert", "convert an HF checkpoint to EXL3", "#7"}}) {
         auto* s = app.add_subcommand(p.name, p.what);
         s->allow_extras();
         std::string name = p.name, issue = p.issue;

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""The exl3 program driven as a user drives it: `exl3 chat` through a pseudo-terminal, `exl3 run` and `exl3 ppl`
+output, and bad inputs (each must fail with a message on stderr and a non-zero exit code, never a crash).
+
+Usage: cli_test.py --exl3 PATH [unittest arguments, e.g. a test class name]. Runs from the repository root (it uses
+tests/models/tiny-draft and tests/fixtures/ppl/sample.txt). Python standard library only.
+"""
+import json
+import os
+import pty
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+EXL3 = None
+DRAFT = "tests/models/tiny-draft"
+SAMPLE = "tests/fixtures/ppl/sample.txt"
+TIMEOUT = 30
+
+
+def exl3(*args, stdin=b""):
+    """Runs exl3 with args (str or bytes); returns (returncode, stdout bytes, stderr str)."""
+    p = subprocess.run([EXL3, *args], input=stdin, capture_output=True, timeout=TIMEOUT)
+    return p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
+
+
+class PtySession:
+    """A child process on a pseudo-terminal: stdin, stdout and stderr all go through it, as in a terminal."""
+
+    def __init__(self, argv):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            try:
+                os.execv(argv[0], argv)
+            finally:
+                os._exit(127)
+        self.buf = b""
+
+    def read_until(self, marker, timeout=TIMEOUT):
+        """Reads until `marker` appears after what was consumed so far; returns the text before it."""
+        deadline = time.time() + timeout
+        while marker not in self.buf:
+            left = deadline - time.time()
+            if left <= 0:
+                raise AssertionError(f"timed out waiting for {marker!r}; got {self.buf!r}")
+            r, _, _ = select.select([self.fd], [], [], left)
+            if not r:
+                continue
+            try:
+                chunk = os.read(self.fd, 4096)
+            except OSError:  # EIO: the child closed the terminal
+                chunk = b""
+            if not chunk:
+                raise AssertionError(f"the program ended while waiting for {marker!r}; got {self.buf!r}")
+            self.buf += chunk
+        before, _, self.buf = self.buf.partition(marker)
+        return before
+
+    def send(self, line):
+        os.write(self.fd, line.encode() + b"\n")
+
+    def wait(self, timeout=TIMEOUT):
+        """Drains the terminal until the child exits; returns its exit status (negative: killed by a signal)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                os.close(self.fd)
+                return os.waitstatus_to_exitcode(status)
+            r, _, _ = select.select([self.fd], [], [], 0.1)
+            if r:
+                try:
+                    self.buf += os.read(self.fd, 4096)
+                except OSError:
+                    pass
+        os.kill(self.pid, 9)
+        raise AssertionError("the program did not exit")
+
+
+class RunTest(unittest.TestCase):
+    def test_greedy_is_deterministic_and_stdout_is_only_the_text(self):
+        args = ("run", "-m", DRAFT, "-p", "Once upon a time", "-n", "20", "--temperature", "0")
+        rc1, out1, err1 = exl3(*args)
+        rc2, out2, _ = exl3(*args)
+        self.assertEqual((rc1, rc2), (0, 0), err1)
+        self.assertEqual(out1, out2)
+        self.assertTrue(out1.strip(), "no text generated")
+        self.assertNotIn(b"[exl3", out1)  # logs go to stderr
+        self.assertIn("tok/s", err1)
+
+    def test_max_tokens_caps_the_output(self):
+        rc, out, err = exl3("run", "-m", DRAFT, "-p", "Once upon a time", "-n", "5", "--ids", "--ignore-eos")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(out.split()), 5)
+        rc, out, err = exl3("run", "-m", DRAFT, "-p", "Once upon a time", "-n", "0")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.strip(), b"")
+
+    def test_quiet_leaves_stderr_empty(self):
+        rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(err, "")
+
+
+class ChatTest(unittest.TestCase):
+    ARGS = ["chat", "-m", DRAFT, "-n", "16", "--temperature", "0"]
+
+    def test_two_turns_through_a_pseudo_terminal(self):
+        s = PtySession([EXL3, *self.ARGS])
+        s.read_until(b"> ")  # the prompt marker: stdin is a terminal
+        replies = []
+        for line in ("Hello there", "Tell me a story"):
+            s.send(line)
+            s.read_until(line.encode() + b"\r\n")  # the terminal's echo of what was typed
+            replies.append(s.read_until(b"> ").replace(b"\r\n", b"\n"))
+        s.send("/exit")
+        self.assertEqual(s.wait(), 0)
+        self.assertEqual(len(replies), 2)
+        for r in replies:
+            self.assertTrue(r.endswith(b"\n"), r)
+            self.assertTrue(r.strip(), "an empty reply")
+        # The same conversation through pipes prints exactly the two replies, one per line, and no prompt marker.
+        rc, out, err = exl3(*self.ARGS, stdin=b"Hello there\nTell me a story\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, b"".join(replies))
+
+    def test_the_cache_is_reused_and_reset_starts_over(self):
+        rc, out, err = exl3("-v", *self.ARGS, stdin=b"Hello there\nTell me a story\n/reset\nHello there\n/exit\n"
+                                                    b"never read\n")
+        self.assertEqual(rc, 0, err)
+        lines = out.decode().split("\n")
+        self.assertEqual(len(lines), 4, out)  # three replies and the empty tail after the last newline
+        self.assertEqual(lines[0], lines[2])  # after /reset the same greedy conversation again
+        reused = [int(l.split(", ")[1].split()[0]) for l in err.splitlines() if "reused from the cache" in l]
+        self.assertEqual(len(reused), 3, err)
+        self.assertEqual(reused[0], 0)
+        self.assertGreater(reused[1], 0)  # the second turn extends the first: only the new tokens are prefilled
+        self.assertEqual(reused[2], 0)
+        self.assertIn("conversation cleared", err)
+
+    def test_system_prompt_and_end_of_input(self):
+        rc, out, err = exl3(*self.ARGS, "--system", "You are a pirate.", stdin=b"Hello\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.count(b"\n"), 1)
+        rc, out, err = exl3(*self.ARGS, stdin=b"")
+        self.assertEqual((rc, out), (0, b""), err)
+
+
+class PplTest(unittest.TestCase):
+    def test_json(self):
+        rc, out, err = exl3("ppl", "-m", DRAFT, "-f", SAMPLE, "--ctx", "64", "--json")
+        self.assertEqual(rc, 0, err)
+        j = json.loads(out)  # exactly one JSON document on stdout
+        for key in ("perplexity", "nll", "tokens", "ctx", "stride", "windows", "model", "file", "seconds"):
+            self.assertIn(key, j)
+        self.assertEqual((j["ctx"], j["stride"]), (64, 64))
+        self.assertGreater(j["perplexity"], 1.0)
+        self.assertIn("window", err)  # progress on stderr
+
+    def test_plain(self):
+        rc, out, err = exl3("-q", "ppl", "-m", DRAFT, "-f", SAMPLE, "--ctx", "64", "--max-tokens", "100")
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.startswith(b"perplexity "), out)
+        self.assertEqual(out.count(b"\n"), 1)
+        self.assertEqual(err, "")
+
+    def test_help_states_the_protocol(self):
+        rc, out, _ = exl3("ppl", "--help")
+        self.assertEqual(rc, 0)
+        self.assertIn(b"Protocol", out)
+        self.assertIn(b"BOS", out)
+
+
+class ErrorTest(unittest.TestCase):
+    def fails(self, *args, expect, stdin=b""):
+        rc, out, err = exl3(*args, stdin=stdin)
+        self.assertGreater(rc, 0, f"{args}: exit {rc} (negative: a signal)\n{err}")
+        self.assertIn(expect, err, args)
+        for crash in ("terminate called", "Segmentation", "Assertion", "AddressSanitizer", "runtime error"):
+            self.assertNotIn(crash, err)
+        return err
+
+    def test_missing_model(self):
+        for cmd in (("run", "-p", "hi"), ("chat",), ("ppl", "-f", SAMPLE)):
+            self.fails(cmd[0], "-m", "/nonexistent/model", *cmd[1:], expect=f"exl3 {cmd[0]}:")
+
+    def test_prompt_longer_than_the_context(self):
+        self.fails("run", "-m", DRAFT, "-p", "word " * 3000, expect="does not fit the context")
+        self.fails("run", "-m", DRAFT, "-c", "16", "-p", "word " * 40, expect="does not fit the context")
+
+    def test_invalid_sampling(self):
+        for flag, value, what in (("--top-p", "0", "top_p"), ("--temperature", "-1", "temperature"),
+                                  ("--min-p", "1.5", "min_p"), ("--top-k", "-3", "top_k"),
+                                  ("--temperature", "nan", "temperature")):
+            self.fails("run", "-m", DRAFT, "-p", "hi", flag, value, expect=what)
+            self.fails("chat", "-m", DRAFT, flag, value, expect=what)
+        self.fails("run", "-m", DRAFT, "-p", "hi", "--top-p", "abc", expect="top-p")
+        self.fails("run", "-m", DRAFT, "-p", "hi", "-n", "-1", expect="-n")
+
+    def test_non_utf8_prompt(self):
+        self.fails(b"run", b"-m", DRAFT.encode(), b"-p", b"caf\xe9 \xff", expect="UTF-8")
+
+    def test_bad_device(self):
+        self.fails("run", "-m", DRAFT, "-p", "hi", "--device", "tpu", expect="device")
+
+    def test_ppl_inputs(self):
+        self.fails("ppl", "-m", DRAFT, "-f", "/nonexistent/text.txt", expect="cannot open")
+        self.fails("ppl", "-m", DRAFT, "-f", "tests", expect="directory")
+        self.fails("ppl", "-m", DRAFT, "-f", SAMPLE, "--stride", "600", expect="--stride")
+        self.fails("ppl", "-m", DRAFT, "-f", SAMPLE, "--ctx", "0", expect="--ctx")
+        self.fails("ppl", "-m", DRAFT, "-f", SAMPLE, "--ctx", "4096", expect="context")
+        with tempfile.TemporaryDirectory() as d:
+            bad = os.path.join(d, "bad.txt")
+            with open(bad, "wb") as f:
+                f.write(b"fine text, then \xc3\x28 broken")
+            self.fails("ppl", "-m", DRAFT, "-f", bad, expect="UTF-8")
+            empty = os.path.join(d, "empty.txt")
+            open(empty, "wb").close()
+            self.fails("ppl", "-m", DRAFT, "-f", empty, expect="nothing to score")
+
+    def test_chat_without_a_template(self):
+        with tempfile.TemporaryDirectory() as d:
+            for name in os.listdir(DRAFT):
+                if name != "tokenizer_config.json":
+                    os.symlink(os.path.abspath(os.path.join(DRAFT, name)), os.path.join(d, name))
+            with open(os.path.join(DRAFT, "tokenizer_config.json")) as f:
+                cfg = json.load(f)
+            cfg.pop("chat_template", None)
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(cfg, f)
+            self.fails("chat", "-m", d, expect="no chat template")
+            cfg["chat_template"] = "{% for m in messages %}{{ m.content }"
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(cfg, f)
+            self.fails("chat", "-m", d, expect="line 1")
+            # A template that fails while rendering: the turn is reported and dropped, the session goes on.
+            cfg["chat_template"] = "{{ raise_exception('no user messages here') }}"
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(cfg, f)
+            rc, out, err = exl3("chat", "-m", d, stdin=b"hello\n")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("no user messages here", err)
+
+
+def main():
+    global EXL3
+    argv = sys.argv[1:]
+    if len(argv) < 2 or argv[0] != "--exl3":
+        sys.exit("usage: cli_test.py --exl3 PATH [unittest args]")
+    EXL3 = os.path.abspath(argv[1])
+    if not os.access(EXL3, os.X_OK):
+        sys.exit(f"{EXL3}: not an executable")
+    unittest.main(argv=[sys.argv[0], *argv[2:]], verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
