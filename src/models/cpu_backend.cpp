@@ -8,26 +8,12 @@
 
 namespace exl3 {
 
-int CpuBackend::width(Slot s) const {
-    const ModelConfig& c = cfg_;
-    switch (s) {
-        case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
-        case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
-        case Slot::kQ: case Slot::kAttn: return c.q_dim();
-        case Slot::kK: case Slot::kV: return c.kv_dim();
-        case Slot::kGU: return 2 * c.intermediate_size;
-        case Slot::kG: return c.intermediate_size;
-        case Slot::kNone: return 0;
-    }
-    return 0;
-}
-
 Status CpuBackend::begin_step(const StepPlan& plan) {
     plan_ = &plan;
     EXL3_ASSIGN_OR_RETURN(rope_, rope_frequencies(cfg_.rope, cfg_.head_dim, plan.max_seq_len));
     const size_t T = static_cast<size_t>(plan.total());
     h_.assign(T * static_cast<size_t>(cfg_.hidden_size), 0.0f);
-    for (int s = 0; s < 10; ++s) bufs_[static_cast<size_t>(s)].resize(T * static_cast<size_t>(width(static_cast<Slot>(s))));
+    for (int s = 0; s < kNumSlots; ++s) bufs_[static_cast<size_t>(s)].resize(T * static_cast<size_t>(slot_width(cfg_, static_cast<Slot>(s))));
     return Status::ok();
 }
 

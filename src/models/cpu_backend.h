@@ -32,7 +32,6 @@ public:
 
 private:
     std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
-    int width(Slot s) const;
     void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
 
     const ModelConfig& cfg_;

@@ -113,20 +113,6 @@ struct CudaModel::State {
 
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
 
-    int width(Slot s) const {
-        const ModelConfig& c = cfg;
-        switch (s) {
-            case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
-            case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
-            case Slot::kQ: case Slot::kAttn: return c.q_dim();
-            case Slot::kK: case Slot::kV: return c.kv_dim();
-            case Slot::kGU: return 2 * c.intermediate_size;
-            case Slot::kG: return c.intermediate_size;
-            case Slot::kNone: return 0;
-        }
-        return 0;
-    }
-
     // Buffers for a step of T tokens over B sequences with n_out logit rows. Growing invalidates graphs.
     Status reserve(int T, int B, int n_out) {
         if (T <= capacity && B <= batch_capacity && n_out <= out_capacity) return Status::ok();
@@ -136,8 +122,8 @@ struct CudaModel::State {
         for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
         graphs.clear();
         const size_t T_ = static_cast<size_t>(capacity);
-        for (int s = 0; s < 10; ++s)
-            EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * width(static_cast<Slot>(s)) *
+        for (int s = 0; s < kNumSlots; ++s)
+            EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * slot_width(cfg, static_cast<Slot>(s)) *
                                                                         (is_f32(static_cast<Slot>(s)) ? 4 : 2)));
         EXL3_RETURN_IF_ERROR(h.reserve(T_ * cfg.hidden_size * sizeof(float)));
         EXL3_RETURN_IF_ERROR(logits.reserve(static_cast<size_t>(out_capacity) * cfg.vocab_size * sizeof(float)));

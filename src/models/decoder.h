@@ -33,6 +33,21 @@ struct StepPlan {
 
 // Buffers a backend keeps per step, by role.
 enum class Slot { kX, kQKV, kQ, kK, kV, kAttn, kO, kGU, kG, kDown, kNone };
+constexpr int kNumSlots = 10;
+
+// Elements per token row of a slot.
+inline int slot_width(const ModelConfig& c, Slot s) {
+    switch (s) {
+        case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
+        case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
+        case Slot::kQ: case Slot::kAttn: return c.q_dim();
+        case Slot::kK: case Slot::kV: return c.kv_dim();
+        case Slot::kGU: return 2 * c.intermediate_size;
+        case Slot::kG: return c.intermediate_size;
+        case Slot::kNone: return 0;
+    }
+    return 0;
+}
 
 template <class B>
 Status decoder_forward(B& b, const ModelConfig& c, const StepPlan& plan, float* logits) {

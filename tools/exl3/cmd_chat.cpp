@@ -217,11 +217,7 @@ Runner add_chat(CLI::App& app) {
     app.add_option("-m,--model", o->model, "model directory (HF layout, with a chat template)")->required();
     app.add_option("--system", o->system, "system prompt (the first message of every conversation)");
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens per reply")->capture_default_str();
-    app.add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
-    app.add_option("--top-k", o->sampling.top_k, "0 = off")->capture_default_str();
-    app.add_option("--top-p", o->sampling.top_p, "1 = off")->capture_default_str();
-    app.add_option("--min-p", o->sampling.min_p, "0 = off")->capture_default_str();
-    app.add_option("--seed", o->sampling.seed, "random seed")->capture_default_str();
+    add_sampling_options(app, o->sampling);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");

@@ -159,11 +159,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("-p,--prompt", o->prompt, "prompt text");
     app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids");
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens")->capture_default_str();
-    app.add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
-    app.add_option("--top-k", o->sampling.top_k, "0 = off")->capture_default_str();
-    app.add_option("--top-p", o->sampling.top_p, "1 = off")->capture_default_str();
-    app.add_option("--min-p", o->sampling.min_p, "0 = off")->capture_default_str();
-    app.add_option("--seed", o->sampling.seed, "random seed")->capture_default_str();
+    add_sampling_options(app, o->sampling);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");

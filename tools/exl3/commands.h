@@ -6,6 +6,8 @@
 #include <functional>
 #include <string>
 
+#include "runtime/sampler.h"
+
 namespace exl3::cli {
 
 // Registers a subcommand; the returned callback runs it and gives the process exit code.
@@ -15,6 +17,9 @@ Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_ppl(CLI::App& app);
+
+// The sampling flags shared by run and chat: --temperature, --top-k, --top-p, --min-p, --seed.
+void add_sampling_options(CLI::App& app, SamplerSettings& s);
 
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
 int fail(const std::string& what, const std::string& message);

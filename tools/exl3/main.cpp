@@ -10,6 +10,14 @@
 
 namespace exl3::cli {
 
+void add_sampling_options(CLI::App& app, SamplerSettings& s) {
+    app.add_option("--temperature", s.temperature, "0 = greedy")->capture_default_str();
+    app.add_option("--top-k", s.top_k, "0 = off")->capture_default_str();
+    app.add_option("--top-p", s.top_p, "1 = off")->capture_default_str();
+    app.add_option("--min-p", s.min_p, "0 = off")->capture_default_str();
+    app.add_option("--seed", s.seed, "random seed")->capture_default_str();
+}
+
 int fail(const std::string& what, const std::string& message) {
     std::fprintf(stderr, "exl3 %s: %s\n", what.c_str(), message.c_str());
     return 1;
