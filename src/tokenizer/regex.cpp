@@ -56,8 +56,27 @@ std::string translate_classes(const std::string& p) {
                 i = stop - 1;
                 continue;
             }
-            const char* set = (e == 'w' || e == 'W') ? kWordSet : (e == 's' || e == 'S') ? kSpaceSet : nullptr;
-            bool negated = e == 'W' || e == 'S';
+            std::string set_buf;
+            const char* set = nullptr;
+            bool negated = e == 'W' || e == 'S' || e == 'P';
+            if (e == 'w' || e == 'W') {
+                set_buf = std::string(kWordSet) + regex_class_extra_set(RegexClass::kWord);
+                set = set_buf.c_str();
+            } else if (e == 's' || e == 'S') {
+                set = kSpaceSet;
+            } else if ((e == 'p' || e == 'P') && i + 2 < p.size()) {
+                // \p{L} / \pL and \p{N} / \pN: PCRE2's Unicode data is older than Oniguruma's; add what it lacks.
+                size_t len = p.compare(i + 2, 3, "{L}") == 0 || p.compare(i + 2, 3, "{N}") == 0 ? 3
+                             : (p[i + 2] == 'L' || p[i + 2] == 'N')                            ? 1
+                                                                                                : 0;
+                if (len && !(e == 'P' && in_class)) {
+                    char cls = len == 3 ? p[i + 3] : p[i + 2];
+                    set_buf = std::string("\\p{") + cls + "}" +
+                              regex_class_extra_set(cls == 'L' ? RegexClass::kLetter : RegexClass::kNumber);
+                    set = set_buf.c_str();
+                    i += len;  // the loop's ++i below skips the letter after the backslash
+                }
+            }
             if (set && !in_class) {
                 out += negated ? "[^" : "[";
                 out += set;

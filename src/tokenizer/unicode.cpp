@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <vector>
 
 namespace exl3::tok {
@@ -302,6 +303,38 @@ bool is_punctuation(uint32_t c) {
         return (c >= 0x21 && c <= 0x2F) || (c >= 0x3A && c <= 0x40) || (c >= 0x5B && c <= 0x60) ||
                (c >= 0x7B && c <= 0x7E);
     return in_ranges(kPunctuation, c);
+}
+
+bool regex_class_extra(RegexClass cls, uint32_t c) {
+    switch (cls) {
+        case RegexClass::kLetter:
+            return in_ranges(kRegexExtraLetter, c);
+        case RegexClass::kNumber:
+            return in_ranges(kRegexExtraNumber, c);
+        case RegexClass::kWord:
+            return in_ranges(kRegexExtraWord, c);
+    }
+    return false;
+}
+
+namespace {
+template <size_t N>
+std::string class_body(const CodeRange (&tab)[N]) {
+    std::string out;
+    char buf[40];
+    for (const CodeRange& r : tab) {
+        int n = r.lo == r.hi ? std::snprintf(buf, sizeof(buf), "\\x{%X}", r.lo)
+                             : std::snprintf(buf, sizeof(buf), "\\x{%X}-\\x{%X}", r.lo, r.hi);
+        out.append(buf, static_cast<size_t>(n));
+    }
+    return out;
+}
+}  // namespace
+
+const std::string& regex_class_extra_set(RegexClass cls) {
+    static const std::string letter = class_body(kRegexExtraLetter), number = class_body(kRegexExtraNumber),
+                             word = class_body(kRegexExtraWord);
+    return cls == RegexClass::kLetter ? letter : cls == RegexClass::kNumber ? number : word;
 }
 
 namespace {

@@ -179,6 +179,9 @@ TEST(TokenizerGolden, PerCodePointAndDecoders) {
             }
         }
     }
+    // gap: the code points PCRE2's older Unicode data lacks from a class that HF's Oniguruma has (generated from
+    // this fixture, see tools/gen_unicode_tables.py). Only there, and only as "HF has it, PCRE2 does not", may
+    // the regex differ, until the regex translation appends tok::regex_class_extra_set to the class.
     auto check_ranges = [&](const char* key, const std::function<bool(uint32_t)>& pred) {
         std::vector<bool> in(0x110000, false);
         for (auto& r : fx[key])
