@@ -305,18 +305,6 @@ bool is_punctuation(uint32_t c) {
     return in_ranges(kPunctuation, c);
 }
 
-bool regex_class_extra(RegexClass cls, uint32_t c) {
-    switch (cls) {
-        case RegexClass::kLetter:
-            return in_ranges(kRegexExtraLetter, c);
-        case RegexClass::kNumber:
-            return in_ranges(kRegexExtraNumber, c);
-        case RegexClass::kWord:
-            return in_ranges(kRegexExtraWord, c);
-    }
-    return false;
-}
-
 namespace {
 template <size_t N>
 std::string class_body(const CodeRange (&tab)[N]) {

@@ -66,9 +66,7 @@ bool is_punctuation(uint32_t c);
 // The regex classes where HF's Oniguruma (Unicode 16) has code points that PCRE2's Unicode data (Debian 10.42:
 // Unicode 14) lacks, all of them unassigned in the older version: \p{L}, \p{N} and regex.cpp's \w set.
 enum class RegexClass { kLetter, kNumber, kWord };
-// Whether c is one of those code points for the class.
-bool regex_class_extra(RegexClass cls, uint32_t c);
-// The same code points as the body of a PCRE2 character class ("\x{1C89}-\x{1C8A}..."), for appending to the
+// Those code points as the body of a PCRE2 character class ("\x{1C89}-\x{1C8A}..."), for appending to the
 // class so that PCRE2 matches what Oniguruma does.
 const std::string& regex_class_extra_set(RegexClass cls);
 
