@@ -1,6 +1,7 @@
 // load_exl3_linear on crafted files: a good layer loads and computes; each kind of damage is rejected with a
 // message that names the tensor and what was expected.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -45,7 +46,9 @@ std::vector<StTensor> good_layer(int K = 4) {
 
 class LoaderTest : public ::testing::Test {
 protected:
-    std::string path_ = ::testing::TempDir() + "exl3_loader_test.safetensors";
+    // One file per test and process: ctest runs tests in parallel processes.
+    std::string path_ = ::testing::TempDir() + "exl3_loader_test_" + std::to_string(::getpid()) + "_" +
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".safetensors";
     void TearDown() override { std::remove(path_.c_str()); }
 
     Result<Exl3Linear> load(const std::vector<StTensor>& tensors, int in = 200, int out = 128) {
@@ -214,7 +217,8 @@ TEST_F(LoaderTest, NotAnExl3Layer) {
 // quantization_config in config.json and quantization_config.json must agree where both give a field.
 class QuantConfigTest : public ::testing::Test {
 protected:
-    std::string dir_ = ::testing::TempDir() + "exl3_qc_test";
+    std::string dir_ = ::testing::TempDir() + "exl3_qc_test_" + std::to_string(::getpid()) + "_" +
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name();
     void SetUp() override { std::filesystem::create_directories(dir_); }
     void TearDown() override { std::filesystem::remove_all(dir_); }
     void write(const std::string& name, const std::string& text) { std::ofstream(dir_ + "/" + name) << text; }
