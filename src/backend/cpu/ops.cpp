@@ -1,5 +1,6 @@
 #include "backend/cpu/ops.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -89,8 +90,12 @@ __attribute__((target("avx2,fma,f16c"))) void tile_avx2(const float* x, int k, c
 }
 
 bool has_avx2() {
-    static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+    // F16C through cpuid: clang's __builtin_cpu_supports does not know "f16c".
+    static const bool v = [] {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    }();
     return v;
 }
 
