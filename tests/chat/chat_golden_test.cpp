@@ -9,31 +9,15 @@
 #include <sstream>
 
 #include "exl3/chat_template.h"
+#include "chat_test_util.h"
 #include "test_util.h"
 
 namespace exl3 {
 namespace {
 
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+using test::read_file;
 
-// The instant the fixtures pinned strftime_now to.
-std::tm fixed_now() {
-    std::tm tm{};
-    tm.tm_year = 2024 - 1900;
-    tm.tm_mon = 6;
-    tm.tm_mday = 26;
-    tm.tm_hour = 12;
-    tm.tm_min = 34;
-    tm.tm_sec = 56;
-    tm.tm_wday = 5;  // a Friday
-    tm.tm_yday = 207;
-    return tm;
-}
+using test::fixed_now;
 
 TEST(ChatGolden, AllTemplatesMatchJinja2) {
     const std::string dir = test::repo_path("tests/fixtures/chat/");

@@ -7,30 +7,15 @@
 #include <fstream>
 #include <sstream>
 
+#include "chat_test_util.h"
 #include "test_util.h"
 
 namespace exl3 {
 namespace {
 
-std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+using test::read_file;
 
-std::tm fixed_now() {
-    std::tm tm{};
-    tm.tm_year = 2024 - 1900;
-    tm.tm_mon = 6;
-    tm.tm_mday = 26;
-    tm.tm_hour = 12;
-    tm.tm_min = 34;
-    tm.tm_sec = 56;
-    tm.tm_wday = 5;
-    tm.tm_yday = 207;
-    return tm;
-}
+using test::fixed_now;
 
 Result<std::string> render(const std::string& src, const nlohmann::ordered_json& ctx = nlohmann::ordered_json::object(),
                            const ChatTemplate::Limits* limits = nullptr) {

@@ -132,12 +132,7 @@ std::string fnv1a(const std::vector<int32_t>& ids) {
     return buf;
 }
 
-std::string slurp(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+std::string slurp(const std::string& path) { return test::read_file(path); }
 
 // Runs the cases of a reference fixture on at most `max_text_tokens` tokens (0: any) and compares; with
 // `tiling_only`, only those with stride == ctx (each position fed once, the cheapest to check).

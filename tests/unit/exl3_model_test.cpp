@@ -29,12 +29,7 @@ using json = nlohmann::json;
 const char* kExl3 = "models/tiny-target-exl3-4.0bpw";
 const char* kBf16 = "models/tiny-target";
 
-std::string slurp(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+std::string slurp(const std::string& path) { return test::read_file(path); }
 
 // The real-text token sequences of the tiny-target golden fixture.
 std::vector<std::vector<int32_t>> golden_sequences() {

@@ -20,12 +20,7 @@ using json = nlohmann::json;
 
 const std::string kModel = "tests/models/golden/llama_tied";
 
-std::string slurp(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+std::string slurp(const std::string& path) { return test::read_file(path); }
 
 // A scratch copy of a model directory whose files a test may break.
 class BrokenModel {
