@@ -57,7 +57,7 @@ public:
     Result(T value) : value_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
     Result(Status status) : status_(std::move(status)) {  // NOLINT(google-explicit-constructor)
         assert(!status_.is_ok() && "Result constructed from an ok Status without a value");
-        if (status_.is_ok()) status_ = internal_error("Result built from an ok status without a value");
+        if (status_.is_ok()) static_cast<void>(status_ = internal_error("Result built from an ok status without a value"));
     }
 
     bool is_ok() const { return value_.has_value(); }
