@@ -17,6 +17,7 @@ Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_ppl(CLI::App& app);
+Runner add_convert(CLI::App& app);  // built when exl3_convert exists (EXL3_HAVE_CONVERT)
 
 // The sampling flags shared by run and chat: --temperature, --top-k, --top-p, --min-p, --seed.
 void add_sampling_options(CLI::App& app, SamplerSettings& s);

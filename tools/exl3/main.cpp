@@ -56,6 +56,12 @@ int main(int argc, char** argv) {
         auto* s = app.add_subcommand("ppl", "perplexity of a model on a text file");
         reg(s, add_ppl(*s));
     }
+#ifdef EXL3_HAVE_CONVERT
+    {
+        auto* s = app.add_subcommand("convert", "convert an HF checkpoint to EXL3");
+        reg(s, add_convert(*s));
+    }
+#endif
     // Commands whose issues are still open: present so that scripts and help list the whole program.
     struct Pending {
         const char* name;
@@ -63,7 +69,10 @@ int main(int argc, char** argv) {
         const char* issue;
     };
     for (Pending p : {Pending{"serve", "OpenAI-compatible HTTP server", "#9"},
-                      Pending{"convert", "convert an HF checkpoint to EXL3", "#7"}}) {
+#ifndef EXL3_HAVE_CONVERT
+                      Pending{"convert", "convert an HF checkpoint to EXL3", "#7"},
+#endif
+                     }) {
         auto* s = app.add_subcommand(p.name, p.what);
         s->allow_extras();
         std::string name = p.name, issue = p.issue;

@@ -1,0 +1,79 @@
+// The EXL3 encoder on the host (quantization.md): the tail-biting Viterbi tile encoder, block LDL and LDLQ, and
+// the quantization of one linear layer into the tensors of exl3-format.md (trellis, suh, svh, marker, bias).
+//
+// This is the CPU reference the CUDA encoder must match code for code: ties in the Viterbi are broken towards the
+// lowest predecessor (and the lowest final state), so identical inputs give identical codes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "exl3/status.h"
+#include "format/safetensors_writer.h"
+#include "quant/codebook.h"
+
+namespace exl3::quant {
+
+// Scratch of one tile encode: the back-pointers (one K-bit predecessor index per group per step, 256 x 2^(16-K)
+// bytes: 8 MiB at K = 1) and two cost rows. Keep one per thread.
+struct TileEncoderScratch {
+    std::vector<uint8_t> back;
+    std::vector<float> cost, next, best;
+};
+
+// Encodes the 256 targets of one tile (in sequence order p, not element order) with K bits per weight: the
+// tail-biting state sequence minimising sum_p (C(s_p) - target_p)^2 over the bitshift trellis.
+//  pass 1: free start on the sequence rotated by 128, whose optimal path fixes s_255 (read at the seam, the middle
+//          of the rotated run, where the free start and free end have least influence);
+//  pass 2: the original order, with s_{-1} = s_255 pinned (so s_0 overlaps it) and the path forced to end in s_255.
+// Returns the squared error; states [256] obey tile_states_consistent, ready for pack_tile_states.
+double encode_tile(const float* target /*[256]*/, int K, const float* lut, uint16_t* states /*[256]*/,
+                   TileEncoderScratch& scratch);
+
+// Lower-triangular Cholesky in place (row-major [n, n], upper part zeroed). False when not positive definite.
+bool cholesky_lower(double* a, int n);
+
+// Block LDL of a positive definite [n, n] matrix (n a multiple of 16): H = L D L^T, L unit block-lower-triangular
+// (identity 16x16 diagonal blocks), D block diagonal. Returns L (row-major [n, n]) or false when Cholesky fails.
+bool block_ldl(const std::vector<double>& h, int n, std::vector<double>* l);
+
+struct QuantizeOptions {
+    int K = 4;
+    Codebook codebook = Codebook::kMul1;
+    double sigma = 0.025;       // damping: H += sigma * mean(diag H) * I
+    int max_damping_retries = 6;  // sigma x 4 each retry
+    uint64_t seed = 0;          // for the sign vectors
+    bool use_hessian = true;    // false: plain tile rounding (H = I), the baseline LDLQ must beat
+};
+
+// One quantized linear in EXL3 orientation (k = in_features, n = out_features, both padded to 128).
+struct QuantizedLinear {
+    int in_features = 0, out_features = 0, k_pad = 0, n_pad = 0, K = 0;
+    Codebook codebook = Codebook::kMul1;
+    std::vector<uint16_t> trellis;  // [k_pad/16, n_pad/16, 16*K]
+    std::vector<uint16_t> suh;      // [k_pad] fp16 bits
+    std::vector<uint16_t> svh;      // [n_pad] fp16 bits
+    double proxy_error = 0.0;       // tr(E H E^T) / tr(W H W^T), E = W - W_eff, with the damped H
+    double sigma_used = 0.0;
+};
+
+// Quantizes the HF weight w [out, in] (fp32) against the input Hessian h [in, in] (sum of x^T x over `count`
+// rows; unnormalised). h may be nullptr (identity). Fails with a clear message on non-finite weights or a Hessian
+// that stays non positive definite after the damping retries.
+Result<QuantizedLinear> quantize_linear(const float* w, int out_features, int in_features, const double* h,
+                                        double count, const QuantizeOptions& opt, ThreadPool& pool);
+
+// Adds `<prefix>.trellis` (I16 [k/16, n/16, 16K]), `.suh`, `.svh` (F16), the codebook marker (`.mcg`/`.mul1`,
+// 0-dim I32; none for 3INST) and `.bias` (F16 [out], when bias is given) as exl3-format.md lays them out.
+Status write_quantized_linear(SafetensorsWriter& out, const std::string& prefix, const QuantizedLinear& q,
+                              const float* bias);
+
+// The Hessian-weighted error of W at K bits, estimated from a sample of tiles (no LDLQ feedback): the measured
+// sensitivity used by bit allocation. Returns the estimated full-tensor tr(E H E^T) for each K in `ks`.
+Result<std::vector<double>> sample_sensitivity(const float* w, int out_features, int in_features, const double* h,
+                                               double count, const std::vector<int>& ks, Codebook cb,
+                                               int max_tiles, uint64_t seed, ThreadPool& pool);
+
+}  // namespace exl3::quant

@@ -1,0 +1,167 @@
+// End to end: a small random-weight Llama written with our safetensors writer, converted on the CPU, loaded with
+// Model::load and compared with the original's logits.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "convert/convert.h"
+#include "exl3/model.h"
+#include "format/safetensors_writer.h"
+#include "quant/exl3_model.h"
+
+namespace exl3::convert {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kHidden = 128, kInter = 256, kLayers = 2, kHeads = 4, kKvHeads = 2, kVocab = 256;
+
+void write_model(const std::string& dir, bool poison = false) {
+    fs::create_directories(dir);
+    std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 256, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
+        "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "float32"})";
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    SafetensorsWriter w;
+    auto add = [&](const std::string& name, int out, int in, float sd) {
+        std::vector<float> v(static_cast<size_t>(out) * (in ? in : 1));
+        for (auto& x : v) x = in ? nd(rng) * sd : 1.0f + 0.1f * nd(rng);
+        std::vector<int64_t> shape = in ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out};
+        ASSERT_TRUE(w.add(name, DType::kF32, shape, v.data(), v.size() * 4).is_ok());
+    };
+    const int hd = kHidden / kHeads;
+    add("model.embed_tokens.weight", kVocab, kHidden, 1.0f);
+    add("model.norm.weight", kHidden, 0, 0);
+    add("lm_head.weight", kVocab, kHidden, 0.1f);
+    for (int l = 0; l < kLayers; ++l) {
+        const std::string p = "model.layers." + std::to_string(l) + ".";
+        add(p + "input_layernorm.weight", kHidden, 0, 0);
+        add(p + "post_attention_layernorm.weight", kHidden, 0, 0);
+        add(p + "self_attn.q_proj.weight", kHeads * hd, kHidden, 0.1f);
+        add(p + "self_attn.k_proj.weight", kKvHeads * hd, kHidden, 0.1f);
+        add(p + "self_attn.v_proj.weight", kKvHeads * hd, kHidden, 0.1f);
+        add(p + "self_attn.o_proj.weight", kHidden, kHeads * hd, 0.1f);
+        add(p + "mlp.gate_proj.weight", kInter, kHidden, 0.1f);
+        add(p + "mlp.up_proj.weight", kInter, kHidden, 0.1f);
+        if (poison && l == 1) {
+            std::vector<float> v(static_cast<size_t>(kHidden) * kInter, 0.01f);
+            v[5] = NAN;
+            ASSERT_TRUE(w.add(p + "mlp.down_proj.weight", DType::kF32, {kHidden, kInter}, v.data(), v.size() * 4).is_ok());
+        } else {
+            add(p + "mlp.down_proj.weight", kHidden, kInter, 0.1f);
+        }
+    }
+    ASSERT_TRUE(w.write(dir + "/model.safetensors").is_ok());
+    std::ofstream(dir + "/tokenizer_config.json") << "{}";
+}
+
+std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& toks) {
+    LoadOptions lo;
+    lo.device = "cpu";
+    auto m = Model::load(dir, lo);
+    EXPECT_TRUE(m.is_ok()) << m.status().message();
+    if (!m.is_ok()) return {};
+    auto seq = (*m)->new_sequence();
+    EXPECT_TRUE(seq.is_ok());
+    if (!seq.is_ok()) return {};
+    std::vector<float> out;
+    auto st = (*m)->forward(**seq, toks, true, &out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    return out;
+}
+
+TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_test_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf");
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.output_dir = base + "/q40";
+    o.bpw = 4.0;
+    o.calibration_rows = 4;
+    o.calibration_cols = 64;
+    o.sensitivity_tiles = 4;
+    auto r = convert_model(o, pool);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    std::printf("4.0 bpw: converted in %.1f s, achieved %.4f bpw\n", r->seconds, r->achieved_bpw);
+    EXPECT_NEAR(r->achieved_bpw, 4.0, 1e-9);
+    auto sum = quant::summarize_exl3_model(o.output_dir);
+    ASSERT_TRUE(sum.is_ok()) << sum.status().message();
+    EXPECT_EQ(sum->tensors.size(), static_cast<size_t>(kLayers * 7 + 1));
+    EXPECT_NEAR(sum->decoder_bpw, 4.0, 1e-9);
+    EXPECT_TRUE(fs::exists(o.output_dir + "/tokenizer_config.json"));
+    // Per tensor, the sanity window the reference implementation's own 4 bpw files are held to in
+    // tests/quant (0.074-0.091 measured there on real weights; here LDLQ minimises the Hessian-weighted error, so
+    // the plain Frobenius error of random weights under random calibration lands a little higher: 0.084-0.099).
+    auto errs = quant::measure_exl3_error(o.output_dir, o.input_dir, pool);
+    ASSERT_TRUE(errs.is_ok()) << errs.status().message();
+    for (const auto& e : *errs) {
+        std::printf("  %-40s K=%d rel error %.4f\n", e.name.c_str(), e.K, e.rel_error);
+        if (e.K == 4) EXPECT_LT(e.rel_error, 0.12) << e.name;
+    }
+
+    std::vector<int32_t> toks;
+    std::mt19937 rng(11);
+    for (int i = 0; i < 32; ++i) toks.push_back(static_cast<int32_t>(rng() % kVocab));
+    auto a = logits_of(o.input_dir, toks), b = logits_of(o.output_dir, toks);
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += a[i] * a[i];
+    }
+    const double rel = std::sqrt(num / den);
+    std::printf("4.0 bpw logits relative error vs original: %.4f\n", rel);
+    EXPECT_LT(rel, 0.3);  // random 2-layer model, measured 0.18 (per-tensor K=4 error ~0.07-0.09, compounding)
+
+    // Fractional: K mixes 3 and 4 to land at (or just under) 3.5.
+    o.output_dir = base + "/q35";
+    o.bpw = 3.5;
+    auto r2 = convert_model(o, pool);
+    ASSERT_TRUE(r2.is_ok()) << r2.status().message();
+    auto sum2 = quant::summarize_exl3_model(o.output_dir);
+    ASSERT_TRUE(sum2.is_ok());
+    std::printf("3.5 bpw: converted in %.1f s, achieved %.4f bpw (reader's count %.4f)\n", r2->seconds,
+                r2->achieved_bpw, sum2->decoder_bpw);
+    EXPECT_NEAR(sum2->decoder_bpw, r2->achieved_bpw, 1e-9);
+    EXPECT_LE(sum2->decoder_bpw, 3.5 + 1e-9);
+    EXPECT_GT(sum2->decoder_bpw, 3.3);
+    fs::remove_all(base);
+}
+
+TEST(Convert, BadInputStopsCleanly) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_bad_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf", /*poison=*/true);
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.output_dir = base + "/out";
+    o.calibration_rows = 2;
+    o.calibration_cols = 16;
+    auto r = convert_model(o, pool);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("non-finite"), std::string::npos) << r.status().message();
+    EXPECT_FALSE(fs::exists(o.output_dir));
+    for (const auto& e : fs::directory_iterator(base)) EXPECT_EQ(e.path().filename(), "hf");  // no temp left
+
+    // Unsupported architecture.
+    std::ofstream(base + "/hf/config.json") << R"({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})";
+    auto r2 = convert_model(o, pool);
+    ASSERT_FALSE(r2.is_ok());
+    std::printf("unsupported: %s\n", r2.status().message().c_str());
+    EXPECT_FALSE(fs::exists(o.output_dir));
+    fs::remove_all(base);
+}
+
+}  // namespace
+}  // namespace exl3::convert
