@@ -13,13 +13,6 @@
 
 namespace exl3::test {
 
-inline std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 inline nlohmann::json load_fixture(const std::string& name) {
     std::string text = read_file(repo_path("tests/fixtures/tokenizer/" + name));
     return nlohmann::json::parse(text);
