@@ -1,36 +1,41 @@
-// Token sampling on the CPU: the reference the GPU sampler (generator issue) is checked against.
-// Order, as llama.cpp and HF apply them: temperature -> top-k -> top-p -> min-p -> draw.
+// Token sampling on the CPU: the reference a GPU sampler is checked against. The chain and its order are documented
+// at SamplerSettings (include/exl3/generator.h).
 #pragma once
 
 #include <cstdint>
 #include <random>
+#include <span>
 #include <vector>
 
+#include "exl3/generator.h"
 #include "exl3/status.h"
 
 namespace exl3 {
 
-struct SamplerSettings {
-    float temperature = 0.0f;  // 0: greedy (argmax)
-    int top_k = 0;             // 0: off
-    float top_p = 1.0f;        // 1: off
-    float min_p = 0.0f;        // 0: off; keeps tokens with p >= min_p * p_max
-    uint64_t seed = 0;
-};
-
-// Rejects values no sampler can honour (negative temperature, top_p outside (0, 1], NaN...).
-Status validate(const SamplerSettings& s);
-
 class Sampler {
 public:
-    explicit Sampler(const SamplerSettings& s) : s_(s), rng_(s.seed) {}
-    // Picks a token from logits [vocab]. Deterministic for a given seed and sequence of calls.
-    int32_t sample(const float* logits, int vocab);
+    explicit Sampler(const SamplerSettings& s);
+    // Picks a token from logits [vocab]; `history` (prompt + generated ids) feeds the penalties and DRY.
+    // Deterministic for a given seed and sequence of calls.
+    int32_t sample(const float* logits, int vocab, std::span<const int32_t> history = {});
+
+    // Bans, logit bias, repetition/presence/frequency penalties and DRY applied to logits [vocab] in place.
+    void apply_penalties(float* logits, int vocab, std::span<const int32_t> history) const;
+    // The probabilities the draw uses, [vocab] (0 for removed tokens), before XTC (which is random); all mass on the
+    // argmax when greedy. For tests and for a GPU implementation to be compared against.
+    std::vector<double> distribution(const float* logits, int vocab, std::span<const int32_t> history);
 
 private:
+    // Fills cand_ with the survivors of temperature..typical-p over penalised logits, probabilities normalised.
+    void truncate(const float* penalised, int vocab);
+
     SamplerSettings s_;
     std::mt19937_64 rng_;
-    std::vector<std::pair<float, int32_t>> cand_;
+    std::vector<float> work_;                      // [vocab] penalised logits
+    std::vector<std::pair<double, int32_t>> cand_;  // (probability, id), most likely first
 };
+
+// log-softmax of logits [vocab]: the chosen token's logprob and the top `n` alternatives, most likely first.
+float token_logprob(const float* logits, int vocab, int32_t id, int n, std::vector<TokenLogprob>* top);
 
 }  // namespace exl3

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/log.h"
+#include "exl3/generator.h"
 #include "exl3/model.h"
 #include "runtime/sampler.h"
 #include "tools/exl3/commands.h"
@@ -92,52 +93,52 @@ int run(const RunOptions& o) {
         return fail("run", "prompt of " + std::to_string(prompt.size()) + " tokens does not fit the context of " +
                                std::to_string(ctx) + " (use --context to raise it where the model allows)");
 
-    auto seq = m.new_sequence();
-    if (!seq.is_ok()) return fail("run", seq.status().to_string());
-    Sampler sampler(o.sampling);
+    GenerationRequest rq;
+    rq.prompt_ids = prompt;
+    rq.sampling = o.sampling;
+    rq.max_new_tokens = o.max_tokens;
+    rq.ignore_eos = o.ignore_eos;
+    rq.skip_special_tokens = true;
+    std::shared_ptr<const Tokenizer> gen_tok;
 #ifdef EXL3_HAVE_TOKENIZER
-    std::unique_ptr<IncrementalDetokenizer> detok;
-    if (tok && !o.ids) detok = std::make_unique<IncrementalDetokenizer>(tok, /*skip_special_tokens=*/true);
+    if (tok && !o.ids) gen_tok = tok;  // text is streamed only when it is printed
 #endif
+    // One job: its whole prompt in one forward, as a plain loop would do it.
+    GeneratorOptions go;
+    go.max_active_jobs = 1;
+    go.max_batch_tokens = go.prefill_chunk = std::max(ctx, 2);
+    go.cap_to_context = true;  // the job ends with "length" when the context is full
+    auto gen = Generator::create(m, gen_tok, go);
+    if (!gen.is_ok()) return fail("run", gen.status().to_string());
+
     using clock = std::chrono::steady_clock;
     auto t0 = clock::now();
-    std::vector<float> logits;
-    std::vector<int32_t> step = prompt;
     double prefill_s = 0;
     int generated = 0;
+    int printed = 0;
     std::string stop_reason = "length";
-    while (generated < o.max_tokens) {
-        if ((*seq)->length() + static_cast<int>(step.size()) > ctx) {
-            stop_reason = "context";
-            break;
-        }
-        Status s = m.forward(**seq, step, false, &logits);
+    if (o.max_tokens > 0) {
+        auto job = (*gen)->submit(std::move(rq));
+        if (!job.is_ok()) return fail("run", job.status().to_string());
+        Status error;
+        Status s = (*gen)->run_until_idle([&](const JobUpdate& u) {
+            if (generated == 0 && u.generated_tokens > 0)
+                prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+            if (gen_tok) {
+                std::fwrite(u.text.data(), 1, u.text.size(), stdout);
+            } else {
+                for (int32_t id : u.tokens) std::printf("%s%d", printed++ > 0 ? " " : "", id);
+            }
+            generated = u.generated_tokens;
+            std::fflush(stdout);
+            if (u.finish != FinishReason::kNone) {
+                stop_reason = finish_reason_name(u.finish);
+                error = u.error;
+            }
+        });
         if (!s.is_ok()) return fail("run", s.to_string());
-        if (generated == 0) prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
-        int32_t next = sampler.sample(logits.data(), m.info().vocab_size);
-        ++generated;
-        if (std::find(stop.begin(), stop.end(), next) != stop.end()) {
-            stop_reason = "eos";
-            break;
-        }
-#ifdef EXL3_HAVE_TOKENIZER
-        if (detok) {
-            std::string delta = detok->step(next);
-            std::fwrite(delta.data(), 1, delta.size(), stdout);
-        } else
-#endif
-        {
-            std::printf("%s%d", generated > 1 ? " " : "", next);
-        }
-        std::fflush(stdout);
-        step.assign(1, next);
+        if (!error.is_ok()) return fail("run", error.to_string());
     }
-#ifdef EXL3_HAVE_TOKENIZER
-    if (detok) {
-        std::string rest = detok->flush();
-        std::fwrite(rest.data(), 1, rest.size(), stdout);
-    }
-#endif
     std::printf("\n");
     double total_s = std::chrono::duration<double>(clock::now() - t0).count();
     double decode_s = total_s - prefill_s;
