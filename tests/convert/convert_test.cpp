@@ -105,7 +105,9 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     ASSERT_TRUE(errs.is_ok()) << errs.status().message();
     for (const auto& e : *errs) {
         std::printf("  %-40s K=%d rel error %.4f\n", e.name.c_str(), e.K, e.rel_error);
-        if (e.K == 4) EXPECT_LT(e.rel_error, 0.12) << e.name;
+        if (e.K == 4) {
+            EXPECT_LT(e.rel_error, 0.12) << e.name;
+        }
     }
 
     std::vector<int32_t> toks;
