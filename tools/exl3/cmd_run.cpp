@@ -160,7 +160,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("-p,--prompt", o->prompt, "prompt text");
     app.add_option("--tokens", o->tokens, "prompt as comma-separated token ids");
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens")->capture_default_str();
-    add_sampling_options(app, o->sampling);
+    add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");

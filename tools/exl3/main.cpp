@@ -4,18 +4,34 @@
 
 #include <cstdio>
 #include <map>
+#include <vector>
 
 #include "core/log.h"
 #include "tools/exl3/commands.h"
 
 namespace exl3::cli {
 
-void add_sampling_options(CLI::App& app, SamplerSettings& s) {
+void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain) {
     app.add_option("--temperature", s.temperature, "0 = greedy")->capture_default_str();
     app.add_option("--top-k", s.top_k, "0 = off")->capture_default_str();
     app.add_option("--top-p", s.top_p, "1 = off")->capture_default_str();
     app.add_option("--min-p", s.min_p, "0 = off")->capture_default_str();
     app.add_option("--seed", s.seed, "random seed")->capture_default_str();
+    if (!full_chain) return;
+    app.add_option("--typical-p", s.typical_p, "1 = off")->capture_default_str();
+    app.add_option("--repetition-penalty", s.repetition_penalty, "1 = off")->capture_default_str();
+    app.add_option("--presence-penalty", s.presence_penalty, "0 = off")->capture_default_str();
+    app.add_option("--frequency-penalty", s.frequency_penalty, "0 = off")->capture_default_str();
+    app.add_option("--penalty-window", s.penalty_window, "tokens the penalties look back over (0 = all)")
+        ->capture_default_str();
+    app.add_option("--dry-multiplier", s.dry_multiplier, "DRY, 0 = off")->capture_default_str();
+    app.add_option("--dry-base", s.dry_base, "DRY base")->capture_default_str();
+    app.add_option("--dry-allowed-length", s.dry_allowed_length, "DRY: repeats up to this length are free")
+        ->capture_default_str();
+    app.add_option("--dry-penalty-window", s.dry_penalty_window, "DRY look-back in tokens (0 = all)")
+        ->capture_default_str();
+    app.add_option("--xtc-threshold", s.xtc_threshold, "XTC threshold")->capture_default_str();
+    app.add_option("--xtc-probability", s.xtc_probability, "XTC, 0 = off")->capture_default_str();
 }
 
 int fail(const std::string& what, const std::string& message) {
@@ -62,17 +78,28 @@ int main(int argc, char** argv) {
         reg(s, add_convert(*s));
     }
 #endif
+#ifdef EXL3_HAVE_SERVER
+    {
+        auto* s = app.add_subcommand("serve", "OpenAI-compatible HTTP server");
+        reg(s, add_serve(*s));
+    }
+#endif
     // Commands whose issues are still open: present so that scripts and help list the whole program.
     struct Pending {
         const char* name;
         const char* what;
         const char* issue;
     };
-    for (Pending p : {Pending{"serve", "OpenAI-compatible HTTP server", "#9"},
+    // A vector, not a braced list in the for: with every command built the list is empty.
+    const std::vector<Pending> pending = {
+#ifndef EXL3_HAVE_SERVER
+                      Pending{"serve", "OpenAI-compatible HTTP server (needs cpp-httplib at build time)", "#9"},
+#endif
 #ifndef EXL3_HAVE_CONVERT
                       Pending{"convert", "convert an HF checkpoint to EXL3", "#7"},
 #endif
-                     }) {
+                     };
+    for (Pending p : pending) {
         auto* s = app.add_subcommand(p.name, p.what);
         s->allow_extras();
         std::string name = p.name, issue = p.issue;
