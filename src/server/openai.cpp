@@ -1,0 +1,416 @@
+#include "server/openai.h"
+
+#include <fmt/core.h>
+
+#include <climits>
+#include <cmath>
+#include <random>
+
+namespace exl3::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+json error_body(const ApiError& e) {
+    return {{"error",
+             {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? json(nullptr) : json(e.param)},
+              {"code", e.code.empty() ? json(nullptr) : json(e.code)}}}};
+}
+
+ApiError bad_request(std::string message, std::string param, std::string code) {
+    ApiError e;
+    e.message = std::move(message);
+    e.param = std::move(param);
+    e.code = std::move(code);
+    return e;
+}
+
+namespace {
+
+// Field readers: a missing field or an explicit null leaves *out unchanged (clients send null for "default").
+// Each returns an error naming the field when the type or range is wrong.
+std::optional<ApiError> read_number(const json& b, const char* key, double lo, double hi, double* out) {
+    auto it = b.find(key);
+    if (it == b.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) return bad_request(fmt::format("'{}' must be a number", key), key, "invalid_type");
+    const double v = it->get<double>();
+    if (!std::isfinite(v) || v < lo || v > hi)
+        return bad_request(fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v), key, "invalid_value");
+    *out = v;
+    return std::nullopt;
+}
+
+std::optional<ApiError> read_float(const json& b, const char* key, double lo, double hi, float* out) {
+    double v = *out;
+    if (auto e = read_number(b, key, lo, hi, &v)) return e;
+    *out = static_cast<float>(v);
+    return std::nullopt;
+}
+
+// Integers: JSON numbers with no fractional part. Values beyond INT range are clamped to `hi` first when
+// `clamp_high` (a huge max_tokens means "as many as fit", not an error).
+std::optional<ApiError> read_int(const json& b, const char* key, int64_t lo, int64_t hi, int64_t* out,
+                                 bool clamp_high = false) {
+    auto it = b.find(key);
+    if (it == b.end() || it->is_null()) return std::nullopt;
+    if (!it->is_number()) return bad_request(fmt::format("'{}' must be an integer", key), key, "invalid_type");
+    const double d = it->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d))
+        return bad_request(fmt::format("'{}' must be an integer", key), key, "invalid_type");
+    if (clamp_high && d > static_cast<double>(hi)) {
+        *out = hi;
+        return std::nullopt;
+    }
+    if (d < static_cast<double>(lo) || d > static_cast<double>(hi))
+        return bad_request(fmt::format("'{}' must be in [{}, {}]", key, lo, hi), key, "invalid_value");
+    *out = it->is_number_unsigned() ? static_cast<int64_t>(it->get<uint64_t>()) : it->get<int64_t>();
+    if (it->is_number_float()) *out = static_cast<int64_t>(d);
+    return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const json& b, const char* key, bool* out) {
+    auto it = b.find(key);
+    if (it == b.end() || it->is_null()) return std::nullopt;
+    if (!it->is_boolean()) return bad_request(fmt::format("'{}' must be a boolean", key), key, "invalid_type");
+    *out = it->get<bool>();
+    return std::nullopt;
+}
+
+std::optional<ApiError> read_string(const json& b, const char* key, std::string* out) {
+    auto it = b.find(key);
+    if (it == b.end() || it->is_null()) return std::nullopt;
+    if (!it->is_string()) return bad_request(fmt::format("'{}' must be a string", key), key, "invalid_type");
+    *out = it->get<std::string>();
+    return std::nullopt;
+}
+
+// A string or a list of strings (stop, dry_sequence_breakers).
+std::optional<ApiError> read_strings(const json& b, const char* key, size_t max_items, std::vector<std::string>* out) {
+    auto it = b.find(key);
+    if (it == b.end() || it->is_null()) return std::nullopt;
+    auto type_error = [&] {
+        return bad_request(fmt::format("'{}' must be a string or a list of strings", key), key, "invalid_type");
+    };
+    out->clear();
+    if (it->is_string()) {
+        out->push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+        if (it->size() > max_items)
+            return bad_request(fmt::format("'{}' takes at most {} strings", key, max_items), key, "invalid_value");
+        for (const auto& s : *it) {
+            if (!s.is_string()) return type_error();
+            out->push_back(s.get<std::string>());
+        }
+    } else {
+        return type_error();
+    }
+    return std::nullopt;
+}
+
+// Content as a string, null, or a list of parts; text parts are joined (templates of text models expect a string).
+std::optional<ApiError> normalise_content(const json& content, size_t index, ojson* out) {
+    const std::string param = fmt::format("messages[{}].content", index);
+    if (content.is_null() || content.is_string()) {
+        *out = content;
+        return std::nullopt;
+    }
+    if (!content.is_array())
+        return bad_request(param + " must be a string, null or a list of content parts", param, "invalid_type");
+    std::string text;
+    for (const auto& part : content) {
+        if (part.is_string()) {
+            text += part.get<std::string>();
+            continue;
+        }
+        if (!part.is_object()) return bad_request(param + " parts must be objects", param, "invalid_type");
+        auto type = part.find("type");
+        if (type == part.end() || !type->is_string())
+            return bad_request(param + " parts need a string 'type'", param, "invalid_type");
+        if (*type != "text")
+            return bad_request(fmt::format("{}: content parts of type '{}' are not supported by this text model",
+                                           param, type->get<std::string>()),
+                               param, "unsupported_content");
+        auto t = part.find("text");
+        if (t == part.end() || !t->is_string())
+            return bad_request(param + " text parts need a string 'text'", param, "invalid_type");
+        text += t->get<std::string>();
+    }
+    *out = text;
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const json& b, ParsedRequest* out) {
+    auto it = b.find("messages");
+    if (it == b.end() || it->is_null()) return bad_request("'messages' is required", "messages", "missing_required");
+    if (!it->is_array()) return bad_request("'messages' must be a list", "messages", "invalid_type");
+    if (it->empty()) return bad_request("'messages' must not be empty", "messages", "invalid_value");
+    out->messages = ojson::array();
+    for (size_t i = 0; i < it->size(); ++i) {
+        const json& m = (*it)[i];
+        const std::string param = fmt::format("messages[{}]", i);
+        if (!m.is_object()) return bad_request(param + " must be an object", param, "invalid_type");
+        auto role = m.find("role");
+        if (role == m.end() || !role->is_string())
+            return bad_request(param + " needs a string 'role'", param + ".role", "invalid_type");
+        std::string r = role->get<std::string>();
+        if (r == "developer") r = "system";  // OpenAI's newer name for the system role; templates know "system"
+        if (r != "system" && r != "user" && r != "assistant" && r != "tool")
+            return bad_request(fmt::format("{}.role '{}' is not one of system, developer, user, assistant, tool",
+                                           param, r),
+                               param + ".role", "invalid_value");
+        ojson msg = ojson::object();
+        msg["role"] = r;
+        ojson content;
+        auto c = m.find("content");
+        if (c != m.end())
+            if (auto e = normalise_content(*c, i, &content)) return e;
+        if (content.is_null() && r != "assistant")
+            return bad_request(param + " needs 'content'", param + ".content", "missing_required");
+        msg["content"] = content.is_null() ? ojson("") : content;
+        if (auto name = m.find("name"); name != m.end() && name->is_string()) msg["name"] = *name;
+        if (r == "tool") {
+            if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) msg["tool_call_id"] = *id;
+        }
+        if (auto calls = m.find("tool_calls"); r == "assistant" && calls != m.end() && !calls->is_null()) {
+            if (!calls->is_array())
+                return bad_request(param + ".tool_calls must be a list", param + ".tool_calls", "invalid_type");
+            ojson list = ojson::array();
+            for (const auto& call : *calls) {
+                if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
+                    return bad_request(param + ".tool_calls entries need a 'function' object", param + ".tool_calls",
+                                       "invalid_type");
+                ojson fn = ojson::parse(call["function"].dump());
+                // Templates index arguments as a mapping (Qwen, Llama 3); OpenAI sends a JSON string.
+                if (fn.contains("arguments") && fn["arguments"].is_string()) {
+                    ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
+                    if (!args.is_discarded()) fn["arguments"] = args;
+                }
+                ojson entry = {{"type", "function"}, {"function", fn}};
+                if (call.contains("id") && call["id"].is_string()) entry["id"] = call["id"];
+                list.push_back(entry);
+            }
+            msg["tool_calls"] = list;
+        }
+        out->messages.push_back(msg);
+    }
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_tools(const json& b, ParsedRequest* out) {
+    out->tools = nullptr;
+    if (auto it = b.find("tools"); it != b.end() && !it->is_null()) {
+        if (!it->is_array()) return bad_request("'tools' must be a list", "tools", "invalid_type");
+        for (const auto& t : *it)
+            if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+                !t["function"].contains("name") || !t["function"]["name"].is_string())
+                return bad_request("every tool needs a 'function' object with a string 'name'", "tools",
+                                   "invalid_type");
+        if (!it->empty()) out->tools = ojson::parse(it->dump());
+    }
+    if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
+        if (it->is_string()) {
+            out->tool_choice = it->get<std::string>();
+            if (out->tool_choice != "none" && out->tool_choice != "auto" && out->tool_choice != "required")
+                return bad_request("'tool_choice' must be none, auto, required or a named function", "tool_choice",
+                                   "invalid_value");
+        } else if (it->is_object() && it->contains("function") && (*it)["function"].is_object() &&
+                   (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
+            out->tool_choice = (*it)["function"]["name"].get<std::string>();
+        } else {
+            return bad_request("'tool_choice' must be none, auto, required or a named function", "tool_choice",
+                               "invalid_type");
+        }
+    }
+    // tool_choice "none" means the model is not offered the tools at all.
+    if (out->tool_choice == "none") out->tools = nullptr;
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_prompt(const json& b, ParsedRequest* out) {
+    auto it = b.find("prompt");
+    if (it == b.end() || it->is_null()) return bad_request("'prompt' is required", "prompt", "missing_required");
+    const json* p = &*it;
+    // A list holding one prompt is the same request; several prompts in one request are not supported yet.
+    if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
+    if (p->is_string()) {
+        out->prompt = p->get<std::string>();
+        if (out->prompt.empty()) return bad_request("'prompt' must not be empty", "prompt", "invalid_value");
+        return std::nullopt;
+    }
+    if (p->is_array()) {
+        if (p->empty()) return bad_request("'prompt' must not be empty", "prompt", "invalid_value");
+        for (const auto& id : *p) {
+            if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX)
+                return bad_request("'prompt' must be a string, a list of token ids, or a list holding one of these",
+                                   "prompt", "invalid_type");
+            out->prompt_ids.push_back(static_cast<int32_t>(id.get<int64_t>()));
+        }
+        return std::nullopt;
+    }
+    return bad_request("'prompt' must be a string, a list of token ids, or a list holding one of these", "prompt",
+                       "invalid_type");
+}
+
+}  // namespace
+
+std::optional<ApiError> parse_request(const json& b, bool chat, ParsedRequest* out) {
+#define EXL3_TRY(expr)                  \
+    if (auto err_ = (expr)) return err_;
+    if (!b.is_object()) return bad_request("the request body must be a JSON object", {}, "invalid_type");
+    EXL3_TRY(read_string(b, "model", &out->model));
+    if (chat) {
+        EXL3_TRY(parse_messages(b, out));
+        EXL3_TRY(parse_tools(b, out));
+    } else {
+        EXL3_TRY(parse_prompt(b, out));
+        EXL3_TRY(read_bool(b, "echo", &out->echo));
+    }
+    GenerationRequest& g = out->gen;
+    SamplerSettings& s = g.sampling;
+    // OpenAI's defaults: temperature 1 and top_p 1 (the Generator's own default is greedy).
+    s.temperature = 1.0f;
+    int64_t max_tokens = 0;
+    EXL3_TRY(read_int(b, "max_tokens", 1, INT_MAX, &max_tokens, true));
+    EXL3_TRY(read_int(b, "max_completion_tokens", 1, INT_MAX, &max_tokens, true));
+    if (max_tokens > 0) {
+        out->has_max_tokens = true;
+        g.max_new_tokens = static_cast<int>(max_tokens);
+    }
+    EXL3_TRY(read_float(b, "temperature", 0, 100, &s.temperature));
+    EXL3_TRY(read_float(b, "top_p", 0, 1, &s.top_p));
+    if (s.top_p <= 0.0f) return bad_request("'top_p' must be in (0, 1]", "top_p", "invalid_value");
+    int64_t top_k = s.top_k;
+    EXL3_TRY(read_int(b, "top_k", -1, INT_MAX, &top_k));
+    s.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // -1 is vLLM's "off"
+    EXL3_TRY(read_float(b, "min_p", 0, 1, &s.min_p));
+    EXL3_TRY(read_float(b, "typical_p", 0, 1, &s.typical_p));
+    if (s.typical_p <= 0.0f) return bad_request("'typical_p' must be in (0, 1]", "typical_p", "invalid_value");
+    EXL3_TRY(read_float(b, "presence_penalty", -2, 2, &s.presence_penalty));
+    EXL3_TRY(read_float(b, "frequency_penalty", -2, 2, &s.frequency_penalty));
+    EXL3_TRY(read_float(b, "repetition_penalty", 0, 10, &s.repetition_penalty));
+    if (s.repetition_penalty <= 0.0f)
+        return bad_request("'repetition_penalty' must be > 0", "repetition_penalty", "invalid_value");
+    int64_t window = s.penalty_window;
+    EXL3_TRY(read_int(b, "penalty_range", 0, INT_MAX, &window));
+    s.penalty_window = static_cast<int>(window);
+    EXL3_TRY(read_float(b, "dry_multiplier", 0, 100, &s.dry_multiplier));
+    EXL3_TRY(read_float(b, "dry_base", 1, 100, &s.dry_base));
+    int64_t dry_allowed = s.dry_allowed_length, dry_window = s.dry_penalty_window;
+    EXL3_TRY(read_int(b, "dry_allowed_length", 0, INT_MAX, &dry_allowed));
+    EXL3_TRY(read_int(b, "dry_range", 0, INT_MAX, &dry_window));
+    EXL3_TRY(read_int(b, "dry_penalty_last_n", 0, INT_MAX, &dry_window));
+    s.dry_allowed_length = static_cast<int>(dry_allowed);
+    s.dry_penalty_window = static_cast<int>(dry_window);
+    EXL3_TRY(read_strings(b, "dry_sequence_breakers", 64, &s.dry_sequence_breakers));
+    EXL3_TRY(read_float(b, "xtc_threshold", 0, 1, &s.xtc_threshold));
+    EXL3_TRY(read_float(b, "xtc_probability", 0, 1, &s.xtc_probability));
+    // Without a seed every request draws differently, as OpenAI's do.
+    int64_t seed = 0;
+    const bool has_seed = b.contains("seed") && !b["seed"].is_null();
+    EXL3_TRY(read_int(b, "seed", INT64_MIN / 2, INT64_MAX / 2, &seed));
+    s.seed = has_seed ? static_cast<uint64_t>(seed) : std::random_device{}();
+    if (auto it = b.find("logit_bias"); it != b.end() && !it->is_null()) {
+        if (!it->is_object())
+            return bad_request("'logit_bias' must map token ids to numbers", "logit_bias", "invalid_type");
+        for (const auto& [key, value] : it->items()) {
+            char* end = nullptr;
+            const long id = std::strtol(key.c_str(), &end, 10);
+            if (key.empty() || *end != '\0' || id < 0 || id > INT32_MAX)
+                return bad_request(fmt::format("logit_bias key '{}' is not a token id", key), "logit_bias",
+                                   "invalid_value");
+            if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+                value.get<double>() > 100)
+                return bad_request("logit_bias values must be numbers in [-100, 100]", "logit_bias",
+                                   "invalid_value");
+            s.logit_bias.emplace_back(static_cast<int32_t>(id), value.get<float>());
+        }
+    }
+    EXL3_TRY(read_strings(b, "stop", 16, &g.stop_strings));
+    std::erase_if(g.stop_strings, [](const std::string& x) { return x.empty(); });
+    EXL3_TRY(read_bool(b, "ignore_eos", &g.ignore_eos));
+    EXL3_TRY(read_bool(b, "skip_special_tokens", &g.skip_special_tokens));
+    int64_t n = 1;
+    EXL3_TRY(read_int(b, "n", 1, 16, &n));
+    out->n = static_cast<int>(n);
+    EXL3_TRY(read_bool(b, "stream", &out->stream));
+    if (auto it = b.find("stream_options"); it != b.end() && !it->is_null()) {
+        if (!it->is_object()) return bad_request("'stream_options' must be an object", "stream_options", "invalid_type");
+        EXL3_TRY(read_bool(*it, "include_usage", &out->include_usage));
+    }
+    if (chat) {
+        EXL3_TRY(read_bool(b, "logprobs", &out->logprobs));
+        int64_t top = 0;
+        EXL3_TRY(read_int(b, "top_logprobs", 0, 20, &top));
+        out->top_logprobs = static_cast<int>(top);
+        if (out->top_logprobs > 0 && !out->logprobs)
+            return bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs", "invalid_value");
+    } else {
+        // Completions: logprobs is the number of alternatives (0..5) rather than a flag.
+        int64_t lp = -1;
+        EXL3_TRY(read_int(b, "logprobs", 0, 20, &lp));
+        out->logprobs = lp >= 0;
+        out->top_logprobs = lp > 0 ? static_cast<int>(lp) : 0;
+    }
+    g.logprobs = out->logprobs ? out->top_logprobs : -1;
+    std::string user;
+    EXL3_TRY(read_string(b, "user", &user));  // accepted for compatibility; nothing is done with it
+    return std::nullopt;
+#undef EXL3_TRY
+}
+
+bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out) {
+    static constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+    ParsedToolCalls result;
+    size_t pos = 0;
+    while (true) {
+        const size_t open = text.find(kOpen, pos);
+        if (open == std::string::npos) break;
+        const size_t body = open + kOpen.size();
+        size_t close = text.find(kClose, body);
+        // A model stopped by EOS right after the JSON may never write the closing tag.
+        const size_t body_end = close == std::string::npos ? text.size() : close;
+        json call = json::parse(text.begin() + static_cast<std::ptrdiff_t>(body),
+                                text.begin() + static_cast<std::ptrdiff_t>(body_end), nullptr, false);
+        if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string())
+            return false;
+        std::string args = "{}";
+        if (auto a = call.find("arguments"); a != call.end() && !a->is_null())
+            args = a->is_string() ? a->get<std::string>() : a->dump();
+        result.calls.push_back({{"id", "call_" + random_id()},
+                                {"type", "function"},
+                                {"function", {{"name", call["name"]}, {"arguments", args}}}});
+        result.content += text.substr(pos, open - pos);
+        pos = close == std::string::npos ? text.size() : close + kClose.size();
+    }
+    if (result.calls.empty()) return false;
+    result.content += text.substr(pos);
+    // Whitespace between and around the blocks is layout, not content.
+    const auto first = result.content.find_first_not_of(" \t\r\n");
+    result.content = first == std::string::npos
+                         ? std::string()
+                         : result.content.substr(first, result.content.find_last_not_of(" \t\r\n") - first + 1);
+    *out = std::move(result);
+    return true;
+}
+
+const char* openai_finish_reason(FinishReason r) {
+    switch (r) {
+        case FinishReason::kNone: return "";
+        case FinishReason::kLength: return "length";
+        case FinishReason::kError: return "error";
+        case FinishReason::kCancelled: return "abort";
+        default: return "stop";
+    }
+}
+
+std::string random_id(size_t hex_chars) {
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string s(hex_chars, '0');
+    for (auto& c : s) c = kHex[rng() & 15];
+    return s;
+}
+
+}  // namespace exl3::server

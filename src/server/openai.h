@@ -1,0 +1,64 @@
+// The OpenAI API schema: request bodies in (validated field by field, so that bad input is a 400 with an OpenAI error
+// object and never reaches the Generator) and response bodies out. Pure functions over JSON: no HTTP, no threads.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exl3/generator.h"
+
+namespace exl3::server {
+
+// An error as OpenAI reports it: {"error": {"message", "type", "param", "code"}} with its HTTP status.
+struct ApiError {
+    int http_status = 400;
+    std::string message;
+    std::string type = "invalid_request_error";
+    std::string param;  // the offending field; empty: null
+    std::string code;   // empty: null
+};
+nlohmann::json error_body(const ApiError& e);
+ApiError bad_request(std::string message, std::string param = {}, std::string code = {});
+
+// What a chat or completion request asks for, validated. The prompt is still text (or ids): rendering the chat
+// template and tokenizing need the model, which this layer does not know.
+struct ParsedRequest {
+    std::string model;                  // empty when the client sent none
+    nlohmann::ordered_json messages;    // chat: normalised (content parts joined into a string)
+    nlohmann::ordered_json tools;       // chat: the tools list, or null
+    std::string tool_choice = "auto";   // chat: none, auto, required, or a function name
+    std::string prompt;                 // completions: text
+    std::vector<int32_t> prompt_ids;    // completions: ids (instead of text)
+    bool has_max_tokens = false;
+    GenerationRequest gen;              // sampling, max_new_tokens, stop strings, logprobs (prompt left empty)
+    int n = 1;
+    bool stream = false;
+    bool include_usage = false;
+    bool logprobs = false;
+    int top_logprobs = 0;
+    bool echo = false;  // completions
+};
+
+// Parse the body of POST /v1/chat/completions (chat = true) or /v1/completions. Unknown fields are ignored; fields of
+// the wrong type or out of range give an error naming the field.
+std::optional<ApiError> parse_request(const nlohmann::json& body, bool chat, ParsedRequest* out);
+
+// Hermes / Qwen tool calls: every <tool_call>{"name": ..., "arguments": {...}}</tool_call> block of `text` becomes an
+// OpenAI tool call (arguments as a JSON string, "{}" when absent); what is left outside the blocks is the content.
+// Returns false (and leaves the text alone) when there is no well-formed block.
+struct ParsedToolCalls {
+    std::string content;
+    nlohmann::json calls = nlohmann::json::array();  // [{"id", "type": "function", "function": {name, arguments}}]
+};
+bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out);
+
+// OpenAI's finish_reason for a Generator FinishReason ("stop", "length"; "" for kNone).
+const char* openai_finish_reason(FinishReason r);
+
+// A random identifier suffix (hex): ids must be unique across restarts, not secret.
+std::string random_id(size_t hex_chars = 24);
+
+}  // namespace exl3::server

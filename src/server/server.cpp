@@ -1,0 +1,630 @@
+#include "server/server.h"
+
+#include <fmt/core.h>
+#include <httplib.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <ctime>
+#include <optional>
+
+#include "core/log.h"
+#include "exl3/chat_template.h"
+#include "exl3/model.h"
+#include "exl3/tokenizer.h"
+#include "server/job_queue.h"
+#include "server/openai.h"
+
+namespace exl3::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+// Counters for GET /metrics. Plain atomics: handlers on every connection thread bump them.
+enum Route { kChat, kCompletions, kModels, kHealth, kTokenize, kDetokenize, kMetrics, kOther, kRouteCount };
+constexpr std::array<const char*, kRouteCount> kRouteNames = {"chat_completions", "completions", "models", "health",
+                                                               "tokenize", "detokenize", "metrics", "other"};
+struct Metrics {
+    std::array<std::atomic<uint64_t>, kRouteCount> requests{};
+    std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // index: status / 100
+    std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, rejected_queue_full{0}, cancelled{0};
+    std::atomic<int64_t> streaming{0};
+};
+
+Route route_of(const std::string& path) {
+    if (path == "/v1/chat/completions") return kChat;
+    if (path == "/v1/completions") return kCompletions;
+    if (path.starts_with("/v1/models")) return kModels;
+    if (path == "/health") return kHealth;
+    if (path == "/tokenize") return kTokenize;
+    if (path == "/detokenize") return kDetokenize;
+    if (path == "/metrics") return kMetrics;
+    return kOther;
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+    res.status = e.http_status;
+    res.set_content(error_body(e).dump(), "application/json");
+}
+
+ApiError api_error(int status, std::string message, std::string type, std::string code, std::string param = {}) {
+    ApiError e;
+    e.http_status = status;
+    e.message = std::move(message);
+    e.type = std::move(type);
+    e.code = std::move(code);
+    e.param = std::move(param);
+    return e;
+}
+
+// Bytes of a UTF-8 string, as OpenAI's logprobs report them.
+json bytes_of(const std::string& s) {
+    json b = json::array();
+    for (unsigned char c : s) b.push_back(static_cast<int>(c));
+    return b;
+}
+
+// One choice of a reply as it accumulates.
+struct Choice {
+    std::string text;
+    std::vector<int32_t> tokens;
+    json chat_logprobs = json::array();  // chat: [{token, logprob, bytes, top_logprobs}]
+    json tokens_text = json::array(), token_logprobs = json::array(), top_logprobs = json::array();  // completions
+    FinishReason finish = FinishReason::kNone;
+    Status error;
+    int generated = 0;
+    bool role_sent = false;
+};
+
+}  // namespace
+
+struct Server::Impl {
+    const Model& model;
+    std::shared_ptr<const Tokenizer> tok;
+    ServerOptions o;
+    std::optional<ChatTemplate> tmpl;
+    std::unique_ptr<Generator> gen;
+    std::unique_ptr<JobQueue> queue;
+    httplib::Server http;
+    Metrics metrics;
+    int context = 0;
+    int vocab = 0;
+    std::time_t started = std::time(nullptr);
+
+    Impl(const Model& m, std::shared_ptr<const Tokenizer> t, const ServerOptions& opts)
+        : model(m), tok(std::move(t)), o(opts) {}
+
+    void setup_routes();
+    std::optional<ApiError> parse_body(const httplib::Request& req, json* body) const;
+    std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt) const;
+    void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+    void add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk_logprobs) const;
+    json choice_json(const ParsedRequest& p, bool chat, int index, Choice& c, const std::string& echo) const;
+};
+
+std::optional<ApiError> Server::Impl::parse_body(const httplib::Request& req, json* body) const {
+    // Invalid UTF-8 inside strings is a parse error too: nlohmann's lexer checks every byte sequence.
+    *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    if (body->is_discarded())
+        return bad_request("the request body is not valid JSON (or not valid UTF-8)", {}, "invalid_json");
+    if (!body->is_object()) return bad_request("the request body must be a JSON object", {}, "invalid_type");
+    return std::nullopt;
+}
+
+// The prompt ids of a request: the chat template rendered as transformers' apply_chat_template does and tokenized
+// without special tokens (the template writes BOS itself), or the completion prompt with them.
+std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt) const {
+    if (!p.model.empty() && p.model != o.model_name)
+        return api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}'", p.model,
+                                          o.model_name),
+                         "invalid_request_error", "model_not_found", "model");
+    if (chat) {
+        if (!tmpl) return bad_request("this model has no chat template; use /v1/completions", {}, "no_chat_template");
+        ojson ctx = {{"messages", p.messages},
+                     {"tools", p.tools},
+                     {"documents", nullptr},
+                     {"add_generation_prompt", true},
+                     {"bos_token", tok->bos_token()},
+                     {"eos_token", tok->eos_token()}};
+        auto text = tmpl->render(ctx);
+        if (!text.is_ok())
+            return bad_request("the chat template refused these messages: " + text.status().message(), "messages",
+                               "template_error");
+        auto ids = tok->encode(*text, /*add_special_tokens=*/false);
+        if (!ids.is_ok()) return bad_request("tokenizing the prompt: " + ids.status().message(), "messages");
+        *prompt = std::move(*ids);
+    } else if (!p.prompt_ids.empty()) {
+        for (int32_t id : p.prompt_ids)
+            if (id >= vocab)
+                return bad_request(fmt::format("prompt token id {} is outside the vocabulary ({})", id, vocab),
+                                   "prompt", "invalid_value");
+        *prompt = p.prompt_ids;
+    } else {
+        auto ids = tok->encode(p.prompt, /*add_special_tokens=*/true);
+        if (!ids.is_ok()) return bad_request("tokenizing the prompt: " + ids.status().message(), "prompt");
+        *prompt = std::move(*ids);
+    }
+    if (prompt->empty()) return bad_request("the prompt is empty after tokenization", chat ? "messages" : "prompt");
+    if (static_cast<int>(prompt->size()) >= context)
+        return bad_request(fmt::format("this model's context is {} tokens and the prompt alone is {}: no room for a "
+                                       "reply; shorten the prompt",
+                                       context, prompt->size()),
+                           chat ? "messages" : "prompt", "context_length_exceeded");
+    return std::nullopt;
+}
+
+void Server::Impl::add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk) const {
+    *chunk = chat ? json::array() : json{{"tokens", json::array()},
+                                         {"token_logprobs", json::array()},
+                                         {"top_logprobs", json::array()},
+                                         {"text_offset", json::array()}};
+    for (size_t i = 0; i < u.tokens.size() && i < u.logprobs.size(); ++i) {
+        const std::string t = tok->decode(std::span<const int32_t>(&u.tokens[i], 1));
+        const auto* top = i < u.top_logprobs.size() ? &u.top_logprobs[i] : nullptr;
+        if (chat) {
+            json alts = json::array();
+            if (top)
+                for (const auto& a : *top) {
+                    const std::string at = tok->decode(std::span<const int32_t>(&a.id, 1));
+                    alts.push_back({{"token", at}, {"logprob", a.logprob}, {"bytes", bytes_of(at)}});
+                }
+            json entry = {{"token", t}, {"logprob", u.logprobs[i]}, {"bytes", bytes_of(t)}, {"top_logprobs", alts}};
+            chunk->push_back(entry);
+            c->chat_logprobs.push_back(entry);
+        } else {
+            json alts = json::object();
+            if (top)
+                for (const auto& a : *top) alts[tok->decode(std::span<const int32_t>(&a.id, 1))] = a.logprob;
+            (*chunk)["tokens"].push_back(t);
+            (*chunk)["token_logprobs"].push_back(u.logprobs[i]);
+            (*chunk)["top_logprobs"].push_back(alts);
+            c->tokens_text.push_back(t);
+            c->token_logprobs.push_back(u.logprobs[i]);
+            c->top_logprobs.push_back(alts);
+        }
+    }
+}
+
+json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c,
+                               const std::string& echo) const {
+    std::string finish = openai_finish_reason(c.finish);
+    if (chat) {
+        json msg = {{"role", "assistant"}, {"content", c.text}};
+        ParsedToolCalls calls;
+        if (!p.tools.is_null() && parse_hermes_tool_calls(c.text, &calls)) {
+            msg["content"] = calls.content.empty() ? json(nullptr) : json(calls.content);
+            msg["tool_calls"] = calls.calls;
+            if (c.finish != FinishReason::kLength) finish = "tool_calls";
+        }
+        return {{"index", index},
+                {"message", msg},
+                {"logprobs", p.logprobs ? json{{"content", c.chat_logprobs}} : json(nullptr)},
+                {"finish_reason", finish}};
+    }
+    json lp = nullptr;
+    if (p.logprobs)
+        lp = {{"tokens", c.tokens_text}, {"token_logprobs", c.token_logprobs}, {"top_logprobs", c.top_logprobs},
+              {"text_offset", json::array()}};
+    return {{"index", index}, {"text", echo + c.text}, {"logprobs", lp}, {"finish_reason", finish}};
+}
+
+void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    json body;
+    if (auto e = parse_body(req, &body)) return send_error(res, *e);
+    ParsedRequest p;
+    if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
+    std::vector<int32_t> prompt;
+    if (auto e = prepare(p, chat, &prompt)) return send_error(res, *e);
+    if (Status s = validate(p.gen.sampling, vocab); !s.is_ok()) return send_error(res, bad_request(s.message()));
+    if (!p.has_max_tokens)
+        p.gen.max_new_tokens = o.default_max_tokens > 0 ? o.default_max_tokens
+                                                        : context - static_cast<int>(prompt.size());
+    const int prompt_len = static_cast<int>(prompt.size());
+    std::vector<GenerationRequest> jobs(p.n, p.gen);
+    for (int i = 0; i < p.n; ++i) {
+        jobs[i].prompt_ids = prompt;
+        jobs[i].sampling.seed = p.gen.sampling.seed + static_cast<uint64_t>(i);
+    }
+    bool full = false;
+    auto submitted = queue->submit(std::move(jobs), &full);
+    if (!submitted.is_ok()) {
+        if (full) {
+            ++metrics.rejected_queue_full;
+            return send_error(res, api_error(429, submitted.status().message(), "rate_limit_error", "queue_full"));
+        }
+        return send_error(res, bad_request(submitted.status().message()));
+    }
+    metrics.prompt_tokens += static_cast<uint64_t>(prompt_len);
+    std::shared_ptr<Stream> stream = std::move(*submitted);
+    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
+    const int64_t created = std::time(nullptr);
+    const std::string object = chat ? "chat.completion" : "text_completion";
+    const std::string echo = !chat && p.echo ? tok->decode(prompt) : std::string();
+
+    if (!p.stream) {
+        std::vector<Choice> choices(p.n);
+        std::vector<Stream::Item> items;
+        while (stream->next(std::chrono::milliseconds(200), &items)) {
+            for (auto& [index, u] : items) {
+                Choice& c = choices[index];
+                c.text += u.text;
+                json unused;
+                if (p.logprobs) add_logprobs(u, chat, &c, &unused);
+                c.generated = u.generated_tokens;
+                if (u.finish != FinishReason::kNone) {
+                    c.finish = u.finish;
+                    c.error = u.error;
+                }
+            }
+            items.clear();
+        }
+        json out_choices = json::array();
+        int completion_tokens = 0;
+        for (int i = 0; i < p.n; ++i) {
+            if (choices[i].finish == FinishReason::kError)
+                return send_error(res, api_error(500, "generation failed: " + choices[i].error.message(),
+                                                 "server_error", "generation_failed"));
+            completion_tokens += choices[i].generated;
+            out_choices.push_back(choice_json(p, chat, i, choices[i], echo));
+        }
+        metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+        json out = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", o.model_name},
+                    {"choices", out_choices},
+                    {"usage",
+                     {{"prompt_tokens", prompt_len},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", prompt_len + completion_tokens}}}};
+        res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+        return;
+    }
+
+    // Streaming: server-sent events, one chunk per update with text, then finish reasons, usage and [DONE]. The
+    // provider runs on this connection's thread; a failed write (the client went away) ends it and the stream's
+    // destructor cancels the jobs.
+    struct StreamState {
+        std::shared_ptr<Stream> stream;
+        std::vector<Choice> choices;
+        int finished = 0;
+        bool done = false;
+        std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+    };
+    auto st = std::make_shared<StreamState>();
+    st->stream = std::move(stream);
+    st->choices.resize(p.n);
+    ++metrics.streaming;
+    auto chunk_base = [=, this] {
+        json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                  {"model", o.model_name}};
+        if (p.include_usage) j["usage"] = nullptr;
+        return j;
+    };
+    // With tools the reply is held until it ends: whether it is a tool call is only known then.
+    const bool hold = chat && !p.tools.is_null();
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, st, p, chat, hold, echo, prompt_len, chunk_base](size_t, httplib::DataSink& sink) {
+            auto send = [&](const json& j) {
+                const std::string line =
+                    "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+                st->last_write = std::chrono::steady_clock::now();
+                return sink.write(line.data(), line.size());
+            };
+            if (st->done) return false;
+            std::vector<Stream::Item> items;
+            const bool more = st->stream->next(std::chrono::milliseconds(250), &items);
+            for (auto& [index, u] : items) {
+                Choice& c = st->choices[index];
+                json lp = nullptr;
+                if (p.logprobs) add_logprobs(u, chat, &c, &lp);
+                c.generated = u.generated_tokens;
+                json choice = {{"index", index}, {"logprobs", lp}, {"finish_reason", nullptr}};
+                if (chat) {
+                    json delta = json::object();
+                    if (!c.role_sent) {
+                        delta["role"] = "assistant";
+                        delta["content"] = "";
+                        c.role_sent = true;
+                    }
+                    if (hold) {
+                        c.text += u.text;
+                    } else if (!u.text.empty()) {
+                        delta["content"] = u.text;
+                    }
+                    choice["delta"] = delta;
+                    if (p.logprobs && lp.is_array()) choice["logprobs"] = {{"content", lp}};
+                } else {
+                    std::string t = u.text;
+                    if (!c.role_sent) {
+                        t = echo + t;  // echo rides on the first chunk
+                        c.role_sent = true;
+                    }
+                    choice["text"] = t;
+                }
+                const bool has_payload = chat ? choice["delta"].size() > 0 || p.logprobs
+                                              : !choice["text"].get<std::string>().empty() || p.logprobs;
+                if (has_payload) {
+                    json j = chunk_base();
+                    j["choices"] = json::array({choice});
+                    if (!send(j)) return false;
+                }
+                if (u.finish == FinishReason::kNone) continue;
+                c.finish = u.finish;
+                ++st->finished;
+                if (u.finish == FinishReason::kError) {
+                    json j = error_body(api_error(500, "generation failed: " + u.error.message(), "server_error",
+                                                  "generation_failed"));
+                    if (!send(j)) return false;
+                }
+                json fin = {{"index", index}, {"logprobs", nullptr},
+                            {"finish_reason", openai_finish_reason(u.finish)}};
+                if (chat) {
+                    json delta = json::object();
+                    ParsedToolCalls calls;
+                    if (hold && parse_hermes_tool_calls(c.text, &calls)) {
+                        json deltas = json::array();
+                        for (size_t k = 0; k < calls.calls.size(); ++k) {
+                            json d = calls.calls[k];
+                            d["index"] = k;
+                            deltas.push_back(d);
+                        }
+                        if (!calls.content.empty()) delta["content"] = calls.content;
+                        delta["tool_calls"] = deltas;
+                        if (u.finish != FinishReason::kLength) fin["finish_reason"] = "tool_calls";
+                    } else if (hold && !c.text.empty()) {
+                        delta["content"] = c.text;
+                    }
+                    fin["delta"] = delta;
+                } else {
+                    fin["text"] = "";
+                }
+                json j = chunk_base();
+                j["choices"] = json::array({fin});
+                if (!send(j)) return false;
+            }
+            if (!more) {
+                int completion_tokens = 0;
+                for (const auto& c : st->choices) completion_tokens += c.generated;
+                metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+                if (p.include_usage) {
+                    json j = chunk_base();
+                    j["choices"] = json::array();
+                    j["usage"] = {{"prompt_tokens", prompt_len},
+                                  {"completion_tokens", completion_tokens},
+                                  {"total_tokens", prompt_len + completion_tokens}};
+                    if (!send(j)) return false;
+                }
+                static constexpr std::string_view kDone = "data: [DONE]\n\n";
+                if (!sink.write(kDone.data(), kDone.size())) return false;
+                st->done = true;
+                sink.done();
+                return true;
+            }
+            // A comment line now and then keeps proxies from timing out, and finds out early when a client has gone
+            // (a write to a closed connection fails) during a long prefill.
+            if (std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(2)) {
+                static constexpr std::string_view kPing = ": keep-alive\n\n";
+                st->last_write = std::chrono::steady_clock::now();
+                if (!sink.write(kPing.data(), kPing.size())) return false;
+            }
+            return true;
+        },
+        [this, st](bool success) {
+            --metrics.streaming;
+            if (!st->done) {
+                ++metrics.cancelled;
+                st->stream->cancel();
+            }
+        });
+}
+
+void Server::Impl::setup_routes() {
+    const size_t threads = o.http_threads > 0 ? static_cast<size_t>(o.http_threads)
+                                              : static_cast<size_t>(o.max_queue) + 16;
+    http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+    http.set_payload_max_length(o.max_body_bytes);
+    http.set_read_timeout(30, 0);
+    http.set_write_timeout(30, 0);
+
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+        ++metrics.requests[route_of(req.path)];
+        if (o.cors) {
+            res.set_header("Access-Control-Allow-Origin", "*");
+            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+        }
+        if (req.method == "OPTIONS") {
+            res.status = o.cors ? 204 : 405;
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        if (o.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+        const std::string auth = req.get_header_value("Authorization");
+        if (auth != "Bearer " + o.api_key) {
+            send_error(res, api_error(401,
+                                      auth.empty() ? "no API key given: send 'Authorization: Bearer <key>'"
+                                                   : "the API key is not valid",
+                                      "invalid_request_error", "invalid_api_key"));
+            return httplib::Server::HandlerResponse::Handled;
+        }
+        return httplib::Server::HandlerResponse::Unhandled;
+    });
+    http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
+        ++metrics.responses_by_class[std::min(res.status / 100, 5)];
+    });
+    // Routing misses, oversized bodies and the like: httplib sets the status; the body becomes an OpenAI error.
+    http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return;
+        if (res.status == 404)
+            send_error(res, api_error(404, fmt::format("no route {} {}", req.method, req.path),
+                                      "invalid_request_error", "not_found"));
+        else if (res.status == 413)
+            send_error(res, api_error(413, "the request body is too large", "invalid_request_error",
+                                      "request_too_large"));
+        else
+            send_error(res, api_error(res.status, fmt::format("HTTP {}", res.status), "invalid_request_error", ""));
+    });
+    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown";
+        try {
+            std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+            what = e.what();
+        } catch (...) {
+        }
+        log_warn("serve: a handler threw: {}", what);
+        send_error(res, api_error(500, "internal error: " + what, "server_error", "internal_error"));
+    });
+
+    http.Post("/v1/chat/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
+    http.Post("/v1/completions",
+              [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
+    auto model_json = [this] {
+        return json{{"id", o.model_name}, {"object", "model"}, {"created", started}, {"owned_by", "exl3"},
+                    {"max_model_len", context}};
+    };
+    http.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& res) {
+        res.set_content(json{{"object", "list"}, {"data", json::array({model_json()})}}.dump(), "application/json");
+    });
+    http.Get("/v1/models/(.+)", [this, model_json](const httplib::Request& req, httplib::Response& res) {
+        if (req.matches[1] != o.model_name)
+            return send_error(res, api_error(404, fmt::format("the model '{}' does not exist", req.matches[1].str()),
+                                             "invalid_request_error", "model_not_found", "model"));
+        res.set_content(model_json().dump(), "application/json");
+    });
+    http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+        const QueueStats q = queue->stats();
+        res.set_content(json{{"status", "ok"}, {"jobs", q.jobs}}.dump(), "application/json");
+    });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        json body;
+        if (auto e = parse_body(req, &body)) return send_error(res, *e);
+        std::vector<int32_t> ids;
+        if (body.contains("messages")) {
+            ParsedRequest p;
+            if (auto e = parse_request(body, true, &p)) return send_error(res, *e);
+            if (!tmpl) return send_error(res, bad_request("this model has no chat template", "messages"));
+            ojson ctx = {{"messages", p.messages}, {"tools", p.tools}, {"documents", nullptr},
+                         {"add_generation_prompt", true}, {"bos_token", tok->bos_token()},
+                         {"eos_token", tok->eos_token()}};
+            auto text = tmpl->render(ctx);
+            if (!text.is_ok()) return send_error(res, bad_request(text.status().message(), "messages"));
+            auto r = tok->encode(*text, false);
+            if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), "messages"));
+            ids = std::move(*r);
+        } else {
+            std::string text;
+            const char* key = body.contains("prompt") ? "prompt" : "content";
+            auto it = body.find(key);
+            if (it == body.end() || !it->is_string())
+                return send_error(res, bad_request("give 'prompt' (a string) or 'messages'", "prompt",
+                                                   "invalid_type"));
+            bool add_special = true;
+            if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
+                if (!a->is_boolean())
+                    return send_error(res, bad_request("'add_special_tokens' must be a boolean",
+                                                       "add_special_tokens", "invalid_type"));
+                add_special = a->get<bool>();
+            }
+            auto r = tok->encode(it->get<std::string>(), add_special);
+            if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), key));
+            ids = std::move(*r);
+        }
+        res.set_content(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", context}}.dump(),
+                        "application/json");
+    });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+        json body;
+        if (auto e = parse_body(req, &body)) return send_error(res, *e);
+        auto it = body.find("tokens");
+        if (it == body.end() || !it->is_array())
+            return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+        std::vector<int32_t> ids;
+        for (const auto& t : *it) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+                return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+            ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+        }
+        res.set_content(json{{"prompt", tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                        "application/json");
+    });
+    http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        const QueueStats q = queue->stats();
+        std::string out;
+        out += "# HELP exl3_requests_total HTTP requests received, by route.\n# TYPE exl3_requests_total counter\n";
+        for (int r = 0; r < kRouteCount; ++r)
+            out += fmt::format("exl3_requests_total{{route=\"{}\"}} {}\n", kRouteNames[r], metrics.requests[r].load());
+        out += "# HELP exl3_responses_total HTTP responses sent, by status class.\n"
+               "# TYPE exl3_responses_total counter\n";
+        for (int c = 1; c <= 5; ++c)
+            out += fmt::format("exl3_responses_total{{class=\"{}xx\"}} {}\n", c, metrics.responses_by_class[c].load());
+        out += fmt::format("# TYPE exl3_prompt_tokens_total counter\nexl3_prompt_tokens_total {}\n",
+                           metrics.prompt_tokens.load());
+        out += fmt::format("# TYPE exl3_generation_tokens_total counter\nexl3_generation_tokens_total {}\n",
+                           metrics.completion_tokens.load());
+        out += fmt::format("# TYPE exl3_rejected_queue_full_total counter\nexl3_rejected_queue_full_total {}\n",
+                           metrics.rejected_queue_full.load());
+        out += fmt::format("# TYPE exl3_cancelled_total counter\nexl3_cancelled_total {}\n", metrics.cancelled.load());
+        out += fmt::format("# HELP exl3_queue_depth Jobs queued or running.\n# TYPE exl3_queue_depth gauge\n"
+                           "exl3_queue_depth {}\n",
+                           q.jobs);
+        out += fmt::format("# TYPE exl3_requests_in_flight gauge\nexl3_requests_in_flight {}\n", q.streams);
+        out += fmt::format("# TYPE exl3_streaming_responses gauge\nexl3_streaming_responses {}\n",
+                           metrics.streaming.load());
+        out += fmt::format("# TYPE exl3_generator_steps_total counter\nexl3_generator_steps_total {}\n", q.steps);
+        res.set_content(out, "text/plain; version=0.0.4");
+    });
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+    impl_->http.stop();
+    impl_->queue.reset();  // joins the stepping thread before the Generator goes
+}
+
+Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_ptr<const Tokenizer> tokenizer,
+                                               const ServerOptions& options, const GeneratorOptions& gen) {
+    if (!tokenizer) return invalid_argument("the server needs the model's tokenizer");
+    if (options.max_queue < 1) return invalid_argument("--max-queue must be >= 1");
+    auto impl = std::make_unique<Impl>(model, tokenizer, options);
+    impl->context = model.info().context_length;
+    impl->vocab = model.info().vocab_size;
+    if (const std::string* source = tokenizer->chat_template()) {
+        auto t = ChatTemplate::parse(*source);
+        if (!t.is_ok()) return t.status().with_context("parsing the model's chat template");
+        impl->tmpl = std::move(*t);
+    } else {
+        log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
+    }
+    EXL3_ASSIGN_OR_RETURN(impl->gen, Generator::create(model, tokenizer, gen));
+    impl->queue = std::make_unique<JobQueue>(*impl->gen, options.max_queue);
+    impl->setup_routes();
+    return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Status Server::listen(const std::function<void(int port)>& on_listening) {
+    auto& http = impl_->http;
+    int port = impl_->o.port;
+    if (port == 0) {
+        port = http.bind_to_any_port(impl_->o.host);
+        if (port < 0) return io_error(fmt::format("cannot bind to {} on any port", impl_->o.host));
+    } else if (!http.bind_to_port(impl_->o.host, port)) {
+        return io_error(fmt::format("cannot bind to {}:{} (in use, or not an address of this machine)",
+                                    impl_->o.host, port));
+    }
+    if (on_listening) on_listening(port);
+    if (!http.listen_after_bind()) return io_error("the server stopped with an error");
+    return Status::ok();
+}
+
+void Server::stop() { impl_->http.stop(); }
+
+}  // namespace exl3::server

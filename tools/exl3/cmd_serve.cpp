@@ -1,0 +1,108 @@
+// exl3 serve: the OpenAI-compatible HTTP server (src/server) on one model. Built when cpp-httplib was found.
+#include <pthread.h>
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "core/log.h"
+#include "exl3/model.h"
+#include "exl3/tokenizer.h"
+#include "server/server.h"
+#include "tools/exl3/commands.h"
+
+namespace exl3::cli {
+
+namespace {
+
+struct ServeOptions {
+    std::string model;
+    std::string device = "cpu";
+    int threads = 0;
+    int context = 0;
+    server::ServerOptions server;
+    GeneratorOptions gen;
+    size_t max_body_mb = 8;
+};
+
+int serve(ServeOptions& o) {
+    if (o.server.port < 0 || o.server.port > 65535) return fail("serve", "--port must be in [0, 65535]");
+    if (o.server.max_queue < 1) return fail("serve", "--max-queue must be >= 1");
+    if (o.max_body_mb < 1) return fail("serve", "--max-body-mb must be >= 1");
+    o.server.max_body_bytes = o.max_body_mb << 20;
+    if (o.server.model_name.empty()) {
+        std::filesystem::path p(o.model);
+        o.server.model_name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
+    }
+    // Signals are taken by one thread with sigwait (stopping the server is not async-signal-safe); every thread
+    // started from here on (the model's thread pool too) inherits the blocked mask. A write to a client that has gone must fail, not kill us.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+
+    auto tok = Tokenizer::load(o.model);
+    if (!tok.is_ok()) return fail("serve", tok.status().to_string());
+    LoadOptions lo;
+    lo.threads = o.threads;
+    lo.context_length = o.context;
+    lo.device = o.device;
+    auto model = Model::load(o.model, lo);
+    if (!model.is_ok()) return fail("serve", model.status().to_string());
+
+    auto srv = server::Server::create(**model, *tok, o.server, o.gen);
+    if (!srv.is_ok()) return fail("serve", srv.status().to_string());
+    server::Server* s = srv->get();
+    std::atomic<bool> leaving{false};
+    std::thread signals([s, set, &leaving] {
+        int sig = 0;
+        sigwait(&set, &sig);
+        if (leaving) return;  // woken by the process itself on the way out
+        log_info("serve: signal {}, stopping", sig);
+        s->stop();
+    });
+    Status st = s->listen([&](int port) {
+        // The one line on stdout: scripts (and the tests) read the address from it.
+        std::printf("exl3 serve: listening on http://%s:%d (model '%s')\n", o.server.host.c_str(), port,
+                    o.server.model_name.c_str());
+        std::fflush(stdout);
+    });
+    leaving = true;
+    pthread_kill(signals.native_handle(), SIGTERM);  // ends sigwait if no signal came
+    signals.join();
+    srv->reset();
+    if (!st.is_ok()) return fail("serve", st.to_string());
+    return 0;
+}
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+    auto o = std::make_shared<ServeOptions>();
+    app.add_option("-m,--model", o->model, "model directory (HF layout)")->required();
+    app.add_option("--host", o->server.host, "address to bind (loopback by default: there is no TLS)")
+        ->capture_default_str();
+    app.add_option("--port", o->server.port, "TCP port (0 = any free port, printed on stdout)")->capture_default_str();
+    app.add_option("--model-name", o->server.model_name, "model id clients use (default: the directory's name)");
+    app.add_option("--api-key", o->server.api_key, "require 'Authorization: Bearer KEY' (all routes but /health)");
+    app.add_flag("--cors", o->server.cors, "allow browsers from any origin (CORS headers, preflight)");
+    app.add_option("--max-body-mb", o->max_body_mb, "largest request body in MiB (413 beyond)")->capture_default_str();
+    app.add_option("--max-queue", o->server.max_queue, "jobs queued or running at once (429 beyond)")
+        ->capture_default_str();
+    app.add_option("--max-batch", o->gen.max_active_jobs, "jobs decoded together in one step")->capture_default_str();
+    app.add_option("--max-batch-tokens", o->gen.max_batch_tokens, "tokens per forward pass (decode + prefill)")
+        ->capture_default_str();
+    app.add_option("--default-max-tokens", o->server.default_max_tokens,
+                   "max_tokens of requests that give none (0 = what the context leaves)")
+        ->capture_default_str();
+    app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
+    app.add_option("-t,--threads", o->threads, "CPU threads for the model (0 = all)");
+    app.add_option("-c,--context", o->context, "context length (0 = the model's)");
+    return [o] { return serve(*o); };
+}
+
+}  // namespace exl3::cli
