@@ -72,16 +72,15 @@ Status self_test(int device) {
         y[i] = static_cast<float>(n - i);
     }
     float *dx = nullptr, *dy = nullptr;
-    // Every step in a lambda so that the buffers are freed on every path.
-    const Status st = [&]() -> Status {
-        EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dx, n * sizeof(float)), "cudaMalloc"));
-        EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dy, n * sizeof(float)), "cudaMalloc"));
-        EXL3_RETURN_IF_ERROR(check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy x"));
-        EXL3_RETURN_IF_ERROR(check(cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy y"));
+    EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dx, n * sizeof(float)), "cudaMalloc"));
+    Status st = check(cudaMalloc(&dy, n * sizeof(float)), "cudaMalloc");
+    if (st.is_ok()) st = check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy x");
+    if (st.is_ok()) st = check(cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy y");
+    if (st.is_ok()) {
         axpy_kernel<<<(n + 255) / 256, 256>>>(n, 2.0f, dx, dy);
-        EXL3_RETURN_IF_ERROR(check(cudaGetLastError(), "axpy launch"));
-        return check(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
-    }();
+        st = check(cudaGetLastError(), "axpy launch");
+    }
+    if (st.is_ok()) st = check(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
     cudaFree(dx);
     cudaFree(dy);
     EXL3_RETURN_IF_ERROR(st);
