@@ -1,0 +1,68 @@
+// The OpenAI schema layer alone: request validation and Hermes tool-call parsing (no HTTP).
+#include <gtest/gtest.h>
+
+#include "server/openai.h"
+
+namespace exl3::server {
+namespace {
+
+using json = nlohmann::json;
+
+TEST(OpenAiSchema, ParsesAChatRequest) {
+    json body = json::parse(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+        {"type": "text", "text": "b"}]}], "max_tokens": 7, "temperature": 0.5, "stop": "x", "n": 2,
+        "stream": true, "stream_options": {"include_usage": true}, "logprobs": true, "top_logprobs": 3,
+        "unknown_field": {"ignored": true}})");
+    ParsedRequest r;
+    auto err = parse_request(body, true, &r);
+    ASSERT_FALSE(err.has_value()) << err->message;
+    EXPECT_EQ(r.model, "m");
+    EXPECT_EQ(r.n, 2);
+    EXPECT_TRUE(r.stream && r.include_usage && r.logprobs);
+    EXPECT_EQ(r.top_logprobs, 3);
+    EXPECT_EQ(r.gen.max_new_tokens, 7);
+    EXPECT_FLOAT_EQ(r.gen.sampling.temperature, 0.5f);
+    ASSERT_EQ(r.gen.stop_strings.size(), 1u);
+    EXPECT_EQ(r.messages[0]["content"], "ab");  // text parts joined
+}
+
+TEST(OpenAiSchema, WrongTypesNameTheField) {
+    struct Case {
+        const char* body;
+        const char* param;
+    };
+    for (Case c : {Case{R"({"messages": "hi"})", "messages"},
+                   Case{R"({"messages": [{"role": "user", "content": "a"}], "temperature": "hot"})", "temperature"},
+                   Case{R"({"messages": [{"role": "user", "content": "a"}], "max_tokens": -5})", "max_tokens"},
+                   Case{R"({"messages": [{"role": "user", "content": "a"}], "top_p": 2})", "top_p"},
+                   Case{R"({"messages": []})", "messages"}}) {
+        ParsedRequest r;
+        auto err = parse_request(json::parse(c.body), true, &r);
+        ASSERT_TRUE(err.has_value()) << c.body;
+        EXPECT_EQ(err->http_status, 400) << c.body;
+        EXPECT_EQ(err->param, c.param) << c.body << ": " << err->message;
+        const json e = error_body(*err);
+        EXPECT_TRUE(e["error"].contains("message") && e["error"].contains("type")) << e.dump();
+    }
+}
+
+TEST(OpenAiSchema, HermesToolCalls) {
+    ParsedToolCalls out;
+    ASSERT_TRUE(parse_hermes_tool_calls(
+        "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
+        "<tool_call>{\"name\": \"now\"}</tool_call>",
+        &out));
+    EXPECT_EQ(out.content, "Let me check.");
+    ASSERT_EQ(out.calls.size(), 2u);
+    EXPECT_EQ(out.calls[0]["type"], "function");
+    EXPECT_EQ(out.calls[0]["function"]["name"], "get_weather");
+    EXPECT_EQ(json::parse(out.calls[0]["function"]["arguments"].get<std::string>())["city"], "Paris");
+    EXPECT_EQ(out.calls[1]["function"]["arguments"], "{}");  // a call with no parameters gives {}
+    EXPECT_NE(out.calls[0]["id"], out.calls[1]["id"]);
+    ParsedToolCalls none;
+    EXPECT_FALSE(parse_hermes_tool_calls("no calls here", &none));
+    EXPECT_FALSE(parse_hermes_tool_calls("<tool_call>not json</tool_call>", &none));
+}
+
+}  // namespace
+}  // namespace exl3::server
