@@ -2,9 +2,12 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <random>
+#include <utility>
+#include <vector>
 
 namespace exl3::server {
 
@@ -29,9 +32,11 @@ ApiError bad_request(std::string message, std::string param, std::string code) {
 
 namespace {
 
+constexpr int kMaxRequestDepth = 64;
+
 // Field readers: a missing field or an explicit null leaves *out unchanged (clients send null for "default").
 // Each returns an error naming the field when the type or range is wrong.
-std::optional<ApiError> read_number(const json& b, const char* key, double lo, double hi, double* out) {
+std::optional<ApiError> read_number(const ojson& b, const char* key, double lo, double hi, double* out) {
     auto it = b.find(key);
     if (it == b.end() || it->is_null()) return std::nullopt;
     if (!it->is_number()) return bad_request(fmt::format("'{}' must be a number", key), key, "invalid_type");
@@ -42,7 +47,7 @@ std::optional<ApiError> read_number(const json& b, const char* key, double lo, d
     return std::nullopt;
 }
 
-std::optional<ApiError> read_float(const json& b, const char* key, double lo, double hi, float* out) {
+std::optional<ApiError> read_float(const ojson& b, const char* key, double lo, double hi, float* out) {
     double v = *out;
     if (auto e = read_number(b, key, lo, hi, &v)) return e;
     *out = static_cast<float>(v);
@@ -51,7 +56,7 @@ std::optional<ApiError> read_float(const json& b, const char* key, double lo, do
 
 // Integers: JSON numbers with no fractional part. Values beyond INT range are clamped to `hi` first when
 // `clamp_high` (a huge max_tokens means "as many as fit", not an error).
-std::optional<ApiError> read_int(const json& b, const char* key, int64_t lo, int64_t hi, int64_t* out,
+std::optional<ApiError> read_int(const ojson& b, const char* key, int64_t lo, int64_t hi, int64_t* out,
                                  bool clamp_high = false) {
     auto it = b.find(key);
     if (it == b.end() || it->is_null()) return std::nullopt;
@@ -70,7 +75,7 @@ std::optional<ApiError> read_int(const json& b, const char* key, int64_t lo, int
     return std::nullopt;
 }
 
-std::optional<ApiError> read_bool(const json& b, const char* key, bool* out) {
+std::optional<ApiError> read_bool(const ojson& b, const char* key, bool* out) {
     auto it = b.find(key);
     if (it == b.end() || it->is_null()) return std::nullopt;
     if (!it->is_boolean()) return bad_request(fmt::format("'{}' must be a boolean", key), key, "invalid_type");
@@ -78,7 +83,7 @@ std::optional<ApiError> read_bool(const json& b, const char* key, bool* out) {
     return std::nullopt;
 }
 
-std::optional<ApiError> read_string(const json& b, const char* key, std::string* out) {
+std::optional<ApiError> read_string(const ojson& b, const char* key, std::string* out) {
     auto it = b.find(key);
     if (it == b.end() || it->is_null()) return std::nullopt;
     if (!it->is_string()) return bad_request(fmt::format("'{}' must be a string", key), key, "invalid_type");
@@ -87,7 +92,7 @@ std::optional<ApiError> read_string(const json& b, const char* key, std::string*
 }
 
 // A string or a list of strings (stop, dry_sequence_breakers).
-std::optional<ApiError> read_strings(const json& b, const char* key, size_t max_items, std::vector<std::string>* out) {
+std::optional<ApiError> read_strings(const ojson& b, const char* key, size_t max_items, std::vector<std::string>* out) {
     auto it = b.find(key);
     if (it == b.end() || it->is_null()) return std::nullopt;
     auto type_error = [&] {
@@ -110,7 +115,7 @@ std::optional<ApiError> read_strings(const json& b, const char* key, size_t max_
 }
 
 // Content as a string, null, or a list of parts; text parts are joined (templates of text models expect a string).
-std::optional<ApiError> normalise_content(const json& content, size_t index, ojson* out) {
+std::optional<ApiError> normalise_content(const ojson& content, size_t index, ojson* out) {
     const std::string param = fmt::format("messages[{}].content", index);
     if (content.is_null() || content.is_string()) {
         *out = content;
@@ -141,14 +146,14 @@ std::optional<ApiError> normalise_content(const json& content, size_t index, ojs
     return std::nullopt;
 }
 
-std::optional<ApiError> parse_messages(const json& b, ParsedRequest* out) {
+std::optional<ApiError> parse_messages(const ojson& b, ParsedRequest* out) {
     auto it = b.find("messages");
     if (it == b.end() || it->is_null()) return bad_request("'messages' is required", "messages", "missing_required");
     if (!it->is_array()) return bad_request("'messages' must be a list", "messages", "invalid_type");
     if (it->empty()) return bad_request("'messages' must not be empty", "messages", "invalid_value");
     out->messages = ojson::array();
     for (size_t i = 0; i < it->size(); ++i) {
-        const json& m = (*it)[i];
+        const ojson& m = (*it)[i];
         const std::string param = fmt::format("messages[{}]", i);
         if (!m.is_object()) return bad_request(param + " must be an object", param, "invalid_type");
         auto role = m.find("role");
@@ -181,14 +186,23 @@ std::optional<ApiError> parse_messages(const json& b, ParsedRequest* out) {
                 if (!call.is_object() || !call.contains("function") || !call["function"].is_object())
                     return bad_request(param + ".tool_calls entries need a 'function' object", param + ".tool_calls",
                                        "invalid_type");
-                ojson fn = ojson::parse(call["function"].dump());
+                // Name first, then arguments, whatever order the client echoed them in: templates that print the
+                // object with tojson (Mistral) must show the model the order it writes.
+                const ojson& given = call["function"];
+                ojson fn = ojson::object();
+                if (given.contains("name")) fn["name"] = given["name"];
+                if (given.contains("arguments")) fn["arguments"] = given["arguments"];
+                for (const auto& [key, value] : given.items())
+                    if (key != "name" && key != "arguments") fn[key] = value;
                 // Templates index arguments as a mapping (Qwen, Llama 3); OpenAI sends a JSON string.
                 if (fn.contains("arguments") && fn["arguments"].is_string()) {
                     ojson args = ojson::parse(fn["arguments"].get<std::string>(), nullptr, false);
                     if (!args.is_discarded()) fn["arguments"] = args;
                 }
-                ojson entry = {{"type", "function"}, {"function", fn}};
+                ojson entry = ojson::object();
                 if (call.contains("id") && call["id"].is_string()) entry["id"] = call["id"];
+                entry["type"] = "function";
+                entry["function"] = fn;
                 list.push_back(entry);
             }
             msg["tool_calls"] = list;
@@ -198,7 +212,7 @@ std::optional<ApiError> parse_messages(const json& b, ParsedRequest* out) {
     return std::nullopt;
 }
 
-std::optional<ApiError> parse_tools(const json& b, ParsedRequest* out) {
+std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
     out->tools = nullptr;
     if (auto it = b.find("tools"); it != b.end() && !it->is_null()) {
         if (!it->is_array()) return bad_request("'tools' must be a list", "tools", "invalid_type");
@@ -207,7 +221,7 @@ std::optional<ApiError> parse_tools(const json& b, ParsedRequest* out) {
                 !t["function"].contains("name") || !t["function"]["name"].is_string())
                 return bad_request("every tool needs a 'function' object with a string 'name'", "tools",
                                    "invalid_type");
-        if (!it->empty()) out->tools = ojson::parse(it->dump());
+        if (!it->empty()) out->tools = *it;
     }
     if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
         if (it->is_string()) {
@@ -217,21 +231,37 @@ std::optional<ApiError> parse_tools(const json& b, ParsedRequest* out) {
                                    "invalid_value");
         } else if (it->is_object() && it->contains("function") && (*it)["function"].is_object() &&
                    (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
-            out->tool_choice = (*it)["function"]["name"].get<std::string>();
+            out->tool_choice = "function";
+            out->tool_function = (*it)["function"]["name"].get<std::string>();
         } else {
             return bad_request("'tool_choice' must be none, auto, required or a named function", "tool_choice",
                                "invalid_type");
         }
     }
+    if (out->tool_choice == "required" || out->tool_choice == "function") {
+        if (out->tools.is_null())
+            return bad_request(fmt::format("'tool_choice' {} needs 'tools'",
+                                           out->tool_choice == "required" ? "\"required\"" : "naming a function"),
+                               "tool_choice", "invalid_value");
+        if (out->tool_choice == "function") {
+            bool found = false;
+            for (const auto& t : out->tools) found = found || t["function"]["name"] == out->tool_function;
+            if (!found)
+                return bad_request(fmt::format("'tool_choice' names the function '{}', which is not in 'tools'",
+                                               out->tool_function),
+                                   "tool_choice", "invalid_value");
+        }
+    }
+    if (auto e = read_bool(b, "parallel_tool_calls", &out->parallel_tool_calls)) return e;
     // tool_choice "none" means the model is not offered the tools at all.
     if (out->tool_choice == "none") out->tools = nullptr;
     return std::nullopt;
 }
 
-std::optional<ApiError> parse_prompt(const json& b, ParsedRequest* out) {
+std::optional<ApiError> parse_prompt(const ojson& b, ParsedRequest* out) {
     auto it = b.find("prompt");
     if (it == b.end() || it->is_null()) return bad_request("'prompt' is required", "prompt", "missing_required");
-    const json* p = &*it;
+    const ojson* p = &*it;
     // A list holding one prompt is the same request; several prompts in one request are not supported yet.
     if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) p = &(*p)[0];
     if (p->is_string()) {
@@ -255,10 +285,14 @@ std::optional<ApiError> parse_prompt(const json& b, ParsedRequest* out) {
 
 }  // namespace
 
-std::optional<ApiError> parse_request(const json& b, bool chat, ParsedRequest* out) {
+std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* out) {
 #define EXL3_TRY(expr)                  \
     if (auto err_ = (expr)) return err_;
     if (!b.is_object()) return bad_request("the request body must be a JSON object", {}, "invalid_type");
+    // Nothing in the API nests deeper; serialising deeper values again (for the template) would recurse as deep.
+    if (json_depth(b) > kMaxRequestDepth)
+        return bad_request(fmt::format("the request nests JSON deeper than {} levels", kMaxRequestDepth), {},
+                           "invalid_value");
     EXL3_TRY(read_string(b, "model", &out->model));
     if (chat) {
         EXL3_TRY(parse_messages(b, out));
@@ -331,6 +365,7 @@ std::optional<ApiError> parse_request(const json& b, bool chat, ParsedRequest* o
     std::erase_if(g.stop_strings, [](const std::string& x) { return x.empty(); });
     EXL3_TRY(read_bool(b, "ignore_eos", &g.ignore_eos));
     EXL3_TRY(read_bool(b, "skip_special_tokens", &g.skip_special_tokens));
+    out->has_skip_special_tokens = b.contains("skip_special_tokens") && !b["skip_special_tokens"].is_null();
     int64_t n = 1;
     EXL3_TRY(read_int(b, "n", 1, 16, &n));
     out->n = static_cast<int>(n);
@@ -361,38 +396,20 @@ std::optional<ApiError> parse_request(const json& b, bool chat, ParsedRequest* o
 }
 
 bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out) {
-    static constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
-    ParsedToolCalls result;
-    size_t pos = 0;
-    while (true) {
-        const size_t open = text.find(kOpen, pos);
-        if (open == std::string::npos) break;
-        const size_t body = open + kOpen.size();
-        size_t close = text.find(kClose, body);
-        // A model stopped by EOS right after the JSON may never write the closing tag.
-        const size_t body_end = close == std::string::npos ? text.size() : close;
-        json call = json::parse(text.begin() + static_cast<std::ptrdiff_t>(body),
-                                text.begin() + static_cast<std::ptrdiff_t>(body_end), nullptr, false);
-        if (call.is_discarded() || !call.is_object() || !call.contains("name") || !call["name"].is_string())
-            return false;
-        std::string args = "{}";
-        if (auto a = call.find("arguments"); a != call.end() && !a->is_null())
-            args = a->is_string() ? a->get<std::string>() : a->dump();
-        result.calls.push_back({{"id", "call_" + random_id()},
-                                {"type", "function"},
-                                {"function", {{"name", call["name"]}, {"arguments", args}}}});
-        result.content += text.substr(pos, open - pos);
-        pos = close == std::string::npos ? text.size() : close + kClose.size();
+    return parse_tool_calls(ToolFormat::kHermes, text, out);
+}
+
+int json_depth(const ojson& j) {
+    int deepest = 0;
+    std::vector<std::pair<const ojson*, int>> todo = {{&j, 0}};
+    while (!todo.empty()) {
+        auto [v, d] = todo.back();
+        todo.pop_back();
+        if (!v->is_structured()) continue;
+        deepest = std::max(deepest, d + 1);
+        for (const auto& child : *v) todo.emplace_back(&child, d + 1);
     }
-    if (result.calls.empty()) return false;
-    result.content += text.substr(pos);
-    // Whitespace between and around the blocks is layout, not content.
-    const auto first = result.content.find_first_not_of(" \t\r\n");
-    result.content = first == std::string::npos
-                         ? std::string()
-                         : result.content.substr(first, result.content.find_last_not_of(" \t\r\n") - first + 1);
-    *out = std::move(result);
-    return true;
+    return deepest;
 }
 
 const char* openai_finish_reason(FinishReason r) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "exl3/generator.h"
+#include "server/tool_calls.h"
 
 namespace exl3::server {
 
@@ -28,8 +29,11 @@ ApiError bad_request(std::string message, std::string param = {}, std::string co
 struct ParsedRequest {
     std::string model;                  // empty when the client sent none
     nlohmann::ordered_json messages;    // chat: normalised (content parts joined into a string)
-    nlohmann::ordered_json tools;       // chat: the tools list, or null
-    std::string tool_choice = "auto";   // chat: none, auto, required, or a function name
+    nlohmann::ordered_json tools;       // chat: the tools list, or null (also when tool_choice is "none")
+    std::string tool_choice = "auto";   // chat: none, auto, required, or "function" (named: see tool_function)
+    std::string tool_function;          // chat: the function tool_choice names
+    bool parallel_tool_calls = true;    // false: only the first call of a reply is returned
+    bool has_skip_special_tokens = false;  // the client chose skip_special_tokens (else the server may)
     std::string prompt;                 // completions: text
     std::vector<int32_t> prompt_ids;    // completions: ids (instead of text)
     bool has_max_tokens = false;
@@ -43,17 +47,15 @@ struct ParsedRequest {
 };
 
 // Parse the body of POST /v1/chat/completions (chat = true) or /v1/completions. Unknown fields are ignored; fields of
-// the wrong type or out of range give an error naming the field.
-std::optional<ApiError> parse_request(const nlohmann::json& body, bool chat, ParsedRequest* out);
+// the wrong type or out of range give an error naming the field. The body is an ordered_json so that messages and
+// tools reach the template with their keys in the client's order (as Python's dicts keep them for transformers).
+std::optional<ApiError> parse_request(const nlohmann::ordered_json& body, bool chat, ParsedRequest* out);
 
-// Hermes / Qwen tool calls: every <tool_call>{"name": ..., "arguments": {...}}</tool_call> block of `text` becomes an
-// OpenAI tool call (arguments as a JSON string, "{}" when absent); what is left outside the blocks is the content.
-// Returns false (and leaves the text alone) when there is no well-formed block.
-struct ParsedToolCalls {
-    std::string content;
-    nlohmann::json calls = nlohmann::json::array();  // [{"id", "type": "function", "function": {name, arguments}}]
-};
+// Hermes / Qwen tool calls: parse_tool_calls(ToolFormat::kHermes, ...) (see tool_calls.h for every format).
 bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out);
+
+// Nesting depth of a JSON value (a scalar is 0), walked without recursion.
+int json_depth(const nlohmann::ordered_json& j);
 
 // OpenAI's finish_reason for a Generator FinishReason ("stop", "length"; "" for kNone).
 const char* openai_finish_reason(FinishReason r);

@@ -77,7 +77,21 @@ struct Choice {
     Status error;
     int generated = 0;
     bool role_sent = false;
+    std::optional<ToolCallParser> parser;       // chat with tools: splits the reply into content and tool calls
+    std::vector<ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
 };
+
+// A non-streaming request whose reply takes a while (see generate()).
+struct Whole {
+    std::shared_ptr<Stream> stream;
+    std::vector<Choice> choices;
+    bool done = false;
+    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+};
+// How long a non-streaming reply is awaited on the handler's thread before its body starts (as whitespace), and how
+// often a space is written after that.
+constexpr auto kWholeReplyGrace = std::chrono::milliseconds(1000);
+constexpr auto kWholeReplyPing = std::chrono::milliseconds(500);
 
 }  // namespace
 
@@ -86,6 +100,8 @@ struct Server::Impl {
     std::shared_ptr<const Tokenizer> tok;
     ServerOptions o;
     std::optional<ChatTemplate> tmpl;
+    ToolFormat tool_format = ToolFormat::kHermes;
+    bool tool_markers_special = false;  // the format's markers are special tokens of this tokenizer
     std::unique_ptr<Generator> gen;
     std::unique_ptr<JobQueue> queue;
     httplib::Server http;
@@ -98,16 +114,17 @@ struct Server::Impl {
         : model(m), tok(std::move(t)), o(opts) {}
 
     void setup_routes();
-    std::optional<ApiError> parse_body(const httplib::Request& req, json* body) const;
-    std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt) const;
+    std::optional<ApiError> parse_body(const httplib::Request& req, ojson* body) const;
+    std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
+                                    std::string* opening) const;
     void generate(const httplib::Request& req, httplib::Response& res, bool chat);
     void add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk_logprobs) const;
     json choice_json(const ParsedRequest& p, bool chat, int index, Choice& c, const std::string& echo) const;
 };
 
-std::optional<ApiError> Server::Impl::parse_body(const httplib::Request& req, json* body) const {
+std::optional<ApiError> Server::Impl::parse_body(const httplib::Request& req, ojson* body) const {
     // Invalid UTF-8 inside strings is a parse error too: nlohmann's lexer checks every byte sequence.
-    *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    *body = ojson::parse(req.body, nullptr, /*allow_exceptions=*/false);
     if (body->is_discarded())
         return bad_request("the request body is not valid JSON (or not valid UTF-8)", {}, "invalid_json");
     if (!body->is_object()) return bad_request("the request body must be a JSON object", {}, "invalid_type");
@@ -115,8 +132,11 @@ std::optional<ApiError> Server::Impl::parse_body(const httplib::Request& req, js
 }
 
 // The prompt ids of a request: the chat template rendered as transformers' apply_chat_template does and tokenized
-// without special tokens (the template writes BOS itself), or the completion prompt with them.
-std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt) const {
+// without special tokens (the template writes BOS itself), or the completion prompt with them. tool_choice
+// "required" or a named function: the assistant turn is opened with the tool-call format's opening (*opening), so
+// that the model can only go on with a call (for a named function, with its arguments).
+std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
+                                              std::string* opening) const {
     if (!p.model.empty() && p.model != o.model_name)
         return api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}'", p.model,
                                           o.model_name),
@@ -133,6 +153,11 @@ std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat,
         if (!text.is_ok())
             return bad_request("the chat template refused these messages: " + text.status().message(), "messages",
                                "template_error");
+        opening->clear();
+        if (!p.tools.is_null() && (p.tool_choice == "required" || p.tool_choice == "function")) {
+            *opening = tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
+            *text += *opening;
+        }
         auto ids = tok->encode(*text, /*add_special_tokens=*/false);
         if (!ids.is_ok()) return bad_request("tokenizing the prompt: " + ids.status().message(), "messages");
         *prompt = std::move(*ids);
@@ -193,11 +218,26 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
     std::string finish = openai_finish_reason(c.finish);
     if (chat) {
         json msg = {{"role", "assistant"}, {"content", c.text}};
-        ParsedToolCalls calls;
-        if (!p.tools.is_null() && parse_hermes_tool_calls(c.text, &calls)) {
-            msg["content"] = calls.content.empty() ? json(nullptr) : json(calls.content);
-            msg["tool_calls"] = calls.calls;
-            if (c.finish != FinishReason::kLength) finish = "tool_calls";
+        if (c.parser) {
+            // The same parser as the streaming path, fed the whole reply: the same content and calls.
+            std::vector<ToolCallParser::Piece> pieces;
+            c.parser->feed(c.text, &pieces);
+            c.parser->finish(&pieces);
+            std::string content;
+            json calls = json::array();
+            for (const auto& piece : pieces) {
+                if (piece.tool_call.is_null())
+                    content += piece.content;
+                else
+                    merge_tool_call_delta(piece.tool_call, &calls);
+            }
+            if (c.parser->calls() > 0) {
+                msg["content"] = content.empty() ? json(nullptr) : json(content);
+                msg["tool_calls"] = calls;
+                if (c.finish != FinishReason::kLength) finish = "tool_calls";
+            } else {
+                msg["content"] = content;
+            }
         }
         return {{"index", index},
                 {"message", msg},
@@ -212,16 +252,21 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
 }
 
 void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-    json body;
+    ojson body;
     if (auto e = parse_body(req, &body)) return send_error(res, *e);
     ParsedRequest p;
     if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
     std::vector<int32_t> prompt;
-    if (auto e = prepare(p, chat, &prompt)) return send_error(res, *e);
+    std::string opening;
+    if (auto e = prepare(p, chat, &prompt, &opening)) return send_error(res, *e);
     if (Status s = validate(p.gen.sampling, vocab); !s.is_ok()) return send_error(res, bad_request(s.message()));
     if (!p.has_max_tokens)
         p.gen.max_new_tokens = o.default_max_tokens > 0 ? o.default_max_tokens
                                                         : context - static_cast<int>(prompt.size());
+    // With tools offered, replies go through the tool-call parser; its markers must reach it even when the tokenizer
+    // calls them special tokens (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
+    const bool tools_on = chat && !p.tools.is_null();
+    if (tools_on && tool_markers_special && !p.has_skip_special_tokens) p.gen.skip_special_tokens = false;
     const int prompt_len = static_cast<int>(prompt.size());
     std::vector<GenerationRequest> jobs(p.n, p.gen);
     for (int i = 0; i < p.n; ++i) {
@@ -243,35 +288,45 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     const int64_t created = std::time(nullptr);
     const std::string object = chat ? "chat.completion" : "text_completion";
     const std::string echo = !chat && p.echo ? tok->decode(prompt) : std::string();
+    std::vector<Choice> choices(p.n);
+    if (tools_on)
+        for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
 
     if (!p.stream) {
-        std::vector<Choice> choices(p.n);
-        std::vector<Stream::Item> items;
-        while (stream->next(std::chrono::milliseconds(200), &items)) {
+        // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
+        for (auto& c : choices) c.text = opening;
+        auto state = std::make_shared<Whole>();
+        state->stream = std::move(stream);
+        state->choices = std::move(choices);
+        auto collect = [this, chat, lp = p.logprobs](Whole& w, std::chrono::milliseconds wait) {
+            std::vector<Stream::Item> items;
+            const bool more = w.stream->next(wait, &items);
             for (auto& [index, u] : items) {
-                Choice& c = choices[index];
+                Choice& c = w.choices[index];
                 c.text += u.text;
                 json unused;
-                if (p.logprobs) add_logprobs(u, chat, &c, &unused);
+                if (lp) add_logprobs(u, chat, &c, &unused);
                 c.generated = u.generated_tokens;
                 if (u.finish != FinishReason::kNone) {
                     c.finish = u.finish;
                     c.error = u.error;
                 }
             }
-            items.clear();
-        }
-        json out_choices = json::array();
-        int completion_tokens = 0;
-        for (int i = 0; i < p.n; ++i) {
-            if (choices[i].finish == FinishReason::kError)
-                return send_error(res, api_error(500, "generation failed: " + choices[i].error.message(),
-                                                 "server_error", "generation_failed"));
-            completion_tokens += choices[i].generated;
-            out_choices.push_back(choice_json(p, chat, i, choices[i], echo));
-        }
-        metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
-        json out = {{"id", id},
+            return more;
+        };
+        // The reply as JSON, or the error that replaces it.
+        auto reply = [this, p, chat, id, created, object, echo, prompt_len](Whole& w, json* out) -> std::optional<ApiError> {
+            json out_choices = json::array();
+            int completion_tokens = 0;
+            for (int i = 0; i < p.n; ++i) {
+                if (w.choices[i].finish == FinishReason::kError)
+                    return api_error(500, "generation failed: " + w.choices[i].error.message(), "server_error",
+                                     "generation_failed");
+                completion_tokens += w.choices[i].generated;
+                out_choices.push_back(choice_json(p, chat, i, w.choices[i], echo));
+            }
+            metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+            *out = {{"id", id},
                     {"object", object},
                     {"created", created},
                     {"model", o.model_name},
@@ -280,7 +335,47 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                      {{"prompt_tokens", prompt_len},
                       {"completion_tokens", completion_tokens},
                       {"total_tokens", prompt_len + completion_tokens}}}};
-        res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+            return std::nullopt;
+        };
+        // Short replies are answered from this thread with their real status.
+        const auto grace = std::chrono::steady_clock::now() + kWholeReplyGrace;
+        bool more = true;
+        while (more && std::chrono::steady_clock::now() < grace) more = collect(*state, std::chrono::milliseconds(100));
+        if (!more) {
+            json out;
+            if (auto e = reply(*state, &out)) return send_error(res, *e);
+            res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
+            return;
+        }
+        // A longer one: the body goes out chunked, a space (JSON ignores leading whitespace) every half second while
+        // the jobs run, so that a client that has gone away is noticed when a write fails and its jobs are cancelled
+        // (httplib tells a handler nothing else about the connection). Status 200 is sent with the first space: an
+        // error after that is the body's OpenAI error object.
+        res.set_chunked_content_provider(
+            "application/json",
+            [state, collect, reply](size_t, httplib::DataSink& sink) {
+                if (state->done) return false;
+                if (!collect(*state, std::chrono::milliseconds(100))) {
+                    json out;
+                    if (auto e = reply(*state, &out)) out = error_body(*e);
+                    const std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
+                    state->done = true;
+                    if (!sink.write(text.data(), text.size())) return false;
+                    sink.done();
+                    return true;
+                }
+                if (std::chrono::steady_clock::now() - state->last_write >= kWholeReplyPing) {
+                    state->last_write = std::chrono::steady_clock::now();
+                    if (!sink.write(" ", 1)) return false;
+                }
+                return true;
+            },
+            [this, state](bool) {
+                if (!state->done) {
+                    ++metrics.cancelled;
+                    state->stream->cancel();
+                }
+            });
         return;
     }
 
@@ -296,7 +391,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     };
     auto st = std::make_shared<StreamState>();
     st->stream = std::move(stream);
-    st->choices.resize(p.n);
+    st->choices = std::move(choices);
     ++metrics.streaming;
     auto chunk_base = [=, this] {
         json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
@@ -304,13 +399,17 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         if (p.include_usage) j["usage"] = nullptr;
         return j;
     };
-    // With tools the reply is held until it ends: whether it is a tool call is only known then.
-    const bool hold = chat && !p.tools.is_null();
+    // The opening the server wrote goes to the parser first: it holds it as the start of a call.
+    for (auto& c : st->choices) {
+        std::vector<ToolCallParser::Piece> unused;
+        if (c.parser) c.parser->feed(opening, &unused);
+        if (!unused.empty()) c.early = std::move(unused);
+    }
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, p, chat, hold, echo, prompt_len, chunk_base](size_t, httplib::DataSink& sink) {
+        [this, st, p, chat, echo, prompt_len, chunk_base](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
                 const std::string line =
                     "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -325,35 +424,53 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 json lp = nullptr;
                 if (p.logprobs) add_logprobs(u, chat, &c, &lp);
                 c.generated = u.generated_tokens;
-                json choice = {{"index", index}, {"logprobs", lp}, {"finish_reason", nullptr}};
                 if (chat) {
-                    json delta = json::object();
-                    if (!c.role_sent) {
-                        delta["role"] = "assistant";
-                        delta["content"] = "";
-                        c.role_sent = true;
-                    }
-                    if (hold) {
-                        c.text += u.text;
+                    // Deltas of this update: content, or (with tools) content and tool-call deltas in order.
+                    std::vector<json> deltas;
+                    if (c.parser) {
+                        std::vector<ToolCallParser::Piece> pieces = std::move(c.early);
+                        c.early.clear();
+                        c.parser->feed(u.text, &pieces);
+                        if (u.finish != FinishReason::kNone) c.parser->finish(&pieces);
+                        for (auto& piece : pieces) {
+                            if (!piece.tool_call.is_null())
+                                deltas.push_back({{"tool_calls", json::array({std::move(piece.tool_call)})}});
+                            else if (!deltas.empty() && deltas.back().contains("content"))
+                                deltas.back()["content"] = deltas.back()["content"].get<std::string>() + piece.content;
+                            else if (!piece.content.empty())
+                                deltas.push_back({{"content", std::move(piece.content)}});
+                        }
                     } else if (!u.text.empty()) {
-                        delta["content"] = u.text;
+                        deltas.push_back({{"content", u.text}});
                     }
-                    choice["delta"] = delta;
-                    if (p.logprobs && lp.is_array()) choice["logprobs"] = {{"content", lp}};
+                    if (!c.role_sent) {
+                        c.role_sent = true;
+                        if (!deltas.empty() && deltas.front().contains("content"))
+                            deltas.front()["role"] = "assistant";
+                        else
+                            deltas.insert(deltas.begin(), json{{"role", "assistant"}, {"content", ""}});
+                    }
+                    if (deltas.empty() && p.logprobs) deltas.push_back(json::object());
+                    for (size_t k = 0; k < deltas.size(); ++k) {
+                        json choice = {{"index", index}, {"delta", std::move(deltas[k])}, {"logprobs", nullptr},
+                                       {"finish_reason", nullptr}};
+                        if (k == 0 && p.logprobs && lp.is_array()) choice["logprobs"] = {{"content", lp}};
+                        json j = chunk_base();
+                        j["choices"] = json::array({std::move(choice)});
+                        if (!send(j)) return false;
+                    }
                 } else {
                     std::string t = u.text;
                     if (!c.role_sent) {
                         t = echo + t;  // echo rides on the first chunk
                         c.role_sent = true;
                     }
-                    choice["text"] = t;
-                }
-                const bool has_payload = chat ? choice["delta"].size() > 0 || p.logprobs
-                                              : !choice["text"].get<std::string>().empty() || p.logprobs;
-                if (has_payload) {
-                    json j = chunk_base();
-                    j["choices"] = json::array({choice});
-                    if (!send(j)) return false;
+                    if (!t.empty() || p.logprobs) {
+                        json j = chunk_base();
+                        j["choices"] = json::array(
+                            {json{{"index", index}, {"text", t}, {"logprobs", lp}, {"finish_reason", nullptr}}});
+                        if (!send(j)) return false;
+                    }
                 }
                 if (u.finish == FinishReason::kNone) continue;
                 c.finish = u.finish;
@@ -366,22 +483,9 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 json fin = {{"index", index}, {"logprobs", nullptr},
                             {"finish_reason", openai_finish_reason(u.finish)}};
                 if (chat) {
-                    json delta = json::object();
-                    ParsedToolCalls calls;
-                    if (hold && parse_hermes_tool_calls(c.text, &calls)) {
-                        json deltas = json::array();
-                        for (size_t k = 0; k < calls.calls.size(); ++k) {
-                            json d = calls.calls[k];
-                            d["index"] = k;
-                            deltas.push_back(d);
-                        }
-                        if (!calls.content.empty()) delta["content"] = calls.content;
-                        delta["tool_calls"] = deltas;
-                        if (u.finish != FinishReason::kLength) fin["finish_reason"] = "tool_calls";
-                    } else if (hold && !c.text.empty()) {
-                        delta["content"] = c.text;
-                    }
-                    fin["delta"] = delta;
+                    fin["delta"] = json::object();
+                    if (c.parser && c.parser->calls() > 0 && u.finish != FinishReason::kLength)
+                        fin["finish_reason"] = "tool_calls";
                 } else {
                     fin["text"] = "";
                 }
@@ -504,7 +608,7 @@ void Server::Impl::setup_routes() {
         res.set_content(json{{"status", "ok"}, {"jobs", q.jobs}}.dump(), "application/json");
     });
     http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        json body;
+        ojson body;
         if (auto e = parse_body(req, &body)) return send_error(res, *e);
         std::vector<int32_t> ids;
         if (body.contains("messages")) {
@@ -541,7 +645,7 @@ void Server::Impl::setup_routes() {
                         "application/json");
     });
     http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        json body;
+        ojson body;
         if (auto e = parse_body(req, &body)) return send_error(res, *e);
         auto it = body.find("tokens");
         if (it == body.end() || !it->is_array())
@@ -597,10 +701,25 @@ Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_p
     auto impl = std::make_unique<Impl>(model, tokenizer, options);
     impl->context = model.info().context_length;
     impl->vocab = model.info().vocab_size;
-    if (const std::string* source = tokenizer->chat_template()) {
+    const std::string* source = tokenizer->chat_template();
+    if (!options.chat_template.empty()) source = &options.chat_template;
+    if (source) {
         auto t = ChatTemplate::parse(*source);
         if (!t.is_ok()) return t.status().with_context("parsing the model's chat template");
         impl->tmpl = std::move(*t);
+        std::string how = "--tool-format " + options.tool_format;
+        if (options.tool_format.empty() || options.tool_format == "auto") {
+            impl->tool_format = detect_tool_format(*source, &how);
+        } else if (auto f = tool_format_from_name(options.tool_format)) {
+            impl->tool_format = *f;
+        } else {
+            return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, hermes, llama3, mistral, "
+                                                "mistral-args",
+                                                options.tool_format));
+        }
+        for (const std::string& m : tool_call_markers(impl->tool_format))
+            if (auto id = tokenizer->token_to_id(m); id && tokenizer->is_special(*id)) impl->tool_markers_special = true;
+        log_info("serve: tool calls parsed as {} ({})", tool_format_name(impl->tool_format), how);
     } else {
         log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
     }

@@ -28,6 +28,8 @@ struct ServerOptions {
     int max_queue = 64;              // jobs queued or running at once; more get 429
     int http_threads = 0;            // 0: max_queue + 16 (a streaming client holds a thread for its whole reply)
     int default_max_tokens = 0;      // when a request gives none; 0: as many as the context leaves
+    std::string chat_template;       // template source replacing the model's (empty: the model's)
+    std::string tool_format = "auto";  // auto (from the template's markers), hermes, llama3, mistral, mistral-args
 };
 
 class Server {

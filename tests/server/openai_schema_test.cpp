@@ -6,7 +6,7 @@
 namespace exl3::server {
 namespace {
 
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // as the server parses bodies
 
 TEST(OpenAiSchema, ParsesAChatRequest) {
     json body = json::parse(R"({"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
@@ -62,6 +62,40 @@ TEST(OpenAiSchema, HermesToolCalls) {
     ParsedToolCalls none;
     EXPECT_FALSE(parse_hermes_tool_calls("no calls here", &none));
     EXPECT_FALSE(parse_hermes_tool_calls("<tool_call>not json</tool_call>", &none));
+}
+
+TEST(OpenAiSchema, ToolChoice) {
+    const std::string tools = R"("tools": [{"type": "function", "function": {"name": "get_weather"}}])";
+    auto parse = [](const std::string& body, ParsedRequest* r) { return parse_request(json::parse(body), true, r); };
+    const std::string msgs = R"("messages": [{"role": "user", "content": "a"}])";
+    ParsedRequest r;
+    ASSERT_FALSE(parse("{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "parallel_tool_calls": false})", &r));
+    EXPECT_EQ(r.tool_choice, "function");
+    EXPECT_EQ(r.tool_function, "get_weather");
+    EXPECT_FALSE(r.parallel_tool_calls);
+    ParsedRequest none;
+    ASSERT_FALSE(parse("{" + msgs + ", " + tools + R"(, "tool_choice": "none"})", &none));
+    EXPECT_TRUE(none.tools.is_null());  // not rendered
+    for (const std::string& bad : std::vector<std::string>{"{" + msgs + R"(, "tool_choice": "required"})",
+                                  "{" + msgs + ", " + tools + R"(, "tool_choice": {"type": "function", "function": {"name": "other"}}})",
+                                  "{" + msgs + ", " + tools + R"(, "tool_choice": "sometimes"})",
+                                  "{" + msgs + ", " + tools + R"(, "tool_choice": 3})",
+                                  "{" + msgs + ", " + tools + R"(, "parallel_tool_calls": "yes"})"}) {
+        ParsedRequest b;
+        auto err = parse(bad, &b);
+        ASSERT_TRUE(err.has_value()) << bad;
+        EXPECT_EQ(err->http_status, 400);
+        EXPECT_FALSE(err->param.empty()) << bad;
+    }
+}
+
+TEST(OpenAiSchema, DeepNestingIsRefused) {
+    std::string deep = R"({"messages": [{"role": "user", "content": "a"}], "extra": )";
+    deep += std::string(100000, '[') + std::string(100000, ']') + "}";
+    ParsedRequest r;
+    auto err = parse_request(json::parse(deep), true, &r);
+    ASSERT_TRUE(err.has_value());
+    EXPECT_EQ(err->http_status, 400);
 }
 
 }  // namespace

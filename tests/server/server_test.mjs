@@ -1,48 +1,69 @@
 // exl3 serve driven by the official openai client: chat, completions, streaming with usage, models, bad input (each
-// must get its 4xx and leave the server up), a client that disconnects, and a load test of concurrent streaming
-// clients. Usage: node server_test.mjs EXL3_BINARY MODEL_DIR. Loopback only; every wait is bounded.
+// must get its 4xx and leave the server up), clients that disconnect (streaming and not), tool calls (forced, round
+// trip, streamed deltas, tool_choice; in the Hermes, Llama 3 and Mistral formats) and a load test of concurrent
+// streaming clients. Usage: node server_test.mjs EXL3_BINARY FALLBACK_MODEL_DIR [SHARED_DIR]: the model is
+// SHARED_DIR/models/tiny-target (EXL3_SHARED_DIR overrides SHARED_DIR) when it is there, else the fallback.
+// Loopback only; every wait is bounded.
 import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
 
-const [exl3, modelDir] = process.argv.slice(2);
+const [exl3, fallbackModel, sharedArg] = process.argv.slice(2);
+const shared = process.env.EXL3_SHARED_DIR || sharedArg;
+const modelDir = shared && existsSync(`${shared}/models/tiny-target/config.json`) ? `${shared}/models/tiny-target`
+                                                                                   : fallbackModel;
+const templates = shared && existsSync(`${shared}/templates`) ? `${shared}/templates` : null;
 const KEY = "test-key";
-const deadline = setTimeout(() => fail("the whole test took over 90 s"), 90_000);
+const CONTEXT = 512;  // room for the tool prompts of the templates tested
+const deadline = setTimeout(() => fail("the whole test took over 100 s"), 100_000);
 let server;
+const extraServers = new Set();
 
 function fail(msg) {
     console.error("FAIL:", msg);
     if (server) server.kill("SIGKILL");
+    for (const s of extraServers) s.kill("SIGKILL");
     process.exit(1);
 }
 
-// Starts the server on a free port (--port 0) and reads the port from its stdout line.
-function start() {
+// Starts a server on a free port (--port 0) and reads the port from its stdout line.
+function start(extra = []) {
     return new Promise((resolve, reject) => {
-        server = spawn(exl3, ["serve", "-m", modelDir, "--port", "0", "-c", "256", "--api-key", KEY,
-                              "--max-body-mb", "1", "--max-queue", "96", "-t", "2"],
-                       { stdio: ["ignore", "pipe", "inherit"] });
+        const proc = spawn(exl3, ["serve", "-m", modelDir, "--port", "0", "-c", String(CONTEXT), "--api-key", KEY,
+                                  "--max-body-mb", "1", "--max-queue", "96", "-t", "2", ...extra],
+                           { stdio: ["ignore", "pipe", "inherit"] });
         let out = "";
-        server.stdout.on("data", (d) => {
+        proc.stdout.on("data", (d) => {
             out += d;
             const m = out.match(/listening on (http:\/\/[0-9.]+:\d+)/);
-            if (m) resolve(m[1]);
+            if (m) resolve({ proc, base: m[1] });
         });
-        server.on("exit", (code) => reject(new Error(`exl3 serve exited with ${code} before listening`)));
+        proc.on("exit", (code) => reject(new Error(`exl3 serve exited with ${code} before listening`)));
         setTimeout(() => reject(new Error("exl3 serve did not listen within 20 s")), 20_000);
     });
 }
 
-const base = await start().catch((e) => fail(e.message));
+async function stop(proc) {
+    proc.removeAllListeners("exit");
+    const exited = new Promise((r) => proc.on("exit", (c, sig) => r(c ?? sig)));
+    proc.kill("SIGTERM");
+    return exited;
+}
+
+const main = await start().catch((e) => fail(e.message));
+server = main.proc;
+const base = main.base;
+console.log(`model: ${modelDir}`);
 server.on("exit", (code) => fail(`the server died (exit ${code})`));
 const client = new OpenAI({ apiKey: KEY, baseURL: base + "/v1", maxRetries: 0, timeout: 30_000 });
 const MODEL = modelDir.split("/").filter(Boolean).pop();
 const msgs = [{ role: "system", content: "Be brief." }, { role: "user", content: "Say hello." }];
 
-async function raw(method, path, body, { key = KEY, type = "application/json" } = {}) {
+async function raw(method, path, body, { key = KEY, type = "application/json", at = base, signal } = {}) {
     const headers = { "Content-Type": type };
     if (key !== null) headers.Authorization = `Bearer ${key}`;
-    const r = await fetch(base + path, { method, headers, body });
+    const r = await fetch(at + path, { method, headers, body, signal });
     const text = await r.text();
     let json = null;
     try { json = JSON.parse(text); } catch { /* not JSON: the caller checks */ }
@@ -81,6 +102,103 @@ async function streamChat(params) {
     assert.ok(usage && usage.completion_tokens >= 1 && usage.total_tokens === usage.prompt_tokens +
               usage.completion_tokens, "a usage chunk");
     return { text, finish, usage };
+}
+
+// Waits until the server has cancelled `atLeast` jobs in all and has none left.
+async function cancelledAtLeast(atLeast, what) {
+    for (let i = 0; i < 80; i++) {
+        const m = await raw("GET", "/metrics");
+        const n = Number((m.text.match(/exl3_cancelled_total (\d+)/) || [])[1]);
+        if (n >= atLeast && /exl3_queue_depth 0/.test(m.text)) return;
+        await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.fail(`${what}: the disconnected client's job was not cancelled`);
+}
+
+// Tools: get_time takes no parameters, get_weather a city.
+const TOOLS = [
+    { type: "function", function: { name: "get_time", description: "The current time",
+                                     parameters: { type: "object", properties: {} } } },
+    { type: "function", function: { name: "get_weather", description: "The weather in a city",
+                                     parameters: { type: "object", properties: { city: { type: "string" } },
+                                                   required: ["city"] } } },
+];
+const askTime = [{ role: "user", content: "What time is it?" }];
+
+// A tiny model does not write tool calls by itself. Forced, deterministically and with ordinary request fields only:
+// tool_choice names get_time, so the server opens the call up to its arguments; greedy decoding with logit_bias on
+// "{", "}", " }" (and "]" for Mistral's list) and EOS, and a repetition penalty of 10 over the last 4 tokens, make the
+// model write "{", "}", " }" (, "]") and stop: each biased token wins once, then is pushed below the next.
+async function forcedToolCallParams(at, closeList) {
+    const id = async (text) => {
+        const r = await raw("POST", "/tokenize", JSON.stringify({ prompt: text, add_special_tokens: false }), { at });
+        assert.equal(r.status, 200);
+        assert.equal(r.json.tokens.length, 1, `'${text}' is one token`);
+        return r.json.tokens[0];
+    };
+    const bias = { [await id("{")]: 100, [await id("}")]: 80, [await id(" }")]: 65 };
+    if (closeList) bias[await id("]")] = 50;
+    bias[await id("<|im_end|>")] = 40;
+    return { messages: askTime, tools: TOOLS, tool_choice: { type: "function", function: { name: "get_time" } },
+             temperature: 0, max_tokens: 8, logit_bias: bias, repetition_penalty: 10, penalty_range: 4 };
+}
+
+// One forced call, non-streaming and streaming: the same call; the deltas in OpenAI's order (id, type and name
+// first, then arguments); then the call goes back in with its result and the server answers.
+async function toolCallRoundTrip(at, closeList, idPattern) {
+    const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
+    const params = { model: MODEL, ...(await forcedToolCallParams(at, closeList)) };
+    const r = await c.chat.completions.create(params);
+    const choice = r.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls", JSON.stringify(r));
+    assert.equal(choice.message.content, null);
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.equal(call.type, "function");
+    assert.match(call.id, idPattern);
+    assert.equal(call.function.name, "get_time");
+    assert.deepEqual(JSON.parse(call.function.arguments), {});
+
+    // Streamed: raw deltas checked one by one, and the SDK's own accumulator.
+    const stream = await c.chat.completions.create({ ...params, stream: true });
+    const calls = [];
+    let finish = null, content = "";
+    for await (const chunk of stream) {
+        for (const ch of chunk.choices) {
+            if (ch.delta.content) content += ch.delta.content;
+            if (ch.finish_reason) finish = ch.finish_reason;
+            for (const d of ch.delta.tool_calls ?? []) {
+                if (!calls[d.index]) {
+                    assert.ok(d.id && d.type === "function" && d.function.name, "a call's first delta: id, type, name");
+                    assert.equal(d.function.arguments, "", "arguments come after the name");
+                    calls[d.index] = { id: d.id, type: d.type, function: { name: d.function.name, arguments: "" } };
+                } else {
+                    assert.equal(d.id, undefined);
+                    calls[d.index].function.arguments += d.function.arguments ?? "";
+                }
+            }
+        }
+    }
+    assert.equal(finish, "tool_calls");
+    assert.equal(content, "");
+    const strip = (list) => list.map(({ id, ...rest }) => rest);
+    assert.deepEqual(strip(calls), strip(choice.message.tool_calls));
+    const final = await c.chat.completions.stream(params).finalChatCompletion();
+    assert.equal(final.choices[0].finish_reason, "tool_calls");
+    assert.deepEqual(strip(final.choices[0].message.tool_calls.map(({ id, type, function: f }) =>
+        ({ id, type, function: { name: f.name, arguments: f.arguments } }))), strip(choice.message.tool_calls));
+
+    // Round trip: the call and its result go back in; the template renders them and the server answers.
+    const history = [...askTime, { role: "assistant", content: null, tool_calls: [call] },
+                     { role: "tool", tool_call_id: call.id, content: "12:00" }];
+    const back = await c.chat.completions.create({ model: MODEL, messages: history, tools: TOOLS, max_tokens: 6,
+                                                   temperature: 0 });
+    assert.ok(["stop", "length", "tool_calls"].includes(back.choices[0].finish_reason));
+    const t = await raw("POST", "/tokenize", JSON.stringify({ messages: history, tools: TOOLS }), { at });
+    assert.equal(t.status, 200, t.text);
+    const d = await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }), { at });
+    assert.ok(d.json.prompt.includes("get_time") && d.json.prompt.includes("12:00"), d.json.prompt);
+    return d.json.prompt;
 }
 
 const tests = {
@@ -163,7 +281,7 @@ const tests = {
         const bad = Buffer.concat([Buffer.from('{"messages":[{"role":"user","content":"'), Buffer.from([0xff, 0xfe]),
                                    Buffer.from('"}]}')]);
         expectError(await raw("POST", "/v1/chat/completions", bad), 400, "invalid UTF-8");
-        const long = "word ".repeat(600);
+        const long = "word ".repeat(CONTEXT + 100);
         expectError(await chat({ messages: [{ role: "user", content: long }] }), 400, "prompt longer than the context");
         expectError(await raw("POST", "/v1/completions", JSON.stringify({ prompt: long })), 400, "long completion");
         expectError(await raw("POST", "/v1/completions", JSON.stringify({ prompt: 12 })), 400, "prompt as a number");
@@ -182,10 +300,94 @@ const tests = {
         const r = await client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 1e12,
                                                         temperature: 0, stop: ["."] });
         assert.ok(["stop", "length"].includes(r.choices[0].finish_reason));
-        assert.ok(r.usage.total_tokens <= 256);
+        assert.ok(r.usage.total_tokens <= CONTEXT);
         await healthy();
     },
+    async toolCalls() {
+        const prompt = await toolCallRoundTrip(base, false, /^call_[0-9a-f]{24}$/);
+        // Hermes/Qwen: the call rendered back as the model writes it, the result as a tool response.
+        assert.ok(prompt.includes('<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'), prompt);
+        assert.ok(prompt.includes("<tool_response>\n12:00\n</tool_response>"), prompt);
+        // Arguments arrive as a JSON string and are rendered as the mapping templates expect.
+        const history = [...askTime, { role: "assistant", content: "",
+                                       tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather",
+                                                      arguments: '{"city": "Paris"}' } }] },
+                         { role: "tool", tool_call_id: "call_1", content: "sunny" }];
+        const t = await raw("POST", "/tokenize", JSON.stringify({ messages: history, tools: TOOLS }));
+        const d = await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }));
+        assert.ok(d.json.prompt.includes('{"name": "get_weather", "arguments": {"city": "Paris"}}'), d.json.prompt);
+        const r = await client.chat.completions.create({ model: MODEL, messages: history, tools: TOOLS, max_tokens: 6,
+                                                        temperature: 0 });
+        assert.equal(r.choices[0].message.role, "assistant");
+    },
+    async toolChoice() {
+        const count = async (body) => (await raw("POST", "/tokenize", JSON.stringify(body))).json.count;
+        // none: the tools are not rendered at all.
+        assert.equal(await count({ messages: askTime, tools: TOOLS, tool_choice: "none" }),
+                     await count({ messages: askTime }));
+        assert.ok(await count({ messages: askTime, tools: TOOLS }) > await count({ messages: askTime }));
+        // auto: an ordinary reply (content, or calls if the model wrote any).
+        const auto = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
+                                                           tool_choice: "auto", max_tokens: 8, temperature: 0 });
+        assert.ok(["stop", "length", "tool_calls"].includes(auto.choices[0].finish_reason));
+        // required: the reply is opened with <tool_call>; what the model writes after it is a call if it is one,
+        // else the whole text (opening included) comes back as content.
+        const req = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
+                                                          tool_choice: "required", max_tokens: 8, temperature: 0 });
+        const m = req.choices[0].message;
+        assert.ok(m.tool_calls?.length > 0 || m.content.startsWith("<tool_call>"), JSON.stringify(m));
+        const named = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
+            tool_choice: { type: "function", function: { name: "get_weather" } }, max_tokens: 8, temperature: 0 });
+        const n = named.choices[0].message;
+        assert.ok(n.tool_calls?.[0]?.function.name === "get_weather" ||
+                  n.content.startsWith('<tool_call>\n{"name": "get_weather", "arguments": '), JSON.stringify(n));
+        const chat = (body) => raw("POST", "/v1/chat/completions", JSON.stringify(body));
+        expectError(await chat({ messages: askTime, tool_choice: "required" }), 400, "required without tools");
+        expectError(await chat({ messages: askTime, tools: TOOLS, tool_choice: { type: "function",
+                                 function: { name: "nope" } } }), 400, "a named function not in tools");
+        expectError(await chat({ messages: askTime, tools: [{ type: "function" }] }), 400, "a tool without function");
+        expectError(await chat({ messages: askTime, tools: TOOLS, parallel_tool_calls: "no" }), 400,
+                    "parallel_tool_calls as a string");
+        expectError(await chat({ messages: askTime, tools: TOOLS, tool_choice: 7 }), 400, "tool_choice as a number");
+    },
+    async toolFormats() {
+        // The same round trip with Llama 3.1's and Mistral's templates (tools parsed in the format each teaches).
+        if (!templates) return console.log("     (no ../shared/templates: Llama and Mistral formats skipped)");
+        for (const [file, closeList, idPattern] of [
+            ["meta-llama-Llama-3.1-8B-Instruct.jinja", false, /^call_[0-9a-f]{24}$/],
+            ["mistralai-Mistral-Nemo-Instruct-2407.jinja", true, /^[A-Za-z0-9]{9}$/]]) {
+            const s = await start(["--chat-template", `${templates}/${file}`]);
+            extraServers.add(s.proc);
+            s.proc.on("exit", (code) => fail(`the ${file} server died (exit ${code})`));
+            try {
+                const prompt = await toolCallRoundTrip(s.base, closeList, idPattern);
+                if (closeList) assert.match(prompt, /\[TOOL_CALLS\]\[\{"name": "get_time", "arguments": \{\}, "id": "[A-Za-z0-9]{9}"\}\]/);
+                else assert.ok(prompt.includes('{"name": "get_time", "parameters": {}}'), prompt);
+            } finally {
+                const code = await stop(s.proc);
+                extraServers.delete(s.proc);
+                assert.equal(code, 0, `the ${file} server exited with ${code}`);
+            }
+        }
+    },
+    async disconnectWhole() {
+        // A non-streaming request whose client goes away: the server notices at a write of its body (it sends
+        // whitespace while the jobs run) and cancels the jobs.
+        const before = Number(((await raw("GET", "/metrics")).text.match(/exl3_cancelled_total (\d+)/) || [])[1]);
+        const ac = new AbortController();
+        const pending = client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 220, n: 16,
+                                                        ignore_eos: true }, { signal: ac.signal });
+        setTimeout(() => ac.abort(), 300);
+        await assert.rejects(pending);
+        await cancelledAtLeast(before + 1, "non-streaming");
+        // A long one that is not cut off gets its whole, well-formed reply.
+        const r = await client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 200, n: 6,
+                                                        ignore_eos: true, temperature: 0 });
+        assert.equal(r.choices.length, 6);
+        for (const ch of r.choices) assert.equal(ch.finish_reason, "length");
+    },
     async disconnect() {
+        const before = Number(((await raw("GET", "/metrics")).text.match(/exl3_cancelled_total (\d+)/) || [])[1]);
         const ac = new AbortController();
         const stream = await client.chat.completions.create({ model: MODEL, messages: msgs, max_tokens: 200,
                                                               ignore_eos: true, stream: true }, { signal: ac.signal });
@@ -194,12 +396,7 @@ const tests = {
             for await (const _ of stream) if (++n === 3) ac.abort();
         } catch { /* the abort */ }
         // The server notices at its next write and cancels the job.
-        for (let i = 0; i < 50; i++) {
-            const m = await raw("GET", "/metrics");
-            if (/exl3_cancelled_total [1-9]/.test(m.text) && /exl3_queue_depth 0/.test(m.text)) return;
-            await new Promise((r) => setTimeout(r, 100));
-        }
-        assert.fail("the disconnected client's job was not cancelled");
+        await cancelledAtLeast(before + 1, "streaming");
     },
     async load() {
         const t0 = Date.now();
@@ -231,9 +428,7 @@ for (const name of only) {
         console.log(`FAIL ${name}: ${e.stack || e}`);
     }
 }
-server.removeAllListeners("exit");
-server.kill("SIGTERM");
-const code = await new Promise((r) => server.on("exit", (c, sig) => r(c ?? sig)));
+const code = await stop(server);
 clearTimeout(deadline);
 if (code !== 0) fail(`the server exited with ${code} on SIGTERM`);
 console.log(failed ? `${failed} failed` : "all passed");

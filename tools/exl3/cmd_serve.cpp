@@ -5,7 +5,11 @@
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
+
+#include <fmt/core.h>
 
 #include "core/log.h"
 #include "exl3/model.h"
@@ -25,6 +29,7 @@ struct ServeOptions {
     server::ServerOptions server;
     GeneratorOptions gen;
     size_t max_body_mb = 8;
+    std::string chat_template_file;
 };
 
 int serve(ServeOptions& o) {
@@ -45,6 +50,14 @@ int serve(ServeOptions& o) {
     pthread_sigmask(SIG_BLOCK, &set, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
 
+    if (!o.chat_template_file.empty()) {
+        std::ifstream f(o.chat_template_file, std::ios::binary);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        if (!f || ss.str().empty())
+            return fail("serve", fmt::format("cannot read the chat template file '{}'", o.chat_template_file));
+        o.server.chat_template = ss.str();
+    }
     auto tok = Tokenizer::load(o.model);
     if (!tok.is_ok()) return fail("serve", tok.status().to_string());
     LoadOptions lo;
@@ -98,6 +111,12 @@ Runner add_serve(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--default-max-tokens", o->server.default_max_tokens,
                    "max_tokens of requests that give none (0 = what the context leaves)")
+        ->capture_default_str();
+    app.add_option("--chat-template", o->chat_template_file,
+                   "a Jinja chat template file to use instead of the model's (tools are parsed in its format)");
+    app.add_option("--tool-format", o->server.tool_format,
+                   "tool-call syntax to parse: auto (from the template's markers; <tool_call> when none is known), "
+                   "hermes, llama3, mistral, mistral-args")
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads for the model (0 = all)");

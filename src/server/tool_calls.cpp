@@ -1,0 +1,505 @@
+#include "server/tool_calls.h"
+
+#include "server/openai.h"
+
+namespace exl3::server {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+namespace {
+
+constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
+// Deeper JSON in a call is not a call: dump() recurses, and no tool schema nests this far.
+constexpr int kMaxJsonDepth = 64;
+// A Mistral function name longer than this before its [ARGS] is not a name.
+constexpr size_t kMaxNameBytes = 256;
+
+bool is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+size_t skip_ws(std::string_view s, size_t i) {
+    while (i < s.size() && is_ws(s[i])) ++i;
+    return i;
+}
+
+// The longest proper prefix of `marker` that `s` ends with (text to hold back: the marker may be arriving).
+size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
+    for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
+        if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
+    return 0;
+}
+
+// Mistral tool call ids: 9 characters from [a-zA-Z0-9], which its templates check.
+std::string mistral_id() {
+    static constexpr char kAlnum[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    const std::string hex = random_id(18);
+    std::string id(9, 'a');
+    for (size_t i = 0; i < id.size(); ++i)
+        id[i] = kAlnum[(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1])) % (sizeof(kAlnum) - 1)];
+    return id;
+}
+
+bool valid_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+           c == '.' || c == ':';
+}
+
+// name, arguments (as the OpenAI JSON string) and id of one call object; false when it is not a call.
+bool call_fields(const ojson& call, std::string* name, std::string* args, std::string* id) {
+    if (!call.is_object()) return false;
+    auto n = call.find("name");
+    if (n == call.end() || !n->is_string() || n->get_ref<const std::string&>().empty()) return false;
+    *name = n->get<std::string>();
+    auto a = call.find("arguments");
+    if (a == call.end()) a = call.find("parameters");
+    if (a == call.end() || a->is_null()) {
+        *args = "{}";
+    } else if (a->is_object()) {
+        *args = a->dump();
+    } else if (a->is_string()) {
+        *args = a->get<std::string>();  // JSON already serialised by the model: kept as written if it is an object
+        if (args->empty()) {
+            *args = "{}";
+        } else {
+            const json parsed = json::parse(*args, nullptr, /*allow_exceptions=*/false);
+            if (parsed.is_discarded() || !parsed.is_object()) return false;
+        }
+    } else {
+        return false;
+    }
+    id->clear();
+    if (auto i = call.find("id"); i != call.end() && i->is_string()) *id = i->get<std::string>();
+    return true;
+}
+
+}  // namespace
+
+const char* tool_format_name(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::kHermes:
+            return "hermes";
+        case ToolFormat::kLlama3:
+            return "llama3";
+        case ToolFormat::kMistral:
+            return "mistral";
+        case ToolFormat::kMistralArgs:
+            return "mistral-args";
+    }
+    return "hermes";
+}
+
+std::optional<ToolFormat> tool_format_from_name(std::string_view name) {
+    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs})
+        if (name == tool_format_name(f)) return f;
+    if (name == "qwen") return ToolFormat::kHermes;
+    return std::nullopt;
+}
+
+ToolFormat detect_tool_format(std::string_view src, std::string* how) {
+    auto set_how = [&](std::string s) {
+        if (how) *how = std::move(s);
+    };
+    // Mistral first: its templates are the only ones with [TOOL_CALLS]; then the Hermes tag, which Hermes-on-Llama
+    // templates show beside Llama's own words; then Llama 3's python tag or its {"name", "parameters"} instruction.
+    if (src.find(kMistralCalls) != std::string_view::npos) {
+        const bool args = src.find(kMistralArgs) != std::string_view::npos;
+        set_how(args ? "the template writes [TOOL_CALLS] and [ARGS]" : "the template writes [TOOL_CALLS]");
+        return args ? ToolFormat::kMistralArgs : ToolFormat::kMistral;
+    }
+    if (src.find(kHermesOpen) != std::string_view::npos) {
+        set_how("the template writes <tool_call>");
+        return ToolFormat::kHermes;
+    }
+    // "parameters" alone is too common (every JSON schema has it): with Llama 3's header token it is its format.
+    if (src.find(kPythonTag) != std::string_view::npos || (src.find("\"parameters\"") != std::string_view::npos &&
+                                                           src.find("<|start_header_id|>") != std::string_view::npos)) {
+        set_how("the template writes <|python_tag|>, or \"parameters\" in a Llama 3 template");
+        return ToolFormat::kLlama3;
+    }
+    set_how("no known tool-call marker in the template: falling back to <tool_call> (Hermes)");
+    return ToolFormat::kHermes;
+}
+
+std::string tool_call_opening(ToolFormat f, const std::string& function) {
+    const std::string quoted = json(function).dump();
+    switch (f) {
+        case ToolFormat::kHermes:
+            return function.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": " + quoted + ", \"arguments\": ";
+        case ToolFormat::kLlama3:
+            return function.empty() ? "{\"name\": \"" : "{\"name\": " + quoted + ", \"parameters\": ";
+        case ToolFormat::kMistral:
+            return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS][{\"name\": " + quoted + ", \"arguments\": ";
+        case ToolFormat::kMistralArgs:
+            return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS]" + function + "[ARGS]";
+    }
+    return {};
+}
+
+std::vector<std::string> tool_call_markers(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::kHermes:
+            return {std::string(kHermesOpen), std::string(kHermesClose)};
+        case ToolFormat::kLlama3:
+            return {std::string(kPythonTag)};
+        case ToolFormat::kMistral:
+        case ToolFormat::kMistralArgs:
+            return {std::string(kMistralCalls), std::string(kMistralArgs), std::string(kMistralCallId)};
+    }
+    return {};
+}
+
+size_t json_container_end(std::string_view s, size_t pos, bool* bad) {
+    *bad = false;
+    if (pos >= s.size()) return std::string_view::npos;
+    if (s[pos] != '{' && s[pos] != '[') {
+        *bad = true;
+        return std::string_view::npos;
+    }
+    int depth = 0;
+    bool in_string = false, escape = false;
+    for (size_t i = pos; i < s.size(); ++i) {
+        const char c = s[i];
+        if (in_string) {
+            if (escape)
+                escape = false;
+            else if (c == '\\')
+                escape = true;
+            else if (c == '"')
+                in_string = false;
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            if (++depth > kMaxJsonDepth) {
+                *bad = true;
+                return std::string_view::npos;
+            }
+        } else if (c == '}' || c == ']') {
+            if (--depth == 0) return i + 1;
+        }
+    }
+    return std::string_view::npos;
+}
+
+ToolCallParser::ToolCallParser(ToolFormat format, bool parallel) : format_(format), parallel_(parallel) {}
+
+void ToolCallParser::feed(std::string_view text, std::vector<Piece>* out) {
+    if (state_ == State::kPlain) {
+        if (!text.empty()) out->push_back(Piece{std::string(text), nullptr});
+        return;
+    }
+    buf_.append(text);
+    run(false, out);
+}
+
+void ToolCallParser::finish(std::vector<Piece>* out) {
+    run(true, out);
+    // Whitespace that ended the content is kept when the reply is only content; around calls it is layout.
+    if (calls_ == 0 && !pending_ws_.empty()) out->push_back(Piece{pending_ws_, nullptr});
+    pending_ws_.clear();
+}
+
+void ToolCallParser::run(bool final, std::vector<Piece>* out) {
+    bool progress = true;
+    while (progress) {
+        if (state_ == State::kContent)
+            progress = step_content(final, out);
+        else if (state_ == State::kCall)
+            progress = step_call(final, out);
+        else
+            progress = false;
+    }
+    if (state_ == State::kPlain && !buf_.empty()) {
+        out->push_back(Piece{buf_, nullptr});
+        buf_.clear();
+    }
+}
+
+void ToolCallParser::emit_content(std::string_view text, std::vector<Piece>* out) {
+    if (after_call_) {
+        const size_t i = skip_ws(text, 0);
+        text.remove_prefix(i);
+        if (text.empty()) return;
+        after_call_ = false;
+    }
+    size_t end = text.size();
+    while (end > 0 && is_ws(text[end - 1])) --end;
+    if (end == 0) {
+        pending_ws_.append(text);
+        return;
+    }
+    out->push_back(Piece{pending_ws_ + std::string(text.substr(0, end)), nullptr});
+    pending_ws_.assign(text.substr(end));
+    seen_text_ = true;
+}
+
+bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
+    std::string_view marker;
+    switch (format_) {
+        case ToolFormat::kHermes:
+            marker = kHermesOpen;
+            break;
+        case ToolFormat::kLlama3:
+            marker = kPythonTag;
+            break;
+        case ToolFormat::kMistral:
+        case ToolFormat::kMistralArgs:
+            marker = kMistralCalls;
+            break;
+    }
+    size_t at = buf_.find(marker);
+    size_t marker_len = marker.size();
+    // Llama 3 writes a bare JSON call as the whole reply: a '{' before any other text opens one.
+    if (format_ == ToolFormat::kLlama3 && !seen_text_ && calls_ == 0) {
+        const size_t first = skip_ws(buf_, 0);
+        if (first < buf_.size() && buf_[first] == '{' && (at == std::string::npos || first < at)) {
+            at = first;
+            marker_len = 0;
+        }
+    }
+    if (at == std::string::npos) {
+        const size_t hold = final ? 0 : partial_marker_suffix(buf_, marker);
+        emit_content(std::string_view(buf_).substr(0, buf_.size() - hold), out);
+        buf_.erase(0, buf_.size() - hold);
+        return false;
+    }
+    emit_content(std::string_view(buf_).substr(0, at), out);
+    marker_ = pending_ws_ + buf_.substr(at, marker_len);  // given back as it was if the call is malformed
+    pending_ws_.clear();
+    buf_.erase(0, at + marker_len);
+    state_ = State::kCall;
+    llama_next_ = false;
+    return true;
+}
+
+void ToolCallParser::give_up(std::vector<Piece>* out) {
+    std::string text = marker_ + buf_;
+    if (after_call_) text.erase(0, skip_ws(text, 0));
+    if (!text.empty()) out->push_back(Piece{std::move(text), nullptr});
+    buf_.clear();
+    marker_.clear();
+    state_ = State::kPlain;
+}
+
+bool ToolCallParser::emit_call(const ojson& call, std::vector<Piece>* out) {
+    std::string name, args, id;
+    if (!call_fields(call, &name, &args, &id)) return false;
+    after_call_ = true;
+    seen_text_ = true;
+    if (!parallel_ && calls_ > 0) return true;  // parallel_tool_calls: false keeps the first call only
+    if (id.empty())
+        id = format_ == ToolFormat::kMistral || format_ == ToolFormat::kMistralArgs ? mistral_id()
+                                                                                    : "call_" + random_id();
+    const int index = calls_++;
+    out->push_back(Piece{
+        {},
+        json{{"index", index}, {"id", id}, {"type", "function"}, {"function", {{"name", name}, {"arguments", ""}}}}});
+    out->push_back(Piece{{}, json{{"index", index}, {"function", {{"arguments", args}}}}});
+    return true;
+}
+
+// Waits (returns false) while the call is incomplete; on a complete call emits it and returns to content; on anything
+// malformed gives the text back as content.
+bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    auto wait_or_give_up = [&] {
+        if (!final) return false;
+        give_up(out);
+        return true;
+    };
+    // One JSON object or list at b[i]: its end, or npos (waiting, or given up: *done says which).
+    auto value_at = [&](size_t i, ojson* v, bool* gave_up) -> size_t {
+        *gave_up = false;
+        bool bad = false;
+        const size_t end = json_container_end(b, i, &bad);
+        if (bad || (end == std::string::npos && final)) {
+            give_up(out);
+            *gave_up = true;
+            return std::string::npos;
+        }
+        if (end == std::string::npos) return end;
+        *v = ojson::parse(b.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
+        if (v->is_discarded()) {
+            give_up(out);
+            *gave_up = true;
+            return std::string::npos;
+        }
+        return end;
+    };
+    auto finish_call = [&](size_t consumed) {
+        buf_.erase(0, consumed);
+        marker_.clear();
+        state_ = State::kContent;
+        return true;
+    };
+
+    if (format_ == ToolFormat::kLlama3 && llama_next_) {
+        // After a Llama call: another one after ';' or a newline, or the rest is content.
+        size_t i = 0;
+        while (i < b.size() && (is_ws(b[i]) || b[i] == ';')) ++i;
+        if (i == b.size()) {
+            if (!final) return false;
+            buf_.clear();
+            state_ = State::kContent;
+            return true;
+        }
+        if (b[i] != '{') {
+            buf_.erase(0, i);
+            state_ = State::kContent;
+            return true;
+        }
+        marker_ = buf_.substr(0, i);
+        buf_.erase(0, i);
+        llama_next_ = false;
+        return true;
+    }
+
+    const size_t i = skip_ws(b, 0);
+    if (i == b.size()) return wait_or_give_up();
+    ojson v;
+    bool gave_up = false;
+    switch (format_) {
+        case ToolFormat::kHermes: {
+            const size_t end = value_at(i, &v, &gave_up);
+            if (gave_up) return true;
+            if (end == std::string::npos) return false;
+            const size_t j = skip_ws(b, end);
+            const std::string_view rest = b.substr(j);
+            // The closing tag may still be arriving; a reply that ends (or goes on) without it still made the call.
+            if (!final && rest.size() < kHermesClose.size() && kHermesClose.starts_with(rest)) return false;
+            if (!emit_call(v, out)) {
+                give_up(out);
+                return true;
+            }
+            return finish_call(rest.starts_with(kHermesClose) ? j + kHermesClose.size() : end);
+        }
+        case ToolFormat::kLlama3: {
+            const size_t end = value_at(i, &v, &gave_up);
+            if (gave_up) return true;
+            if (end == std::string::npos) return false;
+            if (!emit_call(v, out)) {
+                give_up(out);
+                return true;
+            }
+            buf_.erase(0, end);
+            marker_.clear();
+            llama_next_ = true;
+            return true;
+        }
+        case ToolFormat::kMistral:
+        case ToolFormat::kMistralArgs: {
+            if (b[i] == '[' || b[i] == '{') {
+                const size_t end = value_at(i, &v, &gave_up);
+                if (gave_up) return true;
+                if (end == std::string::npos) return false;
+                if (v.is_object()) v = ojson::array({v});
+                // All of the list or none of it.
+                std::string name, args, id;
+                bool ok = !v.empty();
+                for (const auto& call : v) ok = ok && call_fields(call, &name, &args, &id);
+                if (!ok) {
+                    give_up(out);
+                    return true;
+                }
+                for (const auto& call : v) emit_call(call, out);
+                return finish_call(end);
+            }
+            // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}
+            const size_t args_at = b.find(kMistralArgs, i);
+            const size_t limit = args_at == std::string::npos ? b.size() : args_at;
+            size_t name_end = i;
+            while (name_end < limit && valid_name_char(b[name_end])) ++name_end;
+            // Text after the name that may still become [ARGS] or [CALL_ID].
+            auto arriving = [&](size_t at) {
+                const std::string_view rest = b.substr(at);
+                return !final && args_at == std::string::npos &&
+                       (kMistralArgs.starts_with(rest) || kMistralCallId.starts_with(rest));
+            };
+            std::string id;
+            if (name_end < limit) {
+                // Only [CALL_ID]id may stand between the name and [ARGS].
+                if (!b.substr(name_end).starts_with(kMistralCallId)) {
+                    if (arriving(name_end)) return false;
+                    give_up(out);
+                    return true;
+                }
+                const size_t id_at = name_end + kMistralCallId.size();
+                size_t id_end = id_at;
+                while (id_end < limit && valid_name_char(b[id_end])) ++id_end;
+                if (id_end < limit && arriving(id_end)) return false;
+                if (id_end < limit || id_end - id_at > kMaxNameBytes ||
+                    (id_end == id_at && args_at != std::string::npos)) {
+                    give_up(out);
+                    return true;
+                }
+                id = std::string(b.substr(id_at, id_end - id_at));
+            }
+            if (name_end == i || name_end - i > kMaxNameBytes) {
+                give_up(out);
+                return true;
+            }
+            if (args_at == std::string::npos) return wait_or_give_up();
+            const size_t j = skip_ws(b, args_at + kMistralArgs.size());
+            if (j == b.size()) return wait_or_give_up();
+            const size_t end = value_at(j, &v, &gave_up);
+            if (gave_up) return true;
+            if (end == std::string::npos) return false;
+            if (!v.is_object()) {
+                give_up(out);
+                return true;
+            }
+            ojson call = {{"name", std::string(b.substr(i, name_end - i))}, {"arguments", v}};
+            if (!id.empty()) call["id"] = id;
+            if (!emit_call(call, out)) {
+                give_up(out);
+                return true;
+            }
+            return finish_call(end);
+        }
+    }
+    return false;
+}
+
+bool parse_tool_calls(ToolFormat format, std::string_view text, ParsedToolCalls* out, bool parallel) {
+    ToolCallParser parser(format, parallel);
+    std::vector<ToolCallParser::Piece> pieces;
+    parser.feed(text, &pieces);
+    parser.finish(&pieces);
+    if (parser.calls() == 0) return false;
+    ParsedToolCalls result;
+    for (const auto& p : pieces) {
+        if (p.tool_call.is_null())
+            result.content += p.content;
+        else
+            merge_tool_call_delta(p.tool_call, &result.calls);
+    }
+    *out = std::move(result);
+    return true;
+}
+
+void merge_tool_call_delta(const json& delta, json* calls) {
+    auto i = delta.find("index");
+    if (i == delta.end() || !i->is_number_integer() || i->get<int64_t>() < 0 || i->get<int64_t>() > 1024) return;
+    const size_t index = static_cast<size_t>(i->get<int64_t>());
+    if (!calls->is_array()) *calls = json::array();
+    while (calls->size() <= index)
+        calls->push_back({{"id", ""}, {"type", "function"}, {"function", {{"name", ""}, {"arguments", ""}}}});
+    json& call = (*calls)[index];
+    if (delta.contains("id")) call["id"] = delta["id"];
+    if (delta.contains("type")) call["type"] = delta["type"];
+    if (auto f = delta.find("function"); f != delta.end() && f->is_object()) {
+        if (f->contains("name"))
+            call["function"]["name"] = call["function"]["name"].get<std::string>() + (*f)["name"].get<std::string>();
+        if (f->contains("arguments"))
+            call["function"]["arguments"] =
+                call["function"]["arguments"].get<std::string>() + (*f)["arguments"].get<std::string>();
+    }
+}
+
+}  // namespace exl3::server

@@ -1,0 +1,313 @@
+// Tool-call parsing per model family on fixed model output: whole replies, the same replies streamed in every
+// chunking (the deltas must assemble into the same calls), malformed output (plain content, never a crash), format
+// detection on the real templates of ../shared/templates, and the openings written for tool_choice.
+#include "server/tool_calls.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "server/openai.h"
+#include "test_util.h"
+
+namespace exl3::server {
+namespace {
+
+using json = nlohmann::json;
+using Piece = ToolCallParser::Piece;
+
+// Content and calls (ids left out: they are random) of a reply fed in chunks of `chunk` bytes (0: all at once).
+struct Assembled {
+    std::string content;
+    json calls = json::array();
+    std::vector<std::string> ids;
+    int deltas = 0;
+};
+Assembled assemble(ToolFormat f, std::string_view text, size_t chunk = 0, bool parallel = true) {
+    ToolCallParser parser(f, parallel);
+    std::vector<Piece> pieces;
+    if (chunk == 0) {
+        parser.feed(text, &pieces);
+    } else {
+        for (size_t i = 0; i < text.size(); i += chunk) parser.feed(text.substr(i, chunk), &pieces);
+    }
+    parser.finish(&pieces);
+    Assembled a;
+    for (const Piece& p : pieces) {
+        if (p.tool_call.is_null()) {
+            a.content += p.content;
+            continue;
+        }
+        ++a.deltas;
+        merge_tool_call_delta(p.tool_call, &a.calls);
+    }
+    for (auto& c : a.calls) {
+        a.ids.push_back(c["id"].get<std::string>());
+        c.erase("id");
+    }
+    EXPECT_EQ(static_cast<size_t>(parser.calls()), a.calls.size());
+    return a;
+}
+
+json call(const std::string& name, const std::string& args) {
+    return {{"type", "function"}, {"function", {{"name", name}, {"arguments", args}}}};
+}
+
+// Whole, byte by byte and in 3-byte chunks: the same content and calls.
+void expect_parse(ToolFormat f, const std::string& text, const std::string& content, const json& calls) {
+    for (size_t chunk : {0, 1, 3, 7}) {
+        const Assembled a = assemble(f, text, chunk);
+        EXPECT_EQ(a.content, content) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+        EXPECT_EQ(a.calls, calls) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+    }
+}
+
+TEST(ToolCalls, Hermes) {
+    const auto f = ToolFormat::kHermes;
+    expect_parse(f,
+                 "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                 "</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>",
+                 "Let me check.", json::array({call("get_weather", R"({"city":"Paris"})"), call("now", "{}")}));
+    // No closing tag (the model stopped at EOS), arguments given as a JSON string, text after the call.
+    expect_parse(f, "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"a\\\": 1}\"}", "",
+                 json::array({call("f", "{\"a\": 1}")}));
+    expect_parse(f, "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\n\nDone.", "Done.",
+                 json::array({call("f", "{}")}));
+    // Key order of the arguments is the model's.
+    expect_parse(f, "<tool_call>{\"arguments\": {\"z\": 1, \"a\": [1, {\"b\": \"}\"}]}, \"name\": \"f\"}</tool_call>",
+                 "", json::array({call("f", R"({"z":1,"a":[1,{"b":"}"}]})")}));
+    // Plain replies keep their whitespace.
+    expect_parse(f, "  Hello <b>world</b>\n", "  Hello <b>world</b>\n", json::array());
+    expect_parse(f, "a < b and <tool_ca", "a < b and <tool_ca", json::array());
+}
+
+TEST(ToolCalls, HermesMalformedIsContent) {
+    const auto f = ToolFormat::kHermes;
+    for (const std::string& text : std::vector<std::string>{
+             "<tool_call>not json</tool_call>", "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}",
+             "<tool_call>{\"arguments\": {}}</tool_call>", "<tool_call>{\"name\": 5}</tool_call>",
+             "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>", "<tool_call>[1, 2]</tool_call>",
+             "<tool_call>{\"name\": \"\"}</tool_call>", "<tool_call>", "<tool_call>\n\n",
+             "<tool_call>{\"name\": \"f\", \"a\": tru}</tool_call>"}) {
+        expect_parse(f, text, text, json::array());
+        ParsedToolCalls out;
+        EXPECT_FALSE(parse_tool_calls(f, text, &out)) << text;
+    }
+    // Nesting beyond any tool schema is refused, not recursed into.
+    const std::string deep = "<tool_call>{\"name\": \"f\", \"arguments\": " + std::string(5000, '[') +
+                             std::string(5000, ']') + "}</tool_call>";
+    expect_parse(f, deep, deep, json::array());
+    // A good call, then a malformed one: the first stays a call, the rest is content.
+    expect_parse(f, "<tool_call>{\"name\": \"f\"}</tool_call>\n<tool_call>{oops</tool_call>",
+                 "<tool_call>{oops</tool_call>", json::array({call("f", "{}")}));
+}
+
+TEST(ToolCalls, Llama3) {
+    const auto f = ToolFormat::kLlama3;
+    expect_parse(f, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}", "",
+                 json::array({call("get_weather", R"({"city":"Paris"})")}));
+    expect_parse(f,
+                 "\n<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"arguments\": {}}",
+                 "", json::array({call("a", R"({"x":1})"), call("b", "{}")}));
+    expect_parse(f, "{\"name\": \"a\", \"parameters\": {}}\n{\"name\": \"b\"}\n", "",
+                 json::array({call("a", "{}"), call("b", "{}")}));
+    expect_parse(f, "Sure, calling it.<|python_tag|>{\"name\": \"a\", \"parameters\": null}", "Sure, calling it.",
+                 json::array({call("a", "{}")}));
+    expect_parse(f, "{\"name\": \"a\", \"parameters\": {}}\nThat was the call.", "That was the call.",
+                 json::array({call("a", "{}")}));
+}
+
+TEST(ToolCalls, Llama3MalformedIsContent) {
+    const auto f = ToolFormat::kLlama3;
+    // JSON that is not a call, JSON after other text (not a call in this format), truncated and broken JSON, a
+    // builtin-tool call in Python syntax.
+    for (const std::string& text :
+         std::vector<std::string>{"{\"answer\": 42}", "The JSON is {\"name\": \"a\", \"parameters\": {}}",
+                                  "{\"name\": \"a\", \"parameters\": {", "<|python_tag|>brave_search.call(query=\"x\")",
+                                  "{\"name\": \"a\", \"parameters\": {}]", "{}", "{", "<|python_tag|>",
+                                  "  {\"name\": \"a\" \"parameters\": {}}"}) {
+        expect_parse(f, text, text, json::array());
+    }
+    expect_parse(f, "{\"name\": \"a\"}; {\"name\": 1}", "; {\"name\": 1}", json::array({call("a", "{}")}));
+}
+
+TEST(ToolCalls, Mistral) {
+    for (auto f : {ToolFormat::kMistral, ToolFormat::kMistralArgs}) {
+        expect_parse(f,
+                     "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": "
+                     "\"abc123XYZ\"}, {\"name\": \"now\", \"arguments\": {}}]",
+                     "", json::array({call("get_weather", R"({"city":"Paris"})"), call("now", "{}")}));
+        expect_parse(f, "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]now[ARGS]{}", "",
+                     json::array({call("get_weather", R"({"city":"Paris"})"), call("now", "{}")}));
+        expect_parse(f, "Checking. [TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS] {\"city\": \"Paris\"}", "Checking.",
+                     json::array({call("get_weather", R"({"city":"Paris"})")}));
+        expect_parse(f, "[TOOL_CALLS] {\"name\": \"now\"}", "", json::array({call("now", "{}")}));
+        // Ids: the model's when it gives one, else 9 alphanumerics (Mistral's templates check them).
+        const Assembled a = assemble(f,
+                                     "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}, \"id\": \"abc123XYZ\"}, "
+                                     "{\"name\": \"b\", \"arguments\": {}}]");
+        ASSERT_EQ(a.ids.size(), 2u);
+        EXPECT_EQ(a.ids[0], "abc123XYZ");
+        EXPECT_EQ(a.ids[1].size(), 9u);
+        for (char c : a.ids[1]) EXPECT_TRUE(std::isalnum(static_cast<unsigned char>(c))) << a.ids[1];
+    }
+}
+
+TEST(ToolCalls, MistralMalformedIsContent) {
+    const auto f = ToolFormat::kMistral;
+    for (const std::string& text :
+         std::vector<std::string>{"[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}, {\"arguments\": {}}]",
+                                  "[TOOL_CALLS][]", "[TOOL_CALLS][1]", "[TOOL_CALLS]not a call", "[TOOL_CALLS]a[ARGS]",
+                                  "[TOOL_CALLS]a[ARGS][1]", "[TOOL_CALLS]a[CALL_ID][ARGS]{}", "[TOOL_CALLS]a b[ARGS]{}",
+                                  "[TOOL_CALLS]a[ARGS]{\"x\": ", "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {}}",
+                                  "[TOOL_CALLS]", "[TOOL_CALLS]" + std::string(300, 'a')}) {
+        expect_parse(f, text, text, json::array());
+    }
+}
+
+TEST(ToolCalls, StreamingHoldsBackMarkersAndSendsNameFirst) {
+    ToolCallParser parser(ToolFormat::kHermes);
+    std::vector<Piece> out;
+    parser.feed("Hello <tool", &out);
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_EQ(out[0].content, "Hello");  // the space may be layout before a call: held
+    out.clear();
+    parser.feed("_call>{\"name\": \"f\", \"argu", &out);
+    EXPECT_TRUE(out.empty());
+    parser.feed("ments\": {\"x\": 1}}", &out);
+    EXPECT_TRUE(out.empty());  // the closing tag may be arriving
+    parser.feed("</tool_call>", &out);
+    ASSERT_EQ(out.size(), 2u);
+    EXPECT_EQ(out[0].tool_call["index"], 0);
+    EXPECT_EQ(out[0].tool_call["type"], "function");
+    EXPECT_TRUE(out[0].tool_call["id"].get<std::string>().starts_with("call_"));
+    EXPECT_EQ(out[0].tool_call["function"]["name"], "f");
+    EXPECT_EQ(out[0].tool_call["function"]["arguments"], "");
+    EXPECT_FALSE(out[1].tool_call.contains("id"));
+    EXPECT_EQ(out[1].tool_call["function"]["arguments"], R"({"x":1})");
+    out.clear();
+    parser.finish(&out);
+    EXPECT_TRUE(out.empty());
+    EXPECT_EQ(parser.calls(), 1);
+
+    // Text that only looked like the start of a marker is let go.
+    ToolCallParser plain(ToolFormat::kMistral);
+    out.clear();
+    plain.feed("see [TOOL", &out);
+    plain.feed("S] here", &out);
+    plain.finish(&out);
+    std::string text;
+    for (const auto& p : out) text += p.content;
+    EXPECT_EQ(text, "see [TOOLS] here");
+}
+
+TEST(ToolCalls, ParallelFalseKeepsTheFirstCall) {
+    const Assembled a = assemble(ToolFormat::kHermes,
+                                 "<tool_call>{\"name\": \"a\"}</tool_call><tool_call>{\"name\": \"b\"}</tool_call>", 0,
+                                 /*parallel=*/false);
+    EXPECT_EQ(a.calls, json::array({call("a", "{}")}));
+}
+
+TEST(ToolCalls, OpeningsForToolChoice) {
+    // The server writes the opening into the prompt; the model continues; the parser sees both.
+    struct Case {
+        ToolFormat f;
+        const char* continuation;
+    };
+    for (Case c :
+         {Case{ToolFormat::kHermes, "{\"city\": \"Paris\"}}\n</tool_call>"},
+          Case{ToolFormat::kLlama3, "{\"city\": \"Paris\"}}"}, Case{ToolFormat::kMistral, "{\"city\": \"Paris\"}}]"},
+          Case{ToolFormat::kMistralArgs, "{\"city\": \"Paris\"}"}}) {
+        const std::string text = tool_call_opening(c.f, "get_weather") + c.continuation;
+        expect_parse(c.f, text, "", json::array({call("get_weather", R"({"city":"Paris"})")}));
+    }
+    EXPECT_EQ(tool_call_opening(ToolFormat::kHermes, ""), "<tool_call>\n");
+    EXPECT_EQ(tool_call_opening(ToolFormat::kMistral, ""), "[TOOL_CALLS]");
+    // A name that needs JSON escaping stays valid JSON.
+    const std::string odd = tool_call_opening(ToolFormat::kHermes, "a\"b") + "{}}";
+    expect_parse(ToolFormat::kHermes, odd, "", json::array({call("a\"b", "{}")}));
+    // The model did not follow the opening: everything, the opening included, is content.
+    const std::string bad = tool_call_opening(ToolFormat::kHermes, "f") + "I will not.";
+    expect_parse(ToolFormat::kHermes, bad, bad, json::array());
+}
+
+TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
+    EXL3_REQUIRE_SHARED("templates", dir);
+    struct Case {
+        const char* file;
+        ToolFormat want;
+    };
+    for (Case c : {Case{"meta-llama-Llama-3.1-8B-Instruct.jinja", ToolFormat::kLlama3},
+                   Case{"meta-llama-Llama-3.2-3B-Instruct.jinja", ToolFormat::kLlama3},
+                   Case{"meta-llama-Llama-3.3-70B-Instruct.jinja", ToolFormat::kLlama3},
+                   Case{"mistralai-Mistral-Nemo-Instruct-2407.jinja", ToolFormat::kMistral},
+                   Case{"Mistral-Small-3.2-24B-Instruct-2506.jinja", ToolFormat::kMistralArgs},
+                   Case{"unsloth-mistral-Devstral-Small-2507.jinja", ToolFormat::kMistralArgs},
+                   Case{"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", ToolFormat::kHermes},
+                   Case{"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", ToolFormat::kHermes},
+                   Case{"Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::kHermes},
+                   Case{"Qwen-Qwen3-0.6B.jinja", ToolFormat::kHermes}, Case{"Qwen-QwQ-32B.jinja", ToolFormat::kHermes},
+                   Case{"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolFormat::kHermes},
+                   Case{"google-gemma-2-2b-it.jinja", ToolFormat::kHermes}}) {
+        const std::string src = test::read_file(dir + "/" + c.file);
+        ASSERT_FALSE(src.empty()) << c.file;
+        std::string how;
+        EXPECT_EQ(detect_tool_format(src, &how), c.want) << c.file << ": " << how;
+        if (c.want == ToolFormat::kHermes && src.find("<tool_call>") == std::string::npos) {
+            EXPECT_NE(how.find("falling back"), std::string::npos) << how;
+        }
+    }
+    EXPECT_EQ(tool_format_from_name("llama3"), ToolFormat::kLlama3);
+    EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
+    EXPECT_FALSE(tool_format_from_name("gpt").has_value());
+}
+
+// Random splices of markers, JSON fragments and text: no crash, and chunking never changes the result.
+TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
+    const std::vector<std::string> parts = {"<tool_call>",
+                                            "</tool_call>",
+                                            "<|python_tag|>",
+                                            "[TOOL_CALLS]",
+                                            "[ARGS]",
+                                            "[CALL_ID]",
+                                            "{",
+                                            "}",
+                                            "[",
+                                            "]",
+                                            "\"name\"",
+                                            ": ",
+                                            "\"f\"",
+                                            ", ",
+                                            "\"arguments\"",
+                                            "\"parameters\"",
+                                            "{}",
+                                            "\"x\\\"}\"",
+                                            ";",
+                                            "\n",
+                                            " ",
+                                            "hello",
+                                            "abc123XYZ",
+                                            "null",
+                                            "1"};
+    std::mt19937 rng(1234);
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string text;
+        const int n = 1 + static_cast<int>(rng() % 24);
+        for (int i = 0; i < n; ++i) text += parts[rng() % parts.size()];
+        for (auto f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral}) {
+            const Assembled whole = assemble(f, text);
+            for (size_t chunk : {1, 2, 5}) {
+                const Assembled a = assemble(f, text, chunk);
+                ASSERT_EQ(a.content, whole.content) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+                ASSERT_EQ(a.calls, whole.calls) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+            }
+            for (const auto& c : whole.calls) {
+                const json args = json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+                EXPECT_FALSE(args.is_discarded()) << text;
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace exl3::server
