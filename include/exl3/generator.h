@@ -7,8 +7,11 @@
 // queue lives in this class: submissions and cancellations go through a mutex-guarded inbox that step() drains;
 // everything else (sequences, samplers, detokenizers) belongs to the stepping thread.
 //
-// Not here yet: prefix caching and KV-cache quantization (they belong to the CUDA page allocator); on the CPU every
-// job owns its Sequence. Speculative decoding: see Generator::step().
+// KV cache: every running job holds a Sequence, whose pages come from the model's paged cache. With prefix caching
+// (LoadOptions::prefix_cache, on by default) a job starts from the cached pages of the longest prefix its prompt
+// shares with earlier or running jobs (a system prompt, a conversation's previous turns) and prefills only the
+// rest; JobUpdate::cached_tokens says how much it saved. Not here yet: KV-cache quantization. Speculative decoding:
+// see Generator::step().
 #pragma once
 
 #include <chrono>
@@ -114,6 +117,7 @@ struct JobUpdate {
     FinishReason finish = FinishReason::kNone;  // set on the job's last update
     Status error;                               // when finish == kError
     int prompt_tokens = 0;
+    int cached_tokens = 0;     // prompt tokens taken from the prefix cache (not computed)
     int generated_tokens = 0;  // so far, EOS/stop ids included
 };
 

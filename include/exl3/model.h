@@ -36,15 +36,35 @@ struct LoadOptions {
     int context_length = 0;     // longest sequence allowed; 0: the model's max_position_embeddings. Larger values
                                 // make sense with RoPE scaling that extrapolates (dynamic NTK)
     std::string device = "cpu"; // "cpu", "cuda" or "cuda:N"
-    int cache_tokens = 0;       // CUDA: tokens the paged KV cache holds over all sequences (0: context_length)
-    int page_size = 64;         // CUDA: tokens per KV page
+    // The paged KV cache, shared by all sequences. CUDA: allocated at load, cache_tokens at most (0: the context
+    // length). CPU: grows as pages are needed; past cache_tokens (0: the context length) cached prefix pages are
+    // evicted before it grows, and a value given is also a hard limit (forward then fails with kOutOfRange).
+    int cache_tokens = 0;
+    int page_size = 0;          // tokens per KV page; 0: 64 on CUDA, 16 on the CPU
+    // Prefix caching: full KV pages are kept by content (hash of their tokens and of every token before them), and
+    // a new sequence starts from the longest run of cached pages its first tokens match instead of computing them
+    // again. Outputs do not change; Model::cache_stats() shows the saving.
+    bool prefix_cache = true;
     bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
                                    // fly (4 bytes a weight): for comparisons
 };
 
+// The paged KV cache and the work prefix caching saved (Model::cache_stats()).
+struct CacheStats {
+    int page_size = 0;
+    int pages = 0;            // pages allocated so far (CUDA: all of them, at load)
+    int pages_in_use = 0;     // held by sequences
+    int pages_cached = 0;     // held by none, kept for prefix reuse: evicted least recently used first
+    int pages_free = 0;       // held by none, empty
+    int64_t pages_evicted = 0;
+    int64_t tokens_computed = 0;  // positions run through the model by forward / forward_batch
+    int64_t tokens_reused = 0;    // positions taken from cached pages instead of being computed
+};
+
 class Model;
 
-// The state of one sequence: its KV cache and length.
+// The state of one sequence: its KV cache (pages of the model's paged cache) and length. Thread-safe to destroy
+// while the model runs other sequences; a sequence must not be used by two threads at once.
 class Sequence {
 public:
     ~Sequence();
@@ -74,8 +94,9 @@ public:
     Result<std::unique_ptr<Sequence>> new_sequence(int max_length = 0) const;
 
     // Appends `tokens` to the sequence and writes logits (fp32) for every new position ([n, vocab]) when
-    // all_logits, else for the last one ([vocab]). Fails without changing the sequence on bad token ids or when the
-    // sequence would outgrow its max_length.
+    // all_logits, else for the last one ([vocab]). Fails without changing the sequence on bad token ids, when the
+    // sequence would outgrow its max_length (kOutOfRange), or when the KV cache has no page left (kOutOfRange).
+    // Calls on one Model are serialised.
     Status forward(Sequence& seq, const std::vector<int32_t>& tokens, bool all_logits, std::vector<float>* logits) const;
 
     // One step over several sequences at once (continuous batching builds on this). Logit rows come out in item
@@ -86,6 +107,14 @@ public:
         bool all_logits = false;
     };
     Status forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const;
+
+    // Prefix caching: gives the empty `seq` the cached pages that hold the longest prefix of `tokens` (whole pages;
+    // never all of `tokens`, so that the last one is computed and has logits) and returns how many tokens it now
+    // holds (0: nothing matched, the sequence is not empty, or LoadOptions::prefix_cache is off). The caller then
+    // feeds tokens from that position on. forward() and forward_batch() do this by themselves when an empty sequence
+    // receives tokens without all_logits; a caller that feeds a prompt in chunks calls this first with all of it.
+    int reuse_prefix(Sequence& seq, const std::vector<int32_t>& tokens) const;
+    CacheStats cache_stats() const;
 
     // Greedy continuation: up to max_new_tokens, stopping after any of stop_ids.
     Result<std::vector<int32_t>> generate_greedy(const std::vector<int32_t>& prompt, int max_new_tokens,

@@ -1,5 +1,6 @@
 #include "models/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -7,6 +8,22 @@
 #include "quant/exl3_linear.h"
 
 namespace exl3 {
+
+CpuKvArena::CpuKvArena(int num_layers, int page_size, int kv_dim)
+    : page_size_(page_size),
+      kv_dim_(kv_dim),
+      k_(static_cast<size_t>(num_layers)),
+      v_(static_cast<size_t>(num_layers)) {}
+
+void CpuKvArena::grow(int pages) {
+    const size_t n = static_cast<size_t>(page_size_) * static_cast<size_t>(kv_dim_);
+    for (size_t l = 0; l < k_.size(); ++l) {
+        while (k_[l].size() < static_cast<size_t>(pages)) {
+            k_[l].push_back(std::make_unique_for_overwrite<float[]>(n));
+            v_[l].push_back(std::make_unique_for_overwrite<float[]>(n));
+        }
+    }
+}
 
 Status CpuBackend::begin_step(const StepPlan& plan) {
     plan_ = &plan;
@@ -96,22 +113,32 @@ Status CpuBackend::rope(Slot s, int heads) {
 
 Status CpuBackend::attention(int layer, int window) {
     const ModelConfig& c = cfg_;
-    const int kvd = c.kv_dim(), qd = c.q_dim();
+    const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
+    const size_t row_bytes = sizeof(float) * static_cast<size_t>(kvd);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int b = 0; b < plan_->batch(); ++b) {
-        Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
+        const Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
         const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
         const int total = plan_->seq_len[static_cast<size_t>(b)], start = total - (r1 - r0);
-        auto& kc = seq.k[static_cast<size_t>(layer)];
-        auto& vc = seq.v[static_cast<size_t>(layer)];
-        kc.resize(static_cast<size_t>(total) * kvd);
-        vc.resize(static_cast<size_t>(total) * kvd);
-        std::memcpy(kc.data() + static_cast<size_t>(start) * kvd, buf(Slot::kK).data() + static_cast<size_t>(r0) * kvd,
-                    sizeof(float) * static_cast<size_t>(r1 - r0) * kvd);
-        std::memcpy(vc.data() + static_cast<size_t>(start) * kvd, buf(Slot::kV).data() + static_cast<size_t>(r0) * kvd,
-                    sizeof(float) * static_cast<size_t>(r1 - r0) * kvd);
+        // The new rows go to their pages.
+        for (int pos = start; pos < total; ++pos) {
+            const int32_t page = seq.pages[static_cast<size_t>(pos / ps)];
+            const size_t off = static_cast<size_t>(pos % ps) * kvd, src = static_cast<size_t>(r0 + pos - start) * kvd;
+            std::memcpy(kv_.k(layer, page) + off, buf(Slot::kK).data() + src, row_bytes);
+            std::memcpy(kv_.v(layer, page) + off, buf(Slot::kV).data() + src, row_bytes);
+        }
+        // The reference attention reads a contiguous cache: gather the pages (a copy of what the attention reads
+        // anyway, and the arithmetic stays exactly that of cpu::attention).
+        k_seq_.resize(static_cast<size_t>(total) * kvd);
+        v_seq_.resize(static_cast<size_t>(total) * kvd);
+        for (int p0 = 0; p0 < total; p0 += ps) {
+            const int32_t page = seq.pages[static_cast<size_t>(p0 / ps)];
+            const size_t n = static_cast<size_t>(std::min(ps, total - p0)) * row_bytes;
+            std::memcpy(k_seq_.data() + static_cast<size_t>(p0) * kvd, kv_.k(layer, page), n);
+            std::memcpy(v_seq_.data() + static_cast<size_t>(p0) * kvd, kv_.v(layer, page), n);
+        }
         cpu::attention(buf(Slot::kQ).data() + static_cast<size_t>(r0) * qd, r1 - r0, c.num_heads, c.num_kv_heads,
-                       c.head_dim, kc.data(), vc.data(), total, plan_->positions.data() + r0, window, scale,
+                       c.head_dim, k_seq_.data(), v_seq_.data(), total, plan_->positions.data() + r0, window, scale,
                        buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_);
     }
     return Status::ok();

@@ -94,7 +94,9 @@ struct CudaModel::State {
     // Paged KV cache: per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for V.
     int num_pages = 0, max_pages_per_seq = 0;
     std::vector<DeviceBuffer> k_pages, v_pages;
-    std::vector<int32_t> free_list;
+    // Which pages are free is the model's page pool's business (models/page_pool.h: allocation, prefix sharing);
+    // it is known here once a sequence has brought it along, for free_pages().
+    std::shared_ptr<const PagePool> pool;
 
     // Step buffers, sized for `capacity` tokens and `batch_capacity` sequences.
     int capacity = 0, batch_capacity = 0, out_capacity = 0;
@@ -254,7 +256,7 @@ private:
 CudaModel::CudaModel(std::unique_ptr<State> s) : s_(std::move(s)) {}
 CudaModel::~CudaModel() = default;
 int CudaModel::device() const { return s_->ctx->device(); }
-int CudaModel::free_pages() const { return static_cast<int>(s_->free_list.size()); }
+int CudaModel::free_pages() const { return s_->pool ? s_->pool->available() : s_->num_pages; }
 
 Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, const HostWeights& w,
                                                      const CudaModelOptions& opts) {
@@ -305,7 +307,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
         EXL3_RETURN_IF_ERROR(s->k_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
         EXL3_RETURN_IF_ERROR(s->v_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
     }
-    for (int p = s->num_pages - 1; p >= 0; --p) s->free_list.push_back(p);
+    // All num_pages are free: the model's page pool hands out their ids (free_pages() tells it how many there are).
     EXL3_RETURN_IF_ERROR(s->reserve(256, 8, 8));
     log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB)", s->ctx->props().name, cfg.num_layers,
              s->num_pages, ps, 2.0 * cfg.num_layers * page_bytes * s->num_pages / 1048576.0);
@@ -317,36 +319,20 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
 
-    // Pages: all or nothing.
-    std::vector<std::pair<Sequence::Impl*, size_t>> grown;
+    // Pages: Model::forward_batch gave every sequence the pages of this step from the model's page pool (shared
+    // prefix pages included); check that they lie in this cache before any kernel writes to them.
     for (int b = 0; b < B; ++b) {
-        Sequence::Impl* q = seqs[static_cast<size_t>(b)];
+        const Sequence::Impl* q = seqs[static_cast<size_t>(b)];
         const size_t need = static_cast<size_t>((plan.seq_len[static_cast<size_t>(b)] + s.opts.page_size - 1) /
                                                 s.opts.page_size);
         if (need > static_cast<size_t>(s.max_pages_per_seq))
             return out_of_range("sequence longer than the context length the CUDA cache was built for");
-        grown.emplace_back(q, q->pages.size());
-        while (q->pages.size() < need) {
-            if (s.free_list.empty()) {
-                for (auto& [g, n] : grown) {
-                    while (g->pages.size() > n) {
-                        s.free_list.push_back(g->pages.back());
-                        g->pages.pop_back();
-                    }
-                }
-                return out_of_range(fmt::format("the KV cache is full ({} pages of {} tokens)", s.num_pages,
-                                                s.opts.page_size));
-            }
-            q->pages.push_back(s.free_list.back());
-            s.free_list.pop_back();
-        }
-        if (!q->release) {
-            State* st = s_.get();
-            q->release = [st](Sequence::Impl& seq) {
-                for (int32_t p : seq.pages) st->free_list.push_back(p);
-                seq.pages.clear();
-            };
-        }
+        if (q->pages.size() < need || !q->pool || q->pool->page_size() != s.opts.page_size)
+            return internal_error("CUDA forward: a sequence without its pages (or from another model)");
+        for (int32_t p : q->pages)
+            if (p < 0 || p >= s.num_pages)
+                return internal_error(fmt::format("CUDA forward: page {} outside the cache of {}", p, s.num_pages));
+        if (!s.pool) s.pool = q->pool;
     }
 
     // Plan upload (never inside a graph: a replay reads these same device arrays).

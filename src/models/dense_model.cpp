@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <span>
 
 #include "core/log.h"
 #include "core/thread_pool.h"
@@ -12,6 +14,7 @@
 #include "format/safetensors.h"
 #include "models/cpu_backend.h"
 #include "models/decoder.h"
+#include "models/page_pool.h"
 #include "models/sequence_impl.h"
 #include "models/weights.h"
 #ifdef EXL3_HAVE_CUDA
@@ -34,17 +37,10 @@ const char* dtype_label(DType t) {
 }  // namespace
 
 Sequence::Sequence(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Sequence::~Sequence() {
-    if (impl_->release) impl_->release(*impl_);
-}
+Sequence::~Sequence() { impl_->release_pages(); }
 int Sequence::length() const { return impl_->length; }
 int Sequence::max_length() const { return impl_->max_length; }
-void Sequence::reset() {
-    impl_->length = 0;
-    for (auto& x : impl_->k) x.clear();
-    for (auto& x : impl_->v) x.clear();
-    if (impl_->release) impl_->release(*impl_);
-}
+void Sequence::reset() { impl_->release_pages(); }
 
 struct Model::Impl {
     ModelConfig cfg;
@@ -53,6 +49,11 @@ struct Model::Impl {
     HostWeights weights;
     std::unique_ptr<ThreadPool> own_pool;
     ThreadPool* pool = nullptr;
+    // The paged KV cache: page ids and prefix index here, the memory in the backend (cpu_kv, or CUDA's pages).
+    std::shared_ptr<PagePool> pages;
+    std::unique_ptr<CpuKvArena> cpu_kv;
+    mutable std::mutex mu;  // one step at a time: the step buffers, the arena and the counters below
+    mutable int64_t tokens_computed = 0, tokens_reused = 0;
 #ifdef EXL3_HAVE_CUDA
     std::unique_ptr<CudaModel> cuda;
 #endif
@@ -85,8 +86,9 @@ struct Model::Impl {
         if (weights.num_parameters > 0) info.num_parameters = weights.num_parameters;
     }
 
-    // Checks every item and builds the step; touches nothing.
-    Result<StepPlan> plan(const std::vector<BatchItem>& items) const {
+    // Checks every item and builds the step; touches nothing. skip[i] (when given): tokens of item i already in its
+    // sequence (a reused prefix), left out of the step.
+    Result<StepPlan> plan(const std::vector<BatchItem>& items, const std::vector<int>* skip = nullptr) const {
         if (items.empty()) return invalid_argument("forward: empty batch");
         StepPlan p;
         p.q_start.push_back(0);
@@ -95,8 +97,9 @@ struct Model::Impl {
             if (!it.seq) return invalid_argument("forward: batch item without a sequence");
             for (size_t j = 0; j < i; ++j)
                 if (items[j].seq == it.seq) return invalid_argument("forward: a sequence appears twice in one batch");
-            const int n = static_cast<int>(it.tokens.size());
-            if (n == 0) return invalid_argument("forward: no tokens");
+            const int s0 = skip ? (*skip)[i] : 0;
+            const int n = static_cast<int>(it.tokens.size()) - s0;
+            if (n <= 0) return invalid_argument("forward: no tokens");
             const int start = it.seq->length();
             if (start + n > it.seq->max_length())
                 return out_of_range(fmt::format("sequence of {} tokens would exceed its limit of {} (context length)",
@@ -107,7 +110,7 @@ struct Model::Impl {
                         fmt::format("token id {} is outside the vocabulary [0, {})", t, cfg.vocab_size));
             const int row0 = p.total();
             for (int j = 0; j < n; ++j) {
-                p.tokens.push_back(it.tokens[static_cast<size_t>(j)]);
+                p.tokens.push_back(it.tokens[static_cast<size_t>(s0 + j)]);
                 p.positions.push_back(start + j);
             }
             p.q_start.push_back(p.total());
@@ -116,6 +119,61 @@ struct Model::Impl {
             for (int j = it.all_logits ? 0 : n - 1; j < n; ++j) p.out_rows.push_back(row0 + j);
         }
         return p;
+    }
+
+    // Attaches the cached pages of the longest prefix of tokens (at most max_tokens of them, whole pages) to an
+    // empty sequence; returns the tokens it now holds.
+    int attach_prefix(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens) const {
+        if (seq.length != 0 || !pages->prefix_cache() || max_tokens <= 0) return 0;
+        const int ps = pages->page_size();
+        uint64_t chain = PagePool::kChainStart;
+        seq.pages = pages->match(tokens, max_tokens / ps, &chain);
+        const int n = static_cast<int>(seq.pages.size()) * ps;
+        seq.length = n;
+        seq.tokens.assign(tokens.begin(), tokens.begin() + n);
+        seq.published = static_cast<int>(seq.pages.size());
+        seq.chain = chain;
+        tokens_reused += n;
+        return n;
+    }
+
+    // Pages for every sequence to hold plan.seq_len tokens: all or nothing. *grown: pages each one had before.
+    Status grow_pages(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, std::vector<size_t>* grown) {
+        const int ps = pages->page_size();
+        grown->clear();
+        for (size_t b = 0; b < seqs.size(); ++b) {
+            Sequence::Impl& q = *seqs[b];
+            grown->push_back(q.pages.size());
+            const int need = (plan.seq_len[b] + ps - 1) / ps - static_cast<int>(q.pages.size());
+            if (need > 0 && !pages->alloc_n(need, &q.pages)) {
+                drop_pages(seqs, *grown);
+                return out_of_range(fmt::format("the KV cache is full ({} pages of {} tokens in use)",
+                                                pages->stats().in_use, ps));
+            }
+        }
+        if (cpu_kv) cpu_kv->grow(pages->pages());
+        return Status::ok();
+    }
+
+    // Undoes grow_pages.
+    void drop_pages(const std::vector<Sequence::Impl*>& seqs, const std::vector<size_t>& keep) const {
+        for (size_t b = 0; b < keep.size(); ++b)
+            while (seqs[b]->pages.size() > keep[b]) {
+                pages->release(seqs[b]->pages.back());
+                seqs[b]->pages.pop_back();
+            }
+    }
+
+    // Publishes the pages a step filled, for sequences after them to reuse.
+    void publish_full_pages(Sequence::Impl& seq) const {
+        if (!pages->prefix_cache()) return;
+        const int ps = pages->page_size();
+        while ((seq.published + 1) * ps <= seq.length) {
+            const auto first = seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.published) * ps;
+            seq.chain = pages->publish(seq.pages[static_cast<size_t>(seq.published)], seq.chain,
+                                       std::span<const int32_t>(&*first, static_cast<size_t>(ps)));
+            ++seq.published;
+        }
     }
 };
 
@@ -150,8 +208,20 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     im.fill_info();
     if (options.context_length > 0) im.info.context_length = options.context_length;
 
+    if (options.page_size < 0) return invalid_argument("page_size must not be negative");
+    if (options.cache_tokens < 0) return invalid_argument("cache_tokens must not be negative");
+    PagePoolOptions po;
+    po.prefix_cache = options.prefix_cache;
     const std::string& dev = options.device;
-    if (dev == "cpu") return m;
+    if (dev == "cpu") {
+        po.page_size = options.page_size > 0 ? options.page_size : 16;
+        const int tokens = options.cache_tokens > 0 ? options.cache_tokens : im.info.context_length;
+        po.capacity = (tokens + po.page_size - 1) / po.page_size;
+        po.max_pages = options.cache_tokens > 0 ? po.capacity : 0;
+        im.pages = std::make_shared<PagePool>(po);
+        im.cpu_kv = std::make_unique<CpuKvArena>(im.cfg.num_layers, po.page_size, im.cfg.kv_dim());
+        return m;
+    }
     if (dev == "cuda" || dev.rfind("cuda:", 0) == 0) {
 #ifdef EXL3_HAVE_CUDA
         int index = 0;
@@ -166,8 +236,12 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         co.device = index;
         co.context_length = im.info.context_length;
         co.cache_tokens = options.cache_tokens > 0 ? options.cache_tokens : im.info.context_length;
-        co.page_size = options.page_size;
+        co.page_size = options.page_size > 0 ? options.page_size : 64;
         EXL3_ASSIGN_OR_RETURN(im.cuda, CudaModel::create(im.cfg, im.weights, co));
+        // The device holds free_pages() pages, all free now; the pool hands out their ids.
+        po.page_size = co.page_size;
+        po.capacity = po.max_pages = im.cuda->free_pages();
+        im.pages = std::make_shared<PagePool>(po);
         return m;
 #else
         return unsupported("device '" + dev + "': this build has no CUDA backend");
@@ -183,26 +257,98 @@ Result<std::unique_ptr<Sequence>> Model::new_sequence(int max_length) const {
         return out_of_range(fmt::format("a sequence of {} tokens exceeds the context length {}", max_length, ctx));
     auto s = std::make_unique<Sequence::Impl>();
     s->max_length = max_length > 0 ? max_length : ctx;
-    s->k.resize(static_cast<size_t>(impl_->cfg.num_layers));
-    s->v.resize(static_cast<size_t>(impl_->cfg.num_layers));
+    s->pool = impl_->pages;
     return std::unique_ptr<Sequence>(new Sequence(std::move(s)));
 }
 
-Status Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const {
-    EXL3_ASSIGN_OR_RETURN(StepPlan plan, impl_->plan(items));
-    std::vector<Sequence::Impl*> seqs;
-    for (const auto& it : items) seqs.push_back(it.seq->impl_.get());
-    logits->resize(plan.out_rows.size() * static_cast<size_t>(impl_->cfg.vocab_size));
+int Model::reuse_prefix(Sequence& seq, const std::vector<int32_t>& tokens) const {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const int limit = std::min(static_cast<int>(tokens.size()), seq.max_length()) - 1;
+    return impl_->attach_prefix(*seq.impl_, tokens, limit);
+}
+
+CacheStats Model::cache_stats() const {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    const PagePoolStats p = impl_->pages->stats();
+    CacheStats c;
+    c.page_size = p.page_size;
+    c.pages = p.pages;
+    c.pages_in_use = p.in_use;
+    c.pages_cached = p.cached;
+    c.pages_free = p.free;
 #ifdef EXL3_HAVE_CUDA
+    // CUDA's pages exist from the start; the pool names them as it hands them out.
     if (impl_->cuda) {
-        EXL3_RETURN_IF_ERROR(impl_->cuda->forward(plan, seqs, logits->data()));
-    } else
-#endif
-    {
-        CpuBackend b(impl_->cfg, impl_->weights, *impl_->pool, seqs);
-        EXL3_RETURN_IF_ERROR(decoder_forward(b, impl_->cfg, plan, logits->data()));
+        c.pages_free += impl_->pages->available() - p.free - p.cached;
+        c.pages = c.pages_in_use + c.pages_cached + c.pages_free;
     }
-    for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->length = plan.seq_len[i];
+#endif
+    c.pages_evicted = p.evicted;
+    c.tokens_computed = impl_->tokens_computed;
+    c.tokens_reused = impl_->tokens_reused;
+    return c;
+}
+
+Status Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const {
+    Impl& im = *impl_;
+    std::lock_guard<std::mutex> lock(im.mu);
+    EXL3_ASSIGN_OR_RETURN(StepPlan plan, im.plan(items));
+    std::vector<Sequence::Impl*> seqs;
+    for (const auto& it : items) {
+        seqs.push_back(it.seq->impl_.get());
+        if (seqs.back()->pool != im.pages) return invalid_argument("forward: a sequence of another model");
+    }
+
+    // Sequences that start here begin with what the prefix cache holds of their tokens (all but the last one).
+    std::vector<int> skip(items.size(), 0);
+    bool reused = false;
+    for (size_t i = 0; i < items.size(); ++i) {
+        if (items[i].all_logits) continue;  // the logits of every position are wanted: compute them all
+        skip[i] = im.attach_prefix(*seqs[i], items[i].tokens, static_cast<int>(items[i].tokens.size()) - 1);
+        reused |= skip[i] > 0;
+    }
+    auto undo_reuse = [&] {
+        for (size_t i = 0; i < items.size(); ++i)
+            if (skip[i] > 0) {
+                seqs[i]->release_pages();
+                im.tokens_reused -= skip[i];
+            }
+    };
+    if (reused) {
+        auto p = im.plan(items, &skip);
+        if (!p.is_ok()) {  // cannot happen: the same items passed above
+            undo_reuse();
+            return p.status();
+        }
+        plan = std::move(*p);
+    }
+
+    std::vector<size_t> grown;
+    Status s = im.grow_pages(plan, seqs, &grown);
+    if (s.is_ok()) {
+        logits->resize(plan.out_rows.size() * static_cast<size_t>(im.cfg.vocab_size));
+#ifdef EXL3_HAVE_CUDA
+        if (im.cuda) {
+            s = im.cuda->forward(plan, seqs, logits->data());
+        } else
+#endif
+        {
+            CpuBackend b(im.cfg, im.weights, *im.pool, *im.cpu_kv, seqs);
+            s = decoder_forward(b, im.cfg, plan, logits->data());
+        }
+        if (!s.is_ok()) im.drop_pages(seqs, grown);
+    }
+    if (!s.is_ok()) {
+        undo_reuse();
+        return s;
+    }
+    im.tokens_computed += plan.total();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        Sequence::Impl& q = *seqs[i];
+        q.tokens.insert(q.tokens.end(), items[i].tokens.begin() + skip[i], items[i].tokens.end());
+        q.length = plan.seq_len[i];
+        im.publish_full_pages(q);
+    }
     return Status::ok();
 }
 

@@ -1,21 +1,38 @@
-// What a Sequence holds, per backend: the CPU keeps contiguous fp32 K/V per layer; the CUDA backend keeps the
-// indices of its pages in the shared paged cache.
+// What a Sequence holds: the ids of its KV pages in the model's page pool (page i holds positions
+// [i * page_size, (i + 1) * page_size)), on either backend; the backend owns the memory behind the ids (CPU: a host
+// arena per layer; CUDA: device pages). Full pages may be shared with other sequences (prefix caching): they are
+// never written again, since a sequence only grows.
 #pragma once
 
 #include <cstdint>
-#include <functional>
+#include <memory>
 #include <vector>
 
 #include "exl3/model.h"
+#include "models/page_pool.h"
 
 namespace exl3 {
 
 struct Sequence::Impl {
     int length = 0;
     int max_length = 0;
-    std::vector<std::vector<float>> k, v;  // CPU: per layer [length, kv_dim]
-    std::vector<int32_t> pages;            // CUDA: page indices in order
-    std::function<void(Impl&)> release;    // returns pages to their pool (set by the backend that owns them)
+    std::shared_ptr<PagePool> pool;  // the model's; shared so that a Sequence may outlive its Model
+    std::vector<int32_t> pages;      // page table, in position order
+    std::vector<int32_t> tokens;     // [length]: the ids in the cache (full pages are published by content)
+    int published = 0;               // leading pages already offered to the prefix index
+    uint64_t chain = PagePool::kChainStart;  // chain hash after `published` pages
+
+    // Gives every page back to the pool and empties the sequence. Last page first, so that a chain's tail is
+    // evicted before its head (a head page serves more prompts than the pages after it).
+    void release_pages() {
+        if (pool)
+            for (auto it = pages.rbegin(); it != pages.rend(); ++it) pool->release(*it);
+        pages.clear();
+        tokens.clear();
+        length = 0;
+        published = 0;
+        chain = PagePool::kChainStart;
+    }
 };
 
 }  // namespace exl3

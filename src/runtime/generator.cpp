@@ -41,6 +41,7 @@ struct Job {
     int prompt_len = 0;
     int max_new = 0;              // after capping to the context
     int prefilled = 0;            // prompt tokens already in the sequence
+    int cached = 0;               // of them, taken from the prefix cache
     int generated = 0;
     int32_t next_input = -1;      // the last sampled id, not yet in the sequence
     std::unique_ptr<Sequence> seq;
@@ -174,6 +175,8 @@ void Generator::Impl::admit(std::vector<JobUpdate>* updates) {
             continue;
         }
         job->seq = std::move(*seq);
+        // The prefix cache may hold the start of the prompt (never all of it: the last token gives the logits).
+        job->cached = job->prefilled = model.reuse_prefix(*job->seq, job->tokens);
         SamplerSettings s = job->req.sampling;
         if (s.dry_multiplier > 0.0f && !s.dry_sequence_breakers.empty()) {
             const auto& extra = breaker_ids(s.dry_sequence_breakers);
@@ -192,6 +195,7 @@ void Generator::Impl::finish(Job& job, JobUpdate& u, FinishReason why, Status er
     u.finish = why;
     u.error = std::move(error);
     u.prompt_tokens = job.prompt_len;
+    u.cached_tokens = job.cached;
     u.generated_tokens = job.generated;
     job.seq.reset();  // the KV cache goes back now, not when the Job object dies
     forget(job.id);
@@ -236,6 +240,7 @@ void Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
 #endif
     if (job.generated >= job.max_new) return end_text(job, u, FinishReason::kLength);
     u.prompt_tokens = job.prompt_len;
+    u.cached_tokens = job.cached;
     u.generated_tokens = job.generated;
 }
 

@@ -135,11 +135,17 @@ class ChatTest(unittest.TestCase):
         lines = out.decode().split("\n")
         self.assertEqual(len(lines), 4, out)  # three replies and the empty tail after the last newline
         self.assertEqual(lines[0], lines[2])  # after /reset the same greedy conversation again
-        reused = [int(l.split(", ")[1].split()[0]) for l in err.splitlines() if "reused from the cache" in l]
+        logged = [l.split("chat: prompt ")[1] for l in err.splitlines() if "reused from the cache" in l]
+        prompt = [int(l.split()[0]) for l in logged]
+        reused = [int(l.split(", ")[1].split()[0]) for l in logged]
         self.assertEqual(len(reused), 3, err)
         self.assertEqual(reused[0], 0)
         self.assertGreater(reused[1], 0)  # the second turn extends the first: only the new tokens are prefilled
-        self.assertEqual(reused[2], 0)
+        self.assertGreater(prompt[1] - reused[1], 0)  # the last prompt token is always computed
+        # /reset clears the conversation, not the cache: the same first turn again finds its pages (prefix caching),
+        # and the reply is the same.
+        self.assertEqual(prompt[2], prompt[0])
+        self.assertLess(reused[2], prompt[2])
         self.assertIn("conversation cleared", err)
 
     def test_system_prompt_and_end_of_input(self):

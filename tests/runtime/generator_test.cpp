@@ -382,6 +382,9 @@ TEST_F(GeneratorTest, SoakRandomJobsAndCancellations) {
     EXPECT_GT(cancelled, 0);
     EXPECT_EQ(g->live_sequences(), 0);
     EXPECT_FALSE(g->has_work());
+    const CacheStats cs = model_->cache_stats();  // every KV page is back in the pool (free or cached)
+    EXPECT_EQ(cs.pages_in_use, 0);
+    EXPECT_EQ(cs.pages_free + cs.pages_cached, cs.pages);
     std::printf("soak: %d jobs, %d cancelled, %d steps\n", kJobs, cancelled, steps);
 }
 

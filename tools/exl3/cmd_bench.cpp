@@ -106,6 +106,7 @@ int bench(const BenchOptions& o) {
     lo.device = o.device;
     lo.context_length = max_ctx + 64;
     lo.cache_tokens = std::max(max_batch * (max_ctx + 64), max_ctx + 64);
+    lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
     auto t_load = std::chrono::steady_clock::now();
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("bench", model.status().to_string());

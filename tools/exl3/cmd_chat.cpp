@@ -1,7 +1,8 @@
 // exl3 chat: a multi-turn conversation on stdin/stdout through the model's own chat template.
 // Every turn renders the whole conversation as transformers' apply_chat_template does and tokenizes it without
-// special tokens (the template writes BOS itself where the model wants it). The KV cache is kept across turns
-// whenever the new prompt extends the tokens already in it, so a turn only prefills what is new.
+// special tokens (the template writes BOS itself where the model wants it), then runs it as one Generator job.
+// The KV cache carries over between turns through prefix caching: the pages of the previous turns (prompt and
+// reply) are still in the model's cache, so a turn prefills little more than what is new.
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,8 +12,8 @@
 #include <string>
 
 #include "core/log.h"
+#include "exl3/generator.h"
 #include "exl3/model.h"
-#include "runtime/sampler.h"
 #include "tools/exl3/commands.h"
 #if defined(EXL3_HAVE_TOKENIZER) && defined(EXL3_HAVE_CHAT)
 #define EXL3_CHAT_ENABLED 1
@@ -31,6 +32,7 @@ struct ChatOptions {
     int max_tokens = 512;
     int threads = 0;
     int context = 0;
+    bool no_prefix_cache = false;
     SamplerSettings sampling;
 };
 
@@ -40,20 +42,16 @@ constexpr const char* kHelp = "commands: /reset clears the conversation, /exit (
 
 class ChatSession {
 public:
-    ChatSession(const ChatOptions& o, const Model& m, std::shared_ptr<const Tokenizer> tok,
-                ChatTemplate tmpl, std::unique_ptr<Sequence> seq)
-        : o_(o), m_(m), tok_(std::move(tok)), tmpl_(std::move(tmpl)), seq_(std::move(seq)), sampler_(o.sampling) {
-        stop_ = m_.info().eos_token_ids;
-        for (int32_t id : tok_->eos_ids())
-            if (std::find(stop_.begin(), stop_.end(), id) == stop_.end()) stop_.push_back(id);
+    ChatSession(const ChatOptions& o, const Model& m, std::shared_ptr<const Tokenizer> tok, ChatTemplate tmpl,
+                std::unique_ptr<Generator> gen)
+        : o_(o), m_(m), tok_(std::move(tok)), tmpl_(std::move(tmpl)), gen_(std::move(gen)) {
         reset();
     }
 
+    // The conversation starts over; what the cache holds stays (a turn that renders the same tokens reuses it).
     void reset() {
         messages_ = nlohmann::ordered_json::array();
         if (!o_.system.empty()) messages_.push_back({{"role", "system"}, {"content", o_.system}});
-        seq_->reset();
-        cached_.clear();
     }
 
     // One user turn: the reply streams to stdout. A failure drops the turn from the conversation and is reported;
@@ -84,68 +82,51 @@ private:
 
     Status respond() {
         EXL3_ASSIGN_OR_RETURN(auto prompt, render());
-        const int limit = seq_->max_length();
+        const int limit = m_.info().context_length;
         if (static_cast<int>(prompt.size()) >= limit)
             return out_of_range("the conversation is " + std::to_string(prompt.size()) +
                                 " tokens, which leaves no room to reply in the context of " + std::to_string(limit) +
                                 " (/reset starts over; --context raises the limit where the model allows)");
-        std::vector<int32_t> feed;
-        if (cached_.size() < prompt.size() && std::equal(cached_.begin(), cached_.end(), prompt.begin())) {
-            feed.assign(prompt.begin() + static_cast<std::ptrdiff_t>(cached_.size()), prompt.end());
-        } else {
-            // The rendering changed what is already cached (a template that rewrites history, or a reply that
-            // tokenizes differently when re-encoded): prefill from scratch.
-            seq_->reset();
-            cached_.clear();
-            feed = prompt;
-        }
-        log_debug("chat: prompt {} tokens, {} reused from the cache", prompt.size(), cached_.size());
+        GenerationRequest rq;
+        rq.prompt_ids = std::move(prompt);
+        rq.sampling = o_.sampling;
+        rq.sampling.seed = o_.sampling.seed + turns_++;  // reproducible, yet not the same draws every turn
+        rq.max_new_tokens = o_.max_tokens;                // lowered to what the context leaves (finish: length)
+        rq.skip_special_tokens = true;
+        const int prompt_tokens = static_cast<int>(rq.prompt_ids.size());
+        EXL3_ASSIGN_OR_RETURN(uint64_t job, gen_->submit(std::move(rq)));
+        (void)job;
 
-        IncrementalDetokenizer detok(tok_, /*skip_special_tokens=*/true);
         std::string reply;
-        std::vector<float> logits;
-        const int vocab = m_.info().vocab_size;
-        for (int generated = 0; generated < o_.max_tokens; ++generated) {
-            if (seq_->length() + static_cast<int>(feed.size()) > limit) {
-                log_warn("chat: the context of {} tokens is full; the reply stops here (/reset starts over)", limit);
-                break;
+        JobUpdate last;
+        EXL3_RETURN_IF_ERROR(gen_->run_until_idle([&](const JobUpdate& u) {
+            if (!u.text.empty()) {
+                std::fwrite(u.text.data(), 1, u.text.size(), stdout);
+                std::fflush(stdout);
+                reply += u.text;
             }
-            if (Status s = m_.forward(*seq_, feed, false, &logits); !s.is_ok()) {
-                // The cache may no longer match cached_: start the next turn from scratch.
-                seq_->reset();
-                cached_.clear();
-                if (!reply.empty()) std::fputc('\n', stdout);  // the part already streamed keeps its own line
-                return s;
-            }
-            cached_.insert(cached_.end(), feed.begin(), feed.end());
-            const int32_t next = sampler_.sample(logits.data(), vocab);
-            if (std::find(stop_.begin(), stop_.end(), next) != stop_.end()) break;
-            emit(detok.step(next), reply);
-            feed.assign(1, next);
+            if (u.finish != FinishReason::kNone) last = u;
+        }));
+        log_debug("chat: prompt {} tokens, {} reused from the cache", prompt_tokens, last.cached_tokens);
+        if (last.finish == FinishReason::kError) {
+            if (!reply.empty()) std::fputc('\n', stdout);  // the part already streamed keeps its own line
+            return last.error;
         }
-        emit(detok.flush(), reply);
+        if (last.finish == FinishReason::kLength && last.generated_tokens < o_.max_tokens)
+            log_warn("chat: the context of {} tokens is full; the reply stops here (/reset starts over)", limit);
         std::fputc('\n', stdout);
         std::fflush(stdout);
         messages_.push_back({{"role", "assistant"}, {"content", reply}});
         return Status::ok();
     }
 
-    static void emit(const std::string& delta, std::string& reply) {
-        if (delta.empty()) return;
-        std::fwrite(delta.data(), 1, delta.size(), stdout);
-        std::fflush(stdout);
-        reply += delta;
-    }
-
     const ChatOptions& o_;
     const Model& m_;
     std::shared_ptr<const Tokenizer> tok_;
     ChatTemplate tmpl_;
-    std::unique_ptr<Sequence> seq_;
-    Sampler sampler_;
-    std::vector<int> stop_;
+    std::unique_ptr<Generator> gen_;
     nlohmann::ordered_json messages_;
-    std::vector<int32_t> cached_;  // the tokens whose keys and values are in seq_
+    uint64_t turns_ = 0;
 };
 
 #endif
@@ -169,12 +150,17 @@ int chat(const ChatOptions& o) {
     lo.threads = o.threads;
     lo.context_length = o.context;
     lo.device = o.device;
+    lo.prefix_cache = !o.no_prefix_cache;
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("chat", model.status().to_string());
-    auto seq = (*model)->new_sequence();
-    if (!seq.is_ok()) return fail("chat", seq.status().to_string());
+    // One job per turn, its whole prompt in one step (what is not in the cache yet).
+    GeneratorOptions go;
+    go.max_active_jobs = 1;
+    go.max_batch_tokens = go.prefill_chunk = std::max((*model)->info().context_length, 2);
+    auto gen = Generator::create(**model, *tok, go);
+    if (!gen.is_ok()) return fail("chat", gen.status().to_string());
 
-    ChatSession session(o, **model, *tok, std::move(*tmpl), std::move(*seq));
+    ChatSession session(o, **model, *tok, std::move(*tmpl), std::move(*gen));
     const bool interactive = ::isatty(STDIN_FILENO) != 0;
     if (interactive) std::fprintf(stderr, "%s\n", kHelp);
     std::string line;
@@ -201,6 +187,8 @@ int chat(const ChatOptions& o) {
         }
         session.turn(line);
     }
+    const CacheStats cs = (*model)->cache_stats();
+    log_debug("chat: {} positions computed, {} taken from the prefix cache", cs.tokens_computed, cs.tokens_reused);
     return 0;
 #endif
 }
@@ -213,14 +201,17 @@ Runner add_chat(CLI::App& app) {
         "\nReads one user message per line from stdin and streams each reply to stdout. /reset clears the "
         "conversation, /exit or end of input quits. The prompt is the model's chat template rendered over the whole "
         "conversation (add_generation_prompt=true), tokenized without added special tokens; generation stops at the "
-        "end-of-sequence tokens of tokenizer_config.json, generation_config.json and config.json.");
+        "end-of-sequence tokens of tokenizer_config.json, generation_config.json and config.json. Earlier turns stay "
+        "in the KV cache (prefix caching): a turn computes only what is new.");
     app.add_option("-m,--model", o->model, "model directory (HF layout, with a chat template)")->required();
     app.add_option("--system", o->system, "system prompt (the first message of every conversation)");
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens per reply")->capture_default_str();
-    add_sampling_options(app, o->sampling);
+    add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
+    app.add_flag("--no-prefix-cache", o->no_prefix_cache,
+                 "recompute the whole conversation every turn instead of reusing the cached KV of earlier turns");
     return [o] { return chat(*o); };
 }
 
