@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cstdio>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -15,6 +17,8 @@
 #include <sstream>
 
 #include "backend/cpu/ops.h"
+#include "convert/calibration.h"
+#include "convert/work_dir.h"
 #include "format/model_config.h"
 #include "format/rope.h"
 #include "format/safetensors.h"
@@ -24,6 +28,9 @@
 #include "quant/trellis.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
+#endif
+#ifdef EXL3_CONVERT_HAVE_CUDA
+#include "convert/cuda/viterbi.h"
 #endif
 
 namespace exl3::convert {
@@ -157,14 +164,22 @@ Status block_forward(const ModelConfig& c, const Layer& L, int li, const RopeFre
     cpu::silu_mul(g.data(), u.data(), T, I);
     if (hs) hs->down.add(g.data(), T, I, pool);
     apply(L.down, g.data(), T, o.data(), pool);
-    size_t bad = 0;
-    for (size_t i = 0; i < o.size(); ++i) {
-        cs.h[i] += o[i];
-        bad += !std::isfinite(cs.h[i]);
+    for (size_t i = 0; i < o.size(); ++i) cs.h[i] += o[i];
+    int bad_rows = 0;  // token positions whose state went NaN/inf: left out of every later Hessian
+    for (int t = 0; t < T; ++t) {
+        const float* r = cs.h.data() + static_cast<size_t>(t) * D;
+        for (int i = 0; i < D; ++i)
+            if (!std::isfinite(r[i])) {
+                ++bad_rows;
+                break;
+            }
     }
-    if (bad == cs.h.size())
+    if (bad_rows == T)
         return invalid_argument(fmt::format("layer {}: every calibration activation is NaN/inf; the weights (or the "
                                             "quantization of earlier layers) overflow", li));
+    if (bad_rows > 0 && hs)
+        fmt::print(stderr, "exl3 convert: warning: layer {}: {} of {} calibration positions hold NaN/inf activations; "
+                   "they are left out of the Hessians\n", li, bad_rows, T);
     return Status::ok();
 }
 
@@ -196,11 +211,14 @@ Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const
         return unsupported("--calibration needs the tokenizer, which this build lacks (libpcre2-8 missing)");
 #endif
     } else {
-        // The shippable default: uniformly random token ids. They exercise every embedding row and, through the
-        // attention, a broad spread of activation directions, with no outside text to license.
-        std::mt19937_64 rng(opt.seed);
-        toks.resize(need);
-        for (auto& t : toks) t = static_cast<int32_t>(rng() % static_cast<uint64_t>(c.vocab_size));
+        // The shippable default (calibration.h): text the model itself writes, plus random token ids.
+        SampledCalibration sc;
+        sc.rows = opt.calibration_rows;
+        sc.cols = opt.calibration_cols;
+        sc.seed = opt.seed;
+        sc.device = opt.device == ConvertDevice::kCuda ? "cuda" : "cpu";
+        sc.progress = opt.progress;
+        EXL3_ASSIGN_OR_RETURN(toks, sample_calibration_tokens(opt.input_dir, sc));
     }
     for (int32_t t : toks)
         if (t < 0 || t >= c.vocab_size) return invalid_argument(fmt::format("calibration token {} out of range", t));
@@ -214,9 +232,44 @@ Status copy_raw(const TensorStore& st, const std::string& name, SafetensorsWrite
 
 std::string fmt_time(double s) {
     if (s < 0 || !std::isfinite(s)) return "?";
+    if (s >= 3600) return fmt::format("{}h{:02d}m", static_cast<int>(s) / 3600, static_cast<int>(s) / 60 % 60);
     return s >= 60 ? fmt::format("{}m{:02d}s", static_cast<int>(s) / 60, static_cast<int>(s) % 60)
                    : fmt::format("{:.1f}s", s);
 }
+
+// A progress bar on stderr: redrawn in place on a terminal, one line per update otherwise (logs, CI). The ETA
+// extrapolates the work done in this run only (resumed work is not counted as speed).
+class Progress {
+public:
+    Progress(bool on, const char* phase, double total, double done_before = 0)
+        : on_(on), phase_(phase), total_(total), base_(done_before), done_(done_before),
+          tty_(on && ::isatty(::fileno(stderr))), t0_(Clock::now()) {}
+    ~Progress() {
+        if (tty_ && drawn_) std::fputc('\n', stderr);
+    }
+    void advance(double work, const std::string& what) {
+        done_ += work;
+        if (!on_) return;
+        const double el = std::chrono::duration<double>(Clock::now() - t0_).count();
+        const double frac = total_ > 0 ? std::min(1.0, done_ / total_) : 1.0;
+        const double rate = (done_ - base_) / std::max(el, 1e-9);
+        const double eta = rate > 0 ? (total_ - done_) / rate : -1.0;
+        constexpr int kWidth = 24;
+        const int fill = static_cast<int>(frac * kWidth + 0.5);
+        const std::string bar = std::string(static_cast<size_t>(fill), '#') + std::string(kWidth - fill, '-');
+        fmt::print(stderr, "{}exl3 convert: {} [{}] {:5.1f}%  {}  elapsed {}  ETA {}{}", tty_ ? "\r\033[K" : "",
+                   phase_, bar, 100.0 * frac, what, fmt_time(el), fmt_time(eta), tty_ ? "" : "\n");
+        std::fflush(stderr);
+        drawn_ = true;
+    }
+
+private:
+    bool on_;
+    const char* phase_;
+    double total_, base_, done_;
+    bool tty_, drawn_ = false;
+    Clock::time_point t0_;
+};
 
 // Replaces a linear's weight with its EXL3 reconstruction (what the reader will compute), for propagation.
 Status dequantize_into(const quant::QuantizedLinear& q, Lin* l) {
@@ -272,7 +325,64 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
         EXL3_RETURN_IF_ERROR(load_lin(st, "lm_head", c.vocab_size, D, false, &head));
     }
     EXL3_ASSIGN_OR_RETURN(RopeFrequencies rope, rope_frequencies(c.rope, c.head_dim, opt.calibration_cols));
-    EXL3_ASSIGN_OR_RETURN(std::vector<int32_t> toks, calibration_tokens(opt, c));
+
+    // The tile encoder: the thread pool's encode_tile, or the CUDA kernel (identical codes).
+    quant::TileBatchEncoder encoder;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    std::unique_ptr<cuda::ViterbiEncoder> gpu;
+    if (opt.device == ConvertDevice::kCuda) {
+        EXL3_ASSIGN_OR_RETURN(gpu, cuda::ViterbiEncoder::create(0));
+        if (opt.progress) fmt::print(stderr, "exl3 convert: Viterbi on {}\n", gpu->device_name());
+        encoder = [&gpu](const float* t, int n, int K, quant::Codebook cb, uint16_t* states) {
+            return gpu->encode(t, n, K, cb, states);
+        };
+    }
+#else
+    if (opt.device == ConvertDevice::kCuda)
+        return unsupported("--device cuda: this build has no CUDA (configure with nvcc available)");
+#endif
+
+    // Resume state. The fingerprint names everything the output depends on (not the device: same codes).
+    nlohmann::ordered_json fp;
+    {
+        std::error_code ec;
+        uint64_t in_bytes = 0;
+        for (const auto& e : fs::directory_iterator(opt.input_dir, ec))
+            if (e.path().extension() == ".safetensors") in_bytes += e.file_size(ec);
+        fp["format"] = 1;
+        fp["input"] = fs::weakly_canonical(opt.input_dir, ec).string();
+        fp["input_config_hash"] = fmt::format("{:016x}", file_hash(opt.input_dir + "/config.json"));
+        fp["input_safetensors_bytes"] = in_bytes;
+        fp["bits"] = opt.bpw;
+        fp["head_bits"] = opt.head_bits;
+        fp["codebook"] = std::string(quant::codebook_name(opt.codebook));
+        fp["calibration"] = opt.calibration_file.empty() ? std::string("sampled-v1")
+                                                        : fs::weakly_canonical(opt.calibration_file, ec).string();
+        fp["calibration_hash"] =
+            opt.calibration_file.empty() ? std::string() : fmt::format("{:016x}", file_hash(opt.calibration_file));
+        fp["calibration_rows"] = opt.calibration_rows;
+        fp["calibration_cols"] = opt.calibration_cols;
+        fp["sensitivity_tiles"] = opt.sensitivity_tiles;
+        fp["seed"] = opt.seed;
+    }
+    EXL3_ASSIGN_OR_RETURN(WorkDir wd, WorkDir::open(opt.work_dir, fp));
+    if (wd.finished_layers() > c.num_layers)
+        return invalid_argument(fmt::format("work dir '{}' claims {} finished layers; the model has {}",
+                                            opt.work_dir, wd.finished_layers(), c.num_layers));
+
+    std::vector<int32_t> toks;
+    bool have_toks = false;
+    if (wd.enabled()) {
+        EXL3_ASSIGN_OR_RETURN(have_toks, wd.load_tokens(&toks));
+        if (have_toks && toks.size() != static_cast<size_t>(opt.calibration_rows) * opt.calibration_cols)
+            return invalid_argument(fmt::format("work dir '{}': calibration.bin holds {} tokens, {} expected; delete "
+                                                "the work dir", opt.work_dir, toks.size(),
+                                                static_cast<size_t>(opt.calibration_rows) * opt.calibration_cols));
+    }
+    if (!have_toks) {
+        EXL3_ASSIGN_OR_RETURN(toks, calibration_tokens(opt, c));
+        if (wd.enabled()) EXL3_RETURN_IF_ERROR(wd.save_tokens(toks));
+    }
 
     auto init_state = [&]() {
         Calib cs;
@@ -284,7 +394,6 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
             std::memcpy(cs.h.data() + t * D, embed.data() + static_cast<size_t>(toks[t]) * D, sizeof(float) * D);
         return cs;
     };
-    static const char* kNames[7] = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
 
     // ---- pass 1: sensitivity and bit allocation ----
     const int k0 = std::clamp(static_cast<int>(std::floor(opt.bpw)), quant::kMinBits, quant::kMaxBits);
@@ -295,8 +404,24 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
         int K;
     };
     std::vector<Alloc> alloc;
-    {
+    for (int li = 0; li < c.num_layers; ++li)
+        for (int i = 0; i < 7; ++i) {
+            const Lin& l = *layers[static_cast<size_t>(li)].lins[i];
+            alloc.push_back({static_cast<int64_t>(quant::pad128(l.in)) * quant::pad128(l.out), 0.0, k0});
+        }
+    int64_t total_w = 0;
+    for (auto& a : alloc) total_w += a.weights;
+    double achieved = 0;
+    bool have_alloc = false;
+    if (wd.enabled()) {
+        std::vector<int> ks;
+        EXL3_ASSIGN_OR_RETURN(have_alloc, wd.load_allocation(alloc.size(), &ks, &achieved));
+        if (have_alloc)
+            for (size_t i = 0; i < alloc.size(); ++i) alloc[i].K = ks[i];
+    }
+    if (!have_alloc) {
         Calib cs = init_state();
+        Progress bar(opt.progress, "sensitivity", c.num_layers);
         for (int li = 0; li < c.num_layers; ++li) {
             LayerHessians hs;
             EXL3_RETURN_IF_ERROR(block_forward(c, layers[static_cast<size_t>(li)], li, rope, cs, &hs, pool)
@@ -305,83 +430,113 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
                 const Lin& l = *layers[static_cast<size_t>(li)].lins[i];
                 const Hess& h = hess_of(hs, i);
                 if (h.rows == 0)
-                    return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer", l.prefix));
+                    return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
+                                                        "activations are NaN/inf)", l.prefix));
                 EXL3_ASSIGN_OR_RETURN(std::vector<double> e,
                                       quant::sample_sensitivity(l.w.data(), l.out, l.in, h.h.data(),
                                                                 static_cast<double>(h.rows), {k0, k1}, opt.codebook,
-                                                                opt.sensitivity_tiles, opt.seed + li * 7 + i, pool));
-                alloc.push_back({static_cast<int64_t>(quant::pad128(l.in)) * quant::pad128(l.out), e[0] - e[1], k0});
+                                                                opt.sensitivity_tiles, opt.seed + li * 7 + i, pool,
+                                                                encoder));
+                alloc[static_cast<size_t>(li * 7 + i)].gain = e[0] - e[1];
             }
-            if (opt.progress) fmt::print(stderr, "exl3 convert: sensitivity, layer {}/{}\n", li + 1, c.num_layers);
+            bar.advance(1, fmt::format("layer {}/{}", li + 1, c.num_layers));
+        }
+        const double budget = opt.bpw * static_cast<double>(total_w);
+        double used = static_cast<double>(k0) * total_w;
+        if (k1 > k0) {
+            // Greedy: upgrade the tensors with the largest measured error reduction per extra bit while the budget
+            // holds.
+            std::vector<size_t> ord(alloc.size());
+            for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
+            std::stable_sort(ord.begin(), ord.end(), [&](size_t a, size_t b) {
+                return alloc[a].gain / alloc[a].weights > alloc[b].gain / alloc[b].weights;
+            });
+            for (size_t i : ord)
+                if (used + alloc[i].weights <= budget + 1e-9) {
+                    alloc[i].K = k1;
+                    used += alloc[i].weights;
+                }
+        }
+        achieved = used / static_cast<double>(total_w);
+        if (wd.enabled()) {
+            std::vector<int> ks;
+            for (auto& a : alloc) ks.push_back(a.K);
+            EXL3_RETURN_IF_ERROR(wd.save_allocation(ks, achieved));
         }
     }
-    int64_t total_w = 0;
-    for (auto& a : alloc) total_w += a.weights;
-    const double budget = opt.bpw * static_cast<double>(total_w);
-    double used = static_cast<double>(k0) * total_w;
-    if (k1 > k0) {
-        // Greedy: upgrade the tensors with the largest measured error reduction per extra bit while the budget holds.
-        std::vector<size_t> ord(alloc.size());
-        for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
-        std::sort(ord.begin(), ord.end(), [&](size_t a, size_t b) {
-            return alloc[a].gain / alloc[a].weights > alloc[b].gain / alloc[b].weights;
-        });
-        for (size_t i : ord)
-            if (used + alloc[i].weights <= budget + 1e-9) {
-                alloc[i].K = k1;
-                used += alloc[i].weights;
-            }
-    }
-    const double achieved = used / static_cast<double>(total_w);
     if (opt.progress) fmt::print(stderr, "exl3 convert: bit allocation {:.4f} bpw (asked {:.4f})\n", achieved, opt.bpw);
 
     // ---- pass 2: quantization with propagation through quantized layers ----
-    int64_t tiles_total = 0, tiles_done = 0;
-    for (auto& a : alloc) tiles_total += a.weights / 256;
-    tiles_total += static_cast<int64_t>(quant::pad128(head.in)) * quant::pad128(head.out) / 256;
+    const int start = wd.finished_layers();
+    double tiles_total = 0, tiles_before = 0;
+    for (size_t i = 0; i < alloc.size(); ++i) {
+        tiles_total += static_cast<double>(alloc[i].weights) / 256;
+        if (static_cast<int>(i / 7) < start) tiles_before += static_cast<double>(alloc[i].weights) / 256;
+    }
+    tiles_total += static_cast<double>(quant::pad128(head.in)) * quant::pad128(head.out) / 256;
     SafetensorsWriter out;
     EXL3_RETURN_IF_ERROR(copy_raw(st, "model.embed_tokens.weight", out));
     EXL3_RETURN_IF_ERROR(copy_raw(st, "model.norm.weight", out));
     Calib cs = init_state();
-    const auto t_q = Clock::now();
-    auto quantize = [&](Lin& l, const Hess& h, int K, uint64_t seed) -> Status {
+    if (start > 0) {
+        // Resume: the finished layers' tensors as they were written, and the state after the last of them.
+        for (int li = 0; li < start; ++li) {
+            auto ls = TensorStore::open_files({wd.layer_path(li)});
+            if (!ls.is_ok())
+                return ls.status().with_context(fmt::format("work dir '{}': layer {} is unreadable; delete the work "
+                                                            "dir", opt.work_dir, li));
+            for (const std::string& n : ls->names()) EXL3_RETURN_IF_ERROR(copy_raw(*ls, n, out));
+        }
+        EXL3_ASSIGN_OR_RETURN(cs.h, wd.load_state(cs.h.size()));
+        if (opt.progress)
+            fmt::print(stderr, "exl3 convert: resuming from work dir '{}' after layer {}/{}\n", opt.work_dir, start,
+                       c.num_layers);
+    }
+    Progress bar(opt.progress, "quantize", tiles_total, tiles_before);
+    auto quantize = [&](Lin& l, const Hess& h, int K, uint64_t seed, SafetensorsWriter* lw) -> Status {
+        if (h.rows == 0)
+            return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
         quant::QuantizeOptions qo;
         qo.K = K;
         qo.codebook = opt.codebook;
         qo.seed = seed;
+        qo.encode_tiles = encoder;
         EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q,
                               quant::quantize_linear(l.w.data(), l.out, l.in, h.h.data(), static_cast<double>(h.rows),
                                                      qo, pool));
-        EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out, l.prefix, q, l.b.empty() ? nullptr : l.b.data()));
+        const float* bias = l.b.empty() ? nullptr : l.b.data();
+        EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out, l.prefix, q, bias));
+        if (lw) EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(*lw, l.prefix, q, bias));
         EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
-        tiles_done += static_cast<int64_t>(q.k_pad) * q.n_pad / 256;
-        if (opt.progress) {
-            const double el = std::chrono::duration<double>(Clock::now() - t_q).count();
-            fmt::print(stderr, "exl3 convert: [{:5.1f}%] {} K={} proxy {:.3g}  elapsed {}  ETA {}\n",
-                       100.0 * tiles_done / tiles_total, l.prefix, K, q.proxy_error, fmt_time(el),
-                       fmt_time(el / tiles_done * (tiles_total - tiles_done)));
-        }
+        bar.advance(static_cast<double>(q.k_pad) * q.n_pad / 256,
+                    fmt::format("{} K={} err {:.2g}", l.prefix, K, q.proxy_error));
         return Status::ok();
     };
-    for (int li = 0; li < c.num_layers; ++li) {
+    for (int li = start; li < c.num_layers; ++li) {
         Layer& L = layers[static_cast<size_t>(li)];
         LayerHessians hs;
         {
             Calib probe = cs;  // Hessians from this block's inputs; the state advances below with quantized weights
-            EXL3_RETURN_IF_ERROR(block_forward(c, L, li, rope, probe, &hs, pool));
+            EXL3_RETURN_IF_ERROR(block_forward(c, L, li, rope, probe, &hs, pool)
+                                     .with_context(fmt::format("calibration forward, layer {}", li)));
         }
+        SafetensorsWriter lw;  // this layer's tensors, for the work dir
         for (int i = 0; i < 7; ++i)
             EXL3_RETURN_IF_ERROR(quantize(*L.lins[i], hess_of(hs, i), alloc[static_cast<size_t>(li * 7 + i)].K,
-                                          opt.seed + static_cast<uint64_t>(li) * 7 + i)
+                                          opt.seed + static_cast<uint64_t>(li) * 7 + i, wd.enabled() ? &lw : nullptr)
                                      .with_context(fmt::format("quantizing {}", L.lins[i]->prefix)));
-        EXL3_RETURN_IF_ERROR(block_forward(c, L, li, rope, cs, nullptr, pool));
+        EXL3_RETURN_IF_ERROR(block_forward(c, L, li, rope, cs, nullptr, pool)
+                                 .with_context(fmt::format("calibration forward through quantized layer {}", li)));
         const std::string p = fmt::format("model.layers.{}.", li);
-        for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+        std::vector<std::string> side = {"input_layernorm.weight", "post_attention_layernorm.weight"};
+        if (c.qk_norm) side.insert(side.end(), {"self_attn.q_norm.weight", "self_attn.k_norm.weight"});
+        for (const auto& n : side) {
             EXL3_RETURN_IF_ERROR(copy_raw(st, p + n, out));
-        if (c.qk_norm)
-            for (const char* n : {"self_attn.q_norm.weight", "self_attn.k_norm.weight"})
-                EXL3_RETURN_IF_ERROR(copy_raw(st, p + n, out));
-        (void)kNames;
+            if (wd.enabled()) EXL3_RETURN_IF_ERROR(copy_raw(st, p + n, lw));
+        }
+        if (wd.enabled()) EXL3_RETURN_IF_ERROR(wd.save_layer(li, lw, cs.h));
+        if (li == opt.stop_after_layer)
+            return internal_error(fmt::format("stopped after layer {} (test hook stop_after_layer)", li));
     }
     {
         const int T = cs.rows * cs.cols;
@@ -389,7 +544,8 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
         cpu::rms_norm(cs.h.data(), final_norm.data(), T, D, static_cast<float>(c.rms_norm_eps), x.data());
         Hess hh;
         hh.add(x.data(), T, D, pool);
-        EXL3_RETURN_IF_ERROR(quantize(head, hh, opt.head_bits, opt.seed + 999).with_context("quantizing lm_head"));
+        EXL3_RETURN_IF_ERROR(
+            quantize(head, hh, opt.head_bits, opt.seed + 999, nullptr).with_context("quantizing lm_head"));
     }
     EXL3_RETURN_IF_ERROR(out.write(tmp + "/model.safetensors"));
 
@@ -435,6 +591,7 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
     r.achieved_bpw = achieved;
     r.tensors = static_cast<int>(alloc.size()) + 1;
     r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
+    r.resumed_layers = start;
     return r;
 }
 
@@ -465,6 +622,8 @@ Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool)
         fs::remove_all(tmp);
         return io_error(fmt::format("cannot move '{}' to '{}': {}", tmp, opt.output_dir, ec.message()));
     }
+    // The output is complete: the resume state has served its purpose.
+    if (!opt.work_dir.empty()) WorkDir::discard(opt.work_dir);
     return r;
 }
 

@@ -21,7 +21,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // One Viterbi step from the costs of s_{p-1} (`prev`) to those of s_p (`next`). States sharing their top 16-K bits
 // (group g = s >> K) share their 2^K predecessors (hi << (16-K)) | g, so the min is taken once per group.
-// Built for AVX2 and a generic target: this loop is the whole cost of the encoder.
+// Built for AVX2 and a generic target: this loop is the whole cost of the encoder. Neither clone may fuse d * d + b
+// into an FMA (GCC's avx2 target does not enable FMA): the CUDA kernel rounds the product and the sum separately.
 __attribute__((target_clones("avx2", "default"))) void viterbi_step(const float* prev, float* next, float* best,
                                                                      uint8_t* back, int K, const float* lut,
                                                                      float target) {
@@ -296,26 +297,46 @@ Result<QuantizedLinear> quantize_linear(const float* w, int out, int in, const d
     std::vector<float> T = P.w;                     // LDLQ targets, corrected as later blocks are quantized
     std::vector<float> E(static_cast<size_t>(kp) * np, 0.0f);  // W' - W^
     const int nb = kp / 16, ntn = np / 16;
+    std::vector<float> batch_t;      // [ntn, 256] targets of one block row (batch encoder only)
+    std::vector<uint16_t> batch_s;   // [ntn, 256] their states
+    if (opt.encode_tiles) {
+        batch_t.resize(static_cast<size_t>(ntn) * kTileValues);
+        batch_s.resize(static_cast<size_t>(ntn) * kTileValues);
+    }
+    // After encoding tile (j, tn): pack it and record its error in E.
+    auto finish_tile = [&](int j, size_t tn, const uint16_t* states) {
+        uint16_t* words = q.trellis.data() + (static_cast<size_t>(j) * ntn + tn) * 16 * K;
+        pack_tile_states(states, K, words);
+        for (int p = 0; p < kTileValues; ++p) {
+            const int r = order[p] >> 4, c = order[p] & 15;
+            const size_t idx = static_cast<size_t>(16 * j + r) * npz + tn * 16 + static_cast<size_t>(c);
+            E[idx] = P.w[idx] - lut[states[p]];
+        }
+    };
     for (int j = nb - 1; j >= 0; --j) {
-        pool.parallel_for(static_cast<size_t>(ntn), 1, [&](size_t b, size_t e) {
-            thread_local TileEncoderScratch sc;
-            float tgt[kTileValues];
-            uint16_t states[kTileValues];
-            for (size_t tn = b; tn < e; ++tn) {
+        if (opt.encode_tiles) {
+            for (size_t tn = 0; tn < static_cast<size_t>(ntn); ++tn)
                 for (int p = 0; p < kTileValues; ++p) {
                     const int r = order[p] >> 4, c = order[p] & 15;
-                    tgt[p] = T[static_cast<size_t>(16 * j + r) * npz + tn * 16 + static_cast<size_t>(c)];
+                    batch_t[tn * kTileValues + p] = T[static_cast<size_t>(16 * j + r) * npz + tn * 16 + static_cast<size_t>(c)];
                 }
-                encode_tile(tgt, K, lut, states, sc);
-                uint16_t* words = q.trellis.data() + (static_cast<size_t>(j) * ntn + tn) * 16 * K;
-                pack_tile_states(states, K, words);
-                for (int p = 0; p < kTileValues; ++p) {
-                    const int r = order[p] >> 4, c = order[p] & 15;
-                    const size_t idx = static_cast<size_t>(16 * j + r) * npz + tn * 16 + static_cast<size_t>(c);
-                    E[idx] = P.w[idx] - lut[states[p]];
+            EXL3_RETURN_IF_ERROR(opt.encode_tiles(batch_t.data(), ntn, K, opt.codebook, batch_s.data()));
+            for (size_t tn = 0; tn < static_cast<size_t>(ntn); ++tn) finish_tile(j, tn, batch_s.data() + tn * kTileValues);
+        } else {
+            pool.parallel_for(static_cast<size_t>(ntn), 1, [&](size_t b, size_t e) {
+                thread_local TileEncoderScratch sc;
+                float tgt[kTileValues];
+                uint16_t states[kTileValues];
+                for (size_t tn = b; tn < e; ++tn) {
+                    for (int p = 0; p < kTileValues; ++p) {
+                        const int r = order[p] >> 4, c = order[p] & 15;
+                        tgt[p] = T[static_cast<size_t>(16 * j + r) * npz + tn * 16 + static_cast<size_t>(c)];
+                    }
+                    encode_tile(tgt, K, lut, states, sc);
+                    finish_tile(j, tn, states);
                 }
-            }
-        });
+            });
+        }
         if (j == 0) break;
         // Feedback: T_i += A_ji^T E_j for every earlier block i (A = L - I, block (j, i) of L).
         pool.parallel_for(npz, 64, [&](size_t c0, size_t c1) {
@@ -354,7 +375,7 @@ Result<QuantizedLinear> quantize_linear(const float* w, int out, int in, const d
 
 Result<std::vector<double>> sample_sensitivity(const float* w, int out, int in, const double* h, double count,
                                                const std::vector<int>& ks, Codebook cb, int max_tiles,
-                                               uint64_t seed, ThreadPool& pool) {
+                                               uint64_t seed, ThreadPool& pool, const TileBatchEncoder& encode_tiles) {
     EXL3_ASSIGN_OR_RETURN(Prepared P, prepare(w, out, in, h, count, cb, seed));
     const int kp = P.k_pad, np = P.n_pad, ntk = kp / 16, ntn = np / 16;
     const int total = ntk * ntn, n = std::min(max_tiles, total);
@@ -365,26 +386,46 @@ Result<std::vector<double>> sample_sensitivity(const float* w, int out, int in, 
     const float* lut = codebook_lut(cb);
     const uint8_t* order = tile_element_order();
     std::vector<double> err(ks.size() * static_cast<size_t>(n), 0.0);
-    pool.parallel_for(static_cast<size_t>(n), 1, [&](size_t b, size_t e) {
-        thread_local TileEncoderScratch sc;
-        float tgt[kTileValues];
-        uint16_t states[kTileValues];
-        for (size_t t = b; t < e; ++t) {
-            const int tk = pick[t] / ntn, tn = pick[t] % ntn;
-            for (size_t ki = 0; ki < ks.size(); ++ki) {
-                for (int p = 0; p < kTileValues; ++p)
-                    tgt[p] = P.w[static_cast<size_t>(16 * tk + (order[p] >> 4)) * np + 16 * tn + (order[p] & 15)];
-                encode_tile(tgt, ks[ki], lut, states, sc);
-                double s = 0;
-                for (int p = 0; p < kTileValues; ++p) {
-                    const int r = 16 * tk + (order[p] >> 4);
-                    const double d = tgt[p] - lut[states[p]];
-                    s += d * d * P.h[static_cast<size_t>(r) * kp + r];
-                }
-                err[ki * static_cast<size_t>(n) + t] = s;
-            }
+    auto gather = [&](size_t t, float* tgt) {
+        const int tk = pick[t] / ntn, tn = pick[t] % ntn;
+        for (int p = 0; p < kTileValues; ++p)
+            tgt[p] = P.w[static_cast<size_t>(16 * tk + (order[p] >> 4)) * np + 16 * tn + (order[p] & 15)];
+    };
+    auto tile_error = [&](size_t t, const float* tgt, const uint16_t* states) {
+        const int tk = pick[t] / ntn;
+        double s = 0;
+        for (int p = 0; p < kTileValues; ++p) {
+            const int r = 16 * tk + (order[p] >> 4);
+            const double d = tgt[p] - lut[states[p]];
+            s += d * d * P.h[static_cast<size_t>(r) * kp + r];
         }
-    });
+        return s;
+    };
+    if (encode_tiles) {
+        std::vector<float> tg(static_cast<size_t>(n) * kTileValues);
+        std::vector<uint16_t> st(tg.size());
+        for (int t = 0; t < n; ++t) gather(static_cast<size_t>(t), tg.data() + static_cast<size_t>(t) * kTileValues);
+        for (size_t ki = 0; ki < ks.size(); ++ki) {
+            EXL3_RETURN_IF_ERROR(encode_tiles(tg.data(), n, ks[ki], cb, st.data()));
+            for (int t = 0; t < n; ++t)
+                err[ki * static_cast<size_t>(n) + static_cast<size_t>(t)] =
+                    tile_error(static_cast<size_t>(t), tg.data() + static_cast<size_t>(t) * kTileValues,
+                               st.data() + static_cast<size_t>(t) * kTileValues);
+        }
+    } else {
+        pool.parallel_for(static_cast<size_t>(n), 1, [&](size_t b, size_t e) {
+            thread_local TileEncoderScratch sc;
+            float tgt[kTileValues];
+            uint16_t states[kTileValues];
+            for (size_t t = b; t < e; ++t) {
+                gather(t, tgt);
+                for (size_t ki = 0; ki < ks.size(); ++ki) {
+                    encode_tile(tgt, ks[ki], lut, states, sc);
+                    err[ki * static_cast<size_t>(n) + t] = tile_error(t, tgt, states);
+                }
+            }
+        });
+    }
     std::vector<double> res(ks.size(), 0.0);
     for (size_t ki = 0; ki < ks.size(); ++ki) {
         for (int t = 0; t < n; ++t) res[ki] += err[ki * static_cast<size_t>(n) + static_cast<size_t>(t)];

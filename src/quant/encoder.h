@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ bool cholesky_lower(double* a, int n);
 // (identity 16x16 diagonal blocks), D block diagonal. Returns L (row-major [n, n]) or false when Cholesky fails.
 bool block_ldl(const std::vector<double>& h, int n, std::vector<double>* l);
 
+// Encodes n tiles at once: targets [n, 256] (sequence order) -> states [n, 256]. The seam where a GPU encoder (the
+// CUDA Viterbi of src/convert/cuda) replaces encode_tile; it must return the states encode_tile would.
+using TileBatchEncoder =
+    std::function<Status(const float* targets, int n, int K, Codebook cb, uint16_t* states)>;
+
 struct QuantizeOptions {
     int K = 4;
     Codebook codebook = Codebook::kMul1;
@@ -46,6 +52,7 @@ struct QuantizeOptions {
     int max_damping_retries = 6;  // sigma x 4 each retry
     uint64_t seed = 0;          // for the sign vectors
     bool use_hessian = true;    // false: plain tile rounding (H = I), the baseline LDLQ must beat
+    TileBatchEncoder encode_tiles;  // empty: encode_tile on the thread pool
 };
 
 // One quantized linear in EXL3 orientation (k = in_features, n = out_features, both padded to 128).
@@ -74,6 +81,7 @@ Status write_quantized_linear(SafetensorsWriter& out, const std::string& prefix,
 // sensitivity used by bit allocation. Returns the estimated full-tensor tr(E H E^T) for each K in `ks`.
 Result<std::vector<double>> sample_sensitivity(const float* w, int out_features, int in_features, const double* h,
                                                double count, const std::vector<int>& ks, Codebook cb,
-                                               int max_tiles, uint64_t seed, ThreadPool& pool);
+                                               int max_tiles, uint64_t seed, ThreadPool& pool,
+                                               const TileBatchEncoder& encode_tiles = {});
 
 }  // namespace exl3::quant

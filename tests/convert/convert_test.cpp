@@ -21,7 +21,8 @@ namespace fs = std::filesystem;
 
 constexpr int kHidden = 128, kInter = 256, kLayers = 2, kHeads = 4, kKvHeads = 2, kVocab = 256;
 
-void write_model(const std::string& dir, bool poison = false) {
+// poison: a NaN in layer 1's down_proj; skip: a tensor left out of the checkpoint.
+void write_model(const std::string& dir, bool poison = false, const std::string& skip = "") {
     fs::create_directories(dir);
     std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -33,6 +34,7 @@ void write_model(const std::string& dir, bool poison = false) {
     auto add = [&](const std::string& name, int out, int in, float sd) {
         std::vector<float> v(static_cast<size_t>(out) * (in ? in : 1));
         for (auto& x : v) x = in ? nd(rng) * sd : 1.0f + 0.1f * nd(rng);
+        if (name == skip) return;
         std::vector<int64_t> shape = in ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out};
         ASSERT_TRUE(w.add(name, DType::kF32, shape, v.data(), v.size() * 4).is_ok());
     };
@@ -153,6 +155,8 @@ TEST(Convert, BadInputStopsCleanly) {
     auto r = convert_model(o, pool);
     ASSERT_FALSE(r.is_ok());
     EXPECT_NE(r.status().message().find("non-finite"), std::string::npos) << r.status().message();
+    EXPECT_NE(r.status().message().find("model.layers.1.mlp.down_proj.weight"), std::string::npos)
+        << r.status().message();
     EXPECT_FALSE(fs::exists(o.output_dir));
     for (const auto& e : fs::directory_iterator(base)) EXPECT_EQ(e.path().filename(), "hf");  // no temp left
 
@@ -162,6 +166,84 @@ TEST(Convert, BadInputStopsCleanly) {
     ASSERT_FALSE(r2.is_ok());
     std::printf("unsupported: %s\n", r2.status().message().c_str());
     EXPECT_FALSE(fs::exists(o.output_dir));
+    fs::remove_all(base);
+}
+
+TEST(Convert, MissingTensorStopsCleanly) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_missing_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf", false, "model.layers.1.self_attn.v_proj.weight");
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.output_dir = base + "/out";
+    o.calibration_rows = 2;
+    o.calibration_cols = 16;
+    o.progress = false;
+    auto r = convert_model(o, pool);
+    ASSERT_FALSE(r.is_ok());
+    std::printf("missing: %s\n", r.status().message().c_str());
+    EXPECT_NE(r.status().message().find("model.layers.1.self_attn.v_proj.weight"), std::string::npos);
+    EXPECT_FALSE(fs::exists(o.output_dir));
+    for (const auto& e : fs::directory_iterator(base)) EXPECT_EQ(e.path().filename(), "hf");
+    fs::remove_all(base);
+}
+
+std::string slurp(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+// Interrupted after layer 0 (the test hook fails the run right after the layer is committed to the work dir), then
+// rerun with the same options: the result must be byte-identical to an uninterrupted conversion.
+TEST(Convert, ResumesFromWorkDirByteIdentical) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_resume_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf");
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.bpw = 3.5;  // mixed K: the allocation must be restored too
+    o.calibration_rows = 4;
+    o.calibration_cols = 32;
+    o.sensitivity_tiles = 4;
+    o.progress = false;
+
+    o.output_dir = base + "/straight";
+    auto ref = convert_model(o, pool);
+    ASSERT_TRUE(ref.is_ok()) << ref.status().message();
+
+    o.output_dir = base + "/resumed";
+    o.work_dir = base + "/work";
+    o.stop_after_layer = 0;
+    auto r1 = convert_model(o, pool);
+    ASSERT_FALSE(r1.is_ok());
+    EXPECT_NE(r1.status().message().find("stopped after layer 0"), std::string::npos) << r1.status().message();
+    EXPECT_FALSE(fs::exists(o.output_dir));  // a clean stop: no output, no temp dir
+    EXPECT_TRUE(fs::exists(o.work_dir + "/layer_000.safetensors"));
+    EXPECT_FALSE(fs::exists(o.work_dir + "/layer_001.safetensors"));
+
+    // Other options against that work dir: refused, naming what differs.
+    ConvertOptions other = o;
+    other.bpw = 4.0;
+    other.stop_after_layer = -1;
+    auto bad = convert_model(other, pool);
+    ASSERT_FALSE(bad.is_ok());
+    std::printf("mismatch: %s\n", bad.status().message().c_str());
+    EXPECT_NE(bad.status().message().find("bits"), std::string::npos) << bad.status().message();
+    EXPECT_FALSE(fs::exists(other.output_dir));
+
+    o.stop_after_layer = -1;
+    auto r2 = convert_model(o, pool);
+    ASSERT_TRUE(r2.is_ok()) << r2.status().message();
+    EXPECT_EQ(r2->resumed_layers, 1);
+    EXPECT_EQ(r2->achieved_bpw, ref->achieved_bpw);
+    EXPECT_FALSE(fs::exists(o.work_dir)) << "the work dir is removed after success";
+    for (const char* f : {"model.safetensors", "config.json", "quantization_config.json"}) {
+        const std::string a = slurp(base + "/straight/" + f), b = slurp(base + "/resumed/" + f);
+        EXPECT_FALSE(a.empty()) << f;
+        EXPECT_TRUE(a == b) << f << " differs between the uninterrupted and the resumed conversion";
+    }
     fs::remove_all(base);
 }
 

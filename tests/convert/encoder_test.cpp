@@ -188,3 +188,49 @@ TEST(Encoder, LdlqBeatsDirectRoundingAndLoads) {
 
 }  // namespace
 }  // namespace exl3::quant
+
+namespace exl3::quant {
+namespace {
+
+// The batch seam the CUDA Viterbi plugs into: a batch encoder that returns encode_tile's states must give the same
+// quantized tensor, byte for byte, as the thread-pool path; a failing batch encoder stops quantize_linear.
+TEST(Encoder, BatchEncoderSeamGivesIdenticalTensor) {
+    const int out = 128, in = 128;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 0.05f);
+    std::vector<float> w(static_cast<size_t>(out) * in);
+    for (auto& v : w) v = nd(rng);
+    std::vector<double> h(static_cast<size_t>(in) * in, 0.0);
+    std::vector<float> x(in);
+    for (int r = 0; r < 256; ++r) {
+        for (auto& v : x) v = nd(rng) * 20.0f;
+        for (int i = 0; i < in; ++i)
+            for (int j = 0; j < in; ++j) h[static_cast<size_t>(i) * in + j] += static_cast<double>(x[i]) * x[j];
+    }
+    ThreadPool pool(2);
+    QuantizeOptions qo;
+    qo.K = 3;
+    qo.seed = 9;
+    auto a = quantize_linear(w.data(), out, in, h.data(), 256, qo, pool);
+    ASSERT_TRUE(a.is_ok()) << a.status().message();
+    int calls = 0;
+    qo.encode_tiles = [&](const float* t, int n, int K, Codebook cb, uint16_t* states) {
+        ++calls;
+        TileEncoderScratch sc;
+        for (int i = 0; i < n; ++i) encode_tile(t + i * 256, K, codebook_lut(cb), states + i * 256, sc);
+        return Status::ok();
+    };
+    auto b = quantize_linear(w.data(), out, in, h.data(), 256, qo, pool);
+    ASSERT_TRUE(b.is_ok()) << b.status().message();
+    EXPECT_EQ(calls, 128 / 16);  // one batch per 16-row block
+    EXPECT_EQ(a->trellis, b->trellis);
+    EXPECT_EQ(a->suh, b->suh);
+    EXPECT_EQ(a->svh, b->svh);
+    qo.encode_tiles = [](const float*, int, int, Codebook, uint16_t*) { return internal_error("device lost"); };
+    auto c = quantize_linear(w.data(), out, in, h.data(), 256, qo, pool);
+    ASSERT_FALSE(c.is_ok());
+    EXPECT_NE(c.status().message().find("device lost"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace exl3::quant

@@ -1,0 +1,48 @@
+// The CUDA Viterbi tile encoder behind `exl3 convert --device cuda`: batches of tiles in, the same states
+// quant::encode_tile gives out (viterbi.cu says how that is kept exact). Host memory on both sides; the device
+// buffers and the back-pointer scratch are owned here and reused across calls. Built only with EXL3_HAVE_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "exl3/status.h"
+#include "quant/codebook.h"
+
+namespace exl3::convert::cuda {
+
+// CUDA devices usable by this process; 0 without a driver or a GPU (never an error).
+int device_count();
+
+class ViterbiEncoder {
+public:
+    static Result<std::unique_ptr<ViterbiEncoder>> create(int device = 0);
+    ~ViterbiEncoder();
+    ViterbiEncoder(const ViterbiEncoder&) = delete;
+    ViterbiEncoder& operator=(const ViterbiEncoder&) = delete;
+
+    // targets [n, 256] (sequence order) -> states [n, 256]; costs [n] (the path's squared error) when not null.
+    Status encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states, float* costs = nullptr);
+
+    // The codebook as the kernel computes it, [65536] (tests compare it with quant::codebook_lut).
+    Status codebook_values(quant::Codebook cb, float* out);
+
+    const std::string& device_name() const { return name_; }
+
+private:
+    ViterbiEncoder() = default;
+    Status reserve(int n, int K);
+
+    int device_ = 0;
+    std::string name_;
+    void* stream_ = nullptr;  // cudaStream_t
+    float* d_targets_ = nullptr;
+    uint16_t* d_states_ = nullptr;
+    float* d_cost_ = nullptr;
+    uint8_t* d_back_ = nullptr;
+    int cap_tiles_ = 0;
+    size_t back_bytes_ = 0;
+};
+
+}  // namespace exl3::convert::cuda
