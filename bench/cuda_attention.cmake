@@ -4,3 +4,9 @@ target_link_libraries(bench_cuda_attention PRIVATE exl3_cuda exl3_options)
 
 add_executable(bench_cuda_gemv ${CMAKE_CURRENT_LIST_DIR}/cuda_gemv_bench.cpp)
 target_link_libraries(bench_cuda_gemv PRIVATE exl3_cuda exl3_options)
+
+add_executable(bench_cuda_exl3 ${CMAKE_CURRENT_LIST_DIR}/cuda_exl3_bench.cpp)
+target_link_libraries(bench_cuda_exl3 PRIVATE exl3_cuda exl3_options)
+
+add_executable(bench_cuda_int_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_int_lab.cu)
+set_target_properties(bench_cuda_int_lab PROPERTIES CUDA_STANDARD 17)

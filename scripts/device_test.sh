@@ -21,6 +21,9 @@ cmake -S . -B build-dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DEXL3_CUDA_ARCHS=90
 cmake --build build-dev -j16 > "$OUT/build.log" 2>&1 || { grep -E "error" -A5 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 ./build-dev/tests/cuda/exl3_cuda_tests --gtest_filter="$filter" 2>&1 | tee "$OUT/cuda_tests.log" | grep -vE "^\[ +(RUN|OK) \]" | tail -40
+for t in build-dev/tests/cuda/exl3_cuda_prefix_cache_tests build-dev/tests/convert/exl3_viterbi_cuda_tests; do
+  [ -x "$t" ] && "$t" --gtest_filter="$filter" 2>&1 | tee "$OUT/$(basename "$t").log" | grep -E "^\[  (PASSED|FAILED)|tiles/s"
+done
 if [ "$filter" = '*' ] && command -v compute-sanitizer >/dev/null; then
   echo "== compute-sanitizer memcheck on the op tests and a CUDA model run"
   compute-sanitizer --tool memcheck --error-exitcode 9 ./build-dev/tests/cuda/exl3_cuda_tests \

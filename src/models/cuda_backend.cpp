@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/log.h"
 #include "format/rope.h"
@@ -24,9 +26,18 @@ using cuda::DeviceBuffer;
 
 namespace {
 
+// One EXL3 part of a linear in device memory: its columns are [col0, col0 + w.n) of the linear's output.
+struct DevExl3Part {
+    DeviceBuffer trellis, suh, svh;
+    cuda::Exl3DevWeights w;
+    int col0 = 0;
+};
+
 struct DevLinear {
-    DeviceBuffer w;     // [out, in] act
-    DeviceBuffer bias;  // [out] fp32, or empty
+    DeviceBuffer w;                  // [out, in] act, when dense
+    std::vector<DevExl3Part> exl3;   // when every part is EXL3: decoded inside the matmul
+    std::vector<cuda::Exl3Part> exl3_parts;  // their kernel descriptors (bias pointers into `bias`)
+    DeviceBuffer bias;               // [out] fp32, or empty
     int in = 0, out = 0;
 };
 
@@ -53,8 +64,8 @@ std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
     return out;
 }
 
-// The same for one linear part: EXL3 parts are dequantized on the host to fp32 first (the CUDA backend has no
-// trellis kernels yet, so it runs them as dense weights of the activation type).
+// The same for one linear part; EXL3 parts are dequantized on the host (only for linears that mix EXL3 and dense
+// parts, or with EXL3_CUDA_DEQUANTIZE=1 for comparisons: otherwise they stay compressed, see upload_exl3).
 std::vector<uint16_t> to_act(const HostPart& p, int in, ActType act) {
     if (!p.is_exl3()) return to_act(p.dense, act);
     std::vector<float> w(static_cast<size_t>(p.out) * static_cast<size_t>(in));
@@ -66,18 +77,52 @@ Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
     return b.upload(v.data(), v.size() * sizeof(float));
 }
 
+bool dequantize_exl3() {
+    const char* e = std::getenv("EXL3_CUDA_DEQUANTIZE");
+    return e && std::string(e) == "1";
+}
+
+Status upload_exl3(const quant::Exl3Linear& q, int col0, DevExl3Part* d) {
+    EXL3_RETURN_IF_ERROR(d->trellis.upload(q.trellis, q.trellis_bytes()));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->suh, q.suh));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->svh, q.svh));
+    d->col0 = col0;
+    cuda::Exl3DevWeights& w = d->w;
+    w.trellis = d->trellis.as<uint16_t>();
+    w.suh = d->suh.as<float>();
+    w.svh = d->svh.as<float>();
+    w.k = q.in_features;
+    w.n = q.out_features;
+    w.k_pad = q.k_pad;
+    w.n_pad = q.n_pad;
+    w.K = q.K;
+    w.codebook = static_cast<cuda::Exl3Codebook>(static_cast<int>(q.codebook));
+    return Status::ok();
+}
+
 Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
+    const bool all_exl3 = !dequantize_exl3() &&
+                          std::all_of(l.parts.begin(), l.parts.end(), [](const HostPart& p) { return p.is_exl3(); });
+    d->in = l.in;
+    d->out = l.out;
+    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, l.bias));
+    if (all_exl3) {
+        d->exl3.resize(l.parts.size());
+        int col0 = 0;
+        for (size_t i = 0; i < l.parts.size(); ++i) {
+            EXL3_RETURN_IF_ERROR(upload_exl3(*l.parts[i].exl3, col0, &d->exl3[i]));
+            d->exl3_parts.push_back({d->exl3[i].w, col0, d->bias.get() ? d->bias.as<float>() + col0 : nullptr});
+            col0 += l.parts[i].out;
+        }
+        return Status::ok();
+    }
     std::vector<uint16_t> all;
     all.reserve(static_cast<size_t>(l.out) * l.in);
     for (const HostPart& p : l.parts) {
         auto part = to_act(p, l.in, act);
         all.insert(all.end(), part.begin(), part.end());
     }
-    d->in = l.in;
-    d->out = l.out;
-    EXL3_RETURN_IF_ERROR(d->w.upload(all.data(), all.size() * 2));
-    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, l.bias));
-    return Status::ok();
+    return d->w.upload(all.data(), all.size() * 2);
 }
 
 }  // namespace
@@ -89,6 +134,7 @@ struct CudaModel::State {
     ActType act = ActType::kBF16;
     DeviceBuffer embed, head_own, final_norm;
     const void* head = nullptr;
+    DevLinear head_exl3;  // an EXL3 lm_head (then `head` is null)
     std::vector<DevLayer> layers;
 
     // Paged KV cache: per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for V.
@@ -102,6 +148,7 @@ struct CudaModel::State {
     int capacity = 0, batch_capacity = 0, out_capacity = 0;
     std::array<DeviceBuffer, 11> slots;
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
+    DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     std::vector<int32_t> plan_host;
     // Offsets (in int32) of the plan's arrays inside plan_dev.
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
@@ -140,7 +187,26 @@ struct CudaModel::State {
         plan_host.assign(total, 0);
         EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
         EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(cfg.head_dim) * sizeof(float)));
-        return Status::ok();
+        return reserve_exl3();
+    }
+
+    // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
+    Status reserve_exl3() {
+        size_t need = 0;
+        auto visit = [&](const DevLinear& l, int rows) {
+            if (!l.exl3_parts.empty())
+                need = std::max(need, cuda::exl3_workspace_bytes(l.exl3_parts.data(),
+                                                                 static_cast<int>(l.exl3_parts.size()), rows));
+        };
+        for (const DevLayer& l : layers) {
+            for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down}) visit(*d, capacity);
+        }
+        visit(head_exl3, out_capacity);
+        if (need == 0) return Status::ok();
+        need = std::max(need, cuda::kExl3CounterBytes);
+        if (need <= exl3_ws.bytes()) return Status::ok();
+        EXL3_RETURN_IF_ERROR(exl3_ws.reserve(need));
+        return check_cuda(cuda::exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), ctx->stream()), "exl3 workspace");
     }
 
     cuda::AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const {
@@ -191,6 +257,7 @@ public:
     Status linear(Slot in, const DevLinear& l, Slot out) {
         // Outputs that join the residual stream stay fp32.
         const bool f32 = CudaModel::State::is_f32(out);
+        if (!l.exl3.empty()) return exl3_linear(slot(in), l, slot(out), f32, l.out, T());
         EXL3_RETURN_IF_ERROR(cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in));
         if (!l.bias.get()) return Status::ok();
         if (f32) return ck(cuda::add_bias_f32(static_cast<float*>(slot(out)), l.bias.as<float>(), T(), l.out, st()), "bias");
@@ -235,10 +302,22 @@ public:
                                     "gather_rows"));
             x = s_.xout.get();
         }
+        if (!s_.head) return exl3_linear(x, s_.head_exl3, s_.logits.get(), true, s_.cfg.vocab_size, n_out);
         return cuda::gemm(*s_.ctx, x, s_.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
     }
 
 private:
+    // Every EXL3 part writes its columns of y (row stride ldy), bias included; parts that share K run as one launch.
+    Status exl3_linear(const void* x, const DevLinear& l, void* y, bool f32, int ldy, int rows) {
+        cuda::Exl3Out o;
+        o.y = y;
+        o.f32 = f32;
+        o.act = s_.act;
+        o.ldy = ldy;
+        return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), x, s_.act, l.in,
+                                 rows, o, s_.exl3_ws.get(), s_.exl3_ws.bytes());
+    }
+
     static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
     cudaStream_t st() const { return s_.ctx->stream(); }
     int T() const { return plan_->total(); }
@@ -276,6 +355,8 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
     const HostPart& head = w.head.parts[0];
     if (!head.is_exl3() && head.dense.data == w.embed.data) {
         s->head = s->embed.get();
+    } else if (head.is_exl3() && !dequantize_exl3()) {
+        EXL3_RETURN_IF_ERROR(upload_linear(w.head, s->act, &s->head_exl3));
     } else {
         EXL3_RETURN_IF_ERROR(s->head_own.upload(to_act(head, w.head.in, s->act).data(),
                                                 static_cast<size_t>(w.head.out) * static_cast<size_t>(w.head.in) * 2));

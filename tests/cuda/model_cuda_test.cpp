@@ -77,9 +77,18 @@ TEST(CudaModel, TinyTargetMatchesCpu) {
     compare_model(dir);
 }
 
+// The reference implementation's EXL3 file: decoded inside the CUDA matmuls (fused path for decode and short
+// prompts, decode + cuBLAS for long ones) against the CPU, which decodes on the fly in fp32.
+TEST(CudaModel, TinyTargetExl3MatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    compare_model(dir);
+}
+
 TEST(CudaModel, GreedyContinuationsIdentical) {
     EXL3_REQUIRE_GPU();
-    for (std::string dir : {test::repo_path("tests/models/tiny-draft"), test::shared_dir() + "/models/tiny-target"}) {
+    for (std::string dir : {test::repo_path("tests/models/tiny-draft"), test::shared_dir() + "/models/tiny-target",
+                            test::shared_dir() + "/models/tiny-target-exl3-4.0bpw"}) {
         if (!test::path_exists(dir)) continue;
         auto cpu = load(dir, "cpu");
         auto gpu = load(dir, "cuda");

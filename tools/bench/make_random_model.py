@@ -4,7 +4,13 @@
 Weights are normal(0, 0.02) (norms 1.0) in bf16, written as HF safetensors shards, generated on the GPU when there
 is one. The values do not matter for speed as long as they are not zeros (zeros can run faster than real data).
 
+With --exl3-bits K the decoder linears are EXL3 instead (exl3-format.md): random trellis words (every bit pattern is
+a valid code), K bits per weight, the head at --head-bits, random signs x scales in suh/svh, the codebook marker of
+--codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
+whatever the codes are.
+
 Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b --out DIR [--layers N]
+                            [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
 import argparse
 import json
@@ -56,12 +62,39 @@ def tensors_of(cfg):
         yield "lm_head.weight", (V, H)
 
 
+MARKERS = {"mul1": 0x83DCD12D, "mcg": 0xCBAC1FED}
+
+
+def exl3_linear(prefix, out_f, in_f, K, codebook, g, dev, bias):
+    """The tensors of one EXL3 linear `prefix` for an HF weight [out_f, in_f]."""
+    pad = lambda v: (v + 127) // 128 * 128
+    k, n = pad(in_f), pad(out_f)
+    t = {prefix + ".trellis": torch.randint(-32768, 32768, (k // 16, n // 16, 16 * K), generator=g, device=dev,
+                                            dtype=torch.int32).to(torch.int16)}
+
+    def signs(m, scale):
+        s = torch.where(torch.rand(m, generator=g, device=dev) < 0.5, -1.0, 1.0)
+        return (s * scale * (0.5 + torch.rand(m, generator=g, device=dev))).to(torch.float16)
+
+    t[prefix + ".suh"] = signs(in_f, 1.0)
+    t[prefix + ".svh"] = signs(out_f, 0.02 / 1.24)
+    if codebook in MARKERS:
+        v = MARKERS[codebook]
+        t[prefix + "." + codebook] = torch.tensor(v - (1 << 32) if v >= 1 << 31 else v, dtype=torch.int32)
+    if bias:
+        t[prefix + ".bias"] = torch.zeros(out_f, dtype=torch.float16, device=dev)
+    return {name: v.cpu() for name, v in t.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES))
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=4.0)
+    ap.add_argument("--exl3-bits", type=int, default=0, help="EXL3 decoder linears at K bits per weight (1..8)")
+    ap.add_argument("--head-bits", type=int, default=6)
+    ap.add_argument("--codebook", default="mul1", choices=["mul1", "mcg", "3inst"])
     a = ap.parse_args()
     cfg = dict(SHAPES[a.shape])
     if a.layers:
@@ -82,7 +115,24 @@ def main():
                 weight_map[k] = name
             shard, shard_bytes = {}, 0
 
+    if a.exl3_bits:
+        cfg["quantization_config"] = {"quant_method": "exl3", "version": "1.4.1", "bits": float(a.exl3_bits),
+                                      "head_bits": a.head_bits, "calibration": {"rows": 0, "cols": 0},
+                                      "out_scales": "always", "codebook": a.codebook}
     for name, shape in tensors_of(cfg):
+        linear = name.endswith("proj.weight") or name == "lm_head.weight"
+        if a.exl3_bits and (linear or name.endswith("proj.bias")):
+            if name.endswith(".bias"):
+                continue  # written with its linear
+            prefix = name[: -len(".weight")]
+            K = a.head_bits if name == "lm_head.weight" else a.exl3_bits
+            has_bias = cfg["model_type"] == "qwen2" and any(x in name for x in ("q_proj", "k_proj", "v_proj"))
+            part = exl3_linear(prefix, shape[0], shape[1], K, a.codebook, g, dev, has_bias)
+            shard.update(part)
+            shard_bytes += sum(v.numel() * v.element_size() for v in part.values())
+            if shard_bytes >= a.shard_gb * 2**30:
+                flush()
+            continue
         if name.endswith("norm.weight"):
             t = torch.ones(shape, dtype=torch.bfloat16, device=dev)
         else:

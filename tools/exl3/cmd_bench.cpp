@@ -130,13 +130,14 @@ int bench(const BenchOptions& o) {
         bw_label = "streaming read";
     }
     // Per decode step every weight matrix is read once (the embedding table only for its rows, unless it is also the
-    // head). On the GPU weights run in 16 bits (EXL3 ones dequantized for now); on the CPU they are read as stored
-    // (EXL3 trellis compressed, the embedding in the model's dtype).
+    // head). Dense weights run in 16 bits on the GPU; EXL3 linears are read compressed on both backends (the
+    // embedding in the model's dtype).
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
     const double embed_elem = info.dtype == "float32" ? 4.0 : 2.0;
     const bool tied = info.tied_embeddings;
-    const double weight_read = gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
-                                   : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
+    const bool dense_gpu = gpu && info.quantization.empty();
+    const double weight_read = dense_gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
+                                         : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
     const double kv_per_token = 2.0 * info.num_layers * info.num_kv_heads * info.head_dim * (gpu ? 2.0 : 4.0);
     const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
 

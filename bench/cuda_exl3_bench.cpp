@@ -1,0 +1,204 @@
+// The EXL3 matmul beside the reference implementation's figures (../shared/docs/anchors.md): same shapes, K, batch,
+// random trellis, CUDA-graph replay, median of 10 replays of 20 calls. Weights rotate over copies totalling >= 256 MiB
+// so that no call is served from the L2 (a decode step reads every layer's weights once). Each cell: time, effective
+// weight bandwidth k*n*K/8 / time, and the speedup over the reference's time.
+//
+// Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N]   (--shapes 5: the 8B rows only)
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/device.h"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+
+using namespace exl3;
+using namespace exl3::cuda;
+
+namespace {
+
+struct Shape {
+    const char* name;
+    int k, n;
+    double ref_us[6];  // K = 2, 3, 4, 5, 6, 8 (MUL1, batch 1)
+    double ref_b8_us;  // K4, batch 8
+};
+
+// anchors.md, "The reference EXL3 implementation's quantized matmul on that GPU".
+const Shape kShapes[] = {
+    {"8B.qo", 4096, 4096, {12.6, 14.9, 14.8, 14.1, 15.1, 23.9}, 13.2},
+    {"8B.kv", 4096, 1024, {9.2, 11.6, 12.1, 9.4, 11.3, 20.1}, 12.9},
+    {"8B.gate_up", 4096, 14336, {25.3, 27.5, 25.7, 24.9, 29.8, 40.1}, 29.4},
+    {"8B.down", 14336, 4096, {28.2, 32.2, 31.2, 28.0, 32.1, 48.3}, 31.9},
+    {"8B.head", 4096, 128256, {158.0, 161.3, 164.5, 162.4, 197.6, 294.9}, 215.5},
+    {"70B.qo", 8192, 8192, {25.9, 28.9, 31.3, 25.7, 32.3, 48.2}, 32.5},
+    {"70B.gate_up", 8192, 28672, {69.6, 71.6, 68.3, 81.7, 109.3, 117.4}, 104.4},
+    {"70B.down", 28672, 8192, {69.2, 70.9, 73.0, 75.1, 91.9, 123.8}, 100.6},
+};
+const int kKs[6] = {2, 3, 4, 5, 6, 8};
+
+uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+void fill_random(std::vector<uint64_t>& v) {
+    for (auto& x : v) {
+        g_rng ^= g_rng << 13;
+        g_rng ^= g_rng >> 7;
+        g_rng ^= g_rng << 17;
+        x = g_rng;
+    }
+}
+
+struct Layer {
+    std::vector<DeviceBuffer> trellis;
+    DeviceBuffer suh, svh;
+    std::vector<Exl3DevWeights> w;
+};
+
+bool make_layer(int k, int n, int K, Exl3Codebook cb, const std::vector<uint64_t>& noise, Layer* l) {
+    const size_t bytes = static_cast<size_t>(k) * n * K / 8;
+    const int copies = static_cast<int>(std::max<size_t>(1, ((size_t{256} << 20) + bytes - 1) / bytes));
+    std::vector<float> suh(static_cast<size_t>(k)), svh(static_cast<size_t>(n));
+    for (int i = 0; i < k; ++i) suh[static_cast<size_t>(i)] = (noise[static_cast<size_t>(i) % noise.size()] & 1) ? -1.0f : 1.0f;
+    for (int i = 0; i < n; ++i) svh[static_cast<size_t>(i)] = (noise[static_cast<size_t>(i) % noise.size()] & 2) ? -0.016f : 0.016f;
+    if (!l->suh.upload(suh.data(), suh.size() * 4).is_ok() || !l->svh.upload(svh.data(), svh.size() * 4).is_ok())
+        return false;
+    l->trellis.resize(static_cast<size_t>(copies));
+    l->w.resize(static_cast<size_t>(copies));
+    const size_t chunk = noise.size() * 8 / 2;
+    for (int c = 0; c < copies; ++c) {
+        auto& b = l->trellis[static_cast<size_t>(c)];
+        if (!b.reserve(bytes).is_ok()) return false;
+        // Shifted slices of the noise buffer: every copy differs, all bits random.
+        for (size_t off = 0; off < bytes; off += chunk) {
+            const size_t shift = (static_cast<size_t>(c) * 4096 + off / chunk * 8192) % chunk;
+            if (cudaMemcpy(static_cast<char*>(b.get()) + off, reinterpret_cast<const char*>(noise.data()) + shift,
+                           std::min(chunk, bytes - off), cudaMemcpyHostToDevice) != cudaSuccess)
+                return false;
+        }
+        Exl3DevWeights& w = l->w[static_cast<size_t>(c)];
+        w.trellis = b.as<uint16_t>();
+        w.suh = l->suh.as<float>();
+        w.svh = l->svh.as<float>();
+        w.k = w.k_pad = k;
+        w.n = w.n_pad = n;
+        w.K = K;
+        w.codebook = cb;
+    }
+    return true;
+}
+
+// Median microseconds per call over 10 replays of a graph of 20 calls.
+double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
+    cudaStream_t s = ctx.stream();
+    Exl3Out o;
+    o.y = y;
+    o.f32 = false;
+    o.act = ActType::kF16;
+    o.ldy = l.w[0].n;
+    auto run = [&](int i) {
+        const Exl3Part part{l.w[static_cast<size_t>(i) % l.w.size()], 0, nullptr};
+        return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
+    };
+    for (int i = 0; i < 3; ++i) run(i);  // warm-up outside capture (function attributes, first-launch costs)
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < 20; ++i) run(i);
+    cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    std::vector<double> t;
+    cudaGraphLaunch(ge, s);
+    for (int r = 0; r < 10; ++r) {
+        cudaEventRecord(e0, s);
+        cudaGraphLaunch(ge, s);
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        t.push_back(ms * 1000.0 / 20);
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Exl3Codebook cb = Exl3Codebook::kMul1;
+    int n_shapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
+    int only_shape = -1, only_k = 0;  // --only SHAPE_INDEX K: one cell (for profilers)
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--only") && i + 2 < argc) {
+            only_shape = std::atoi(argv[i + 1]);
+            only_k = std::atoi(argv[i + 2]);
+            ++i;
+            continue;
+        }
+        if (!std::strcmp(argv[i], "--codebook")) {
+            std::string c = argv[i + 1];
+            cb = c == "mcg" ? Exl3Codebook::kMcg : c == "3inst" ? Exl3Codebook::k3Inst : Exl3Codebook::kMul1;
+        } else if (!std::strcmp(argv[i], "--shapes")) {
+            n_shapes = std::min(n_shapes, std::atoi(argv[i + 1]));
+        }
+    }
+    auto ctx = CudaContext::create(0);
+    if (!ctx.is_ok()) {
+        std::fprintf(stderr, "%s\n", ctx.status().to_string().c_str());
+        return 1;
+    }
+    const double bw = measure_copy_bandwidth(0);
+    std::printf("EXL3 fused matmul, codebook %s, fp16 activations, batch 1 unless noted. Device copy bandwidth %.2f TB/s.\n",
+                cb == Exl3Codebook::kMul1 ? "mul1" : cb == Exl3Codebook::kMcg ? "mcg" : "3inst", bw / 1e12);
+    std::printf("Cell: our time, effective weight TB/s, speedup over the reference (anchors.md; MUL1 figures).\n\n");
+    std::printf("| shape (k->n) |");
+    for (int K : kKs) std::printf(" K%d |", K);
+    std::printf(" K4, batch 8 |\n|---|");
+    for (int i = 0; i < 7; ++i) std::printf("---|");
+    std::printf("\n");
+    std::vector<uint64_t> noise((size_t{128} << 20) / 8);
+    fill_random(noise);
+    DeviceBuffer x, y, ws;
+    const size_t max_k = 28672, max_n = 128256;
+    std::vector<uint16_t> xh(8 * max_k);
+    for (size_t i = 0; i < xh.size(); ++i) xh[i] = static_cast<uint16_t>(0x3000 + (noise[i % noise.size()] & 0x3ff));
+    if (!x.upload(xh.data(), xh.size() * 2).is_ok() || !y.reserve(8 * max_n * 4).is_ok()) return 1;
+    for (int si = 0; si < n_shapes; ++si) {
+        if (only_shape >= 0 && si != only_shape) continue;
+        const Shape& sh = kShapes[si];
+        std::printf("| %s (%d->%d) |", sh.name, sh.k, sh.n);
+        std::fflush(stdout);
+        double b8 = 0;
+        for (int ki = 0; ki < 6; ++ki) {
+            const int K = kKs[ki];
+            if (only_k && K != only_k) continue;
+            Layer l;
+            if (!make_layer(sh.k, sh.n, K, cb, noise, &l)) return 1;
+            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 8), kExl3CounterBytes);
+            if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
+                return 1;
+            const double us = time_calls(**ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes());
+            const double bytes = static_cast<double>(sh.k) * sh.n * K / 8;
+            std::printf(" %.1f us, %.2f TB/s, %.1fx |", us, bytes / us / 1e6, sh.ref_us[ki] / us);
+            std::fflush(stdout);
+            if (K == 4) b8 = time_calls(**ctx, l, x.get(), 8, y.get(), ws.get(), ws.bytes());
+        }
+        const double bytes4 = static_cast<double>(sh.k) * sh.n * 4 / 8;
+        std::printf(" %.1f us, %.2f TB/s, %.1fx |\n", b8, bytes4 / b8 / 1e6, sh.ref_b8_us / b8);
+    }
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+        std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(e));
+        return 1;
+    }
+    return 0;
+}

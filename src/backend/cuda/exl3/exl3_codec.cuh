@@ -1,0 +1,112 @@
+// Device side of the EXL3 trellis code: per-lane state extraction from a tile's words and the three codebooks, in
+// the form the kernels use (two states -> one packed half2, exactly the host codec's fp16 values).
+//
+// A tile of K bits per weight is 8K uint32 words u[i] (little-endian pairs of the file's uint16 words); stream bit
+// 32i+b is bit 31-b of u[i]. Lane t of a warp owns states p = 8t..8t+7, whose windows cover the stream bits
+// [8tK + K - 16, 8tK + 8K): at most 7K + 16 <= 72 bits starting at offset o0 = b0 % 32 of word i0 = b0 / 32, so three
+// consecutive words (cyclically: the tile is tail-biting) always hold them. Two funnel shifts align the window to a
+// 96-bit value A:B:C; state j is then the top 16 bits of A:B:C << jK, which is a compile-time shift of one register
+// pair (one SHF, and one SHR that also clears the bits above the state).
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace exl3::cuda::exl3k {
+
+inline constexpr uint32_t kMul1Mult = 0x83DCD12Du;
+inline constexpr uint32_t kMcgMult = 0xCBAC1FEDu;
+inline constexpr uint32_t k3InstMult = 89226354u, k3InstAdd = 64248484u;
+
+// Where lane t's bits start inside a tile of K bits per weight.
+struct LaneWindow {
+    int i0, i1, i2;  // word indices (cyclic)
+    int o0;          // bit offset inside word i0
+};
+
+__device__ __forceinline__ LaneWindow lane_window(int K, int t) {
+    const int nw = 8 * K;
+    int b0 = 8 * t * K + K - 16;
+    if (b0 < 0) b0 += 256 * K;
+    LaneWindow w;
+    w.i0 = b0 >> 5;
+    w.o0 = b0 & 31;
+    w.i1 = w.i0 + 1 == nw ? 0 : w.i0 + 1;
+    w.i2 = w.i1 + 1 == nw ? 0 : w.i1 + 1;
+    return w;
+}
+
+// The aligned 96-bit window A:B:C of one lane from the tile's words (shared or global memory).
+struct Bits96 {
+    uint32_t a, b, c;
+};
+
+__device__ __forceinline__ Bits96 align_window(uint32_t w0, uint32_t w1, uint32_t w2, int o0) {
+    return {__funnelshift_l(w1, w0, o0), __funnelshift_l(w2, w1, o0), w2 << o0};
+}
+
+// State j (0..7) of the lane: 16 bits starting at bit j*K of the aligned window.
+template <int K, int J>
+__device__ __forceinline__ uint32_t state_of(const Bits96& v) {
+    constexpr int sh = J * K;
+    if constexpr (sh == 0) {
+        return v.a >> 16;
+    } else if constexpr (sh < 16) {
+        return __funnelshift_l(v.b, v.a, sh) >> 16;
+    } else if constexpr (sh == 16) {
+        return v.a & 0xFFFFu;
+    } else if constexpr (sh < 32) {
+        return __funnelshift_l(v.b, v.a, sh) >> 16;
+    } else if constexpr (sh == 32) {
+        return v.b >> 16;
+    } else if constexpr (sh == 48) {
+        return v.b & 0xFFFFu;
+    } else {
+        return __funnelshift_l(v.c, v.b, sh - 32) >> 16;
+    }
+}
+
+__device__ __forceinline__ uint32_t h2_bits(__half2 h) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+__device__ __forceinline__ __half2 bits_h2(uint32_t u) {
+    return *reinterpret_cast<const __half2*>(&u);
+}
+
+// Two states -> their codebook values as one half2 (first state in the low half), rounded exactly as the host codec
+// (quant/codebook.cpp): one fp16 FMA (MUL1) or one fp16 add (3INST, MCG), round to nearest even.
+template <int CB>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
+    if constexpr (CB == 2) {  // MUL1: 1024 + byte sum of s * mult, then * 0x1EEE + 0xC931 in fp16
+        const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
+        const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
+        const __half2 h = bits_h2(__byte_perm(r0, r1, 0x5410));
+        return h2_bits(__hfma2(h, bits_h2(0x1EEE1EEEu), bits_h2(0xC931C931u)));
+    } else {
+        uint32_t x0, x1;
+        if constexpr (CB == 1) {
+            x0 = s0 * kMcgMult;
+            x1 = s1 * kMcgMult;
+        } else {
+            x0 = s0 * k3InstMult + k3InstAdd;
+            x1 = s1 * k3InstMult + k3InstAdd;
+        }
+        x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+        x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+        return h2_bits(__hadd2(bits_h2(__byte_perm(x0, x1, 0x5410)), bits_h2(__byte_perm(x0, x1, 0x7632))));
+    }
+}
+
+// The lane's 8 values as the A operand of mma.m16n8k16 with A = W^T of the tile (rows = the tile's 16 output
+// columns, k = its 16 input rows): a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7}
+// (trellis.h: j walks (2q, g) (2q+1, g) (2q+8, g) (2q+9, g) and the same at column g+8, g = t/4, q = t%4).
+template <int K, int CB>
+__device__ __forceinline__ void decode_fragment(const Bits96& v, uint32_t (&a)[4]) {
+    a[0] = decode_pair<CB>(state_of<K, 0>(v), state_of<K, 1>(v));
+    a[2] = decode_pair<CB>(state_of<K, 2>(v), state_of<K, 3>(v));
+    a[1] = decode_pair<CB>(state_of<K, 4>(v), state_of<K, 5>(v));
+    a[3] = decode_pair<CB>(state_of<K, 6>(v), state_of<K, 7>(v));
+}
+
+}  // namespace exl3::cuda::exl3k

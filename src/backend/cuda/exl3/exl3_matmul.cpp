@@ -1,0 +1,98 @@
+// exl3_matmul: the fused kernel for small batches, rotation + chunked decode + cuBLAS + rotation for large ones.
+#include <algorithm>
+#include <cstdint>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+
+namespace exl3::cuda {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kLargeRows = 4096;  // rows per pass of the large path (bounds its scratch)
+size_t align_up(size_t v) {
+    return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+// Columns decoded per cuBLAS call on the large path: the fp16 weight chunk and the fp32 products stay <= 64 MiB.
+int large_chunk(const Exl3DevWeights& w, int rows) {
+    const int64_t by_w = (int64_t{32} << 20) / w.k_pad;
+    const int64_t by_acc = (int64_t{16} << 20) / std::max(rows, 1);
+    const int64_t c = std::min<int64_t>({w.n_pad, by_w, by_acc}) / 128 * 128;
+    return static_cast<int>(std::max<int64_t>(c, 128));
+}
+
+struct LargeLayout {
+    size_t xh = 0, wt = 0, acc = 0, total = 0;
+    int chunk = 0;
+};
+
+LargeLayout large_layout(const Exl3DevWeights& w, int rows) {
+    LargeLayout l;
+    rows = std::min(rows, kLargeRows);
+    l.chunk = large_chunk(w, rows);
+    l.xh = kExl3CounterBytes;  // the counters stay untouched: fused calls later rely on them being zero
+    l.wt = l.xh + align_up(static_cast<size_t>(rows) * w.k_pad * 2);
+    l.acc = l.wt + align_up(static_cast<size_t>(l.chunk) * w.k_pad * 2);
+    l.total = l.acc + align_up(static_cast<size_t>(rows) * l.chunk * 4);
+    return l;
+}
+
+}  // namespace
+
+size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
+    if (rows <= kExl3FusedMaxRows) return exl3_fused_workspace_bytes(parts, nparts, rows);
+    size_t m = 0;
+    for (int i = 0; i < nparts; ++i) m = std::max(m, large_layout(parts[i].w, rows).total);
+    return m;
+}
+
+namespace {
+
+// The large path for one part.
+Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows,
+                    const Exl3Out& out, void* ws, size_t ws_bytes) {
+    cudaStream_t s = ctx.stream();
+    const LargeLayout l = large_layout(w, rows);
+    if (!ws || ws_bytes < l.total) return internal_error("exl3_matmul: workspace too small");
+    auto* base = static_cast<char*>(ws);
+    auto* xh = reinterpret_cast<uint16_t*>(base + l.xh);
+    auto* wt = reinterpret_cast<uint16_t*>(base + l.wt);
+    auto* acc = reinterpret_cast<float*>(base + l.acc);
+    const size_t x_size = 2;  // bf16 or fp16
+    const size_t y_size = out.f32 ? 4 : 2;
+    for (int r0 = 0; r0 < rows; r0 += kLargeRows) {
+        const int nr = std::min(kLargeRows, rows - r0);
+        const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * x_size;
+        Exl3Out o = out;
+        o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
+        EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_in(w, xr, xt, ldx, nr, xh, s), "exl3 rotate in"));
+        // With several row passes the weights are decoded again per pass: cheap next to the GEMM at these sizes.
+        for (int c0 = 0; c0 < w.n_pad; c0 += l.chunk) {
+            const int cols = std::min(l.chunk, w.n_pad - c0);
+            EXL3_RETURN_IF_ERROR(check_cuda(exl3_decode(w, c0, c0 + cols, wt, 1, w.k_pad, s), "exl3 decode"));
+            EXL3_RETURN_IF_ERROR(gemm(ctx, xh, wt, acc, ActType::kF16, true, nr, cols, w.k_pad));
+            EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_out(w, acc, nr, c0, cols, o, s), "exl3 rotate out"));
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
+                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+    if (rows <= 0) return Status::ok();
+    if (rows <= kExl3FusedMaxRows)
+        return check_cuda(exl3_fused(parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, ctx.stream()), "exl3 fused");
+    for (int i = 0; i < nparts; ++i) {
+        Exl3Out o = out;
+        o.col0 = parts[i].col0;
+        o.bias = parts[i].bias;
+        EXL3_RETURN_IF_ERROR(large_matmul(ctx, parts[i].w, x, xt, ldx, rows, o, ws, ws_bytes));
+    }
+    return Status::ok();
+}
+
+}  // namespace exl3::cuda

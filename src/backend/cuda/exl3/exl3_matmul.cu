@@ -1,0 +1,705 @@
+// EXL3 kernels: the fused decode-and-multiply for small batches, and the rotation/decode kernels of the large-batch
+// path (exl3_matmul.cuh; design and measurements in docs/kernels/exl3.md).
+//
+// Fused kernel layout. A block owns one column group (128 output columns = 8 tiles) and a range of k in stages of
+// 128 (= 8 tile rows = one Hadamard block). Per stage, the 8 x 8 tiles are copied with cp.async into a ring of
+// shared memory a few stages ahead; warp w decodes tile row w of the stage (8 tiles) straight into mma A fragments
+// and multiplies them with the stage's rotated activations (B fragments, up to 8 rows per mma). Partial sums of the
+// warps meet in shared memory; with k split over several blocks, each block writes its part and the last one to
+// finish (a counter per column group) adds them in a fixed order, so results do not depend on timing. That block
+// then applies the output rotation, svh and bias and writes the 128 columns.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+#include <cstdint>
+
+#include "backend/cuda/exl3/exl3_codec.cuh"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define EXL3K_GRID_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
+#define EXL3K_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#else
+#define EXL3K_GRID_WAIT() \
+    do {                  \
+    } while (0)
+#define EXL3K_LAUNCH_DEPENDENTS() \
+    do {                          \
+    } while (0)
+#endif
+
+namespace exl3::cuda {
+
+namespace {
+
+using namespace exl3k;
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr float kHadScale = 0.08838834764831845f;  // 1 / sqrt(128)
+constexpr int kRedStride = 132;                    // floats per reduction row
+
+// Ring depth by K: about EXL3_RING_BYTES of weights per block (more bytes in flight hide more memory latency),
+// at least double buffering.
+#ifndef EXL3_RING_BYTES
+#define EXL3_RING_BYTES 32768
+#endif
+__host__ __device__ constexpr int ring_stages(int K) {
+    const int s = EXL3_RING_BYTES / (2048 * K);
+    return s < 2 ? 2 : (s > 16 ? 16 : s);
+}
+__host__ __device__ constexpr int stage_words(int K) {
+    return 64 * 8 * K;  // 8 tile rows x 8 tiles x 8K words
+}
+
+// Up to three linears sharing the input (q|k|v, gate|up) in one launch: part i owns column groups
+// [group0_i, group0_i + n_pad_i / 128) of the grid and writes output columns [col0_i, col0_i + n_i).
+constexpr int kMaxParts = 3;
+struct PartParams {
+    const uint32_t* trellis;
+    const float* suh;
+    const float* svh;
+    const float* bias;  // [n] or null
+    int n, n_pad, col0, group0;
+};
+
+struct FusedParams {
+    PartParams part[kMaxParts];
+    int nparts;
+    const __half* xh;    // [nparts][rows][k_pad]: the rotated activations (rotate_parts_kernel)
+    void* y;
+    float* partials;     // [splits][rows][total_n_pad]
+    uint32_t* counters;  // [groups]
+    int ldy, rows, k_pad, total_n_pad, stages_per_split, splits, xs_stride;
+    bool y_f32, y_bf16;
+};
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem));
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 128-point Walsh-Hadamard transform (unnormalised, Sylvester order) over a warp, lane l holding elements 4l..4l+3.
+__device__ __forceinline__ void fwht128(float (&v)[4], int lane) {
+    const float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
+    v[0] = a + c;
+    v[1] = b + d;
+    v[2] = a - c;
+    v[3] = b - d;
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1) {
+        const bool upper = (lane & m) != 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const float o = __shfl_xor_sync(0xffffffffu, v[i], m);
+            v[i] = upper ? o - v[i] : v[i] + o;
+        }
+    }
+}
+
+__device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
+    if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    return __half2float(static_cast<const __half*>(p)[i]);
+}
+
+__device__ __forceinline__ float round16(float v) {
+    return __half2float(__float2half_rn(v));
+}
+
+// Writes one output row's 4 values of lane `lane` in local column group gl of part `pp` after the output rotation.
+__device__ __forceinline__ void store_out(const FusedParams& p, const PartParams& pp, int r, int gl, int lane,
+                                          float (&v)[4]) {
+    fwht128(v, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = gl * 128 + 4 * lane + i;
+        if (c >= pp.n) continue;
+        const float o = v[i] * kHadScale * pp.svh[c] + (pp.bias ? pp.bias[c] : 0.0f);
+        const int64_t at = static_cast<int64_t>(r) * p.ldy + pp.col0 + c;
+        if (p.y_f32)
+            static_cast<float*>(p.y)[at] = o;
+        else if (p.y_bf16)
+            static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(o);
+        else
+            static_cast<__half*>(p.y)[at] = __float2half_rn(o);
+    }
+}
+
+__host__ __device__ constexpr int ring_words(int K) {
+    return ring_stages(K) * stage_words(K);
+}
+__host__ __device__ constexpr int main_words(int K, int BT) {
+    return ring_words(K) > kWarps * 8 * BT * kRedStride ? ring_words(K) : kWarps * 8 * BT * kRedStride;
+}
+
+// BT: mma column blocks of 8 activation rows (rows <= 8 * BT).
+template <int K, int CB, int BT>
+__global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(const FusedParams p) {
+    constexpr int P = ring_stages(K);
+    constexpr int SW = stage_words(K);
+    constexpr int ROWS = 8 * BT;
+    extern __shared__ __align__(16) uint32_t smem[];
+    uint32_t* ring = smem;                                                 // [P][SW]; the reduction aliases it
+    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT));     // [rows][xs_stride]: this block's k range
+    __shared__ bool last_block;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = blockIdx.x, split = blockIdx.y;
+    int pi = 0;
+    if (p.nparts > 1 && g >= p.part[1].group0) pi = 1;
+    if (p.nparts > 2 && g >= p.part[2].group0) pi = 2;
+    const PartParams& pp = p.part[pi];
+    const int gl = g - pp.group0;
+    const int total_stages = p.k_pad / 128;
+    const int st0 = split * p.stages_per_split;
+    const int nst = min(st0 + p.stages_per_split, total_stages) - st0;
+    const int64_t row_words = static_cast<int64_t>(pp.n_pad / 16) * 8 * K;  // one tile row of the part
+    const uint32_t* group = pp.trellis + static_cast<int64_t>(gl) * 64 * K;  // 8 tiles of 8K words
+
+    // Stage s: 8 tile rows, each 8 contiguous tiles = 64K words = 16K chunks of 16 bytes.
+    auto issue = [&](int s, int slot) {
+        const uint32_t* src = group + static_cast<int64_t>(st0 + s) * 8 * row_words;
+        uint32_t* dst = ring + slot * SW;
+        for (int c = tid; c < 8 * 16 * K; c += kThreads) {
+            const int r = c / (16 * K), o = c % (16 * K);
+            cp_async16(dst + r * 64 * K + o * 4, src + r * row_words + o * 4);
+        }
+    };
+
+    // Weights do not depend on the previous kernel: start streaming them before waiting for it.
+#pragma unroll
+    for (int s = 0; s < P - 1; ++s) {
+        if (s < nst) issue(s, s);
+        cp_async_commit();
+    }
+    EXL3K_GRID_WAIT();
+
+    // This block's slice of the rotated activations (written by the rotation kernel just before), while the first
+    // weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
+    const int rows = min(p.rows, ROWS);
+    {
+        const int chunks = nst * 16;  // 16-byte chunks per row
+        const __half* src = p.xh + static_cast<int64_t>(pi) * p.rows * p.k_pad + st0 * 128;
+        for (int c = tid; c < rows * chunks; c += kThreads) {
+            const int r = c / chunks, o = c % chunks;
+            const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * p.k_pad) + o);
+            *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
+        }
+    }
+
+    const LaneWindow lw = lane_window(K, lane);
+    const int gq = lane >> 2, q = lane & 3;
+    float acc[8][BT][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int b = 0; b < BT; ++b)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[i][b][e] = 0.0f;
+
+    for (int s = 0; s < nst; ++s) {
+        // Stage s has landed (for every thread's copies) and every warp is done with stage s - 1, whose slot the
+        // next copy reuses: one barrier per stage.
+        cp_async_wait<P - 2>();
+        __syncthreads();
+        if (s + P - 1 < nst) issue(s + P - 1, (s + P - 1) % P);
+        cp_async_commit();
+
+        // B fragments: activation rows gq (+8b), k = 16 * warp + 2q (+8) of this stage.
+        uint32_t bf[BT][2];
+#pragma unroll
+        for (int b = 0; b < BT; ++b) {
+            const int r = gq + 8 * b;
+            const __half* xr = xs + r * p.xs_stride + s * 128 + 16 * warp + 2 * q;
+            bf[b][0] = r < rows ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
+            bf[b][1] = r < rows ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
+        }
+        const uint32_t* rowp = ring + (s % P) * SW + warp * 64 * K;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const uint32_t* tile = rowp + i * 8 * K;
+            const Bits96 v = align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0);
+            uint32_t a[4];
+            decode_fragment<K, CB>(v, a);
+#pragma unroll
+            for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
+        }
+    }
+    cp_async_wait<0>();
+    EXL3K_LAUNCH_DEPENDENTS();
+    __syncthreads();
+
+    // Partial sums of the warps: red[warp][row][col].
+    float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int b = 0; b < BT; ++b) {
+            float* base = red + (warp * ROWS + 8 * b + 2 * q) * kRedStride + 16 * i + gq;
+            base[0] = acc[i][b][0];
+            base[kRedStride] = acc[i][b][1];
+            base[8] = acc[i][b][2];
+            base[kRedStride + 8] = acc[i][b][3];
+        }
+    __syncthreads();
+    for (int e = tid; e < rows * 128; e += kThreads) {
+        const int r = e >> 7, c = e & 127;
+        float sum = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) sum += red[(w * ROWS + r) * kRedStride + c];
+        red[r * kRedStride + c] = sum;  // row r of warp 0's slice: read above by this thread only
+    }
+    __syncthreads();
+
+    if (p.splits > 1) {
+        const int64_t col = static_cast<int64_t>(g) * 128;  // in the concatenated columns of all parts
+        float* part = p.partials + static_cast<int64_t>(split) * p.rows * p.total_n_pad + col;
+        for (int e = tid; e < rows * 128; e += kThreads) {
+            const int r = e >> 7, c = e & 127;
+            part[static_cast<int64_t>(r) * p.total_n_pad + c] = red[r * kRedStride + c];
+        }
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(p.splits - 1);
+        __syncthreads();
+        if (!last_block) return;
+        __threadfence();
+        for (int e = tid; e < rows * 128; e += kThreads) {
+            const int r = e >> 7, c = e & 127;
+            const float* src = p.partials + static_cast<int64_t>(r) * p.total_n_pad + col + c;
+            float sum = 0.0f;
+            for (int sp = 0; sp < p.splits; ++sp)
+                sum += __ldcg(src + static_cast<int64_t>(sp) * p.rows * p.total_n_pad);
+            red[r * kRedStride + c] = sum;
+        }
+        if (tid == 0) p.counters[g] = 0;
+        __syncthreads();
+    }
+
+    for (int r = warp; r < rows; r += kWarps) {
+        float v[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
+        store_out(p, pp, r, gl, lane, v);
+    }
+}
+
+// Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
+size_t fused_smem_bytes(int K, int BT, int rows, int xs_stride) {
+    const int ring = ring_stages(K) * stage_words(K), red = kWarps * 8 * BT * kRedStride;
+    return static_cast<size_t>(std::max(ring, red)) * 4 + static_cast<size_t>(rows) * xs_stride * 2;
+}
+
+constexpr size_t kMaxSmem = 200 * 1024;
+
+template <int K, int CB, int BT>
+cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
+    const size_t smem = fused_smem_bytes(K, BT, p.rows, p.xs_stride);
+    static const cudaError_t attr_err = cudaFuncSetAttribute(
+        exl3_fused_kernel<K, CB, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
+    if (attr_err != cudaSuccess) return attr_err;
+    if (smem > kMaxSmem) return cudaErrorInvalidValue;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, exl3_fused_kernel<K, CB, BT>, p);
+}
+
+template <int K, int CB>
+cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
+    return p.rows <= 8 ? launch_fused<K, CB, 1>(p, groups, s) : launch_fused<K, CB, 2>(p, groups, s);
+}
+
+template <int K>
+cudaError_t launch_fused_cb(const FusedParams& p, int groups, int cb, cudaStream_t s) {
+    switch (cb) {
+        case 0: return launch_fused_rows<K, 0>(p, groups, s);
+        case 1: return launch_fused_rows<K, 1>(p, groups, s);
+        case 2: return launch_fused_rows<K, 2>(p, groups, s);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+int num_sms() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) !=
+                                                      cudaSuccess)
+            v = 132;
+        return v > 0 ? v : 132;
+    }();
+    return n;
+}
+
+
+// ---- large-batch path and tests ----
+
+__global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, int ldx, int k, int k_pad,
+                                 uint16_t* xh) {
+    const int lane = threadIdx.x & 31;
+    const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int r = blockIdx.y;
+    if (chunk * 128 >= k_pad) return;
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int kk = chunk * 128 + 4 * lane + i;
+        v[i] = kk < k ? round16(load_act(x, static_cast<int64_t>(r) * ldx + kk, x_bf16) * suh[kk]) : 0.0f;
+    }
+    fwht128(v, lane);
+    __half* out = reinterpret_cast<__half*>(xh) + static_cast<int64_t>(r) * k_pad + chunk * 128 + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __float2half_rn(v[i] * kHadScale);
+}
+
+// The input rotation of up to three parts (their own suh) for the fused path: xh[part][row][k_pad]. Launched with
+// programmatic dependent launch: it lets the matmul kernel start streaming weights at once, and waits for x.
+struct RotateParts {
+    const float* suh[kMaxParts];
+};
+__global__ void rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k, int k_pad, int rows,
+                                    __half* xh) {
+    EXL3K_LAUNCH_DEPENDENTS();
+    EXL3K_GRID_WAIT();
+    const int lane = threadIdx.x & 31;
+    const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int r = blockIdx.y, part = blockIdx.z;
+    if (chunk * 128 >= k_pad) return;
+    const float* suh = rp.suh[part];
+    float v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int kk = chunk * 128 + 4 * lane + i;
+        v[i] = kk < k ? round16(load_act(x, static_cast<int64_t>(r) * ldx + kk, x_bf16) * suh[kk]) : 0.0f;
+    }
+    fwht128(v, lane);
+    uint2 pk;
+    pk.x = h2_bits(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
+    pk.y = h2_bits(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
+    *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + chunk * 128 + 4 * lane) = pk;
+}
+
+cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
+                                int k_pad, int rows, __half* xh, cudaStream_t s) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(static_cast<unsigned>((k_pad / 128 + 7) / 8), static_cast<unsigned>(rows),
+                       static_cast<unsigned>(nparts));
+    cfg.blockDim = dim3(256);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, rotate_parts_kernel, rp, x, x_bf16, ldx, k, k_pad, rows, xh);
+}
+
+__global__ void rotate_out_kernel(const float* svh, const float* bias, const float* acc, int c0, int cols, int n,
+                                  void* y, bool y_f32, bool y_bf16, int ldy, int col0) {
+    const int lane = threadIdx.x & 31;
+    const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int r = blockIdx.y;
+    if (chunk * 128 >= cols) return;
+    float v[4];
+    const float* a = acc + static_cast<int64_t>(r) * cols + chunk * 128 + 4 * lane;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = a[i];
+    fwht128(v, lane);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int c = c0 + chunk * 128 + 4 * lane + i;
+        if (c >= n) continue;
+        const float o = v[i] * kHadScale * svh[c] + (bias ? bias[c] : 0.0f);
+        const int64_t at = static_cast<int64_t>(r) * ldy + col0 + c;
+        if (y_f32)
+            static_cast<float*>(y)[at] = o;
+        else if (y_bf16)
+            static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(o);
+        else
+            static_cast<__half*>(y)[at] = __float2half_rn(o);
+    }
+}
+
+// One warp per tile: lane t's 8 values go to (r, c) = tile origin + (2q + {0,1,8,9}, g + {0, 8}).
+template <int K, int CB>
+__global__ void decode_kernel(const uint32_t* trellis, int n_tiles, int tn0, int tn1, int k_tiles, uint16_t* out,
+                              int64_t rs, int64_t cs) {
+    const int lane = threadIdx.x & 31;
+    const int64_t tile_idx = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int width = tn1 - tn0;
+    if (tile_idx >= static_cast<int64_t>(width) * k_tiles) return;
+    const int tk = static_cast<int>(tile_idx / width), tn = tn0 + static_cast<int>(tile_idx % width);
+    const uint32_t* tile = trellis + (static_cast<int64_t>(tk) * n_tiles + tn) * 8 * K;
+    const LaneWindow lw = lane_window(K, lane);
+    const Bits96 v = align_window(__ldg(tile + lw.i0), __ldg(tile + lw.i1), __ldg(tile + lw.i2), lw.o0);
+    uint32_t a[4];
+    decode_fragment<K, CB>(v, a);
+    const int g = lane >> 2, q = lane & 3;
+    const int r0 = tk * 16 + 2 * q, c0 = (tn - tn0) * 16 + g;
+    // a[0] = (r0, c0), (r0+1, c0); a[2] = (r0+8, c0), (r0+9, c0); a[1], a[3]: the same at c0 + 8.
+    const int dr[4] = {0, 0, 8, 8}, dc[4] = {0, 8, 0, 8};
+#pragma unroll
+    for (int f = 0; f < 4; ++f) {
+        const int64_t base = static_cast<int64_t>(r0 + dr[f]) * rs + static_cast<int64_t>(c0 + dc[f]) * cs;
+        out[base] = static_cast<uint16_t>(a[f] & 0xFFFFu);
+        out[base + rs] = static_cast<uint16_t>(a[f] >> 16);
+    }
+}
+
+// The layout cuBLAS reads on the large path, W^T [columns, k_pad] (rs = 1, cs = k_pad): a block decodes 8 tiles
+// down one tile column (128 k x 16 columns) into shared memory and writes each column's 256 contiguous bytes.
+template <int K, int CB>
+__global__ void __launch_bounds__(256) decode_t_kernel(const uint32_t* trellis, int n_tiles, int tn0, int k_pad,
+                                                       uint16_t* out) {
+    __shared__ __align__(16) uint16_t buf[16][128 + 8];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int tn = tn0 + blockIdx.x, tk = blockIdx.y * 8 + warp;
+    const uint32_t* tile = trellis + (static_cast<int64_t>(tk) * n_tiles + tn) * 8 * K;
+    const LaneWindow lw = lane_window(K, lane);
+    const Bits96 v = align_window(__ldg(tile + lw.i0), __ldg(tile + lw.i1), __ldg(tile + lw.i2), lw.o0);
+    uint32_t a[4];
+    decode_fragment<K, CB>(v, a);
+    const int g = lane >> 2, q = lane & 3, r0 = warp * 16 + 2 * q;
+    const int dr[4] = {0, 0, 8, 8}, dc[4] = {0, 8, 0, 8};
+#pragma unroll
+    for (int f = 0; f < 4; ++f) *reinterpret_cast<uint32_t*>(&buf[g + dc[f]][r0 + dr[f]]) = a[f];
+    __syncthreads();
+    const int c = threadIdx.x >> 4, chunk = threadIdx.x & 15;  // 16 columns x 16 chunks of 8 halves
+    const uint4 val = *reinterpret_cast<const uint4*>(&buf[c][chunk * 8]);
+    *reinterpret_cast<uint4*>(out + static_cast<int64_t>(blockIdx.x * 16 + c) * k_pad + blockIdx.y * 128 + chunk * 8) =
+        val;
+}
+
+template <int K>
+cudaError_t launch_decode_cb(const Exl3DevWeights& w, int c0, int c1, uint16_t* out, int64_t rs, int64_t cs,
+                             cudaStream_t s) {
+    if (rs == 1 && cs == w.k_pad && (reinterpret_cast<uintptr_t>(out) & 15) == 0) {
+        const dim3 grid(static_cast<unsigned>((c1 - c0) / 16), static_cast<unsigned>(w.k_pad / 128));
+        const auto* tr = reinterpret_cast<const uint32_t*>(w.trellis);
+        switch (w.codebook) {
+            case Exl3Codebook::k3Inst: decode_t_kernel<K, 0><<<grid, 256, 0, s>>>(tr, w.n_pad / 16, c0 / 16, w.k_pad, out); break;
+            case Exl3Codebook::kMcg: decode_t_kernel<K, 1><<<grid, 256, 0, s>>>(tr, w.n_pad / 16, c0 / 16, w.k_pad, out); break;
+            case Exl3Codebook::kMul1: decode_t_kernel<K, 2><<<grid, 256, 0, s>>>(tr, w.n_pad / 16, c0 / 16, w.k_pad, out); break;
+        }
+        return cudaGetLastError();
+    }
+    const int tn0 = c0 / 16, tn1 = c1 / 16, k_tiles = w.k_pad / 16;
+    const int64_t tiles = static_cast<int64_t>(tn1 - tn0) * k_tiles;
+    const unsigned blocks = static_cast<unsigned>((tiles + 7) / 8);
+    const auto* t = reinterpret_cast<const uint32_t*>(w.trellis);
+    switch (w.codebook) {
+        case Exl3Codebook::k3Inst:
+            decode_kernel<K, 0><<<blocks, 256, 0, s>>>(t, w.n_pad / 16, tn0, tn1, k_tiles, out, rs, cs);
+            break;
+        case Exl3Codebook::kMcg:
+            decode_kernel<K, 1><<<blocks, 256, 0, s>>>(t, w.n_pad / 16, tn0, tn1, k_tiles, out, rs, cs);
+            break;
+        case Exl3Codebook::kMul1:
+            decode_kernel<K, 2><<<blocks, 256, 0, s>>>(t, w.n_pad / 16, tn0, tn1, k_tiles, out, rs, cs);
+            break;
+    }
+    return cudaGetLastError();
+}
+
+bool valid(const Exl3DevWeights& w) {
+    return w.trellis && w.suh && w.svh && w.K >= 1 && w.K <= 8 && w.k > 0 && w.n > 0 && w.k_pad % 128 == 0 &&
+           w.n_pad % 128 == 0 && w.k <= w.k_pad && w.n <= w.n_pad &&
+           static_cast<size_t>(w.n_pad / 128) * 4 <= kExl3CounterBytes &&
+           (reinterpret_cast<uintptr_t>(w.trellis) & 15) == 0;
+}
+
+}  // namespace
+
+namespace {
+
+bool fusable(const Exl3Part* parts, int nparts, int rows) {
+    if (nparts < 1 || nparts > kMaxParts || rows < 1 || rows > kExl3FusedMaxRows) return false;
+    for (int i = 0; i < nparts; ++i) {
+        const Exl3DevWeights& a = parts[i].w;
+        const Exl3DevWeights& b = parts[0].w;
+        if (!valid(a) || a.K != b.K || a.codebook != b.codebook || a.k != b.k || a.k_pad != b.k_pad) return false;
+    }
+    return true;
+}
+
+// Blocks per SM the fused path aims for (more blocks: more warps to hide latency, more split-K partials).
+int split_target() {
+    static const int t = [] {
+        const char* e = std::getenv("EXL3_SPLIT_TARGET");
+        const int v = e ? std::atoi(e) : 0;
+        return v > 0 && v <= 64 ? v : 4;
+    }();
+    return t;
+}
+
+struct FusedPlan {
+    int groups = 0, total_n_pad = 0, splits = 1, per = 1, xs_stride = 0;
+};
+
+FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows) {
+    FusedPlan f;
+    for (int i = 0; i < nparts; ++i) f.total_n_pad += parts[i].w.n_pad;
+    f.groups = f.total_n_pad / 128;
+    const int stages = parts[0].w.k_pad / 128, K = parts[0].w.K, BT = rows <= 8 ? 1 : 2;
+    const int target = split_target() * num_sms();
+    int splits = std::clamp((target + f.groups - 1) / f.groups, 1, stages);
+    for (;; ++splits) {
+        f.per = (stages + splits - 1) / splits;
+        f.splits = (stages + f.per - 1) / f.per;
+        f.xs_stride = f.per * 128 + 8;
+        if (fused_smem_bytes(K, BT, rows, f.xs_stride) <= kMaxSmem || f.per == 1) break;
+    }
+    return f;
+}
+
+}  // namespace
+
+size_t xh_bytes(const Exl3Part* parts, int nparts, int rows) {
+    return (static_cast<size_t>(nparts) * rows * parts[0].w.k_pad * 2 + 255) / 256 * 256;
+}
+
+int exl3_fused_splits(const Exl3Part* parts, int nparts, int rows) {
+    return fusable(parts, nparts, rows) ? plan_fused(parts, nparts, rows).splits : 0;
+}
+
+cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s) {
+    return bytes ? cudaMemsetAsync(ws, 0, std::min(bytes, kExl3CounterBytes), s) : cudaSuccess;
+}
+
+size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
+    rows = std::clamp(rows, 1, kExl3FusedMaxRows);
+    if (!fusable(parts, nparts, rows)) {
+        if (nparts == 1) return 0;
+        size_t m = 0;
+        for (int i = 0; i < nparts; ++i) m = std::max(m, exl3_fused_workspace_bytes(&parts[i], 1, rows));
+        return m;
+    }
+    const FusedPlan f = plan_fused(parts, nparts, rows);
+    return kExl3CounterBytes + xh_bytes(parts, nparts, rows) + static_cast<size_t>(f.splits) * rows * f.total_n_pad * 4;
+}
+
+cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
+                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s) {
+    if (nparts < 1 || nparts > kMaxParts) return cudaErrorInvalidValue;
+    if (!fusable(parts, nparts, rows)) {
+        if (nparts == 1) return cudaErrorInvalidValue;
+        for (int i = 0; i < nparts; ++i)
+            if (cudaError_t e = exl3_fused(&parts[i], 1, x, xt, ldx, rows, out, ws, ws_bytes, s); e != cudaSuccess)
+                return e;
+        return cudaSuccess;
+    }
+    const FusedPlan f = plan_fused(parts, nparts, rows);
+    FusedParams p{};
+    int group0 = 0;
+    for (int i = 0; i < nparts; ++i) {
+        const Exl3DevWeights& w = parts[i].w;
+        PartParams& pp = p.part[i];
+        pp.trellis = reinterpret_cast<const uint32_t*>(w.trellis);
+        pp.suh = w.suh;
+        pp.svh = w.svh;
+        pp.bias = parts[i].bias;
+        pp.n = w.n;
+        pp.n_pad = w.n_pad;
+        pp.col0 = parts[i].col0;
+        pp.group0 = group0;
+        group0 += w.n_pad / 128;
+    }
+    const Exl3DevWeights& w0 = parts[0].w;
+    p.nparts = nparts;
+    p.y = out.y;
+    p.ldy = out.ldy;
+    p.rows = rows;
+    p.k_pad = w0.k_pad;
+    p.total_n_pad = f.total_n_pad;
+    p.splits = f.splits;
+    p.stages_per_split = f.per;
+    p.xs_stride = f.xs_stride;
+    p.y_f32 = out.f32;
+    p.y_bf16 = !out.f32 && out.act == ActType::kBF16;
+    const size_t xhb = xh_bytes(parts, nparts, rows);
+    const size_t need = kExl3CounterBytes + xhb + static_cast<size_t>(p.splits) * rows * f.total_n_pad * 4;
+    if (!ws || ws_bytes < need) return cudaErrorInvalidValue;
+    p.counters = static_cast<uint32_t*>(ws);
+    auto* xh = reinterpret_cast<__half*>(static_cast<char*>(ws) + kExl3CounterBytes);
+    p.xh = xh;
+    p.partials = reinterpret_cast<float*>(static_cast<char*>(ws) + kExl3CounterBytes + xhb);
+    RotateParts rp{};
+    for (int i = 0; i < nparts; ++i) rp.suh[i] = parts[i].w.suh;
+    if (cudaError_t e = launch_rotate_parts(rp, nparts, x, xt == ActType::kBF16, ldx, w0.k, w0.k_pad, rows, xh, s);
+        e != cudaSuccess)
+        return e;
+    const int cb = static_cast<int>(w0.codebook);
+    switch (w0.K) {
+        case 1: return launch_fused_cb<1>(p, f.groups, cb, s);
+        case 2: return launch_fused_cb<2>(p, f.groups, cb, s);
+        case 3: return launch_fused_cb<3>(p, f.groups, cb, s);
+        case 4: return launch_fused_cb<4>(p, f.groups, cb, s);
+        case 5: return launch_fused_cb<5>(p, f.groups, cb, s);
+        case 6: return launch_fused_cb<6>(p, f.groups, cb, s);
+        case 7: return launch_fused_cb<7>(p, f.groups, cb, s);
+        case 8: return launch_fused_cb<8>(p, f.groups, cb, s);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows, uint16_t* xh,
+                           cudaStream_t s) {
+    if (!valid(w) || rows < 1) return cudaErrorInvalidValue;
+    const int chunks = w.k_pad / 128;
+    const dim3 grid(static_cast<unsigned>((chunks + 7) / 8), static_cast<unsigned>(rows));
+    rotate_in_kernel<<<grid, 256, 0, s>>>(w.suh, x, xt == ActType::kBF16, ldx, w.k, w.k_pad, xh);
+    return cudaGetLastError();
+}
+
+cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows, int c0, int cols, const Exl3Out& out,
+                            cudaStream_t s) {
+    if (!valid(w) || rows < 1 || c0 % 128 || cols % 128) return cudaErrorInvalidValue;
+    const dim3 grid(static_cast<unsigned>((cols / 128 + 7) / 8), static_cast<unsigned>(rows));
+    rotate_out_kernel<<<grid, 256, 0, s>>>(w.svh, out.bias, acc, c0, cols, w.n, out.y, out.f32,
+                                           !out.f32 && out.act == ActType::kBF16, out.ldy, out.col0);
+    return cudaGetLastError();
+}
+
+cudaError_t exl3_decode(const Exl3DevWeights& w, int c0, int c1, uint16_t* out, int64_t rs, int64_t cs,
+                        cudaStream_t s) {
+    if (!valid(w) || c0 < 0 || c1 > w.n_pad || c0 >= c1 || c0 % 16 || c1 % 16) return cudaErrorInvalidValue;
+    switch (w.K) {
+        case 1: return launch_decode_cb<1>(w, c0, c1, out, rs, cs, s);
+        case 2: return launch_decode_cb<2>(w, c0, c1, out, rs, cs, s);
+        case 3: return launch_decode_cb<3>(w, c0, c1, out, rs, cs, s);
+        case 4: return launch_decode_cb<4>(w, c0, c1, out, rs, cs, s);
+        case 5: return launch_decode_cb<5>(w, c0, c1, out, rs, cs, s);
+        case 6: return launch_decode_cb<6>(w, c0, c1, out, rs, cs, s);
+        case 7: return launch_decode_cb<7>(w, c0, c1, out, rs, cs, s);
+        case 8: return launch_decode_cb<8>(w, c0, c1, out, rs, cs, s);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+}  // namespace exl3::cuda

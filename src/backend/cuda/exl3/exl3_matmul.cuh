@@ -1,0 +1,108 @@
+// EXL3 linear layers on CUDA: the trellis is decoded on the fly inside the matmul (docs/kernels/exl3.md).
+//
+// With k = in_features, n = out_features padded to 128 (k_pad, n_pad), and W^ [k_pad, n_pad] the decoded trellis:
+//     y = (H(x * suh) . W^) H * svh + bias          H = blockdiag(H128) (quant/hadamard.h)
+// Rounding mirrors the reference kernels (and quant::exl3_matmul with fp16_activations): x * suh is rounded to fp16,
+// the Hadamard runs in fp32, xh is rounded to fp16, W^ holds the codebook's fp16 values exactly, accumulation and
+// the output side are fp32.
+//
+// Paths, chosen by exl3_matmul from the batch (rows of x):
+//   rows <= kExl3FusedMaxRows  one fused kernel per call: input rotation, tensor-core matmul with the weights decoded
+//                              from shared memory, split-K reduction by the last block of each column group, output
+//                              rotation, scales and bias. Weights stream through a cp.async ring.
+//   more rows                   xh by a rotation kernel; W^ decoded to fp16 in column chunks and multiplied by cuBLAS;
+//                              the output rotation by a third kernel (prefill, where the GEMM is compute-bound).
+// Plain C++ header: raw device pointers in, errors out, everything asynchronous on the given stream.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/cuda/ops.cuh"
+#include "exl3/status.h"
+
+namespace exl3::cuda {
+
+class CudaContext;
+
+// Same order as quant::Codebook.
+enum class Exl3Codebook : int { k3Inst = 0, kMcg = 1, kMul1 = 2 };
+
+inline constexpr int kExl3FusedMaxRows = 16;
+
+// One EXL3 linear in device memory.
+struct Exl3DevWeights {
+    const uint16_t* trellis = nullptr;  // [k_pad/16, n_pad/16, 16*K] words, 16-byte aligned
+    const float* suh = nullptr;         // [k_pad], zero beyond k
+    const float* svh = nullptr;         // [n_pad]
+    int k = 0, n = 0;                   // in_features, out_features
+    int k_pad = 0, n_pad = 0;
+    int K = 0;                          // bits per weight, 1..8
+    Exl3Codebook codebook = Exl3Codebook::kMul1;
+};
+
+// Where the result goes: y[row * ldy + col0 + c] for c < n, as fp32 or `act`. bias [n] (fp32) or null.
+struct Exl3Out {
+    void* y = nullptr;
+    bool f32 = false;
+    ActType act = ActType::kBF16;
+    int ldy = 0;
+    int col0 = 0;
+    const float* bias = nullptr;
+};
+
+// One of several linears that share their input (q|k|v, gate|up): it writes output columns [col0, col0 + w.n) of
+// the common output rows, adding bias [w.n] (fp32) when given. Parts with the same K, codebook and k run in one
+// launch on the fused path.
+struct Exl3Part {
+    Exl3DevWeights w;
+    int col0 = 0;
+    const float* bias = nullptr;
+};
+
+// Scratch the matmul needs for `rows` rows of x. It starts with a fixed region of split-K counters (one per column
+// group of 128) that must start zeroed (exl3_workspace_init); every call leaves them zeroed again, so one workspace
+// serves any number of calls and layers in stream order, also inside CUDA graphs.
+inline constexpr size_t kExl3CounterBytes = 64 * 1024;  // up to 16384 column groups in one launch
+size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows);
+cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s);
+
+// y = x . W_eff (+ bias) for x [rows, ldx] (act `xt`, k columns used), every part into its columns of out.y
+// (out.col0 and out.bias are not used: parts carry their own). `ws` of at least exl3_workspace_bytes.
+// Needs the context's cuBLAS handle for rows > kExl3FusedMaxRows.
+Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
+                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+
+// One linear: columns [out.col0, out.col0 + n), bias out.bias.
+inline size_t exl3_workspace_bytes(const Exl3DevWeights& w, int rows) {
+    const Exl3Part p{w, 0, nullptr};
+    return exl3_workspace_bytes(&p, 1, rows);
+}
+inline Status exl3_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void* x, ActType xt, int ldx,
+                          int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+    const Exl3Part p{w, out.col0, out.bias};
+    return exl3_matmul(ctx, &p, 1, x, xt, ldx, rows, out, ws, ws_bytes);
+}
+
+// The decoded codebook values of columns [c0, c1) (multiples of 16): out[(r) * rs + (c - c0) * cs] (fp16 bits) for
+// r < k_pad. Bit-identical to quant::exl3_decode_weights.
+cudaError_t exl3_decode(const Exl3DevWeights& w, int c0, int c1, uint16_t* out, int64_t rs, int64_t cs,
+                        cudaStream_t s);
+
+// The kernels behind exl3_matmul, for tests and benchmarks.
+// Fused path (rows <= kExl3FusedMaxRows): one launch when the parts allow it, else one per part.
+cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
+                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s);
+size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows);
+// How many parts k is split into on the fused path (0: the parts do not fuse).
+int exl3_fused_splits(const Exl3Part* parts, int nparts, int rows);
+// xh[rows, k_pad] (fp16 bits) = round16(H(round16(x * suh))).
+cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows, uint16_t* xh,
+                           cudaStream_t s);
+// Columns [c0, c0 + cols) of the output from acc[rows, cols] (fp32, row stride cols): H, svh, bias.
+cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows, int c0, int cols, const Exl3Out& out,
+                            cudaStream_t s);
+
+}  // namespace exl3::cuda

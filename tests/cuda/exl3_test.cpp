@@ -1,0 +1,264 @@
+// EXL3 kernels against the host codec and the CPU matmul: the decode is bit-identical for every codebook and K,
+// the fused and the large-batch matmuls agree with quant::exl3_matmul (fp16 activations, as the reference kernels)
+// on ragged shapes and batches 1..64, with and without split-K, bias, fp32 and 16-bit outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "cuda_test_util.h"
+#include "quant/exl3_linear.h"
+#include "quant/synthetic.h"
+
+namespace exl3 {
+namespace {
+
+using cuda::ActType;
+using cuda::DeviceBuffer;
+
+struct DevLayer {
+    DeviceBuffer trellis, suh, svh, bias;
+    cuda::Exl3DevWeights w;
+};
+
+void upload(const quant::Exl3Linear& l, DevLayer* d) {
+    ASSERT_TRUE(d->trellis.upload(l.trellis, l.trellis_bytes()).is_ok());
+    ASSERT_TRUE(d->suh.upload(l.suh.data(), l.suh.size() * 4).is_ok());
+    ASSERT_TRUE(d->svh.upload(l.svh.data(), l.svh.size() * 4).is_ok());
+    if (!l.bias.empty()) {
+        ASSERT_TRUE(d->bias.upload(l.bias.data(), l.bias.size() * 4).is_ok());
+    }
+    d->w.trellis = d->trellis.as<uint16_t>();
+    d->w.suh = d->suh.as<float>();
+    d->w.svh = d->svh.as<float>();
+    d->w.k = l.in_features;
+    d->w.n = l.out_features;
+    d->w.k_pad = l.k_pad;
+    d->w.n_pad = l.n_pad;
+    d->w.K = l.K;
+    d->w.codebook = static_cast<cuda::Exl3Codebook>(static_cast<int>(l.codebook));
+}
+
+const quant::Codebook kCodebooks[] = {quant::Codebook::k3Inst, quant::Codebook::kMcg, quant::Codebook::kMul1};
+
+TEST(Exl3Cuda, DecodeIsBitIdenticalToTheHostCodec) {
+    EXL3_REQUIRE_GPU();
+    for (quant::Codebook cb : kCodebooks) {
+        for (int K = 1; K <= 8; ++K) {
+            auto s = quant::test::make_synthetic_layer(200, 300, K, cb, false, 1000u + K * 7 + static_cast<int>(cb));
+            const auto& l = s.layer;
+            DevLayer d;
+            upload(l, &d);
+            std::vector<float> ref(static_cast<size_t>(l.k_pad) * l.n_pad);
+            quant::exl3_decode_weights(l, ref.data());
+            // Row-major [k_pad, n_pad] over all columns, and a transposed sub-range [c1 - c0, k_pad].
+            DeviceBuffer out;
+            ASSERT_TRUE(out.reserve(ref.size() * 2).is_ok());
+            EXL3_CUDA_OK(cuda::exl3_decode(d.w, 0, l.n_pad, out.as<uint16_t>(), l.n_pad, 1, nullptr));
+            std::vector<uint16_t> got(ref.size());
+            EXL3_CUDA_OK(cudaMemcpy(got.data(), out.get(), got.size() * 2, cudaMemcpyDeviceToHost));
+            size_t bad = 0;
+            for (size_t i = 0; i < ref.size(); ++i) bad += got[i] != f32_to_f16(ref[i]);
+            EXPECT_EQ(bad, 0u) << "codebook " << static_cast<int>(cb) << " K " << K;
+            const int c0 = 128, c1 = 256;
+            EXL3_CUDA_OK(cuda::exl3_decode(d.w, c0, c1, out.as<uint16_t>(), 1, l.k_pad, nullptr));
+            std::vector<uint16_t> part(static_cast<size_t>(c1 - c0) * l.k_pad);
+            EXL3_CUDA_OK(cudaMemcpy(part.data(), out.get(), part.size() * 2, cudaMemcpyDeviceToHost));
+            bad = 0;
+            for (int c = c0; c < c1; ++c)
+                for (int r = 0; r < l.k_pad; ++r)
+                    bad += part[static_cast<size_t>(c - c0) * l.k_pad + r] !=
+                           f32_to_f16(ref[static_cast<size_t>(r) * l.n_pad + c]);
+            EXPECT_EQ(bad, 0u) << "transposed, codebook " << static_cast<int>(cb) << " K " << K;
+        }
+    }
+}
+
+struct MatmulCase {
+    int in, out, K;
+    quant::Codebook cb;
+    bool bias;
+};
+
+// Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref).
+void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, ActType xt, bool out_f32,
+                  uint32_t seed) {
+    auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed);
+    const auto& l = s.layer;
+    DevLayer d;
+    upload(l, &d);
+    // x: random, rounded to the activation type (what the GPU sees), also fed to the CPU.
+    std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * c.in, seed + 1, 1.0f);
+    std::vector<uint16_t> x16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        x16[i] = xt == ActType::kBF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+        x[i] = xt == ActType::kBF16 ? bf16_to_f32(x16[i]) : f16_to_f32(x16[i]);
+    }
+    std::vector<float> ref(static_cast<size_t>(rows) * c.out);
+    ThreadPool pool(2);
+    quant::exl3_matmul(x.data(), rows, l, ref.data(), pool, true);
+
+    DeviceBuffer dx, dy, ws;
+    ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+    // The output lands in a wider row at a column offset, as a part of a fused q|k|v.
+    const int col0 = 64, ldy = c.out + 96;
+    const size_t ysz = out_f32 ? 4 : 2;
+    std::vector<uint8_t> sentinel(static_cast<size_t>(rows) * ldy * ysz, 0x7f);
+    ASSERT_TRUE(dy.upload(sentinel.data(), sentinel.size()).is_ok());
+    const size_t wsb = cuda::exl3_workspace_bytes(d.w, rows);
+    ASSERT_TRUE(ws.reserve(std::max<size_t>(wsb, 1)).is_ok());
+    EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, ctx.stream()));
+    cuda::Exl3Out o;
+    o.y = dy.get();
+    o.f32 = out_f32;
+    o.act = xt;
+    o.ldy = ldy;
+    o.col0 = col0;
+    o.bias = c.bias ? d.bias.as<float>() : nullptr;
+    // Twice: the split-K counters must be back at zero after a call.
+    for (int rep = 0; rep < 2; ++rep) {
+        Status st = cuda::exl3_matmul(ctx, d.w, dx.get(), xt, c.in, rows, o, ws.get(), wsb);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+    }
+    EXL3_CUDA_OK(cudaStreamSynchronize(ctx.stream()));
+    std::vector<uint8_t> yb(sentinel.size());
+    EXL3_CUDA_OK(cudaMemcpy(yb.data(), dy.get(), yb.size(), cudaMemcpyDeviceToHost));
+    double ss = 0;
+    for (float v : ref) ss += static_cast<double>(v) * v;
+    const float rms = static_cast<float>(std::sqrt(ss / ref.size()));
+    float worst = 0;
+    size_t touched = 0;
+    for (int r = 0; r < rows; ++r) {
+        for (int j = 0; j < ldy; ++j) {
+            const size_t at = static_cast<size_t>(r) * ldy + j;
+            const bool mine = j >= col0 && j < col0 + c.out;
+            if (!mine) {  // columns of other parts are left alone
+                touched += std::memcmp(&yb[at * ysz], &sentinel[at * ysz], ysz) != 0;
+                continue;
+            }
+            float g;
+            if (out_f32) {
+                std::memcpy(&g, &yb[at * 4], 4);
+            } else {
+                uint16_t h;
+                std::memcpy(&h, &yb[at * 2], 2);
+                g = xt == ActType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+            }
+            const float rv = ref[static_cast<size_t>(r) * c.out + (j - col0)];
+            // fp16 activations and fp32 accumulation: ~1e-3 of the output scale; 16-bit outputs add their rounding.
+            const float tol = 2e-3f * rms + (out_f32 ? 0.0f : (xt == ActType::kBF16 ? 8e-3f : 1e-3f) * std::fabs(rv));
+            worst = std::max(worst, std::fabs(g - rv) / rms);
+            ASSERT_LE(std::fabs(g - rv), tol) << "row " << r << " col " << (j - col0) << " in " << c.in << " out "
+                                              << c.out << " K " << c.K << " rows " << rows;
+        }
+    }
+    EXPECT_EQ(touched, 0u);
+    const cuda::Exl3Part part{d.w, 0, nullptr};
+    std::printf("  in %5d out %5d K %d cb %d rows %2d %s->%s splits %d: max err %.2e of rms\n", c.in, c.out, c.K,
+                static_cast<int>(c.cb), rows, xt == ActType::kBF16 ? "bf16" : "fp16", out_f32 ? "f32" : "act",
+                cuda::exl3_fused_splits(&part, 1, rows), worst);
+}
+
+TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    const MatmulCase cases[] = {
+        {200, 300, 4, quant::Codebook::kMul1, true},    // ragged both ways, one stage, no split
+        {2048, 384, 3, quant::Codebook::kMul1, false},  // split-K
+        {1000, 130, 2, quant::Codebook::kMcg, true},    // ragged, split-K over 8 stages
+        {640, 1152, 5, quant::Codebook::k3Inst, false},
+        {4096, 256, 8, quant::Codebook::kMul1, true},
+        {384, 256, 1, quant::Codebook::kMul1, false},
+        {512, 512, 6, quant::Codebook::kMcg, false},
+        {768, 256, 7, quant::Codebook::k3Inst, true},
+    };
+    uint32_t seed = 17;
+    for (const auto& c : cases) {
+        for (int rows : {1, 3, 8, 9, 16, 17, 64}) {
+            check_matmul(**ctx, c, rows, ActType::kBF16, rows % 2 == 1, seed++);
+            if (HasFatalFailure()) return;
+        }
+        check_matmul(**ctx, c, 5, ActType::kF16, false, seed++);
+        check_matmul(**ctx, c, 40, ActType::kF16, true, seed++);
+        if (HasFatalFailure()) return;
+    }
+}
+
+// q|k|v-like parts in one call: one launch when K agrees, one per part when it does not; every part lands in its
+// columns with its bias, for the fused (rows <= 16) and the large path.
+TEST(Exl3Cuda, PartsShareOneCall) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    ThreadPool pool(2);
+    for (bool mixed_k : {false, true}) {
+        const int in = 1024, outs[3] = {512, 128, 200};
+        std::vector<quant::test::SyntheticLayer> ls;
+        std::vector<DevLayer> ds(3);
+        std::vector<cuda::Exl3Part> parts;
+        int col0 = 0;
+        for (int i = 0; i < 3; ++i) {
+            ls.push_back(quant::test::make_synthetic_layer(in, outs[i], mixed_k && i == 2 ? 3 : 4,
+                                                           quant::Codebook::kMul1, i != 1, 500u + i));
+            upload(ls.back().layer, &ds[static_cast<size_t>(i)]);
+            parts.push_back({ds[static_cast<size_t>(i)].w, col0,
+                             i != 1 ? ds[static_cast<size_t>(i)].bias.as<float>() : nullptr});
+            col0 += outs[i];
+        }
+        const int ld = col0;
+        EXPECT_EQ(cuda::exl3_fused_splits(parts.data(), 3, 1) > 0, !mixed_k);
+        for (int rows : {1, 7, 12, 33}) {
+            std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, 90u + rows, 1.0f);
+            std::vector<uint16_t> x16(x.size());
+            for (size_t i = 0; i < x.size(); ++i) {
+                x16[i] = f32_to_bf16(x[i]);
+                x[i] = bf16_to_f32(x16[i]);
+            }
+            DeviceBuffer dx, dy, ws;
+            ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+            ASSERT_TRUE(dy.reserve(static_cast<size_t>(rows) * ld * 4).is_ok());
+            const size_t wsb = cuda::exl3_workspace_bytes(parts.data(), 3, rows);
+            ASSERT_TRUE(ws.reserve(std::max<size_t>(wsb, 1)).is_ok());
+            EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, (*ctx)->stream()));
+            cuda::Exl3Out o;
+            o.y = dy.get();
+            o.f32 = true;
+            o.ldy = ld;
+            Status st = cuda::exl3_matmul(**ctx, parts.data(), 3, dx.get(), ActType::kBF16, in, rows, o, ws.get(), wsb);
+            ASSERT_TRUE(st.is_ok()) << st.to_string();
+            EXL3_CUDA_OK(cudaStreamSynchronize((*ctx)->stream()));  // a non-blocking stream: memcpy would not wait
+            std::vector<float> y(static_cast<size_t>(rows) * ld);
+            EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+            for (int i = 0; i < 3; ++i) {
+                std::vector<float> ref(static_cast<size_t>(rows) * outs[i]);
+                quant::exl3_matmul(x.data(), rows, ls[static_cast<size_t>(i)].layer, ref.data(), pool, true);
+                double ss = 0;
+                for (float v : ref) ss += static_cast<double>(v) * v;
+                const float rms = static_cast<float>(std::sqrt(ss / ref.size()));
+                for (int r = 0; r < rows; ++r)
+                    for (int c = 0; c < outs[i]; ++c)
+                        ASSERT_NEAR(y[static_cast<size_t>(r) * ld + parts[static_cast<size_t>(i)].col0 + c],
+                                    ref[static_cast<size_t>(r) * outs[i] + c], 2e-3f * rms)
+                            << "part " << i << " row " << r << " col " << c << " rows " << rows << " mixed "
+                            << mixed_k;
+            }
+        }
+    }
+}
+
+TEST(Exl3Cuda, BadArgumentsAreErrors) {
+    EXL3_REQUIRE_GPU();
+    cuda::Exl3DevWeights w;  // null pointers
+    EXPECT_NE(cuda::exl3_decode(w, 0, 128, nullptr, 1, 1, nullptr), cudaSuccess);
+    cuda::Exl3Out o;
+    const cuda::Exl3Part part{w, 0, nullptr};
+    EXPECT_NE(cuda::exl3_fused(&part, 1, nullptr, ActType::kBF16, 0, 1, o, nullptr, 0, nullptr), cudaSuccess);
+}
+
+}  // namespace
+}  // namespace exl3
