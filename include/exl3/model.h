@@ -29,6 +29,9 @@ struct ModelInfo {
     bool tied_embeddings = false;  // the head reads the embedding table (no separate lm_head)
     int64_t weight_bytes = 0;
     std::string quantization;   // empty when unquantized, else e.g. "exl3 4.00 bpw, head 6 bpw, mul1"
+    int kv_bits_k = 0;          // LoadOptions::kv_bits_k / kv_bits_v (0: unquantized)
+    int kv_bits_v = 0;
+    int64_t kv_bytes_per_token = 0;  // one token's keys and values in one layer of the KV cache
 };
 
 struct LoadOptions {
@@ -45,6 +48,12 @@ struct LoadOptions {
     // a new sequence starts from the longest run of cached pages its first tokens match instead of computing them
     // again. Outputs do not change; Model::cache_stats() shows the saving.
     bool prefix_cache = true;
+    // KV-cache quantization (CPU backend only so far): 0 keeps keys (kv_bits_k) and values (kv_bits_v) at the cache's
+    // own precision (fp32 on the CPU); 4, 6 or 8 store each token's vector of head_dim values per kv head as codes of
+    // that many bits with an fp16 scale and minimum per 32 values, dequantized inside the attention. 8 bits is close
+    // to lossless; see README ("KV-cache quantization") for the perplexity cost of each setting.
+    int kv_bits_k = 0;
+    int kv_bits_v = 0;
     bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
                                    // fly (4 bytes a weight): for comparisons
 };

@@ -9,20 +9,59 @@
 
 namespace exl3 {
 
-CpuKvArena::CpuKvArena(int num_layers, int page_size, int kv_dim)
-    : page_size_(page_size),
-      kv_dim_(kv_dim),
-      k_(static_cast<size_t>(num_layers)),
-      v_(static_cast<size_t>(num_layers)) {}
+CpuKvArena::CpuKvArena(int num_layers, int page_size, int num_kv_heads, int head_dim, int bits_k, int bits_v)
+    : page_size_(page_size), heads_(num_kv_heads), head_dim_(head_dim) {
+    for (Plane* pl : {&k_, &v_}) {
+        pl->bits = pl == &k_ ? bits_k : bits_v;
+        pl->format = cpu::kv_cache_format(pl->bits);
+        pl->vec_bytes = pl->bits == 0 ? sizeof(float) * static_cast<size_t>(head_dim)
+                                      : cpu::kv_quant_bytes(pl->format, head_dim);
+        pl->row_bytes = pl->vec_bytes * static_cast<size_t>(num_kv_heads);
+        pl->pages.resize(static_cast<size_t>(num_layers));
+    }
+}
 
 void CpuKvArena::grow(int pages) {
-    const size_t n = static_cast<size_t>(page_size_) * static_cast<size_t>(kv_dim_);
-    for (size_t l = 0; l < k_.size(); ++l) {
-        while (k_[l].size() < static_cast<size_t>(pages)) {
-            k_[l].push_back(std::make_unique_for_overwrite<float[]>(n));
-            v_[l].push_back(std::make_unique_for_overwrite<float[]>(n));
-        }
+    for (Plane* pl : {&k_, &v_}) {
+        const size_t n = static_cast<size_t>(page_size_) * pl->row_bytes;
+        for (auto& layer : pl->pages)
+            while (layer.size() < static_cast<size_t>(pages))
+                layer.push_back(std::make_unique_for_overwrite<uint8_t[]>(n));
     }
+}
+
+void CpuKvArena::Plane::store(int layer, int32_t page, int row, const float* x, int heads, int head_dim) {
+    uint8_t* dst =
+        pages[static_cast<size_t>(layer)][static_cast<size_t>(page)].get() + static_cast<size_t>(row) * row_bytes;
+    if (bits == 0) {
+        std::memcpy(dst, x, row_bytes);
+        return;
+    }
+    for (int h = 0; h < heads; ++h)
+        cpu::kv_quantize(format, x + static_cast<size_t>(h) * head_dim, head_dim,
+                         dst + static_cast<size_t>(h) * vec_bytes);
+}
+
+void CpuKvArena::Plane::load(int layer, int32_t page, int n, float* x, int heads, int head_dim) const {
+    const uint8_t* src = pages[static_cast<size_t>(layer)][static_cast<size_t>(page)].get();
+    if (bits == 0) {
+        std::memcpy(x, src, static_cast<size_t>(n) * row_bytes);
+        return;
+    }
+    for (int r = 0; r < n; ++r)
+        for (int h = 0; h < heads; ++h)
+            cpu::kv_dequantize(format, src + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(h) * vec_bytes,
+                               head_dim, x + (static_cast<size_t>(r) * heads + h) * head_dim);
+}
+
+void CpuKvArena::store(int layer, int32_t page, int row, const float* k, const float* v) {
+    k_.store(layer, page, row, k, heads_, head_dim_);
+    v_.store(layer, page, row, v, heads_, head_dim_);
+}
+
+void CpuKvArena::load(int layer, int32_t page, int n, float* k, float* v) const {
+    k_.load(layer, page, n, k, heads_, head_dim_);
+    v_.load(layer, page, n, v, heads_, head_dim_);
 }
 
 Status CpuBackend::begin_step(const StepPlan& plan) {
@@ -114,29 +153,31 @@ Status CpuBackend::rope(Slot s, int heads) {
 Status CpuBackend::attention(int layer, int window) {
     const ModelConfig& c = cfg_;
     const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
-    const size_t row_bytes = sizeof(float) * static_cast<size_t>(kvd);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     for (int b = 0; b < plan_->batch(); ++b) {
         const Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
         const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
         const int total = plan_->seq_len[static_cast<size_t>(b)], start = total - (r1 - r0);
-        // The new rows go to their pages.
+        // The new rows go to their pages (quantized there when the cache is), and the attention below reads them
+        // back from there like every other row: a prefix taken from the cache reads exactly what computing it did.
         for (int pos = start; pos < total; ++pos) {
-            const int32_t page = seq.pages[static_cast<size_t>(pos / ps)];
-            const size_t off = static_cast<size_t>(pos % ps) * kvd, src = static_cast<size_t>(r0 + pos - start) * kvd;
-            std::memcpy(kv_.k(layer, page) + off, buf(Slot::kK).data() + src, row_bytes);
-            std::memcpy(kv_.v(layer, page) + off, buf(Slot::kV).data() + src, row_bytes);
+            const size_t src = static_cast<size_t>(r0 + pos - start) * kvd;
+            kv_.store(layer, seq.pages[static_cast<size_t>(pos / ps)], pos % ps, buf(Slot::kK).data() + src,
+                      buf(Slot::kV).data() + src);
         }
-        // The reference attention reads a contiguous cache: gather the pages (a copy of what the attention reads
-        // anyway, and the arithmetic stays exactly that of cpu::attention).
+        // The reference attention reads a contiguous cache: gather the pages, dequantizing them when quantized (a
+        // copy of what the attention reads anyway, and the arithmetic stays exactly that of cpu::attention).
         k_seq_.resize(static_cast<size_t>(total) * kvd);
         v_seq_.resize(static_cast<size_t>(total) * kvd);
-        for (int p0 = 0; p0 < total; p0 += ps) {
-            const int32_t page = seq.pages[static_cast<size_t>(p0 / ps)];
-            const size_t n = static_cast<size_t>(std::min(ps, total - p0)) * row_bytes;
-            std::memcpy(k_seq_.data() + static_cast<size_t>(p0) * kvd, kv_.k(layer, page), n);
-            std::memcpy(v_seq_.data() + static_cast<size_t>(p0) * kvd, kv_.v(layer, page), n);
-        }
+        const size_t n_pages = static_cast<size_t>((total + ps - 1) / ps);
+        // Dequantizing is worth threads; an fp32 copy is not.
+        pool_.parallel_for(n_pages, kv_.quantized() ? 4 : n_pages, [&](size_t i0, size_t i1) {
+            for (size_t i = i0; i < i1; ++i) {
+                const int p0 = static_cast<int>(i) * ps;
+                kv_.load(layer, seq.pages[i], std::min(ps, total - p0), k_seq_.data() + static_cast<size_t>(p0) * kvd,
+                         v_seq_.data() + static_cast<size_t>(p0) * kvd);
+            }
+        });
         cpu::attention(buf(Slot::kQ).data() + static_cast<size_t>(r0) * qd, r1 - r0, c.num_heads, c.num_kv_heads,
                        c.head_dim, k_seq_.data(), v_seq_.data(), total, plan_->positions.data() + r0, window, scale,
                        buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_);

@@ -34,6 +34,12 @@ const char* dtype_label(DType t) {
     }
 }
 
+// LoadOptions::kv_bits_k / kv_bits_v: 0 (off), 4, 6 or 8.
+Status check_kv_bits(const char* name, int bits) {
+    if (bits == 0 || bits == 4 || bits == 6 || bits == 8) return Status::ok();
+    return invalid_argument(fmt::format("{} = {}: KV-cache quantization takes 4, 6 or 8 bits (0: off)", name, bits));
+}
+
 }  // namespace
 
 Sequence::Sequence(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -192,6 +198,15 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     std::unique_ptr<Model> m(new Model());
     Impl& im = *m->impl_;
     if (options.context_length < 0) return invalid_argument("context_length must not be negative");
+    // Checked before the weights load, so that a bad setting costs nothing.
+    EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", options.kv_bits_k));
+    EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_v", options.kv_bits_v));
+    const bool kv_quantized = options.kv_bits_k != 0 || options.kv_bits_v != 0;
+    const bool on_cuda = options.device == "cuda" || options.device.rfind("cuda:", 0) == 0;
+    if (kv_quantized && on_cuda)
+        return unsupported(fmt::format("device '{}' with kv_bits_k = {}, kv_bits_v = {}: KV-cache quantization runs on "
+                                       "the CPU backend only so far (use --device cpu, or leave the KV bits at 0)",
+                                       options.device, options.kv_bits_k, options.kv_bits_v));
     EXL3_ASSIGN_OR_RETURN(im.cfg, load_model_config(dir));
     EXL3_ASSIGN_OR_RETURN(im.store, TensorStore::open_dir(dir));
     if (options.threads > 0) {
@@ -219,7 +234,11 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         po.capacity = (tokens + po.page_size - 1) / po.page_size;
         po.max_pages = options.cache_tokens > 0 ? po.capacity : 0;
         im.pages = std::make_shared<PagePool>(po);
-        im.cpu_kv = std::make_unique<CpuKvArena>(im.cfg.num_layers, po.page_size, im.cfg.kv_dim());
+        im.cpu_kv = std::make_unique<CpuKvArena>(im.cfg.num_layers, po.page_size, im.cfg.num_kv_heads,
+                                                 im.cfg.head_dim, options.kv_bits_k, options.kv_bits_v);
+        im.info.kv_bits_k = options.kv_bits_k;
+        im.info.kv_bits_v = options.kv_bits_v;
+        im.info.kv_bytes_per_token = static_cast<int64_t>(im.cpu_kv->bytes_per_token());
         return m;
     }
     if (dev == "cuda" || dev.rfind("cuda:", 0) == 0) {
@@ -242,6 +261,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         po.page_size = co.page_size;
         po.capacity = po.max_pages = im.cuda->free_pages();
         im.pages = std::make_shared<PagePool>(po);
+        im.info.kv_bytes_per_token = 2 * int64_t{2} * im.cfg.kv_dim();  // fp16 keys and values
         return m;
 #else
         return unsupported("device '" + dev + "': this build has no CUDA backend");

@@ -316,7 +316,9 @@ TEST(PagePool, SoakNoLeaksNoFalseSharing) {
                                            std::span<const int32_t>(s.tokens.data() + s.published * ps, ps));
                     ++s.published;
                 }
-            if (op % 500 == 0) ASSERT_TRUE(pool.check().is_ok()) << pool.check().to_string();
+            if (op % 500 == 0) {
+                ASSERT_TRUE(pool.check().is_ok()) << pool.check().to_string();
+            }
             while (live.size() > 12) {
                 for (int32_t p : live.front().pages) pool.release(p);
                 live.erase(live.begin());
@@ -330,7 +332,9 @@ TEST(PagePool, SoakNoLeaksNoFalseSharing) {
         EXPECT_EQ(st.free + st.cached, st.pages);
         EXPECT_GT(reused, 1000);
         EXPECT_GT(st.evicted, 0);
-        if (limited) EXPECT_LE(st.pages, 40);
+        if (limited) {
+            EXPECT_LE(st.pages, 40);
+        }
         std::printf("soak (%s): %d pages, %lld pages reused, %lld evicted, %lld allocations refused\n",
                     limited ? "limited" : "growing", st.pages, static_cast<long long>(reused),
                     static_cast<long long>(st.evicted), static_cast<long long>(failed));

@@ -34,6 +34,7 @@ struct BenchOptions {
     int gen = 64;
     int reps = 3;
     int threads = 0;
+    KvBitsFlags kv_bits;
     bool json = false;
 };
 
@@ -103,6 +104,7 @@ int bench(const BenchOptions& o) {
     const int max_batch = *std::max_element(batches->begin(), batches->end());
     LoadOptions lo;
     lo.threads = o.threads;
+    o.kv_bits.apply(lo);
     lo.device = o.device;
     lo.context_length = max_ctx + 64;
     lo.cache_tokens = std::max(max_batch * (max_ctx + 64), max_ctx + 64);
@@ -138,7 +140,8 @@ int bench(const BenchOptions& o) {
     const bool dense_gpu = gpu && info.quantization.empty();
     const double weight_read = dense_gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
                                          : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
-    const double kv_per_token = 2.0 * info.num_layers * info.num_kv_heads * info.head_dim * (gpu ? 2.0 : 4.0);
+    // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
+    const double kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
     const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
 
     std::mt19937 rng(1234);
@@ -155,6 +158,9 @@ int bench(const BenchOptions& o) {
                           {"load_seconds", load_s},
                           {"bandwidth_gb_s", bandwidth / 1e9},
                           {"bandwidth_source", bw_label},
+                          {"kv_bits_k", info.kv_bits_k},
+                          {"kv_bits_v", info.kv_bits_v},
+                          {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
                           {"prefill", nlohmann::json::array()},
                           {"decode", nlohmann::json::array()}};
 
@@ -222,6 +228,8 @@ int bench(const BenchOptions& o) {
     }
     std::printf("%s: %s, %.2f B parameters, on %s (loaded in %.1f s)\n", o.model.c_str(), info.architecture.c_str(),
                 info.num_parameters / 1e9, m.device().c_str(), load_s);
+    std::printf("KV cache: %lld bytes per token per layer (keys %d bits, values %d bits; 0 = unquantized)\n",
+                static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v);
     std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
                 gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
@@ -255,6 +263,7 @@ Runner add_bench(CLI::App& app) {
     app.add_option("-g,--gen", o->gen, "decode steps timed")->capture_default_str();
     app.add_option("-r,--reps", o->reps, "prefill repetitions (median)")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--json", o->json, "print one JSON object");
     return [o] { return bench(*o); };
 }

@@ -31,6 +31,7 @@ struct ChatOptions {
     std::string device = "cpu";
     int max_tokens = 512;
     int threads = 0;
+    KvBitsFlags kv_bits;
     int context = 0;
     bool no_prefix_cache = false;
     SamplerSettings sampling;
@@ -148,6 +149,7 @@ int chat(const ChatOptions& o) {
     if (!tmpl.is_ok()) return fail("chat", tmpl.status().to_string());
     LoadOptions lo;
     lo.threads = o.threads;
+    o.kv_bits.apply(lo);
     lo.context_length = o.context;
     lo.device = o.device;
     lo.prefix_cache = !o.no_prefix_cache;
@@ -209,6 +211,7 @@ Runner add_chat(CLI::App& app) {
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_kv_bits_options(app, o->kv_bits);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,
                  "recompute the whole conversation every turn instead of reusing the cached KV of earlier turns");

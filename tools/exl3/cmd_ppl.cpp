@@ -2,6 +2,8 @@
 // across builds, devices and against tools/golden/ppl_reference.py (the same protocol in HF transformers).
 #include <unistd.h>
 
+#include <fmt/core.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -48,6 +50,7 @@ struct PplOptions {
     int stride = 0;
     int64_t max_tokens = 0;
     int threads = 0;
+    KvBitsFlags kv_bits;
     bool json = false;
     bool no_bos = false;
 };
@@ -62,6 +65,10 @@ struct PplOptions {
     ss << f.rdbuf();
     if (f.bad()) return io_error("cannot read '" + path + "'");
     return ss.str();
+}
+
+[[maybe_unused]] std::string kv_bits_label(int bits) {
+    return bits == 0 ? "unquantized" : fmt::format("{} bits", bits);
 }
 
 int ppl(const PplOptions& o) {
@@ -97,9 +104,13 @@ int ppl(const PplOptions& o) {
 
     LoadOptions lo;
     lo.threads = o.threads;
+    o.kv_bits.apply(lo);
     lo.device = o.device;
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("ppl", model.status().to_string());
+
+    log_info("KV cache: keys {}, values {}: {} bytes per token per layer", kv_bits_label((*model)->info().kv_bits_k),
+             kv_bits_label((*model)->info().kv_bits_v), (*model)->info().kv_bytes_per_token);
 
     PerplexityOptions po;
     po.ctx = o.ctx;
@@ -143,6 +154,9 @@ int ppl(const PplOptions& o) {
                                     {"model", o.model},
                                     {"file", o.file},
                                     {"device", (*model)->device()},
+                                    {"kv_bits_k", (*model)->info().kv_bits_k},
+                                    {"kv_bits_v", (*model)->info().kv_bits_v},
+                                    {"kv_bytes_per_token_layer", (*model)->info().kv_bytes_per_token},
                                     {"seconds", seconds}};
         std::printf("%s\n", j.dump(2).c_str());
     } else {
@@ -169,6 +183,7 @@ Runner add_ppl(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--no-bos", o->no_bos, "never prepend BOS to a window");
     app.add_flag("--json", o->json, "print one JSON object (perplexity, nll, tokens, ctx, stride, windows, ...)");
     return [o] { return ppl(*o); };

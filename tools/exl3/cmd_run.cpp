@@ -25,6 +25,7 @@ struct RunOptions {
     std::string device = "cpu";
     int max_tokens = 128;
     int threads = 0;
+    KvBitsFlags kv_bits;
     int context = 0;
     bool ids = false;
     bool ignore_eos = false;
@@ -56,6 +57,7 @@ int run(const RunOptions& o) {
     if (o.prompt.empty() == o.tokens.empty()) return fail("run", "give exactly one of -p TEXT or --tokens IDS");
     LoadOptions lo;
     lo.threads = o.threads;
+    o.kv_bits.apply(lo);
     lo.context_length = o.context;
     lo.device = o.device;
     auto model = Model::load(o.model, lo);
@@ -163,6 +165,7 @@ Runner add_run(CLI::App& app) {
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_kv_bits_options(app, o->kv_bits);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");

@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "exl3/model.h"
 #include "runtime/sampler.h"
 
 namespace exl3::cli {
@@ -24,6 +25,24 @@ Runner add_serve(CLI::App& app);    // built when exl3_server exists (EXL3_HAVE_
 // also typical-p, the penalties, DRY and XTC (commands that sample through the Generator, which keeps the history
 // those need).
 void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain = false);
+
+// KV-cache quantization flags shared by run, chat, ppl and bench: --kv-bits N sets keys and values,
+// --kv-bits-k / --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU only so far).
+struct KvBitsFlags {
+    int both = 0, k = -1, v = -1;
+    void apply(LoadOptions& lo) const {
+        lo.kv_bits_k = k >= 0 ? k : both;
+        lo.kv_bits_v = v >= 0 ? v : both;
+    }
+};
+inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f) {
+    const auto bits = CLI::IsMember({0, 4, 6, 8});
+    app.add_option("--kv-bits", f.both, "quantize the KV cache's keys and values to 4, 6 or 8 bits (0 = off; CPU)")
+        ->check(bits);
+    app.add_option("--kv-bits-k", f.k, "bits of the cached keys (4, 6, 8; 0 = off); overrides --kv-bits")->check(bits);
+    app.add_option("--kv-bits-v", f.v, "bits of the cached values (4, 6, 8; 0 = off); overrides --kv-bits")
+        ->check(bits);
+}
 
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
 int fail(const std::string& what, const std::string& message);
