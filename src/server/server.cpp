@@ -31,6 +31,7 @@ struct Metrics {
     std::array<std::atomic<uint64_t>, kRouteCount> requests{};
     std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // index: status / 100
     std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, rejected_queue_full{0}, cancelled{0};
+    std::atomic<uint64_t> cached_prompt_tokens{0};  // prompt tokens served from the prefix cache
     std::atomic<int64_t> streaming{0};
 };
 
@@ -76,6 +77,7 @@ struct Choice {
     FinishReason finish = FinishReason::kNone;
     Status error;
     int generated = 0;
+    int cached = 0;  // prompt tokens its job took from the prefix cache
     bool role_sent = false;
     std::optional<ToolCallParser> parser;       // chat with tools: splits the reply into content and tool calls
     std::vector<ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
@@ -307,6 +309,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 json unused;
                 if (lp) add_logprobs(u, chat, &c, &unused);
                 c.generated = u.generated_tokens;
+                c.cached = std::max(c.cached, u.cached_tokens);
                 if (u.finish != FinishReason::kNone) {
                     c.finish = u.finish;
                     c.error = u.error;
@@ -326,6 +329,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 out_choices.push_back(choice_json(p, chat, i, w.choices[i], echo));
             }
             metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+            metrics.cached_prompt_tokens += static_cast<uint64_t>(w.choices[0].cached);
             *out = {{"id", id},
                     {"object", object},
                     {"created", created},
@@ -334,7 +338,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                     {"usage",
                      {{"prompt_tokens", prompt_len},
                       {"completion_tokens", completion_tokens},
-                      {"total_tokens", prompt_len + completion_tokens}}}};
+                      {"total_tokens", prompt_len + completion_tokens},
+                      {"prompt_tokens_details", {{"cached_tokens", w.choices[0].cached}}}}}};
             return std::nullopt;
         };
         // Short replies are answered from this thread with their real status.
@@ -424,6 +429,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 json lp = nullptr;
                 if (p.logprobs) add_logprobs(u, chat, &c, &lp);
                 c.generated = u.generated_tokens;
+                c.cached = std::max(c.cached, u.cached_tokens);
                 if (chat) {
                     // Deltas of this update: content, or (with tools) content and tool-call deltas in order.
                     std::vector<json> deltas;
@@ -497,12 +503,14 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 int completion_tokens = 0;
                 for (const auto& c : st->choices) completion_tokens += c.generated;
                 metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+                metrics.cached_prompt_tokens += static_cast<uint64_t>(st->choices[0].cached);
                 if (p.include_usage) {
                     json j = chunk_base();
                     j["choices"] = json::array();
                     j["usage"] = {{"prompt_tokens", prompt_len},
                                   {"completion_tokens", completion_tokens},
-                                  {"total_tokens", prompt_len + completion_tokens}};
+                                  {"total_tokens", prompt_len + completion_tokens},
+                                  {"prompt_tokens_details", {{"cached_tokens", st->choices[0].cached}}}};
                     if (!send(j)) return false;
                 }
                 static constexpr std::string_view kDone = "data: [DONE]\n\n";
@@ -673,6 +681,9 @@ void Server::Impl::setup_routes() {
                            metrics.prompt_tokens.load());
         out += fmt::format("# TYPE exl3_generation_tokens_total counter\nexl3_generation_tokens_total {}\n",
                            metrics.completion_tokens.load());
+        out += fmt::format("# HELP exl3_prompt_tokens_cached_total Prompt tokens taken from the prefix cache.\n"
+                           "# TYPE exl3_prompt_tokens_cached_total counter\nexl3_prompt_tokens_cached_total {}\n",
+                           metrics.cached_prompt_tokens.load());
         out += fmt::format("# TYPE exl3_rejected_queue_full_total counter\nexl3_rejected_queue_full_total {}\n",
                            metrics.rejected_queue_full.load());
         out += fmt::format("# TYPE exl3_cancelled_total counter\nexl3_cancelled_total {}\n", metrics.cancelled.load());

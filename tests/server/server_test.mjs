@@ -223,6 +223,20 @@ const tests = {
         const s = await streamChat({ max_tokens: 8, temperature: 0 });
         assert.equal(s.text, r.choices[0].message.content);
     },
+    async prefixCache() {
+        // A long system prompt asked twice: the second request takes whole KV pages of it from the prefix cache and
+        // says so in usage.prompt_tokens_details.cached_tokens (and in the metrics).
+        const system = "You answer briefly. ".repeat(30);
+        const m = [{ role: "system", content: system }, { role: "user", content: "Say hi." }];
+        const first = await client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 4, temperature: 0 });
+        const second = await client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 4,
+                                                              temperature: 0 });
+        assert.equal(second.choices[0].message.content, first.choices[0].message.content);
+        const cached = second.usage.prompt_tokens_details?.cached_tokens ?? 0;
+        assert.ok(cached >= 64 && cached < second.usage.prompt_tokens, `cached ${cached} of ${second.usage.prompt_tokens}`);
+        const metrics = await raw("GET", "/metrics");
+        assert.match(metrics.text, /exl3_prompt_tokens_cached_total [1-9]/);
+    },
     async chatParameters() {
         const r = await client.chat.completions.create({
             model: MODEL, messages: [{ role: "user", content: [{ type: "text", text: "Hi" }, { type: "text", text: "!" }] }],
