@@ -39,6 +39,54 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// torch's name for a dtype, as tensor_storage spells it.
+std::string torch_dtype(DType t) {
+    switch (t) {
+        case DType::kF32: return "torch.float32";
+        case DType::kF16: return "torch.float16";
+        case DType::kBF16: return "torch.bfloat16";
+        case DType::kI8: return "torch.int8";
+        case DType::kU8: return "torch.uint8";
+        case DType::kI16: return "torch.int16";
+        case DType::kI32: return "torch.int32";
+        case DType::kI64: return "torch.int64";
+        case DType::kU16: return "torch.uint16";
+        case DType::kU32: return "torch.uint32";
+        case DType::kF64: return "torch.float64";
+        case DType::kBool: return "torch.bool";
+    }
+    return "torch.unknown";
+}
+
+nlohmann::ordered_json tensor_storage(const std::vector<SafetensorsWriter::Info>& infos) {
+    nlohmann::ordered_json ts = nlohmann::ordered_json::object();
+    for (const auto& i : infos) {
+        const size_t dot = i.name.rfind('.');
+        const std::string module = dot == std::string::npos ? i.name : i.name.substr(0, dot);
+        const std::string leaf = dot == std::string::npos ? "" : i.name.substr(dot + 1);
+        int64_t n = 1;
+        for (int64_t d : i.shape) n *= d;
+        auto& m = ts[module];
+        m["stored_tensors"][i.name] = {{"shape", i.shape},
+                                       {"n_bytes", n * static_cast<int64_t>(dtype_size(i.dtype))},
+                                       {"dtype", torch_dtype(i.dtype)}};
+        if (leaf == "trellis" && i.shape.size() == 3) {
+            m["quant_format"] = "exl3";
+            m["bits_per_weight"] = i.shape[2] / 16;
+        }
+        if (leaf == "mul1") m["mul1_multiplier"] = quant::kMul1Multiplier;
+        if (leaf == "mcg") m["mcg_multiplier"] = quant::kMcgMultiplier;
+    }
+    // The reference lists stored_tensors first, then the EXL3 fields in this order.
+    for (auto& [name, m] : ts.items()) {
+        nlohmann::ordered_json o = {{"stored_tensors", m["stored_tensors"]}};
+        for (const char* k : {"quant_format", "bits_per_weight", "mul1_multiplier", "mcg_multiplier"})
+            if (m.contains(k)) o[k] = m[k];
+        m = o;
+    }
+    return ts;
+}
+
 using Clock = std::chrono::steady_clock;
 
 // One HF linear as fp32 [out, in] plus optional bias.
@@ -568,11 +616,10 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
         if (!o) return io_error("cannot write " + tmp + "/config.json");
     }
     {
+        // tensor_storage as the reference implementation writes it: per module, its stored tensors (shape, bytes,
+        // torch dtype name) and, for EXL3 linears, the format, K and the codebook multiplier.
         nlohmann::ordered_json q2 = qc;
-        nlohmann::ordered_json ts = nlohmann::ordered_json::object();
-        for (const auto& i : out.infos())
-            ts[i.name] = {{"shape", i.shape}, {"n_bytes", 0}, {"dtype", std::string(dtype_name(i.dtype))}};
-        q2["tensor_storage"] = ts;
+        q2["tensor_storage"] = tensor_storage(out.infos());
         std::ofstream o(tmp + "/quantization_config.json");
         o << q2.dump(2) << "\n";
         if (!o) return io_error("cannot write " + tmp + "/quantization_config.json");

@@ -3,16 +3,22 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "convert/convert.h"
 #include "exl3/model.h"
 #include "format/safetensors_writer.h"
 #include "quant/exl3_model.h"
+#include "test_util.h"
 
 namespace exl3::convert {
 namespace {
@@ -79,6 +85,67 @@ std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>&
     return out;
 }
 
+nlohmann::json read_json(const std::string& path) {
+    std::ifstream f(path);
+    return nlohmann::json::parse(f, nullptr, false);
+}
+
+// "model.layers.12.mlp.up_proj" -> "model.layers.N.mlp.up_proj"
+std::string module_kind(const std::string& name) {
+    std::string out;
+    for (size_t i = 0; i < name.size();) {
+        if (std::isdigit(static_cast<unsigned char>(name[i]))) {
+            out += 'N';
+            while (i < name.size() && std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+        } else {
+            out += name[i++];
+        }
+    }
+    return out;
+}
+
+// Same config fields, same quantization_config(.json) fields, and per kind of quantized module the same tensor_storage
+// entry: keys, stored tensor suffixes, their dtypes and ranks, format and multiplier. (Unquantized tensors keep the
+// source model's dtype, which differs here: the test model is fp32.)
+void expect_same_layout(const std::string& ours, const std::string& ref) {
+    auto keys = [](const nlohmann::json& j) {
+        std::vector<std::string> k;
+        for (auto it = j.begin(); it != j.end(); ++it) k.push_back(it.key());
+        std::sort(k.begin(), k.end());
+        return k;
+    };
+    const auto oc = read_json(ours + "/config.json"), rc = read_json(ref + "/config.json");
+    ASSERT_TRUE(oc.is_object() && rc.is_object());
+    EXPECT_EQ(keys(oc["quantization_config"]), keys(rc["quantization_config"]));
+    const auto oq = read_json(ours + "/quantization_config.json"), rq = read_json(ref + "/quantization_config.json");
+    ASSERT_TRUE(oq.is_object() && rq.is_object());
+    EXPECT_EQ(keys(oq), keys(rq));
+    std::map<std::string, nlohmann::json> ref_kinds;
+    for (auto it = rq["tensor_storage"].begin(); it != rq["tensor_storage"].end(); ++it)
+        ref_kinds.emplace(module_kind(it.key()), it.value());
+    int compared = 0;
+    for (auto it = oq["tensor_storage"].begin(); it != oq["tensor_storage"].end(); ++it) {
+        const auto& m = it.value();
+        const auto r = ref_kinds.find(module_kind(it.key()));
+        ASSERT_NE(r, ref_kinds.end()) << it.key() << " has no counterpart in the reference's tensor_storage";
+        EXPECT_EQ(keys(m), keys(r->second)) << it.key();
+        if (!m.contains("quant_format")) continue;
+        ++compared;
+        EXPECT_EQ(m["quant_format"], r->second["quant_format"]);
+        EXPECT_EQ(m["mul1_multiplier"], r->second["mul1_multiplier"]);
+        auto leaves = [](const nlohmann::json& st) {
+            std::map<std::string, std::pair<std::string, size_t>> out;  // suffix -> (dtype, rank)
+            for (auto t = st.begin(); t != st.end(); ++t)
+                out[t.key().substr(t.key().rfind('.') + 1)] = {t.value()["dtype"].get<std::string>(),
+                                                               t.value()["shape"].size()};
+            return out;
+        };
+        EXPECT_EQ(leaves(m["stored_tensors"]), leaves(r->second["stored_tensors"])) << it.key();
+    }
+    EXPECT_EQ(compared, kLayers * 7 + 1);
+    std::printf("layout: %d quantized modules match the reference file's tensor_storage entries\n", compared);
+}
+
 TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     const std::string base = fs::temp_directory_path() / ("exl3_convert_test_" + std::to_string(::getpid()));
     fs::remove_all(base);
@@ -111,6 +178,10 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
             EXPECT_LT(e.rel_error, 0.12) << e.name;
         }
     }
+
+    // The layout ExLlamaV3 reads, against the reference implementation's own file (when ../shared is there).
+    if (const std::string ref = test::shared_dir() + "/models/tiny-target-exl3-4.0bpw"; test::path_exists(ref))
+        expect_same_layout(o.output_dir, ref);
 
     std::vector<int32_t> toks;
     std::mt19937 rng(11);
