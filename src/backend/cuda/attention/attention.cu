@@ -141,18 +141,9 @@ cudaError_t run(const attn::KernelParams& p, const Plan& pl, int n_kv_heads, con
                     static_cast<unsigned>(pl.splits));
     cudaError_t e = pl.decode ? attn::launch_decode<T, D>(p, grid, s) : attn::launch_prefill<T, D>(p, grid, s);
     if (e != cudaSuccess || pl.splits == 1) return e;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(p.total_rows_bound));
-    cfg.blockDim = dim3(kCombineThreads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, attention_combine<T, D>, static_cast<const float*>(p.part_o),
-                              static_cast<const float*>(p.part_lse), pl.splits, p.total_rows_bound, b.q_start,
-                              b.batch, p.n_heads, static_cast<T*>(p.out));
+    return launch_pdl(attention_combine<T, D>, dim3(static_cast<unsigned>(p.total_rows_bound)), dim3(kCombineThreads),
+                      0, s, static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse), pl.splits,
+                      p.total_rows_bound, b.q_start, b.batch, p.n_heads, static_cast<T*>(p.out));
 }
 
 template <typename T>

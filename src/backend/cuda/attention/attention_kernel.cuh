@@ -27,20 +27,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention/paged_attention.cuh"
-
-// Programmatic dependent launch exists from sm_90 on; older GPUs run the kernels in plain stream order, where
-// waiting is implicit, so the hooks compile to nothing there.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define EXL3_GRID_DEPENDENCY_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
-#define EXL3_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
-#else
-#define EXL3_GRID_DEPENDENCY_WAIT() \
-    do {                            \
-    } while (0)
-#define EXL3_LAUNCH_DEPENDENTS() \
-    do {                         \
-    } while (0)
-#endif
+#include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda::attn {
 
@@ -476,17 +463,8 @@ template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGE
 cudaError_t launch_instance(const KernelParams& p, dim3 grid, cudaStream_t s) {
     using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
     if (instance_occupancy<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>() <= 0) return cudaErrorInvalidConfiguration;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(C::kThreads);
-    cfg.dynamicSmemBytes = C::kSmemBytes;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>, p);
+    return launch_pdl(paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>, grid, dim3(C::kThreads),
+                      C::kSmemBytes, s, p);
 }
 
 // Tile shapes of the two instantiation families; the dispatcher sizes grids and split chunks from these.

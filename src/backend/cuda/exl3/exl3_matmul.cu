@@ -19,18 +19,8 @@
 
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/pdl.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define EXL3K_GRID_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
-#define EXL3K_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
-#else
-#define EXL3K_GRID_WAIT() \
-    do {                  \
-    } while (0)
-#define EXL3K_LAUNCH_DEPENDENTS() \
-    do {                          \
-    } while (0)
-#endif
 
 namespace exl3::cuda {
 
@@ -191,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         if (s < nst) issue(s, s);
         cp_async_commit();
     }
-    EXL3K_GRID_WAIT();
+    EXL3_GRID_DEPENDENCY_WAIT();
 
     // This block's slice of the rotated activations (written by the rotation kernel just before), while the first
     // weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
@@ -245,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         }
     }
     cp_async_wait<0>();
-    EXL3K_LAUNCH_DEPENDENTS();
+    EXL3_LAUNCH_DEPENDENTS();
     __syncthreads();
 
     // Partial sums of the warps: red[warp][row][col].
@@ -318,17 +308,8 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         exl3_fused_kernel<K, CB, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, exl3_fused_kernel<K, CB, BT>, p);
+    return launch_pdl(exl3_fused_kernel<K, CB, BT>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits)),
+                      dim3(kThreads), smem, s, p);
 }
 
 template <int K, int CB>
@@ -385,8 +366,8 @@ struct RotateParts {
 };
 __global__ void rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k, int k_pad, int rows,
                                     __half* xh) {
-    EXL3K_LAUNCH_DEPENDENTS();
-    EXL3K_GRID_WAIT();
+    EXL3_LAUNCH_DEPENDENTS();
+    EXL3_GRID_DEPENDENCY_WAIT();
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int r = blockIdx.y, part = blockIdx.z;
@@ -407,17 +388,9 @@ __global__ void rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, 
 
 cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
                                 int k_pad, int rows, __half* xh, cudaStream_t s) {
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(static_cast<unsigned>((k_pad / 128 + 7) / 8), static_cast<unsigned>(rows),
-                       static_cast<unsigned>(nparts));
-    cfg.blockDim = dim3(256);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, rotate_parts_kernel, rp, x, x_bf16, ldx, k, k_pad, rows, xh);
+    const dim3 grid(static_cast<unsigned>((k_pad / 128 + 7) / 8), static_cast<unsigned>(rows),
+                    static_cast<unsigned>(nparts));
+    return launch_pdl(rotate_parts_kernel, grid, dim3(256), 0, s, rp, x, x_bf16, ldx, k, k_pad, rows, xh);
 }
 
 __global__ void rotate_out_kernel(const float* svh, const float* bias, const float* acc, int c0, int cols, int n,
