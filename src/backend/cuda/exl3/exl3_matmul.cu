@@ -1,10 +1,12 @@
 // EXL3 kernels: the fused decode-and-multiply for small batches, and the rotation/decode kernels of the large-batch
 // path (exl3_matmul.cuh; design and measurements in docs/kernels/exl3.md).
 //
-// Fused kernel layout. A block owns one column group (128 output columns = 8 tiles) and a range of k in stages of
-// 128 (= 8 tile rows = one Hadamard block). Per stage, the 8 x 8 tiles are copied with cp.async into a ring of
-// shared memory a few stages ahead; warp w decodes tile row w of the stage (8 tiles) straight into mma A fragments
-// and multiplies them with the stage's rotated activations (B fragments, up to 8 rows per mma). Partial sums of the
+// Fused path: a small kernel rotates the activations of every part (x * suh, H128, fp16) into the workspace; the
+// matmul kernel follows (programmatic dependent launch: it streams weights before that kernel ends). A block owns one
+// column group (128 output columns = 8 tiles) and a range of k in stages of 128 (= 8 tile rows = one Hadamard
+// block). Per stage, the 8 x 8 tiles are copied with cp.async into a ring of shared memory a few stages ahead; warp w
+// decodes tile row w of the stage (8 tiles) straight into mma A fragments and multiplies them with the stage's
+// rotated activations (B fragments, up to 8 rows per mma). Partial sums of the
 // warps meet in shared memory; with k split over several blocks, each block writes its part and the last one to
 // finish (a counter per column group) adds them in a fixed order, so results do not depend on timing. That block
 // then applies the output rotation, svh and bias and writes the 128 columns.
@@ -13,14 +15,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <string>
 #include <cstdint>
+#include <cstdlib>
 
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/pdl.cuh"
-
 
 namespace exl3::cuda {
 
