@@ -8,6 +8,7 @@
 #include <random>
 
 #include "exl3/model.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace exl3 {
@@ -40,19 +41,7 @@ std::vector<int32_t> random_tokens(int n, uint32_t seed) {
 }
 
 std::vector<float> logits_of(const Model& m, const std::vector<int32_t>& prompt, bool all) {
-    auto seq = m.new_sequence();
-    EXPECT_TRUE(seq.is_ok());
-    std::vector<float> logits;
-    Status s = m.forward(**seq, prompt, all, &logits);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    return logits;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-    return d;
+    return test::forward_logits(m, prompt, all);
 }
 
 TEST(KvQuantModel, BadSettingsFailAtLoad) {
@@ -96,7 +85,7 @@ struct Drift {
 
 Drift drift(const std::vector<float>& ref, const std::vector<float>& q, int vocab) {
     Drift d;
-    d.max_abs = max_abs_diff(ref, q);
+    d.max_abs = test::max_abs_diff(ref, q);
     double se = 0, ss = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
         se += std::pow(static_cast<double>(q[i]) - ref[i], 2);
@@ -162,8 +151,8 @@ TEST(KvQuantModel, PrefixReuseIsExact) {
         for (int32_t t : random_tokens(30, 43)) b.push_back(t);
         const auto la = logits_of(*cached, a, false), lb = logits_of(*cached, b, false);
         EXPECT_EQ(cached->cache_stats().tokens_reused, 96);
-        EXPECT_EQ(max_abs_diff(la, logits_of(*plain, a, false)), 0.0f);
-        EXPECT_EQ(max_abs_diff(lb, logits_of(*plain, b, false)), 0.0f);
+        EXPECT_EQ(test::max_abs_diff(la, logits_of(*plain, a, false)), 0.0f);
+        EXPECT_EQ(test::max_abs_diff(lb, logits_of(*plain, b, false)), 0.0f);
 
         // Decode steps on two sequences in one batch, one of them starting from the cache.
         auto s1 = cached->new_sequence(), s2 = cached->new_sequence(), r1 = plain->new_sequence(),
@@ -172,12 +161,12 @@ TEST(KvQuantModel, PrefixReuseIsExact) {
         const auto other = random_tokens(9, 44);
         ASSERT_TRUE(cached->forward_batch({{s1->get(), b, false}, {s2->get(), other, false}}, &lc).is_ok());
         ASSERT_TRUE(plain->forward_batch({{r1->get(), b, false}, {r2->get(), other, false}}, &lr).is_ok());
-        EXPECT_EQ(max_abs_diff(lc, lr), 0.0f);
+        EXPECT_EQ(test::max_abs_diff(lc, lr), 0.0f);
         for (int i = 0; i < 20; ++i) {
             const int32_t t = 100 + i;
             ASSERT_TRUE(cached->forward_batch({{s1->get(), {t}, false}, {s2->get(), {t}, false}}, &lc).is_ok());
             ASSERT_TRUE(plain->forward_batch({{r1->get(), {t}, false}, {r2->get(), {t}, false}}, &lr).is_ok());
-            ASSERT_EQ(max_abs_diff(lc, lr), 0.0f) << bk << "/" << bv << " step " << i;
+            ASSERT_EQ(test::max_abs_diff(lc, lr), 0.0f) << bk << "/" << bv << " step " << i;
         }
         EXPECT_GT(cached->cache_stats().tokens_reused, 96);
     }

@@ -11,6 +11,7 @@
 
 #include "exl3/generator.h"
 #include "exl3/model.h"
+#include "model_test_util.h"
 #include "test_util.h"
 
 namespace exl3 {
@@ -41,22 +42,8 @@ std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& 
     return a;
 }
 
-// Last-position logits of `prompt` fed to a new sequence in one forward.
 std::vector<float> last_logits(const Model& m, const std::vector<int32_t>& prompt) {
-    auto seq = m.new_sequence();
-    EXPECT_TRUE(seq.is_ok());
-    std::vector<float> logits;
-    Status s = m.forward(**seq, prompt, false, &logits);
-    EXPECT_TRUE(s.is_ok()) << s.to_string();
-    EXPECT_EQ((*seq)->length(), static_cast<int>(prompt.size()));
-    return logits;
-}
-
-float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    EXPECT_EQ(a.size(), b.size());
-    float d = 0;
-    for (size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
-    return d;
+    return test::forward_logits(m, prompt, false);
 }
 
 TEST(PrefixCache, ReusedPrefixGivesTheSameLogits) {
@@ -80,13 +67,13 @@ TEST(PrefixCache, ReusedPrefixGivesTheSameLogits) {
     EXPECT_EQ(plain->cache_stats().tokens_reused, 0);
     EXPECT_EQ(plain->cache_stats().pages_cached, 0);
     // The CPU computes each key and value row alone: reuse is exact, not merely close.
-    EXPECT_EQ(max_abs_diff(la, ref_a), 0.0f);
-    EXPECT_EQ(max_abs_diff(lb, ref_b), 0.0f);
+    EXPECT_EQ(test::max_abs_diff(la, ref_a), 0.0f);
+    EXPECT_EQ(test::max_abs_diff(lb, ref_b), 0.0f);
 
     // The same prompt again: everything but its last page (the last token must be computed).
     const auto lb2 = last_logits(*cached, b);
     EXPECT_EQ(cached->cache_stats().tokens_reused, 96 + 128);
-    EXPECT_EQ(max_abs_diff(lb2, ref_b), 0.0f);
+    EXPECT_EQ(test::max_abs_diff(lb2, ref_b), 0.0f);
 }
 
 TEST(PrefixCache, LaterStepsAndBatchesMatch) {
@@ -103,12 +90,12 @@ TEST(PrefixCache, LaterStepsAndBatchesMatch) {
     ASSERT_TRUE(plain->forward_batch({{r1->get(), p1, false}, {r2->get(), p2, false}}, &lr).is_ok());
     EXPECT_EQ(cached->cache_stats().tokens_reused, 128);
     EXPECT_EQ((*s1)->length(), static_cast<int>(p1.size()));
-    EXPECT_EQ(max_abs_diff(lc, lr), 0.0f);
+    EXPECT_EQ(test::max_abs_diff(lc, lr), 0.0f);
     for (int i = 0; i < 20; ++i) {
         const int32_t t = 10 + i;
         ASSERT_TRUE(cached->forward_batch({{s1->get(), {t}, false}, {s2->get(), {t}, false}}, &lc).is_ok());
         ASSERT_TRUE(plain->forward_batch({{r1->get(), {t}, false}, {r2->get(), {t}, false}}, &lr).is_ok());
-        ASSERT_EQ(max_abs_diff(lc, lr), 0.0f) << "step " << i;
+        ASSERT_EQ(test::max_abs_diff(lc, lr), 0.0f) << "step " << i;
     }
     // all_logits wants every position: nothing is reused.
     auto s3 = cached->new_sequence();
@@ -141,8 +128,8 @@ TEST(PrefixCache, ReusePrefixForChunkedPrefill) {
         ASSERT_TRUE(
             plain->forward(**ref, std::vector<int32_t>(prompt.begin() + b, prompt.begin() + e), false, &ref_logits)
                 .is_ok());
-    EXPECT_EQ(max_abs_diff(logits, ref_logits), 0.0f);
-    EXPECT_LT(max_abs_diff(logits, last_logits(*plain, prompt)), 1e-4f);
+    EXPECT_EQ(test::max_abs_diff(logits, ref_logits), 0.0f);
+    EXPECT_LT(test::max_abs_diff(logits, last_logits(*plain, prompt)), 1e-4f);
     // A prompt of exactly 5 pages leaves its last page to compute.
     auto seq2 = m->new_sequence();
     EXPECT_EQ(m->reuse_prefix(**seq2, std::vector<int32_t>(prompt.begin(), prompt.begin() + 80)), 64);
