@@ -251,6 +251,26 @@ TEST(Exl3Cuda, PartsShareOneCall) {
     }
 }
 
+// The scratch reserved for a capacity of C rows must serve every call of fewer rows (a generator step with fewer
+// tokens than the reserved capacity): the size is non-decreasing in rows. (It was not: the large path's column chunk
+// shrinks with rows, rounded to 128, and a 2,000-row step once needed more than 2,056 rows had reserved.) Host only.
+TEST(Exl3Cuda, WorkspaceSizeNeverShrinksWithRows) {
+    for (auto [k, n] : {std::pair{4096, 14336}, std::pair{14336, 4096}, std::pair{4096, 128256}, std::pair{1024, 384}}) {
+        for (int K : {2, 4, 8}) {
+            cuda::Exl3DevWeights w;
+            w.k = w.k_pad = k;
+            w.n = w.n_pad = n;
+            w.K = K;
+            size_t prev = 0;
+            for (int rows = 1; rows <= 5000; ++rows) {
+                const size_t b = cuda::exl3_workspace_bytes(w, rows);
+                ASSERT_GE(b, prev) << k << "->" << n << " K" << K << " rows " << rows;
+                prev = b;
+            }
+        }
+    }
+}
+
 TEST(Exl3Cuda, BadArgumentsAreErrors) {
     EXL3_REQUIRE_GPU();
     cuda::Exl3DevWeights w;  // null pointers

@@ -67,6 +67,38 @@ __device__ __forceinline__ uint32_t state_of(const Bits96& v) {
     }
 }
 
+// All 8 states of the lane from its aligned window (any K).
+template <int K>
+__device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8]) {
+    s[0] = state_of<K, 0>(v);
+    s[1] = state_of<K, 1>(v);
+    s[2] = state_of<K, 2>(v);
+    s[3] = state_of<K, 3>(v);
+    s[4] = state_of<K, 4>(v);
+    s[5] = state_of<K, 5>(v);
+    s[6] = state_of<K, 6>(v);
+    s[7] = state_of<K, 7>(v);
+}
+
+// K = 4 (the 4.0 bpw case), fewer instructions: lane t's 44 window bits are the low 12 bits of word w0 = u[t-1]
+// (cyclic) and all of w1 = u[t] (o0 = 20 for every lane), so with P = w0:w1 state j is (P >> (28 - 4j)) & 0xFFFF.
+// Odd states sit on byte boundaries of w1 (one LOP3, PRMT with a zero source or SHR each); even ones on byte
+// boundaries of q = low 32 bits of P >> 4 (one funnel shift); the two states that straddle the words take their
+// upper bits from w0 & 0xFFF, whose zero upper bytes make the byte-permute / funnel shift clear the bits above the
+// state. 10 instructions for 8 states instead of 16, and two shared-memory words instead of three.
+__device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s)[8]) {
+    const uint32_t w0f = w0 & 0xFFFu;
+    const uint32_t q = __funnelshift_r(w1, w0, 4);
+    s[7] = w1 & 0xFFFFu;
+    s[6] = q & 0xFFFFu;
+    s[5] = __byte_perm(w1, 0u, 0x4421);
+    s[4] = __byte_perm(q, 0u, 0x4421);
+    s[3] = w1 >> 16;
+    s[2] = q >> 16;
+    s[1] = __byte_perm(w1, w0f, 0x7643);
+    s[0] = __funnelshift_r(w1, w0f, 28);
+}
+
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
@@ -98,15 +130,56 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
     }
 }
 
+// MUL1 without its final affine map: two states -> fp16 (1024 + byte sum) each, exact integers. The codebook value is
+// (1024 + b) * kMul1Scale + kMul1Offset rounded to fp16; a matmul that multiplies by the raw values and applies the
+// map to the sums (scale * sum + offset * sum(x)) skips one HFMA2 per pair and differs only by that rounding.
+inline constexpr uint16_t kMul1ScaleBits = 0x1EEE, kMul1OffsetBits = 0xC931;
+__device__ __forceinline__ uint32_t mul1_raw_pair(uint32_t s0, uint32_t s1) {
+    const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
+    const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
+    return __byte_perm(r0, r1, 0x5410);
+}
+
+// 3INST / MCG split in two: the value is the fp16 sum of two masked halves of x = s * mult (+ add); instead of adding
+// them (two PRMT + an HADD2 per pair), a matmul multiplies both halves' fragments (lo: {x0.lo, x1.lo}, hi:
+// {x0.hi, x1.hi}) and lets the tensor core's fp32 accumulation add them (exact instead of rounded to fp16).
+// mask / flip are 0x8FFF8FFF / 0x3B603B60 passed in registers the compiler cannot see through (a kernel parameter):
+// with both as immediates it emits an AND and an XOR, with registers one LOP3.
+template <int CB>
+__device__ __forceinline__ void split_pair(uint32_t s0, uint32_t s1, uint32_t mask, uint32_t flip, uint32_t& lo,
+                                           uint32_t& hi) {
+    uint32_t x0, x1;
+    if constexpr (CB == 1) {
+        x0 = s0 * kMcgMult;
+        x1 = s1 * kMcgMult;
+    } else {
+        x0 = s0 * k3InstMult + k3InstAdd;
+        x1 = s1 * k3InstMult + k3InstAdd;
+    }
+    lo = (__byte_perm(x0, x1, 0x5410) & mask) ^ flip;
+    hi = (__byte_perm(x0, x1, 0x7632) & mask) ^ flip;
+}
+
 // The lane's 8 values as the A operand of mma.m16n8k16 with A = W^T of the tile (rows = the tile's 16 output
 // columns, k = its 16 input rows): a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7}
 // (trellis.h: j walks (2q, g) (2q+1, g) (2q+8, g) (2q+9, g) and the same at column g+8, g = t/4, q = t%4).
-template <int K, int CB>
-__device__ __forceinline__ void decode_fragment(const Bits96& v, uint32_t (&a)[4]) {
-    a[0] = decode_pair<CB>(state_of<K, 0>(v), state_of<K, 1>(v));
-    a[2] = decode_pair<CB>(state_of<K, 2>(v), state_of<K, 3>(v));
-    a[1] = decode_pair<CB>(state_of<K, 4>(v), state_of<K, 5>(v));
-    a[3] = decode_pair<CB>(state_of<K, 6>(v), state_of<K, 7>(v));
+template <int CB>
+__device__ __forceinline__ void decode_fragment(const uint32_t (&st)[8], uint32_t (&a)[4]) {
+    a[0] = decode_pair<CB>(st[0], st[1]);
+    a[2] = decode_pair<CB>(st[2], st[3]);
+    a[1] = decode_pair<CB>(st[4], st[5]);
+    a[3] = decode_pair<CB>(st[6], st[7]);
+}
+
+// The lane's 8 states of a tile in memory (shared or global), by the cheapest extraction for K.
+template <int K>
+__device__ __forceinline__ void tile_states(const uint32_t* tile, int lane, uint32_t (&st)[8]) {
+    if constexpr (K == 4) {
+        states_k4(tile[(lane + 31) & 31], tile[lane], st);
+    } else {
+        const LaneWindow lw = lane_window(K, lane);
+        states_generic<K>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st);
+    }
 }
 
 }  // namespace exl3::cuda::exl3k

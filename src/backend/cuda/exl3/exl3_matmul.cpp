@@ -41,10 +41,23 @@ LargeLayout large_layout(const Exl3DevWeights& w, int rows) {
 
 }  // namespace
 
+// Enough for any call of up to `rows` rows (a step with fewer tokens than the reserved capacity must fit too): the
+// large path's layout is not monotonic in rows (its column chunk shrinks as rows grow, rounded to 128), so this bounds
+// each term by its largest value over 17..rows instead of taking the layout at `rows`.
 size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
-    if (rows <= kExl3FusedMaxRows) return exl3_fused_workspace_bytes(parts, nparts, rows);
-    size_t m = 0;
-    for (int i = 0; i < nparts; ++i) m = std::max(m, large_layout(parts[i].w, rows).total);
+    size_t m = 0;  // the fused path's split count depends on rows too
+    for (int r = 1; r <= std::min(rows, kExl3FusedMaxRows); ++r)
+        m = std::max(m, exl3_fused_workspace_bytes(parts, nparts, r));
+    if (rows <= kExl3FusedMaxRows) return m;
+    const int r = std::min(rows, kLargeRows);
+    for (int i = 0; i < nparts; ++i) {
+        const Exl3DevWeights& w = parts[i].w;
+        const int chunk_max = large_chunk(w, kExl3FusedMaxRows + 1);  // the chunk only shrinks as rows grow
+        const size_t prod_max = std::min<size_t>(static_cast<size_t>(r) * chunk_max, size_t{16} << 20);  // r*chunk(r)
+        const size_t total = kExl3CounterBytes + align_up(static_cast<size_t>(r) * w.k_pad * 2) +
+                             align_up(static_cast<size_t>(chunk_max) * w.k_pad * 2) + align_up(prod_max * 4);
+        m = std::max({m, total, large_layout(w, r).total});
+    }
     return m;
 }
 

@@ -66,6 +66,7 @@ struct FusedParams {
     uint32_t* counters;  // [groups]
     int ldy, rows, k_pad, total_n_pad, stages_per_split, splits, xs_stride;
     bool y_f32, y_bf16;
+    uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
 };
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
@@ -165,14 +166,26 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     const int64_t row_words = static_cast<int64_t>(pp.n_pad / 16) * 8 * K;  // one tile row of the part
     const uint32_t* group = pp.trellis + static_cast<int64_t>(gl) * 64 * K;  // 8 tiles of 8K words
 
-    // Stage s: 8 tile rows, each 8 contiguous tiles = 64K words = 16K chunks of 16 bytes.
+    // Stage s: 8 tile rows, each 8 contiguous tiles = 64K words = 16K chunks of 16 bytes. Warp w copies and reads
+    // only tile row w of every stage, so the warps stream independently: no block barrier in the main loop (each
+    // lane waits for its own copies, then the warp syncs). A lane copies the same chunks of every stage: their
+    // offsets are computed once (a stage's tile rows span < 2^31 words).
+    constexpr int kRowChunks = 16 * K;
+    constexpr int kPerLane = (kRowChunks + 31) / 32;
+    int goff[kPerLane], soff[kPerLane];
+#pragma unroll
+    for (int it = 0; it < kPerLane; ++it) {
+        const int c = lane + it * 32;
+        goff[it] = warp * static_cast<int>(row_words) + c * 4;
+        soff[it] = warp * 64 * K + c * 4;
+    }
+    const uint32_t* gstage = group + static_cast<int64_t>(st0) * 8 * row_words;
     auto issue = [&](int s, int slot) {
-        const uint32_t* src = group + static_cast<int64_t>(st0 + s) * 8 * row_words;
+        const uint32_t* src = gstage + static_cast<int64_t>(s) * 8 * row_words;
         uint32_t* dst = ring + slot * SW;
-        for (int c = tid; c < 8 * 16 * K; c += kThreads) {
-            const int r = c / (16 * K), o = c % (16 * K);
-            cp_async16(dst + r * 64 * K + o * 4, src + r * row_words + o * 4);
-        }
+#pragma unroll
+        for (int it = 0; it < kPerLane; ++it)
+            if (kRowChunks % 32 == 0 || lane + it * 32 < kRowChunks) cp_async16(dst + soff[it], src + goff[it]);
     };
 
     // Weights do not depend on the previous kernel: start streaming them before waiting for it.
@@ -195,8 +208,8 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
             *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
         }
     }
+    __syncthreads();  // xs complete (the only block barrier before the reduction)
 
-    const LaneWindow lw = lane_window(K, lane);
     const int gq = lane >> 2, q = lane & 3;
     float acc[8][BT][4];
 #pragma unroll
@@ -207,10 +220,10 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
             for (int e = 0; e < 4; ++e) acc[i][b][e] = 0.0f;
 
     for (int s = 0; s < nst; ++s) {
-        // Stage s has landed (for every thread's copies) and every warp is done with stage s - 1, whose slot the
-        // next copy reuses: one barrier per stage.
+        // This lane's copies of stage s have landed; after the warp sync, every lane's have, and every lane is done
+        // with stage s - 1, whose slot (this warp's row of it) the next copy reuses.
         cp_async_wait<P - 2>();
-        __syncthreads();
+        __syncwarp();
         if (s + P - 1 < nst) issue(s + P - 1, (s + P - 1) % P);
         cp_async_commit();
 
@@ -227,15 +240,47 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const uint32_t* tile = rowp + i * 8 * K;
-            const Bits96 v = align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0);
-            uint32_t a[4];
-            decode_fragment<K, CB>(v, a);
+            uint32_t st[8];
+            tile_states<K>(tile, lane, st);
+            // Fragment order: a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7} (decode_fragment).
+            if constexpr (CB == 2) {
+                const uint32_t a[4] = {mul1_raw_pair(st[0], st[1]), mul1_raw_pair(st[4], st[5]),
+                                       mul1_raw_pair(st[2], st[3]), mul1_raw_pair(st[6], st[7])};
 #pragma unroll
-            for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
+                for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
+            } else {
+                uint32_t lo[4], hi[4];
+                split_pair<CB>(st[0], st[1], p.cb_mask, p.cb_flip, lo[0], hi[0]);
+                split_pair<CB>(st[4], st[5], p.cb_mask, p.cb_flip, lo[1], hi[1]);
+                split_pair<CB>(st[2], st[3], p.cb_mask, p.cb_flip, lo[2], hi[2]);
+                split_pair<CB>(st[6], st[7], p.cb_mask, p.cb_flip, lo[3], hi[3]);
+#pragma unroll
+                for (int b = 0; b < BT; ++b) {
+                    mma16816(acc[i][b], lo, bf[b][0], bf[b][1]);
+                    mma16816(acc[i][b], hi, bf[b][0], bf[b][1]);
+                }
+            }
         }
     }
     cp_async_wait<0>();
     EXL3_LAUNCH_DEPENDENTS();
+
+    // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
+    __shared__ float xsum[16];
+    if constexpr (CB == 2) {
+        const int len = nst * 128;
+        for (int r = warp; r < rows; r += kWarps) {
+            const __half2* xr = reinterpret_cast<const __half2*>(xs + r * p.xs_stride);
+            float t = 0.0f;
+            for (int e = lane; e < len / 2; e += 32) {
+                const float2 f = __half22float2(xr[e]);
+                t += f.x + f.y;
+            }
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
+            if (lane == 0) xsum[r] = t;
+        }
+    }
     __syncthreads();
 
     // Partial sums of the warps: red[warp][row][col].
@@ -256,6 +301,9 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) sum += red[(w * ROWS + r) * kRedStride + c];
+        if constexpr (CB == 2)
+            sum = sum * __half2float(__ushort_as_half(kMul1ScaleBits)) +
+                  xsum[r] * __half2float(__ushort_as_half(kMul1OffsetBits));
         red[r * kRedStride + c] = sum;  // row r of warp 0's slice: read above by this thread only
     }
     __syncthreads();
@@ -429,10 +477,9 @@ __global__ void decode_kernel(const uint32_t* trellis, int n_tiles, int tn0, int
     if (tile_idx >= static_cast<int64_t>(width) * k_tiles) return;
     const int tk = static_cast<int>(tile_idx / width), tn = tn0 + static_cast<int>(tile_idx % width);
     const uint32_t* tile = trellis + (static_cast<int64_t>(tk) * n_tiles + tn) * 8 * K;
-    const LaneWindow lw = lane_window(K, lane);
-    const Bits96 v = align_window(__ldg(tile + lw.i0), __ldg(tile + lw.i1), __ldg(tile + lw.i2), lw.o0);
-    uint32_t a[4];
-    decode_fragment<K, CB>(v, a);
+    uint32_t st[8], a[4];
+    tile_states<K>(tile, lane, st);
+    decode_fragment<CB>(st, a);
     const int g = lane >> 2, q = lane & 3;
     const int r0 = tk * 16 + 2 * q, c0 = (tn - tn0) * 16 + g;
     // a[0] = (r0, c0), (r0+1, c0); a[2] = (r0+8, c0), (r0+9, c0); a[1], a[3]: the same at c0 + 8.
@@ -454,10 +501,9 @@ __global__ void __launch_bounds__(256) decode_t_kernel(const uint32_t* trellis, 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int tn = tn0 + blockIdx.x, tk = blockIdx.y * 8 + warp;
     const uint32_t* tile = trellis + (static_cast<int64_t>(tk) * n_tiles + tn) * 8 * K;
-    const LaneWindow lw = lane_window(K, lane);
-    const Bits96 v = align_window(__ldg(tile + lw.i0), __ldg(tile + lw.i1), __ldg(tile + lw.i2), lw.o0);
-    uint32_t a[4];
-    decode_fragment<K, CB>(v, a);
+    uint32_t st[8], a[4];
+    tile_states<K>(tile, lane, st);
+    decode_fragment<CB>(st, a);
     const int g = lane >> 2, q = lane & 3, r0 = warp * 16 + 2 * q;
     const int dr[4] = {0, 0, 8, 8}, dc[4] = {0, 8, 0, 8};
 #pragma unroll
@@ -615,6 +661,8 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.xs_stride = f.xs_stride;
     p.y_f32 = out.f32;
     p.y_bf16 = !out.f32 && out.act == ActType::kBF16;
+    p.cb_mask = 0x8FFF8FFFu;
+    p.cb_flip = 0x3B603B60u;
     const size_t xhb = xh_bytes(parts, nparts, rows);
     const size_t need = kExl3CounterBytes + xhb + static_cast<size_t>(p.splits) * rows * f.total_n_pad * 4;
     if (!ws || ws_bytes < need) return cudaErrorInvalidValue;
