@@ -48,10 +48,11 @@ struct LoadOptions {
     // a new sequence starts from the longest run of cached pages its first tokens match instead of computing them
     // again. Outputs do not change; Model::cache_stats() shows the saving.
     bool prefix_cache = true;
-    // KV-cache quantization (CPU backend only so far): 0 keeps keys (kv_bits_k) and values (kv_bits_v) at the cache's
-    // own precision (fp32 on the CPU); 4, 6 or 8 store each token's vector of head_dim values per kv head as codes of
-    // that many bits with an fp16 scale and minimum per 32 values, dequantized inside the attention. 8 bits is close
-    // to lossless; see README ("KV-cache quantization") for the perplexity cost of each setting.
+    // KV-cache quantization (CPU and CUDA): 0 keeps keys (kv_bits_k) and values (kv_bits_v) at the cache's own
+    // precision (fp32 on the CPU, the model's bf16/fp16 on CUDA); 4, 6 or 8 store each token's vector of head_dim
+    // values per kv head as codes of that many bits with an fp16 scale and minimum per 32 values, dequantized inside
+    // the attention (on CUDA inside the attention kernels, tile by tile). 8 bits is close to lossless; see README
+    // ("KV-cache quantization") for the perplexity cost of each setting.
     int kv_bits_k = 0;
     int kv_bits_v = 0;
     bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
@@ -117,6 +118,20 @@ public:
     };
     Status forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const;
 
+    // forward_batch with the logits left on the device (CUDA models; invalid_argument on the CPU): `out` points at
+    // fp32 rows [rows, vocab] in forward_batch's order, ordered on `stream` (a cudaStream_t) of CUDA device `device`
+    // and valid until the next forward call on this model. For samplers on the device (the Generator's), which then
+    // never copy logits to the host.
+    struct DeviceLogits {
+        const float* data = nullptr;
+        int rows = 0;
+        int vocab = 0;
+        int device = 0;
+        void* stream = nullptr;
+    };
+    Status forward_batch_device(const std::vector<BatchItem>& items, DeviceLogits* out) const;
+    bool on_cuda() const;
+
     // Prefix caching: gives the empty `seq` the cached pages that hold the longest prefix of `tokens` (whole pages;
     // never all of `tokens`, so that the last one is computed and has logits) and returns how many tokens it now
     // holds (0: nothing matched, the sequence is not empty, or LoadOptions::prefix_cache is off). The caller then
@@ -131,6 +146,7 @@ public:
 
 private:
     Model();
+    Status forward_batch_to(const std::vector<BatchItem>& items, std::vector<float>* host, DeviceLogits* dev) const;
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -137,9 +137,12 @@ struct CudaModel::State {
     DevLinear head_exl3;  // an EXL3 lm_head (then `head` is null)
     std::vector<DevLayer> layers;
 
-    // Paged KV cache: per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for V.
+    // Paged KV cache: per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for V, in the activation
+    // dtype; a quantized side holds its codes, then from `*_params_offset` bytes on its parameters
+    // (paged_attention.cuh).
     int num_pages = 0, max_pages_per_seq = 0;
     std::vector<DeviceBuffer> k_pages, v_pages;
+    size_t k_params_offset = 0, v_params_offset = 0;
     // Which pages are free is the model's page pool's business (models/page_pool.h: allocation, prefix sharing);
     // it is known here once a sequence has brought it along, for free_pages().
     std::shared_ptr<const PagePool> pool;
@@ -227,9 +230,20 @@ struct CudaModel::State {
     }
 
     cuda::PagedKV paged(int layer) const {
-        return {k_pages[static_cast<size_t>(layer)].get(), v_pages[static_cast<size_t>(layer)].get(), num_pages,
-                opts.page_size, cfg.num_kv_heads, cfg.head_dim,
-                act == ActType::kBF16 ? cuda::AttnDType::kBF16 : cuda::AttnDType::kF16};
+        void* k = k_pages[static_cast<size_t>(layer)].get();
+        void* v = v_pages[static_cast<size_t>(layer)].get();
+        cuda::PagedKV kv{k, v, num_pages, opts.page_size, cfg.num_kv_heads, cfg.head_dim,
+                         act == ActType::kBF16 ? cuda::AttnDType::kBF16 : cuda::AttnDType::kF16};
+        kv.k_bits = opts.kv_bits_k;
+        kv.v_bits = opts.kv_bits_v;
+        if (kv.k_bits) kv.k_params = static_cast<unsigned char*>(k) + k_params_offset;
+        if (kv.v_bits) kv.v_params = static_cast<unsigned char*>(v) + v_params_offset;
+        return kv;
+    }
+
+    // Bytes of one token's K (or V) in one layer: n_kv_heads vectors of codes and parameters.
+    size_t side_bytes_per_token(int bits) const {
+        return static_cast<size_t>(cfg.num_kv_heads) * cuda::kv_vector_bytes(cfg.head_dim, bits);
     }
 };
 
@@ -335,7 +349,13 @@ private:
 CudaModel::CudaModel(std::unique_ptr<State> s) : s_(std::move(s)) {}
 CudaModel::~CudaModel() = default;
 int CudaModel::device() const { return s_->ctx->device(); }
+const float* CudaModel::device_logits() const { return static_cast<const float*>(s_->logits.get()); }
+void* CudaModel::stream() const { return s_->ctx->stream(); }
 int CudaModel::free_pages() const { return s_->pool ? s_->pool->available() : s_->num_pages; }
+int64_t CudaModel::kv_bytes_per_token() const {
+    return static_cast<int64_t>(s_->side_bytes_per_token(s_->opts.kv_bits_k) +
+                                s_->side_bytes_per_token(s_->opts.kv_bits_v));
+}
 
 Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, const HostWeights& w,
                                                      const CudaModelOptions& opts) {
@@ -347,6 +367,9 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
         return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", opts.page_size));
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
         return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
+    if (!cuda::kv_bits_valid(opts.kv_bits_k) || !cuda::kv_bits_valid(opts.kv_bits_v))
+        return invalid_argument(fmt::format("KV-cache bits {} / {}: 4, 6 or 8 (0: off)", opts.kv_bits_k,
+                                            opts.kv_bits_v));
     EXL3_ASSIGN_OR_RETURN(s->ctx, cuda::CudaContext::create(opts.device));
     s->act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
 
@@ -381,17 +404,23 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
     const int ps = opts.page_size;
     s->max_pages_per_seq = (opts.context_length + ps - 1) / ps;
     s->num_pages = std::max((opts.cache_tokens + ps - 1) / ps, s->max_pages_per_seq);
-    const size_t page_bytes = static_cast<size_t>(ps) * cfg.kv_dim() * 2;
+    // A side's buffer: every page's codes (or 16-bit rows), then every page's parameters when quantized.
+    const size_t slots = static_cast<size_t>(ps) * s->num_pages * cfg.num_kv_heads;
+    s->k_params_offset = slots * cuda::kv_code_bytes(cfg.head_dim, opts.kv_bits_k);
+    s->v_params_offset = slots * cuda::kv_code_bytes(cfg.head_dim, opts.kv_bits_v);
+    const size_t k_bytes = slots * cuda::kv_vector_bytes(cfg.head_dim, opts.kv_bits_k);
+    const size_t v_bytes = slots * cuda::kv_vector_bytes(cfg.head_dim, opts.kv_bits_v);
     s->k_pages.resize(static_cast<size_t>(cfg.num_layers));
     s->v_pages.resize(static_cast<size_t>(cfg.num_layers));
     for (int l = 0; l < cfg.num_layers; ++l) {
-        EXL3_RETURN_IF_ERROR(s->k_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
-        EXL3_RETURN_IF_ERROR(s->v_pages[static_cast<size_t>(l)].reserve(page_bytes * s->num_pages));
+        EXL3_RETURN_IF_ERROR(s->k_pages[static_cast<size_t>(l)].reserve(k_bytes));
+        EXL3_RETURN_IF_ERROR(s->v_pages[static_cast<size_t>(l)].reserve(v_bytes));
     }
     // All num_pages are free: the model's page pool hands out their ids (free_pages() tells it how many there are).
     EXL3_RETURN_IF_ERROR(s->reserve(256, 8, 8));
-    log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB)", s->ctx->props().name, cfg.num_layers,
-             s->num_pages, ps, 2.0 * cfg.num_layers * page_bytes * s->num_pages / 1048576.0);
+    log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits)",
+             s->ctx->props().name, cfg.num_layers, s->num_pages, ps, static_cast<double>(cfg.num_layers) * (k_bytes + v_bytes) / 1048576.0,
+             opts.kv_bits_k ? opts.kv_bits_k : 16, opts.kv_bits_v ? opts.kv_bits_v : 16);
     return std::unique_ptr<CudaModel>(new CudaModel(std::move(s)));
 }
 
@@ -440,7 +469,8 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     const bool decode = T == B && n_out == T;
     const bool use_graph = s.opts.graphs && decode;
     const cuda::AttentionBatch ab = s.attention_batch(plan, use_graph);
-    EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab, s.cfg.num_heads, s.cfg.head_dim)));
+    EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab, s.cfg.num_heads, s.cfg.head_dim,
+                                                                           s.opts.kv_bits_k, s.opts.kv_bits_v)));
     CudaOps ops(s, ab);
     if (!use_graph) {
         EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));
@@ -461,6 +491,7 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
         }
         EXL3_RETURN_IF_ERROR(check_cuda(cudaGraphLaunch(it->second, st), "graph launch"));
     }
+    if (!logits_out) return Status::ok();  // they stay on the device (a sampler there reads them on this stream)
     EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),
                                                     static_cast<size_t>(n_out) * s.cfg.vocab_size * sizeof(float),
                                                     cudaMemcpyDeviceToHost, st),

@@ -1,9 +1,10 @@
 // The CUDA backend of decoder_forward: bf16/fp16 activations (the model's dtype; fp32 checkpoints run in bf16),
 // an fp32 residual stream, fused q|k|v and gate|up GEMMs through cuBLAS, and a paged KV cache shared by all
-// sequences. Decode steps (one new token per sequence) are captured once per batch size as a CUDA graph and
-// replayed: no host synchronisation inside a step.
+// sequences (optionally quantized: paged_attention.cuh). Decode steps (one new token per sequence) are captured
+// once per batch size as a CUDA graph and replayed: no host synchronisation inside a step.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,8 @@ struct CudaModelOptions {
     int cache_tokens = 0;    // KV capacity over all sequences
     int page_size = 64;
     bool graphs = true;      // capture decode steps (EXL3_NO_GRAPHS=1 turns this off too)
+    int kv_bits_k = 0;       // KV-cache quantization of keys / values: 0 (the activation dtype), 4, 6 or 8
+    int kv_bits_v = 0;
 };
 
 class CudaModel {
@@ -29,9 +32,14 @@ public:
                                                      const CudaModelOptions& opts);
     ~CudaModel();
     int device() const;
+    // The logits of the last forward ([rows, vocab] fp32 on the device) and the stream they are ordered on.
+    const float* device_logits() const;
+    void* stream() const;
     // Runs one step; allocates pages for the sequences as needed (all or nothing).
     Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits);
     int free_pages() const;
+    // Bytes one token's keys and values take in one layer of the cache (codes and parameters when quantized).
+    int64_t kv_bytes_per_token() const;
 
     struct State;
 

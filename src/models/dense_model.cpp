@@ -201,12 +201,6 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     // Checked before the weights load, so that a bad setting costs nothing.
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", options.kv_bits_k));
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_v", options.kv_bits_v));
-    const bool kv_quantized = options.kv_bits_k != 0 || options.kv_bits_v != 0;
-    const bool on_cuda = options.device == "cuda" || options.device.rfind("cuda:", 0) == 0;
-    if (kv_quantized && on_cuda)
-        return unsupported(fmt::format("device '{}' with kv_bits_k = {}, kv_bits_v = {}: KV-cache quantization runs on "
-                                       "the CPU backend only so far (use --device cpu, or leave the KV bits at 0)",
-                                       options.device, options.kv_bits_k, options.kv_bits_v));
     EXL3_ASSIGN_OR_RETURN(im.cfg, load_model_config(dir));
     EXL3_ASSIGN_OR_RETURN(im.store, TensorStore::open_dir(dir));
     if (options.threads > 0) {
@@ -256,12 +250,17 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         co.context_length = im.info.context_length;
         co.cache_tokens = options.cache_tokens > 0 ? options.cache_tokens : im.info.context_length;
         co.page_size = options.page_size > 0 ? options.page_size : 64;
+        co.kv_bits_k = options.kv_bits_k;
+        co.kv_bits_v = options.kv_bits_v;
         EXL3_ASSIGN_OR_RETURN(im.cuda, CudaModel::create(im.cfg, im.weights, co));
         // The device holds free_pages() pages, all free now; the pool hands out their ids.
         po.page_size = co.page_size;
         po.capacity = po.max_pages = im.cuda->free_pages();
         im.pages = std::make_shared<PagePool>(po);
-        im.info.kv_bytes_per_token = 2 * int64_t{2} * im.cfg.kv_dim();  // fp16 keys and values
+        im.info.kv_bits_k = options.kv_bits_k;
+        im.info.kv_bits_v = options.kv_bits_v;
+        // 16-bit keys and values, or their codes and fp16 parameters (the same bytes as the CPU's quantized rows).
+        im.info.kv_bytes_per_token = im.cuda->kv_bytes_per_token();
         return m;
 #else
         return unsupported("device '" + dev + "': this build has no CUDA backend");
@@ -310,6 +309,24 @@ CacheStats Model::cache_stats() const {
 }
 
 Status Model::forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const {
+    return forward_batch_to(items, logits, nullptr);
+}
+
+bool Model::on_cuda() const {
+#ifdef EXL3_HAVE_CUDA
+    return impl_->cuda != nullptr;
+#else
+    return false;
+#endif
+}
+
+Status Model::forward_batch_device(const std::vector<BatchItem>& items, DeviceLogits* out) const {
+    if (!on_cuda()) return invalid_argument("forward_batch_device: the model is not on a CUDA device");
+    return forward_batch_to(items, nullptr, out);
+}
+
+Status Model::forward_batch_to(const std::vector<BatchItem>& items, std::vector<float>* logits,
+                               DeviceLogits* dev) const {
     Impl& im = *impl_;
     std::lock_guard<std::mutex> lock(im.mu);
     EXL3_ASSIGN_OR_RETURN(StepPlan plan, im.plan(items));
@@ -346,10 +363,17 @@ Status Model::forward_batch(const std::vector<BatchItem>& items, std::vector<flo
     std::vector<size_t> grown;
     Status s = im.grow_pages(plan, seqs, &grown);
     if (s.is_ok()) {
-        logits->resize(plan.out_rows.size() * static_cast<size_t>(im.cfg.vocab_size));
+        if (logits) logits->resize(plan.out_rows.size() * static_cast<size_t>(im.cfg.vocab_size));
 #ifdef EXL3_HAVE_CUDA
         if (im.cuda) {
-            s = im.cuda->forward(plan, seqs, logits->data());
+            s = im.cuda->forward(plan, seqs, logits ? logits->data() : nullptr);
+            if (dev) {
+                dev->data = im.cuda->device_logits();
+                dev->rows = static_cast<int>(plan.out_rows.size());
+                dev->vocab = im.cfg.vocab_size;
+                dev->device = im.cuda->device();
+                dev->stream = im.cuda->stream();
+            }
         } else
 #endif
         {

@@ -4,6 +4,11 @@
 // the old tokens' K/V straight into the pages from the host and the new tokens' through kv_append, poisons the
 // output, runs attention and compares every value with cpu::attention run per sequence on its K/V gathered into a
 // contiguous fp32 cache (the same rounded bf16/fp16 values the GPU reads).
+//
+// Quantized cases (k_bits / v_bits 4, 6, 8): the old tokens are quantized on the host by cpu::kv_quantize and laid
+// out as the GPU stores them (codes, then parameters: paged_attention.cuh); kv_append must write the new tokens'
+// codes and parameters bit-identical to cpu::kv_quantize of the same 16-bit inputs; the reference attention runs on
+// cpu::kv_dequantize of those records, so the GPU's in-kernel dequantization is checked against the CPU codec.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,8 +17,10 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "core/dtype.h"
@@ -38,7 +45,78 @@ struct Case {
     AttnDType dtype;
     int head_dim, n_heads, n_kv_heads, page_size, window;
     std::vector<Seq> seqs;
+    int k_bits = 0, v_bits = 0;  // KV-cache quantization of each side (0: 16-bit)
 };
+
+// One side of a quantized pool in the GPU layout: codes [slots, code_bytes], then params [slots, head_dim / 32] x 4
+// bytes, slot = (page * page_size + pos) * n_kv_heads + head. Records are the CPU's (cpu::kv_quantize).
+struct QuantPool {
+    int bits = 0, head_dim = 0;
+    size_t slots = 0, code_bytes = 0, params_off = 0;
+    std::vector<uint8_t> bytes;
+
+    QuantPool() = default;
+    QuantPool(int b, int d, size_t n_slots, std::mt19937& rng) : bits(b), head_dim(d), slots(n_slots) {
+        code_bytes = cuda::kv_code_bytes(d, b);
+        params_off = slots * code_bytes;
+        bytes.resize(slots * cuda::kv_vector_bytes(d, b));
+        for (auto& x : bytes) x = static_cast<uint8_t>(rng());  // garbage (NaN parameters too): must not be read
+    }
+    cpu::KvQuantFormat format() const { return cpu::kv_cache_format(bits); }
+    size_t group_code_bytes() const { return static_cast<size_t>(cuda::kKvGroup) * bits / 8; }
+    void put(size_t slot, const uint8_t* rec) {
+        for (int g = 0; g < head_dim / cuda::kKvGroup; ++g) {
+            const uint8_t* r = rec + g * (4 + group_code_bytes());
+            std::copy(r, r + 4, bytes.begin() + static_cast<long>(params_off + slot * (head_dim / 8) + g * 4));
+            std::copy(r + 4, r + 4 + group_code_bytes(),
+                      bytes.begin() + static_cast<long>(slot * code_bytes + g * group_code_bytes()));
+        }
+    }
+    std::vector<uint8_t> get(size_t slot) const {
+        std::vector<uint8_t> rec(cpu::kv_quant_bytes(format(), head_dim));
+        for (int g = 0; g < head_dim / cuda::kKvGroup; ++g) {
+            uint8_t* r = rec.data() + g * (4 + group_code_bytes());
+            const auto p = bytes.begin() + static_cast<long>(params_off + slot * (head_dim / 8) + g * 4);
+            std::copy(p, p + 4, r);
+            const auto c = bytes.begin() + static_cast<long>(slot * code_bytes + g * group_code_bytes());
+            std::copy(c, c + static_cast<long>(group_code_bytes()), r + 4);
+        }
+        return rec;
+    }
+    // Quantizes x [head_dim] into slot and returns the dequantized values in x.
+    void quantize_into(size_t slot, float* x) {
+        std::vector<uint8_t> rec(cpu::kv_quant_bytes(format(), head_dim));
+        cpu::kv_quantize(format(), x, head_dim, rec.data());
+        cpu::kv_dequantize(format(), rec.data(), head_dim, x);
+        put(slot, rec.data());
+    }
+};
+
+// Codes that differ between two pools of the same layout, and the largest difference of one code.
+struct CodeDiff {
+    size_t codes = 0, params = 0;
+    int max_code_delta = 0;
+};
+CodeDiff code_diff(const QuantPool& a, const QuantPool& b) {
+    CodeDiff d;
+    const uint32_t mask = (1u << a.bits) - 1;
+    for (size_t s = 0; s < a.slots; ++s) {
+        for (int i = 0; i < a.head_dim; ++i) {
+            const size_t bit = static_cast<size_t>(i) * a.bits;
+            auto code = [&](const QuantPool& p) {
+                const uint8_t* c = p.bytes.data() + s * p.code_bytes + bit / 8;
+                const uint32_t w = c[0] | (bit / 8 + 1 < p.code_bytes ? c[1] << 8 : 0);
+                return static_cast<int>((w >> (bit % 8)) & mask);
+            };
+            const int delta = std::abs(code(a) - code(b));
+            d.codes += delta != 0;
+            d.max_code_delta = std::max(d.max_code_delta, delta);
+        }
+    }
+    for (size_t i = a.params_off; i < a.bytes.size(); i += 2)
+        d.params += a.bytes[i] != b.bytes[i] || a.bytes[i + 1] != b.bytes[i + 1];
+    return d;
+}
 
 template <typename T>
 struct DevBuf {
@@ -57,6 +135,7 @@ struct Step {
     int batch = 0, total_q = 0, max_q_len = 0, max_seq_len = 0, max_pages = 0, num_pages = 0;
     std::vector<int32_t> q_start, seq_len, page_table;
     std::vector<uint16_t> k_pages, v_pages;     // [num_pages, page_size, n_kv, D]
+    QuantPool kq, vq, kq_after, vq_after;       // quantized sides: before and after kv_append
     std::vector<uint16_t> q_bits, kn_bits, vn_bits;
     std::vector<float> q_f;                     // rounded q
     std::vector<std::vector<float>> k_seq, v_seq;  // per sequence [len, n_kv, D] (rounded), new tokens included
@@ -95,6 +174,11 @@ struct Step {
             k_pages[i] = to_bits(nd(rng) * 100.f, c.dtype);
             v_pages[i] = to_bits(nd(rng) * 100.f, c.dtype);
         }
+        const size_t slots = static_cast<size_t>(num_pages) * c.page_size * c.n_kv_heads;
+        if (c.k_bits) kq = QuantPool(c.k_bits, c.head_dim, slots, rng);
+        if (c.v_bits) vq = QuantPool(c.v_bits, c.head_dim, slots, rng);
+        kq_after = kq;
+        vq_after = vq;
         kn_bits.resize(static_cast<size_t>(total_q) * row);
         vn_bits.resize(kn_bits.size());
         for (int b = 0; b < batch; ++b) {
@@ -115,6 +199,18 @@ struct Step {
                     } else {
                         k_pages[dst + i] = kb;
                         v_pages[dst + i] = vb;
+                    }
+                }
+                // Quantized sides: the reference sees the dequantized values; the pool gets the records (old
+                // tokens before the append, every token after it).
+                for (int h = 0; h < c.n_kv_heads; ++h) {
+                    const size_t slot = dst / static_cast<size_t>(c.head_dim) + h;
+                    for (auto [bits, vals, before, after] :
+                         {std::tuple{c.k_bits, &ks, &kq, &kq_after}, std::tuple{c.v_bits, &vs, &vq, &vq_after}}) {
+                        if (!bits) continue;
+                        float* x = vals->data() + pos * row + static_cast<size_t>(h) * c.head_dim;
+                        after->quantize_into(slot, x);
+                        if (!is_new) before->put(slot, after->get(slot).data());
                     }
                 }
             }
@@ -174,11 +270,23 @@ struct DevStep {
     cuda::AttentionBatch plan{};
     size_t ws_bytes = 0;
 
+    DevBuf<uint8_t> kq, vq;  // quantized sides
+
     explicit DevStep(const Step& s)
         : k(s.k_pages.size()), v(s.v_pages.size()), q(s.q_bits.size()), kn(s.kn_bits.size()),
           vn(s.vn_bits.size()), out(s.q_bits.size()), q_start(s.q_start.size()), seq_len(s.seq_len.size()),
-          page_table(s.page_table.size()), ws(0) {
+          page_table(s.page_table.size()), ws(0), kq(s.kq.bytes.size()), vq(s.vq.bytes.size()) {
         kv = {k.p, v.p, s.num_pages, s.c.page_size, s.c.n_kv_heads, s.c.head_dim, s.c.dtype};
+        kv.k_bits = s.c.k_bits;
+        kv.v_bits = s.c.v_bits;
+        if (s.c.k_bits) {
+            kv.k = kq.p;
+            kv.k_params = kq.p + s.kq.params_off;
+        }
+        if (s.c.v_bits) {
+            kv.v = vq.p;
+            kv.v_params = vq.p + s.vq.params_off;
+        }
         plan = {s.batch, q_start.p, seq_len.p, page_table.p, s.max_pages, s.total_q, s.max_q_len, s.max_seq_len};
     }
 };
@@ -200,11 +308,26 @@ void run_case(const Case& c, uint32_t seed) {
     UPLOAD(d.q_start.p, s.q_start);
     UPLOAD(d.seq_len.p, s.seq_len);
     UPLOAD(d.page_table.p, s.page_table);
+    if (c.k_bits) UPLOAD(d.kq.p, s.kq.bytes);
+    if (c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
 
     // kv_append, then check that exactly the new rows changed and hold the new values.
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, nullptr));
     EXL3_CUDA_OK(cudaDeviceSynchronize());
-    {
+    for (auto [bits, dev, want, side] : {std::tuple{c.k_bits, d.kq.p, &s.kq_after, "K"},
+                                         std::tuple{c.v_bits, d.vq.p, &s.vq_after, "V"}}) {
+        if (!bits) continue;
+        QuantPool got = *want;
+        DOWNLOAD(got.bytes, dev);
+        const CodeDiff df = code_diff(got, *want);
+        std::printf("[attn] %-34s kv_append %s %d-bit: %zu codes and %zu fp16 parameters differ from "
+                    "cpu::kv_quantize (largest code difference %d)\n",
+                    c.name.c_str(), side, bits, df.codes, df.params, df.max_code_delta);
+        // Bit-identical: both sides compute min/max, the fp16 step and min, and round((x - min) / step) in IEEE
+        // fp32 with the same operations on the same fp32 inputs (the 16-bit values), with no fusing on the GPU.
+        EXPECT_TRUE(got.bytes == want->bytes) << c.name << ": kv_append " << side << " differs from the CPU codec";
+    }
+    if (c.k_bits == 0 || c.v_bits == 0) {
         std::vector<uint16_t> kp(s.k_pages.size()), vp(s.v_pages.size());
         DOWNLOAD(kp, d.k.p);
         DOWNLOAD(vp, d.v.p);
@@ -220,17 +343,21 @@ void run_case(const Case& c, uint32_t seed) {
                 std::copy(s.vn_bits.begin() + src, s.vn_bits.begin() + src + row, vwant.begin() + dst);
             }
         }
-        ASSERT_TRUE(kp == kwant) << c.name << ": kv_append wrote K wrong";
-        ASSERT_TRUE(vp == vwant) << c.name << ": kv_append wrote V wrong";
+        if (c.k_bits == 0) {
+            ASSERT_TRUE(kp == kwant) << c.name << ": kv_append wrote K wrong";
+        }
+        if (c.v_bits == 0) {
+            ASSERT_TRUE(vp == vwant) << c.name << ": kv_append wrote V wrong";
+        }
     }
 
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const size_t ws_bytes = cuda::attention_workspace_bytes(d.plan, c.n_heads, c.head_dim);
+    const size_t ws_bytes = cuda::attention_workspace_bytes(d.plan, c.n_heads, c.head_dim, c.k_bits, c.v_bits);
     DevBuf<unsigned char> ws(ws_bytes);
     if (ws_bytes) {
         ASSERT_NE(ws.p, nullptr);
     }
-    const int splits = cuda::attention_num_splits(d.plan, c.n_heads, c.n_kv_heads, c.head_dim);
+    const int splits = cuda::attention_num_splits(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits);
 
     EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));  // 0xFFFF is NaN in bf16 and fp16
     EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr));
@@ -258,6 +385,22 @@ const Case kCases[] = {
     {"mixed_f16_d64_g4_p64", AttnDType::kF16, 64, 16, 4, 64, 0, {{180, 60}, {2, 2}, {299, 7}, {70, 1}}},
     {"mixed_bf16_d256_g2_p64", AttnDType::kBF16, 256, 4, 2, 64, 0, {{150, 150}, {300, 1}, {90, 17}}},
     {"decode_f16_d256_g2_p16_w37", AttnDType::kF16, 256, 4, 2, 16, 37, {{250, 1}, {40, 1}}},
+    // Quantized KV: every bit width on each side, 16-bit beside quantized, lengths off the page and group sizes.
+    {"q_decode_bf16_d128_g4_p16_k8v8", AttnDType::kBF16, 128, 32, 8, 16, 0,
+     {{1, 1}, {17, 1}, {64, 1}, {150, 1}, {300, 1}}, 8, 8},
+    {"q_decode_f16_d64_g4_p64_w37_k4v4", AttnDType::kF16, 64, 8, 2, 64, 37, {{5, 1}, {100, 1}, {299, 1}}, 4, 4},
+    {"q_decode_bf16_d128_long_split_k6v6", AttnDType::kBF16, 128, 32, 8, 64, 0, {{3000, 1}}, 6, 6},
+    {"q_decode_f16_d128_long_k8v4", AttnDType::kF16, 128, 32, 8, 16, 0, {{2900, 1}, {45, 1}}, 8, 4},
+    {"q_decode_bf16_d64_g1_p16_k6v4", AttnDType::kBF16, 64, 6, 6, 16, 0, {{33, 1}, {97, 1}, {2, 1}}, 6, 4},
+    {"q_decode_f16_d256_g2_p16_k4v8", AttnDType::kF16, 256, 4, 2, 16, 0, {{250, 1}, {40, 1}}, 4, 8},
+    {"q_prefill_bf16_d128_g4_p64_k8v8", AttnDType::kBF16, 128, 32, 8, 64, 0, {{300, 300}}, 8, 8},
+    {"q_prefill_f16_d64_g3_p16_w37_k6v4", AttnDType::kF16, 64, 6, 2, 16, 37, {{257, 257}, {31, 31}}, 6, 4},
+    {"q_prefill_bf16_d256_g2_p64_k8v6", AttnDType::kBF16, 256, 4, 2, 64, 0, {{150, 150}, {90, 17}}, 8, 6},
+    {"q_mixed_bf16_d128_g4_p16_k4v4", AttnDType::kBF16, 128, 32, 8, 16, 0,
+     {{300, 120}, {50, 1}, {77, 77}, {1, 1}, {260, 3}}, 4, 4},
+    {"q_mixed_bf16_d64_g7_p16_k0v4", AttnDType::kBF16, 64, 14, 2, 16, 0, {{100, 40}, {300, 1}, {64, 64}}, 0, 4},
+    {"q_mixed_f16_d128_g1_p64_w37_k8v0", AttnDType::kF16, 128, 8, 8, 64, 37, {{200, 200}, {33, 5}, {129, 1}}, 8, 0},
+    {"q_mixed_f16_d64_g4_p64_k6v8", AttnDType::kF16, 64, 16, 4, 64, 0, {{180, 60}, {2, 2}, {299, 7}, {70, 1}}, 6, 8},
 };
 
 class PagedAttention : public ::testing::TestWithParam<int> {};
@@ -370,6 +513,30 @@ TEST(PagedAttentionArgs, RejectsBadShapes) {
     kv.n_kv_heads = 8;
     kv.head_dim = 96;
     EXPECT_EQ(cuda::attention(nullptr, kv, b, 32, 0, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+    cudaGetLastError();
+}
+
+// KV bits other than 0, 4, 6, 8, and a quantized side without its parameters, are refused by both entry points
+// before anything is launched.
+TEST(PagedAttentionArgs, RejectsBadKvBits) {
+    EXL3_REQUIRE_GPU();
+    int32_t* dummy = nullptr;
+    char byte = 0;
+    void* some = &byte;  // never dereferenced: the checks come first
+    cuda::AttentionBatch b{1, dummy, dummy, dummy, 1, 1, 1, 1};
+    for (auto [kb, vb] : {std::pair{5, 0}, {0, 3}, {16, 16}, {-1, 8}, {2, 2}}) {
+        cuda::PagedKV kv{some, some, 1, 16, 8, 128, AttnDType::kBF16, kb, vb, some, some};
+        EXPECT_EQ(cuda::attention(nullptr, kv, b, 32, 0, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue)
+            << kb << "/" << vb;
+        EXPECT_EQ(cuda::kv_append(kv, b, nullptr, nullptr, nullptr), cudaErrorInvalidValue) << kb << "/" << vb;
+    }
+    cuda::PagedKV kv{some, some, 1, 16, 8, 128, AttnDType::kBF16, 8, 4, nullptr, some};
+    EXPECT_EQ(cuda::attention(nullptr, kv, b, 32, 0, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::kv_append(kv, b, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+    kv.k_params = some;
+    kv.v_params = nullptr;
+    EXPECT_EQ(cuda::attention(nullptr, kv, b, 32, 0, 1.f, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::kv_append(kv, b, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
     cudaGetLastError();
 }
 

@@ -27,7 +27,7 @@ Runner add_serve(CLI::App& app);    // built when exl3_server exists (EXL3_HAVE_
 void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain = false);
 
 // KV-cache quantization flags shared by run, chat, ppl and bench: --kv-bits N sets keys and values,
-// --kv-bits-k / --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU only so far).
+// --kv-bits-k / --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU and CUDA).
 struct KvBitsFlags {
     int both = 0, k = -1, v = -1;
     void apply(LoadOptions& lo) const {
@@ -37,7 +37,7 @@ struct KvBitsFlags {
 };
 inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f) {
     const auto bits = CLI::IsMember({0, 4, 6, 8});
-    app.add_option("--kv-bits", f.both, "quantize the KV cache's keys and values to 4, 6 or 8 bits (0 = off; CPU)")
+    app.add_option("--kv-bits", f.both, "quantize the KV cache's keys and values to 4, 6 or 8 bits (0 = off)")
         ->check(bits);
     app.add_option("--kv-bits-k", f.k, "bits of the cached keys (4, 6, 8; 0 = off); overrides --kv-bits")->check(bits);
     app.add_option("--kv-bits-v", f.v, "bits of the cached values (4, 6, 8; 0 = off); overrides --kv-bits")

@@ -32,20 +32,26 @@ struct Plan {
     int split_keys;
 };
 
-int occupancy(bool decode, int head_dim) {
+int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
     // Same for fp16 and bf16 (same registers and shared memory), so the bf16 instance answers for both.
     using BF = __nv_bfloat16;
-    switch (head_dim) {
-        case 64: return decode ? attn::occupancy_decode<BF, 64>() : attn::occupancy_prefill<BF, 64>();
-        case 256: return decode ? attn::occupancy_decode<BF, 256>() : attn::occupancy_prefill<BF, 256>();
-        default: return decode ? attn::occupancy_decode<BF, 128>() : attn::occupancy_prefill<BF, 128>();
-    }
+    return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
+        constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
+        switch (head_dim) {
+            case 64:
+                return decode ? attn::occupancy_decode<BF, 64, KB, VB>() : attn::occupancy_prefill<BF, 64, KB, VB>();
+            case 256:
+                return decode ? attn::occupancy_decode<BF, 256, KB, VB>() : attn::occupancy_prefill<BF, 256, KB, VB>();
+            default:
+                return decode ? attn::occupancy_decode<BF, 128, KB, VB>() : attn::occupancy_prefill<BF, 128, KB, VB>();
+        }
+    });
 }
 
 // Split-K plan. The CTAs of a decode step all do the same amount of work, so the best grid is one full wave:
 // splits = floor(resident slots / base CTAs). A partial second wave (e.g. 320 CTAs on 264 slots) would double the
 // time of its stragglers' share.
-Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim) {
+Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits) {
     Plan pl{};
     pl.decode = b.max_q_len <= 1;
     const int group = n_heads / n_kv_heads;
@@ -53,7 +59,8 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     const int bn = pl.decode ? attn::DecodeShape::bn(head_dim) : attn::PrefillShape::bn(head_dim);
     pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
     const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
-    const int64_t slots = static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim), 1)) * device_sm_count();
+    const int64_t slots =
+        static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * device_sm_count();
     const int max_seq = std::max(b.max_seq_len, 1);
     int splits = 1;
     if (base < slots) {
@@ -134,12 +141,13 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
 }
 
-template <typename T, int D>
-cudaError_t run(const attn::KernelParams& p, const Plan& pl, int n_kv_heads, const AttentionBatch& b,
+template <typename T, int D, int KB, int VB>
+cudaError_t run(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads, const AttentionBatch& b,
                 cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>(b.batch * pl.q_tiles), static_cast<unsigned>(n_kv_heads),
                     static_cast<unsigned>(pl.splits));
-    cudaError_t e = pl.decode ? attn::launch_decode<T, D>(p, grid, s) : attn::launch_prefill<T, D>(p, grid, s);
+    cudaError_t e = pl.decode ? attn::launch_decode<T, D, KB, VB>(p, grid, s)
+                              : attn::launch_prefill<T, D, KB, VB>(p, grid, s);
     if (e != cudaSuccess || pl.splits == 1) return e;
     return launch_pdl(attention_combine<T, D>, dim3(static_cast<unsigned>(p.total_rows_bound)), dim3(kCombineThreads),
                       0, s, static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse), pl.splits,
@@ -147,32 +155,36 @@ cudaError_t run(const attn::KernelParams& p, const Plan& pl, int n_kv_heads, con
 }
 
 template <typename T>
-cudaError_t run_dtype(const attn::KernelParams& p, const Plan& pl, int n_kv_heads, int head_dim,
-                      const AttentionBatch& b, cudaStream_t s) {
-    switch (head_dim) {
-        case 64: return run<T, 64>(p, pl, n_kv_heads, b, s);
-        case 128: return run<T, 128>(p, pl, n_kv_heads, b, s);
-        case 256: return run<T, 256>(p, pl, n_kv_heads, b, s);
-        default: return cudaErrorInvalidValue;
-    }
+cudaError_t run_dtype(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads, int head_dim, int k_bits,
+                      int v_bits, const AttentionBatch& b, cudaStream_t s) {
+    return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
+        constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
+        switch (head_dim) {
+            case 64: return run<T, 64, KB, VB>(p, pl, n_kv_heads, b, s);
+            case 128: return run<T, 128, KB, VB>(p, pl, n_kv_heads, b, s);
+            case 256: return run<T, 256, KB, VB>(p, pl, n_kv_heads, b, s);
+            default: return cudaErrorInvalidValue;
+        }
+    });
 }
 
 bool valid_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
 }  // namespace
 
-int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim) {
+int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits,
+                         int v_bits) {
     if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return 1;
-    return make_plan(b, n_heads, n_kv_heads, head_dim).splits;
+    return make_plan(b, n_heads, n_kv_heads, head_dim, k_bits, v_bits).splits;
 }
 
-size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim) {
+size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim, int k_bits, int v_bits) {
     // The split count depends on n_kv_heads, which this signature does not carry: size for the worst of every
     // n_kv_heads that divides n_heads (the partials are small next to the KV cache: splits x rows x head_dim).
     size_t most = 0;
     for (int kv = 1; kv <= n_heads; ++kv) {
         if (n_heads % kv != 0) continue;
-        const int splits = make_plan(b, n_heads, kv, head_dim).splits;
+        const int splits = make_plan(b, n_heads, kv, head_dim, k_bits, v_bits).splits;
         if (splits <= 1) continue;
         const size_t rows = static_cast<size_t>(b.total_q) * n_heads;
         most = std::max(most, static_cast<size_t>(splits) * rows * (static_cast<size_t>(head_dim) + 1) * 4);
@@ -183,16 +195,19 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window,
                       float scale, void* out, void* workspace, cudaStream_t s) {
     if (kv.n_kv_heads <= 0 || n_heads <= 0 || n_heads % kv.n_kv_heads != 0 || !valid_head_dim(kv.head_dim) ||
-        kv.page_size <= 0 || b.batch < 0)
+        kv.page_size <= 0 || b.batch < 0 || !kv_bits_valid(kv.k_bits) || !kv_bits_valid(kv.v_bits) ||
+        (kv.k_bits != 0 && kv.k_params == nullptr) || (kv.v_bits != 0 && kv.v_params == nullptr))
         return cudaErrorInvalidValue;
     if (b.batch == 0 || b.total_q == 0) return cudaSuccess;
-    const Plan pl = make_plan(b, n_heads, kv.n_kv_heads, kv.head_dim);
+    const Plan pl = make_plan(b, n_heads, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits);
     if (pl.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
 
-    attn::KernelParams p{};
+    attn::QuantKernelParams p{};
     p.q = q;
     p.k = kv.k;
     p.v = kv.v;
+    p.k_params = kv.k_params;
+    p.v_params = kv.v_params;
     p.out = out;
     p.q_start = b.q_start;
     p.seq_len = b.seq_len;
@@ -213,8 +228,9 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
         p.part_o = static_cast<float*>(workspace);
         p.part_lse = p.part_o + static_cast<int64_t>(pl.splits) * p.total_rows_bound * kv.head_dim;
     }
-    if (kv.dtype == AttnDType::kBF16) return run_dtype<__nv_bfloat16>(p, pl, kv.n_kv_heads, kv.head_dim, b, s);
-    return run_dtype<__half>(p, pl, kv.n_kv_heads, kv.head_dim, b, s);
+    if (kv.dtype == AttnDType::kBF16)
+        return run_dtype<__nv_bfloat16>(p, pl, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
+    return run_dtype<__half>(p, pl, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
 }
 
 }  // namespace exl3::cuda

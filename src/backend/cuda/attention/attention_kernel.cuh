@@ -18,6 +18,14 @@
 //
 // Split-K (flash-decoding): blockIdx.z selects a chunk of the key range; with several chunks the CTA writes its
 // normalised partial output and its log-sum-exp to the workspace and attention_combine merges them.
+//
+// Quantized KV (KB / VB = 4, 6 or 8 bits; 16: the side is stored in T): the side's codes and fp16 (step, min) pairs
+// reach a raw part of the stage with cp.async like a 16-bit tile would, and once the stage has landed the CTA
+// dequantizes it (x' = min + code * step, rounded to T) into one shared tile of the usual swizzled [BN, D] layout,
+// from which the mma loops read exactly as they read a 16-bit stage. The raw stages are smaller than 16-bit ones,
+// so the same pipeline depth costs less shared memory; the dequantized tiles are single-buffered (a barrier after
+// the dequantization, and the one at the end of each iteration, order their writes and reads). With KB = VB = 16
+// every added branch is `if constexpr`-ed out: the unquantized kernels compile to the code they always did.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,6 +33,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -33,7 +42,7 @@ namespace exl3::cuda::attn {
 
 struct KernelParams {
     const void* q;        // [total_q, n_heads, D]
-    const void* k;        // [num_pages, page_size, n_kv_heads, D]
+    const void* k;        // [num_pages, page_size, n_kv_heads, D], or codes (quantized: paged_attention.cuh)
     const void* v;
     void* out;            // [total_q, n_heads, D]
     float* part_o;        // [splits, total_q_bound * n_heads, D]  (splits > 1 only)
@@ -54,6 +63,15 @@ struct KernelParams {
     int total_rows_bound; // total_q bound * n_heads: stride of one split in part_o / part_lse
     float scale_log2;     // scale * log2(e): scores live in the exp2 domain
 };
+
+// The arguments of a kernel with a quantized side. The unquantized kernels keep taking KernelParams alone: growing
+// their by-value argument past 128 bytes changes their code (nvcc then addresses it through a generic pointer).
+struct QuantKernelParams : KernelParams {
+    const void* k_params;  // [num_pages, page_size, n_kv_heads, D / 32] x (fp16 step, fp16 min)
+    const void* v_params;
+};
+template <int KB, int VB>
+using ParamsFor = std::conditional_t<KB == 16 && VB == 16, KernelParams, QuantKernelParams>;
 
 template <typename T>
 struct MmaOp;
@@ -105,6 +123,10 @@ __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_
 __device__ inline void cp_async16(uint32_t dst, const void* src, int src_bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
+// 8-byte async copy (the parameters of a quantized vector at head_dim 64); .ca: .cg takes 16 bytes only.
+__device__ inline void cp_async8(uint32_t dst, const void* src, int src_bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
+}
 __device__ inline void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ inline void cp_async_wait() {
@@ -129,7 +151,25 @@ __device__ inline int swz(int row, int chunk) {
     return row * (D / 8) + (chunk ^ (row & 7));
 }
 
-template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+// The raw stage of a quantized side: BN code rows, then BN parameter rows (paged_attention.cuh for the format).
+template <int BITS, int D, int BN>
+struct QuantSide {
+    static constexpr int kCodeRow = D * BITS / 8;      // bytes; a whole number of 16-byte chunks for D in 64..256
+    static constexpr int kCodeChunks = kCodeRow / 16;
+    static constexpr int kParRow = D / 32 * 4;         // D / 32 groups x (fp16 step, fp16 min)
+    static constexpr int kParChunk = kParRow < 16 ? kParRow : 16;
+    static constexpr int kParChunks = kParRow / kParChunk;
+    static constexpr int kBytes = BN * (kCodeRow + kParRow);
+    static_assert(kCodeRow % 16 == 0 && kParRow % kParChunk == 0, "code rows are whole 16-byte chunks");
+};
+
+template <int BITS, int D, int BN>
+constexpr int side_bytes() {
+    if constexpr (BITS == 16) return BN * D * 2;
+    else return QuantSide<BITS, D, BN>::kBytes;
+}
+
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB = 16, int VB = 16>
 struct Config {
     static constexpr int kWarps = WARPS_M * WARPS_N;
     static constexpr int kThreads = kWarps * 32;
@@ -137,19 +177,126 @@ struct Config {
     static constexpr int kWarpKeys = BN / WARPS_N;     // keys of one tile that one warp handles
     static constexpr int kQBytes = BM * D * 2;
     static constexpr int kKVTileBytes = BN * D * 2;    // one of K or V
-    static constexpr int kPipeBytes = kQBytes + STAGES * 2 * kKVTileBytes;
+    static constexpr int kKSideBytes = side_bytes<KB, D, BN>();  // one stage's K part (raw when quantized)
+    static constexpr int kStageBytes = kKSideBytes + side_bytes<VB, D, BN>();
+    static constexpr int kDeqBytes = (KB != 16 ? kKVTileBytes : 0) + (VB != 16 ? kKVTileBytes : 0);
+    static constexpr int kPipeBytes = kQBytes + STAGES * kStageBytes + kDeqBytes;
     static constexpr int kEpiStride = D + 4;           // floats; padding spreads rows over banks
     static constexpr int kEpiBytes = WARPS_N * BM * kEpiStride * 4 + WARPS_N * BM * 2 * 4;
     static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
     static_assert(BM == 16 * WARPS_M, "each row warp owns 16 rows");
     static_assert(kWarpKeys % 16 == 0, "a warp's key slice is a whole number of mma k-steps");
     static_assert(kThreads % kChunks == 0, "tile loads cover whole rows per pass");
+    static_assert((KB == 16 || KB == 4 || KB == 6 || KB == 8) && (VB == 16 || VB == 4 || VB == 6 || VB == 8),
+                  "KV bits: 4, 6, 8 or 16 (unquantized)");
 };
 
-template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+// Issues the cp.async copies of one 16-bit side of a K/V tile (keys kt0 .. kt0 + BN, zeros past k_hi).
+template <int D, int BN, int THREADS, typename T>
+__device__ inline void load_plain_side(unsigned char* dst, const T* base, int tid, int kt0, int k_hi,
+                                       const int32_t* pt, int page_size, int64_t kv_row_stride, int kvh) {
+    constexpr int kChunks = D / 8;
+    for (int i = tid; i < BN * kChunks; i += THREADS) {
+        const int r = i / kChunks, c = i % kChunks;
+        const int kp = kt0 + r;
+        const bool ok = kp < k_hi;
+        int64_t off = 0;
+        if (ok) {
+            const int page = pt[kp / page_size];
+            off = (static_cast<int64_t>(page) * page_size + kp % page_size) * kv_row_stride +
+                  static_cast<int64_t>(kvh) * D + c * 8;
+        }
+        cp_async16(smem_addr(dst + swz<D>(r, c) * 16), base + off, ok ? 16 : 0);
+    }
+}
+
+// Issues the cp.async copies of one quantized side: code rows then parameter rows, unswizzled (the dequantization
+// reads them once, row-sequentially). Keys past k_hi read as zero codes and zero parameters: they dequantize to 0.
+template <int BITS, int D, int BN, int THREADS>
+__device__ inline void load_quant_side(unsigned char* dst, const unsigned char* codes, const unsigned char* params,
+                                       int tid, int kt0, int k_hi, const int32_t* pt, int page_size, int n_kv_heads,
+                                       int kvh) {
+    using Q = QuantSide<BITS, D, BN>;
+    for (int i = tid; i < BN * Q::kCodeChunks; i += THREADS) {
+        const int r = i / Q::kCodeChunks, c = i % Q::kCodeChunks;
+        const int kp = kt0 + r;
+        const bool ok = kp < k_hi;
+        int64_t vec = 0;
+        if (ok) vec = (static_cast<int64_t>(pt[kp / page_size]) * page_size + kp % page_size) * n_kv_heads + kvh;
+        cp_async16(smem_addr(dst + r * Q::kCodeRow + c * 16), codes + vec * Q::kCodeRow + c * 16, ok ? 16 : 0);
+    }
+    unsigned char* dpar = dst + BN * Q::kCodeRow;
+    for (int i = tid; i < BN * Q::kParChunks; i += THREADS) {
+        const int r = i / Q::kParChunks, c = i % Q::kParChunks;
+        const int kp = kt0 + r;
+        const bool ok = kp < k_hi;
+        int64_t vec = 0;
+        if (ok) vec = (static_cast<int64_t>(pt[kp / page_size]) * page_size + kp % page_size) * n_kv_heads + kvh;
+        const uint32_t d = smem_addr(dpar + r * Q::kParRow + c * Q::kParChunk);
+        const unsigned char* src = params + vec * Q::kParRow + c * Q::kParChunk;
+        if constexpr (Q::kParChunk == 16) cp_async16(d, src, ok ? 16 : 0);
+        else cp_async8(d, src, ok ? 8 : 0);
+    }
+}
+
+// The 8 codes of one 16-byte output chunk (8 consecutive values of a row, inside one group of 32), unpacked from
+// the little-endian bit stream at `src` (BITS bytes: 4-byte aligned at 4 and 8 bits, 2-byte aligned at 6).
+template <int BITS>
+__device__ inline void unpack8(const unsigned char* src, uint32_t* q) {
+    if constexpr (BITS == 8) {
+        const uint2 u = *reinterpret_cast<const uint2*>(src);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            q[j] = (u.x >> (8 * j)) & 0xffu;
+            q[4 + j] = (u.y >> (8 * j)) & 0xffu;
+        }
+    } else if constexpr (BITS == 4) {
+        const uint32_t u = *reinterpret_cast<const uint32_t*>(src);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = (u >> (4 * j)) & 0xfu;
+    } else {
+        static_assert(BITS == 6, "4, 6 or 8 bits");
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(src);
+        const uint64_t u = static_cast<uint64_t>(h[0]) | (static_cast<uint64_t>(h[1]) << 16) |
+                           (static_cast<uint64_t>(h[2]) << 32);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) q[j] = static_cast<uint32_t>(u >> (6 * j)) & 0x3fu;
+    }
+}
+
+// Dequantizes a landed raw stage of one side into a swizzled [BN, D] tile of T: one 16-byte chunk per task.
+template <typename T, int BITS, int D, int BN, int THREADS>
+__device__ inline void dequant_side(const unsigned char* raw, unsigned char* tile, int tid) {
+    using Q = QuantSide<BITS, D, BN>;
+    using Op = MmaOp<T>;
+    constexpr int kChunks = D / 8;
+    const unsigned char* par = raw + BN * Q::kCodeRow;
+#pragma unroll 4
+    for (int i = tid; i < BN * kChunks; i += THREADS) {
+        const int r = i / kChunks, c = i % kChunks;
+        const float2 sm = __half22float2(*reinterpret_cast<const __half2*>(par + r * Q::kParRow + (c / 4) * 4));
+        uint32_t q[8];
+        unpack8<BITS>(raw + r * Q::kCodeRow + c * BITS, q);
+        float x[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            // Exact int -> float for codes < 2^23 (one LOP3 and one FADD instead of a conversion).
+            const float qf = __uint_as_float(0x4b000000u | q[j]) - 8388608.0f;
+            x[j] = fmaf(qf, sm.x, sm.y);
+        }
+        uint4 o;
+        o.x = Op::pack(x[0], x[1]);
+        o.y = Op::pack(x[2], x[3]);
+        o.z = Op::pack(x[4], x[5]);
+        o.w = Op::pack(x[6], x[7]);
+        *reinterpret_cast<uint4*>(tile + swz<D>(r, c) * 16) = o;
+    }
+}
+
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB, int VB>
 __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
-    paged_attention_kernel(const KernelParams p) {
-    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    paged_attention_kernel(const ParamsFor<KB, VB> p) {
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>;
     using Op = MmaOp<T>;
     extern __shared__ __align__(128) unsigned char smem[];
 
@@ -183,7 +330,9 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     k_hi = min(k_hi, (split + 1) * p.split_keys);
 
     unsigned char* sq = smem;
-    unsigned char* skv = smem + C::kQBytes;  // STAGES x {K tile, V tile}
+    unsigned char* skv = smem + C::kQBytes;  // STAGES x {K tile, V tile} (raw stages when quantized)
+    // Quantized only: the dequantized K tile, then V's (each [BN, D] of T, swizzled).
+    [[maybe_unused]] unsigned char* sdeq = skv + STAGES * C::kStageBytes;
     const T* kbase = static_cast<const T*>(p.k);
     const T* vbase = static_cast<const T*>(p.v);
     const int32_t* pt = p.page_table + static_cast<int64_t>(b) * p.max_pages;
@@ -204,22 +353,38 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 
     const int n_tiles = k_hi > k_lo ? (k_hi - k_lo + BN - 1) / BN : 0;
     auto load_kv = [&](int j, int stage) {
-        unsigned char* sk = skv + stage * 2 * C::kKVTileBytes;
-        unsigned char* sv = sk + C::kKVTileBytes;
+        unsigned char* sk = skv + stage * C::kStageBytes;
+        unsigned char* sv = sk + C::kKSideBytes;
         const int kt0 = k_lo + j * BN;
-        for (int i = tid; i < BN * C::kChunks; i += C::kThreads) {
-            const int r = i / C::kChunks, c = i % C::kChunks;
-            const int kp = kt0 + r;
-            const bool ok = kp < k_hi;
-            int64_t off = 0;
-            if (ok) {
-                const int page = pt[kp / p.page_size];
-                off = (static_cast<int64_t>(page) * p.page_size + kp % p.page_size) * kv_row_stride +
-                      static_cast<int64_t>(kvh) * D + c * 8;
+        if constexpr (KB != 16 || VB != 16) {
+            if constexpr (KB == 16)
+                load_plain_side<D, BN, C::kThreads>(sk, kbase, tid, kt0, k_hi, pt, p.page_size, kv_row_stride, kvh);
+            else
+                load_quant_side<KB, D, BN, C::kThreads>(sk, static_cast<const unsigned char*>(p.k),
+                                                        static_cast<const unsigned char*>(p.k_params), tid, kt0,
+                                                        k_hi, pt, p.page_size, p.n_kv_heads, kvh);
+            if constexpr (VB == 16)
+                load_plain_side<D, BN, C::kThreads>(sv, vbase, tid, kt0, k_hi, pt, p.page_size, kv_row_stride, kvh);
+            else
+                load_quant_side<VB, D, BN, C::kThreads>(sv, static_cast<const unsigned char*>(p.v),
+                                                        static_cast<const unsigned char*>(p.v_params), tid, kt0,
+                                                        k_hi, pt, p.page_size, p.n_kv_heads, kvh);
+        } else {
+            // Both sides 16-bit: one loop, K and V share the offsets.
+            for (int i = tid; i < BN * C::kChunks; i += C::kThreads) {
+                const int r = i / C::kChunks, c = i % C::kChunks;
+                const int kp = kt0 + r;
+                const bool ok = kp < k_hi;
+                int64_t off = 0;
+                if (ok) {
+                    const int page = pt[kp / p.page_size];
+                    off = (static_cast<int64_t>(page) * p.page_size + kp % p.page_size) * kv_row_stride +
+                          static_cast<int64_t>(kvh) * D + c * 8;
+                }
+                const int so = swz<D>(r, c) * 16;
+                cp_async16(smem_addr(sk + so), kbase + off, ok ? 16 : 0);
+                cp_async16(smem_addr(sv + so), vbase + off, ok ? 16 : 0);
             }
-            const int so = swz<D>(r, c) * 16;
-            cp_async16(smem_addr(sk + so), kbase + off, ok ? 16 : 0);
-            cp_async16(smem_addr(sv + so), vbase + off, ok ? 16 : 0);
         }
     };
 
@@ -272,8 +437,22 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             }
         }
 
-        const unsigned char* sk = skv + stage * 2 * C::kKVTileBytes;
-        const unsigned char* sv = sk + C::kKVTileBytes;
+        const unsigned char* sk = skv + stage * C::kStageBytes;
+        const unsigned char* sv = sk + C::kKSideBytes;
+        if constexpr (KB != 16 || VB != 16) {
+            // The stage has landed (barrier above): dequantize its quantized sides into the shared tiles, whose
+            // previous contents every warp finished reading before the barrier that ended the last iteration.
+            if constexpr (KB != 16) {
+                dequant_side<T, KB, D, BN, C::kThreads>(sk, sdeq, tid);
+                sk = sdeq;
+            }
+            if constexpr (VB != 16) {
+                unsigned char* dv = sdeq + (KB != 16 ? C::kKVTileBytes : 0);
+                dequant_side<T, VB, D, BN, C::kThreads>(sv, dv, tid);
+                sv = dv;
+            }
+            __syncthreads();
+        }
         const int key0 = wn * C::kWarpKeys;  // this warp's slice of the tile
         const int kt0 = k_lo + j * BN + key0;
 
@@ -438,11 +617,11 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
 
 // Host side. The dynamic shared-memory limit is raised once per instantiation (before any graph capture: the
 // dispatcher calls instance_occupancy while planning, i.e. before the first launch).
-template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB, int VB>
 int instance_occupancy() {
-    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>;
     static const int occ = [] {
-        auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
+        auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>;
         int n = 0;
         // Maximum shared-memory carve-out up front, so the SM's L1/shared split need not change between this
         // kernel and its neighbours in the stream.
@@ -459,12 +638,14 @@ int instance_occupancy() {
 }
 
 // Launches with programmatic stream serialisation so the kernel's launch overlaps the previous kernel's tail.
-template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES>
-cudaError_t launch_instance(const KernelParams& p, dim3 grid, cudaStream_t s) {
-    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>;
-    if (instance_occupancy<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>() <= 0) return cudaErrorInvalidConfiguration;
-    return launch_pdl(paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES>, grid, dim3(C::kThreads),
-                      C::kSmemBytes, s, p);
+template <typename T, int D, int BM, int BN, int WARPS_M, int WARPS_N, int STAGES, int KB, int VB>
+cudaError_t launch_instance(const QuantKernelParams& p, dim3 grid, cudaStream_t s) {
+    using C = Config<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>;
+    if (instance_occupancy<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>() <= 0)
+        return cudaErrorInvalidConfiguration;
+    const ParamsFor<KB, VB>& args = p;  // the unquantized kernels take the base part only
+    return launch_pdl(paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>, grid,
+                      dim3(C::kThreads), C::kSmemBytes, s, args);
 }
 
 // Tile shapes of the two instantiation families; the dispatcher sizes grids and split chunks from these.
@@ -481,14 +662,34 @@ struct DecodeShape {
     static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
 };
 
-template <typename T, int D>
-cudaError_t launch_prefill(const KernelParams& p, dim3 grid, cudaStream_t s);
-template <typename T, int D>
-cudaError_t launch_decode(const KernelParams& p, dim3 grid, cudaStream_t s);
+// KB, VB: bits of the K and V codes, 16 for an unquantized side (instantiated for 16, 8, 6 and 4 each).
+template <typename T, int D, int KB, int VB>
+cudaError_t launch_prefill(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
+template <typename T, int D, int KB, int VB>
+cudaError_t launch_decode(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
 // Resident CTAs per SM of each instantiation (the split planner fills exactly one wave with them).
-template <typename T, int D>
+template <typename T, int D, int KB, int VB>
 int occupancy_prefill();
-template <typename T, int D>
+template <typename T, int D, int KB, int VB>
 int occupancy_decode();
+
+// Calls f(std::integral_constant<int, KB>, std::integral_constant<int, VB>) for the runtime bits (0 -> 16).
+template <typename F>
+auto with_kv_bits(int k_bits, int v_bits, F&& f) {
+    auto by_v = [&](auto kb) {
+        switch (v_bits) {
+            case 4: return f(kb, std::integral_constant<int, 4>{});
+            case 6: return f(kb, std::integral_constant<int, 6>{});
+            case 8: return f(kb, std::integral_constant<int, 8>{});
+            default: return f(kb, std::integral_constant<int, 16>{});
+        }
+    };
+    switch (k_bits) {
+        case 4: return by_v(std::integral_constant<int, 4>{});
+        case 6: return by_v(std::integral_constant<int, 6>{});
+        case 8: return by_v(std::integral_constant<int, 8>{});
+        default: return by_v(std::integral_constant<int, 16>{});
+    }
+}
 
 }  // namespace exl3::cuda::attn

@@ -16,7 +16,29 @@ namespace exl3::cuda {
 
 enum class AttnDType { kF16, kBF16 };
 
-// One layer's paged KV cache. k, v: [num_pages, page_size, n_kv_heads, head_dim] of AttnDType.
+// KV-cache quantization (k_bits / v_bits = 4, 6 or 8; 0: the side stays in AttnDType). The format is the CPU's
+// (backend/cpu/kv_quant.h, kv_cache_format): each token's vector of head_dim values per kv head is split into groups
+// of 32 values, each stored as an fp16 step and an fp16 minimum and 32 codes, code = round((x - min) / step),
+// x' = min + code * step, packed little-endian without padding (6 bits: 4 codes in 3 bytes). On the GPU the codes
+// and the parameters of a side live apart, so that every code row is a whole number of 16-byte chunks:
+//   codes  [num_pages, page_size, n_kv_heads, head_dim * bits / 8] bytes: a vector's CPU record minus its parameters
+//   params [num_pages, page_size, n_kv_heads, head_dim / 32] of (fp16 step, fp16 min), 4 bytes a group
+// kv_append quantizes as it writes; the attention kernels dequantize each K/V tile in shared memory.
+constexpr int kKvGroup = 32;
+constexpr bool kv_bits_valid(int bits) { return bits == 0 || bits == 4 || bits == 6 || bits == 8; }
+// Bytes of one (token, kv head) vector's codes (bits 0: its head_dim 16-bit values) and of its parameters.
+constexpr size_t kv_code_bytes(int head_dim, int bits) {
+    return static_cast<size_t>(head_dim) * (bits == 0 ? 16 : bits) / 8;
+}
+constexpr size_t kv_param_bytes(int head_dim, int bits) {
+    return bits == 0 ? 0 : static_cast<size_t>(head_dim / kKvGroup) * 4;
+}
+constexpr size_t kv_vector_bytes(int head_dim, int bits) {
+    return kv_code_bytes(head_dim, bits) + kv_param_bytes(head_dim, bits);
+}
+
+// One layer's paged KV cache. k, v: [num_pages, page_size, n_kv_heads, head_dim] of AttnDType, or their codes when
+// quantized (above; then k_params / v_params hold the parameters).
 // head_dim: 64, 128 or 256. page_size: any positive value (the engine uses 64; tests cover 16 and 64).
 struct PagedKV {
     void* k;
@@ -26,6 +48,10 @@ struct PagedKV {
     int n_kv_heads;
     int head_dim;
     AttnDType dtype;
+    int k_bits = 0;            // 0, 4, 6 or 8
+    int v_bits = 0;
+    void* k_params = nullptr;  // [num_pages, page_size, n_kv_heads, head_dim / 32] x (fp16 step, fp16 min)
+    void* v_params = nullptr;
 };
 
 // The batch plan, built once per step on the host and shared by every layer (all pointers are device memory).
@@ -42,19 +68,23 @@ struct AttentionBatch {
 };
 
 // Writes the new tokens' k/v rows ([total_q, n_kv_heads, head_dim]) into their pages: the token at query row i of
-// seq b has position seq_len[b] - (q_start[b+1] - q_start[b]) + (i - q_start[b]).
+// seq b has position seq_len[b] - (q_start[b+1] - q_start[b]) + (i - q_start[b]). A quantized side is quantized on
+// the way (codes and parameters bit-identical to cpu::kv_quantize of the same values, converted to fp32).
 cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_new, const void* v_new, cudaStream_t s);
 
 // Causal attention, GQA (n_heads a multiple of n_kv_heads), optional sliding window (window > 0: a query at
 // position p sees keys p-window+1..p), scale = 1/sqrt(head_dim) usually. q, out: [total_q, n_heads, head_dim].
 // Any mix of query lengths; dispatches to the decode kernel when max_q_len == 1. workspace for split-K partials:
 // attention_workspace_bytes() of it (0 when the plan needs no split; then workspace may be null). The split count
-// depends only on the host-side bounds and the device's SM count, so one workspace serves every layer of a step.
-size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim);
+// depends only on the host-side bounds, the device's SM count and the KV bits (a quantized cache needs less shared
+// memory, so more CTAs fit and the plan may split more): pass the cache's k_bits / v_bits. One workspace serves every
+// layer of a step.
+size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim, int k_bits = 0, int v_bits = 0);
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window,
                       float scale, void* out, void* workspace, cudaStream_t s);
 
 // Split count the plan will use (the bench and tests report it); 1 means no workspace is needed.
-int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim);
+int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
+                         int v_bits = 0);
 
 }  // namespace exl3::cuda
