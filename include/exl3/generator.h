@@ -128,6 +128,10 @@ struct GeneratorOptions {
     // When prompt + max_new_tokens exceeds the context: true lowers max_new_tokens to fit (the job ends with
     // kLength); false rejects the job at submit(). A prompt that leaves no room for one new token is always rejected.
     bool cap_to_context = true;
+    // On a CUDA model, sample on the GPU (src/backend/cuda/sampler.cuh: the same chain and distribution; the logits
+    // never leave the device). The draws come from another random stream than the CPU sampler's, so a seeded job
+    // gives other (equally distributed) tokens than on the CPU; greedy jobs give the same ones.
+    bool device_sampling = true;
 };
 
 class Generator {

@@ -11,6 +11,11 @@
 
 #include "exl3/model.h"
 #include "runtime/sampler.h"
+#ifdef EXL3_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/sampler.cuh"
+#endif
 #include "runtime/stop.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
@@ -85,6 +90,14 @@ struct Generator::Impl {
     void finish(Job& job, JobUpdate& u, FinishReason why, Status error = Status::ok());
     void end_text(Job& job, JobUpdate& u, FinishReason why);
     void sample_row(Job& job, const float* row, JobUpdate& u);
+    // The chosen id of a job (sampled on the CPU or the GPU) and its logprobs when asked: the rest of a step's work.
+    void accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top, JobUpdate& u);
+#ifdef EXL3_HAVE_CUDA
+    std::unique_ptr<cuda::DeviceSampler> dev_sampler;
+    // Samples the rows of `slots` that need a token from device logits; fills ids (and logprobs) per row.
+    Status sample_on_device(const Model::DeviceLogits& dl, const std::vector<Job*>& jobs,
+                            std::vector<cuda::DeviceSampler::Result>* out);
+#endif
     void forget(uint64_t id) {
         std::lock_guard<std::mutex> lock(mu);
         live.erase(id);
@@ -215,8 +228,55 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
 }
 
 void Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
-    u.job = job.id;
     const int32_t id = job.sampler->sample(row, vocab, job.tokens);
+    float logprob = 0.0f;
+    std::vector<TokenLogprob> top;
+    if (job.req.logprobs >= 0) logprob = token_logprob(row, vocab, id, job.req.logprobs, &top);
+    accept_token(job, id, logprob, std::move(top), u);
+}
+
+#ifdef EXL3_HAVE_CUDA
+Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const std::vector<Job*>& jobs,
+                                         std::vector<cuda::DeviceSampler::Result>* out) {
+    auto cuda_status = [](cudaError_t e, const char* what) {
+        return e == cudaSuccess ? Status::ok()
+                                : internal_error(fmt::format("GPU sampler: {}: {}", what, cudaGetErrorString(e)));
+    };
+    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
+    if (!dev_sampler) {
+        dev_sampler = std::make_unique<cuda::DeviceSampler>();
+        EXL3_RETURN_IF_ERROR(cuda_status(dev_sampler->init(opt.max_active_jobs, dl.vocab), "workspace"));
+    }
+    std::vector<cuda::DeviceSampler::Row> rows(jobs.size());
+    bool logprobs = false;
+    for (size_t k = 0; k < jobs.size(); ++k) {
+        cuda::SamplerRowParams& p = rows[k].params;
+        p.temperature = 0.0f;  // rows no job samples from (mid-prompt chunks): cheap greedy, result unused
+        if (!jobs[k]) continue;
+        const Job& j = *jobs[k];
+        const SamplerSettings& st = j.sampler->settings();
+        p.temperature = st.temperature;
+        p.top_k = st.top_k;
+        p.top_p = st.top_p;
+        p.min_p = st.min_p;
+        p.typical_p = st.typical_p;
+        p.xtc_threshold = st.xtc_threshold;
+        p.xtc_probability = st.xtc_probability;
+        p.top_n = std::max(0, j.req.logprobs);
+        p.seed = st.seed;
+        p.step = static_cast<uint64_t>(j.generated);
+        logprobs |= j.req.logprobs >= 0;
+        for (const LogitEdit& e : j.sampler->edits(dl.vocab, j.tokens))
+            rows[k].edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban ? 1 : 0});
+    }
+    return cuda_status(dev_sampler->sample(dl.data, dl.vocab, rows, logprobs, out, static_cast<cudaStream_t>(dl.stream)),
+                       "sample");
+}
+#endif
+
+void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top,
+                                   JobUpdate& u) {
+    u.job = job.id;
     ++job.generated;
     job.tokens.push_back(id);
     job.next_input = id;
@@ -227,8 +287,7 @@ void Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
         return end_text(job, u, FinishReason::kStop);
     u.tokens.push_back(id);
     if (rq.logprobs >= 0) {
-        std::vector<TokenLogprob> top;
-        u.logprobs.push_back(token_logprob(row, vocab, id, rq.logprobs, &top));
+        u.logprobs.push_back(logprob);
         u.top_logprobs.push_back(std::move(top));
     }
 #ifdef EXL3_HAVE_TOKENIZER
@@ -371,15 +430,40 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
     }
 
     std::vector<float> logits;
-    Status s = g.model.forward_batch(items, &logits);
+    Model::DeviceLogits dev_logits;
+#ifdef EXL3_HAVE_CUDA
+    const bool on_device = g.opt.device_sampling && g.model.on_cuda();
+#else
+    const bool on_device = false;
+#endif
+    auto forward = [&] {
+        return on_device ? g.model.forward_batch_device(items, &dev_logits) : g.model.forward_batch(items, &logits);
+    };
+    Status s = forward();
     // The cache is full (the CUDA backend runs out of pages): prompts wait while running jobs go on, or, with none
     // running, the oldest prompt goes alone. Nothing changes on failure, so a retry is safe.
     const size_t fallback = n_decode > 0 ? n_decode : 1;
     if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && fallback < items.size()) {
         items.resize(fallback);
         slots.resize(fallback);
-        s = g.model.forward_batch(items, &logits);
+        s = forward();
     }
+    // Which rows give a job its next token: decode rows, and the last chunk of a prompt.
+    std::vector<Job*> sampling(slots.size(), nullptr);
+    if (s.is_ok()) {
+        for (size_t k = 0; k < slots.size(); ++k) {
+            Job& j = *slots[k].job;
+            if (slots[k].prefill > 0) {
+                j.prefilled += slots[k].prefill;
+                if (j.prefilled < j.prompt_len) continue;  // mid-prompt: the row is not needed
+            }
+            sampling[k] = &j;
+        }
+    }
+#ifdef EXL3_HAVE_CUDA
+    std::vector<cuda::DeviceSampler::Result> picked;
+    if (s.is_ok() && on_device) s = g.sample_on_device(dev_logits, sampling, &picked);
+#endif
     if (!s.is_ok()) {
         std::unordered_set<Job*> failed;
         if (s.code() == StatusCode::kOutOfRange) {
@@ -404,12 +488,19 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
 
     const size_t row_size = static_cast<size_t>(g.vocab);
     for (size_t k = 0; k < slots.size(); ++k) {
-        Job& j = *slots[k].job;
-        if (slots[k].prefill > 0) {
-            j.prefilled += slots[k].prefill;
-            if (j.prefilled < j.prompt_len) continue;  // mid-prompt: the row is not needed
-        }
+        if (!sampling[k]) continue;
+        Job& j = *sampling[k];
         JobUpdate u;
+#ifdef EXL3_HAVE_CUDA
+        if (on_device) {
+            auto& r = picked[k];
+            std::vector<TokenLogprob> top;
+            for (size_t t = 0; t < r.top_ids.size(); ++t) top.push_back({r.top_ids[t], r.top_logprobs[t]});
+            g.accept_token(j, r.token, r.logprob, std::move(top), u);
+            updates->push_back(std::move(u));
+            continue;
+        }
+#endif
         g.sample_row(j, logits.data() + k * row_size, u);
         updates->push_back(std::move(u));
     }

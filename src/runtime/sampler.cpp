@@ -79,9 +79,17 @@ Status validate(const SamplerSettings& s, int vocab) {
 
 Sampler::Sampler(const SamplerSettings& s) : s_(s), rng_(s.seed) {}
 
-void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t> history) const {
+std::vector<LogitEdit> Sampler::edits(int vocab, std::span<const int32_t> history) const {
+    // Every op of the chain touches only its own token's logit, so the ops of one token can be gathered into one
+    // edit and applied in the chain's order (bias, repetition, presence/frequency, DRY, ban) with the same results.
+    std::unordered_map<int32_t, LogitEdit> by_id;
+    auto at = [&](int32_t id) -> LogitEdit& {
+        auto [it, fresh] = by_id.try_emplace(id);
+        if (fresh) it->second.id = id;
+        return it->second;
+    };
     for (const auto& [id, bias] : s_.logit_bias)
-        if (id >= 0 && id < vocab) logits[id] += bias;
+        if (id >= 0 && id < vocab) at(id).bias += bias;
 
     const bool penalise = s_.repetition_penalty != 1.0f || s_.presence_penalty != 0.0f || s_.frequency_penalty != 0.0f;
     if (penalise && !history.empty()) {
@@ -92,9 +100,9 @@ void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t>
         for (int32_t id : window)
             if (id >= 0 && id < vocab) ++counts[id];
         for (const auto& [id, n] : counts) {
-            float& l = logits[id];
-            if (s_.repetition_penalty != 1.0f) l = l > 0.0f ? l / s_.repetition_penalty : l * s_.repetition_penalty;
-            l -= s_.presence_penalty + s_.frequency_penalty * static_cast<float>(n);
+            LogitEdit& e = at(id);
+            e.rep = s_.repetition_penalty;
+            e.sub = s_.presence_penalty + s_.frequency_penalty * static_cast<float>(n);
         }
     }
 
@@ -122,12 +130,22 @@ void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t>
         }
         for (const auto& [id, k] : longest) {
             if (id < 0 || id >= vocab) continue;
-            logits[id] -= s_.dry_multiplier * std::pow(s_.dry_base, static_cast<float>(k - s_.dry_allowed_length));
+            at(id).dry = s_.dry_multiplier * std::pow(s_.dry_base, static_cast<float>(k - s_.dry_allowed_length));
         }
     }
 
     for (int32_t id : s_.banned_tokens)
-        if (id >= 0 && id < vocab) logits[id] = -std::numeric_limits<float>::infinity();
+        if (id >= 0 && id < vocab) at(id).ban = true;
+
+    std::vector<LogitEdit> out;
+    out.reserve(by_id.size());
+    for (const auto& kv : by_id) out.push_back(kv.second);
+    std::sort(out.begin(), out.end(), [](const LogitEdit& a, const LogitEdit& b) { return a.id < b.id; });
+    return out;
+}
+
+void Sampler::apply_penalties(float* logits, int vocab, std::span<const int32_t> history) const {
+    for (const LogitEdit& e : edits(vocab, history)) apply_edit(logits[e.id], e);
 }
 
 void Sampler::truncate(const float* l, int vocab) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "runtime/sampler.h"
 
@@ -322,6 +323,71 @@ TEST(Sampler, LogprobsAreLogSoftmaxOfRawLogits) {
     }
     token_logprob(kLogits.data(), kVocab, 0, 50, &top);  // more than the vocabulary: all of it
     EXPECT_EQ(top.size(), static_cast<size_t>(kVocab));
+}
+
+// apply_penalties is edits() applied with apply_edit; checked against the chain written out directly (bias, penalties
+// over the window, DRY, bans, each over the whole logit vector in turn), on random logits and a repetitive history.
+TEST(Sampler, EditsEqualTheChainWrittenOut) {
+    constexpr int vocab = 50;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::uniform_int_distribution<int32_t> tok(0, 12);
+    std::vector<float> logits(vocab);
+    for (auto& v : logits) v = nd(rng);
+    std::vector<int32_t> hist;
+    for (int i = 0; i < 300; ++i) hist.push_back(i % 17 < 9 ? static_cast<int32_t>(i % 9) : tok(rng));
+    SamplerSettings s;
+    s.logit_bias = {{3, 1.5f}, {40, -2.0f}, {7, 0.25f}};
+    s.repetition_penalty = 1.3f;
+    s.presence_penalty = 0.4f;
+    s.frequency_penalty = 0.05f;
+    s.penalty_window = 100;
+    s.dry_multiplier = 0.8f;
+    s.dry_base = 1.75f;
+    s.dry_allowed_length = 2;
+    s.dry_sequence_breaker_ids = {11};
+    s.banned_tokens = {5, 49};
+
+    std::vector<float> want = logits;
+    for (const auto& [id, b] : s.logit_bias) want[id] += b;
+    std::vector<int> count(vocab, 0);
+    for (size_t i = hist.size() - 100; i < hist.size(); ++i) ++count[hist[i]];
+    for (int t = 0; t < vocab; ++t) {
+        if (!count[t]) continue;
+        float& l = want[t];
+        l = l > 0.0f ? l / s.repetition_penalty : l * s.repetition_penalty;
+        l -= s.presence_penalty + s.frequency_penalty * static_cast<float>(count[t]);
+    }
+    // DRY by brute force: for every earlier end position, the longest agreement with the tail (stopping at breakers).
+    const int n = static_cast<int>(hist.size());
+    std::vector<int> longest(vocab, 0);
+    for (int i = n - 2; i >= 0; --i) {
+        int k = 0;
+        while (k <= i && k < 200 && hist[n - 1 - k] != 11 && hist[i - k] == hist[n - 1 - k]) ++k;
+        if (k >= s.dry_allowed_length) longest[hist[i + 1]] = std::max(longest[hist[i + 1]], k);
+    }
+    int penalised = 0;
+    for (int t = 0; t < vocab; ++t)
+        if (longest[t]) {
+            want[t] -= s.dry_multiplier * std::pow(s.dry_base, static_cast<float>(longest[t] - s.dry_allowed_length));
+            ++penalised;
+        }
+    EXPECT_GT(penalised, 0) << "the history should trigger DRY";
+    for (int32_t id : s.banned_tokens) want[id] = -std::numeric_limits<float>::infinity();
+
+    Sampler sampler(s);
+    std::vector<float> got = logits;
+    sampler.apply_penalties(got.data(), vocab, hist);
+    for (int t = 0; t < vocab; ++t) EXPECT_EQ(got[t], want[t]) << "token " << t;  // bit-identical
+
+    const auto edits = sampler.edits(vocab, hist);
+    for (size_t i = 1; i < edits.size(); ++i) EXPECT_LT(edits[i - 1].id, edits[i].id);
+    std::vector<bool> edited(vocab, false);
+    for (const auto& e : edits) edited[e.id] = true;
+    for (int t = 0; t < vocab; ++t)
+        if (!edited[t]) {
+            EXPECT_EQ(got[t], logits[t]) << "token " << t << " changed without an edit";
+        }
 }
 
 TEST(Sampler, ValidateRejectsAbsurdValues) {
