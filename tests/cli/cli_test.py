@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""The exl3 program driven as a user drives it: `exl3 chat` through a pseudo-terminal, `exl3 run` and `exl3 ppl`
-output, and bad inputs (each must fail with a message on stderr and a non-zero exit code, never a crash).
+"""The exl3 program driven as a user drives it: `exl3 chat` through a pseudo-terminal, `exl3 run`, `exl3 ppl` and
+`exl3 bench --jobs` output, and bad inputs (each must fail with a message on stderr and a non-zero exit code, never a crash).
 
 Usage: cli_test.py --exl3 PATH [unittest arguments, e.g. a test class name]. Runs from the repository root (it uses
 tests/models/tiny-draft and tests/fixtures/ppl/sample.txt). Python standard library only.
@@ -179,6 +179,58 @@ class PplTest(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertIn(b"Protocol", out)
         self.assertIn(b"BOS", out)
+
+
+class BenchTest(unittest.TestCase):
+    """`exl3 bench --jobs`: the generator benchmark, at sizes that take a second on the CPU."""
+
+    ARGS = ["bench", "-m", DRAFT, "-t", "2", "--jobs", "1,3", "--job-prompt", "24", "--job-gen", "6",
+            "--job-chunk", "16", "--job-warmup", "0"]
+
+    def test_json(self):
+        rc, out, err = exl3(*self.ARGS, "--kv-bits-k", "8", "--kv-bits-v", "4", "--json")
+        self.assertEqual(rc, 0, err)
+        j = json.loads(out)  # exactly one JSON document on stdout
+        for key in ("model", "device", "bandwidth_gb_s", "kv_bits_k", "kv_bits_v", "kv_bytes_per_token_layer",
+                    "cache_tokens", "job_prompt", "job_gen", "jobs"):
+            self.assertIn(key, j)
+        self.assertEqual((j["kv_bits_k"], j["kv_bits_v"]), (8, 4))  # the KV flags apply to this mode too
+        self.assertGreaterEqual(j["cache_tokens"], 3 * (24 + 6))
+        self.assertEqual([r["jobs"] for r in j["jobs"]], [1, 3])
+        for r in j["jobs"]:
+            n = r["jobs"]
+            self.assertEqual(r["generated_tokens"], n * 6)
+            self.assertEqual(r["prompt_tokens"], n * 24)
+            for key in ("wall_seconds", "gen_tok_s", "prefill_tok_s", "job_decode_tok_s_mean", "roofline_tok_s",
+                        "bytes_per_step", "throughput_ratio"):
+                self.assertGreater(r[key], 0, key)
+            t = r["ttft_ms"]
+            self.assertTrue(0 < t["p50"] <= t["p95"] <= t["max"] <= 1e3 * r["wall_seconds"], t)
+            self.assertEqual(r["ratio_base_jobs"], 1)
+            self.assertGreater(r["max_batch_tokens"], n)
+            self.assertEqual(r["prefill_chunk"], 16)
+        self.assertEqual(j["jobs"][0]["throughput_ratio"], 1.0)
+        # The roofline: N sequences share one read of the weights, so three decode faster than one.
+        self.assertGreater(j["jobs"][1]["roofline_tok_s"], j["jobs"][0]["roofline_tok_s"])
+        self.assertIn("bench: 3 jobs", err)  # progress on stderr
+
+    def test_plain_table(self):
+        rc, out, err = exl3("-q", *self.ARGS)
+        self.assertEqual(rc, 0, err)
+        text = out.decode()
+        self.assertIn("| jobs | batch tokens | wall | gen tok/s | vs 1 job |", text)
+        self.assertIn("decode roofline", text)
+        rows = [l for l in text.splitlines() if l.startswith("| 1 |") or l.startswith("| 3 |")]
+        self.assertEqual(len(rows), 2, text)
+        self.assertEqual(err, "")
+
+    def test_bad_values(self):
+        for args, expect in ((("--jobs", "1,x"), "--jobs"), (("--jobs", "0"), "--jobs"),
+                             (("--jobs", "4", "--job-batch-tokens", "4"), "--job-batch-tokens"),
+                             (("--jobs", "1", "--job-gen", "0"), "--job-gen")):
+            rc, _, err = exl3("bench", "-m", DRAFT, *args)
+            self.assertGreater(rc, 0, args)
+            self.assertIn(expect, err, args)
 
 
 class ErrorTest(unittest.TestCase):

@@ -4,15 +4,31 @@
 // buffer; CUDA: device-to-device copy), not taken from a datasheet. Prefill is compute-bound on the GPU: its
 // ceiling is the FLOPs of the step over the dense bf16 matrix rate (790 TFLOP/s measured on the H200 test GPU,
 // anchors.md); on the CPU no compute ceiling is claimed.
+//
+// With --jobs the bench runs the Generator instead (the loop behind run, chat and serve): for each N, N jobs of
+// --job-prompt random token ids (distinct per job, so the prefix cache cannot help) are submitted at once and
+// generate --job-gen tokens each (greedy, ignore_eos), chunked prefill interleaved with decode as a server does it.
+// Reported per N: wall time, generated tok/s and its ratio to N = 1, prefill tok/s, time to first token
+// percentiles, per-job decode speed, and the decode rate while all jobs run beside its roofline:
+// N sequences read the weights once per step plus each its own KV cache, so the ceiling is
+// N * bandwidth / (weight bytes + N * KV bytes per sequence at the mean context of the decode).
+#include <fmt/core.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 #include <sstream>
+#include <unordered_map>
 
+#include "core/log.h"
 #include "core/thread_pool.h"
+#include "exl3/generator.h"
 #include "exl3/model.h"
 #include "tools/exl3/commands.h"
 #ifdef EXL3_HAVE_CUDA
@@ -30,12 +46,20 @@ struct BenchOptions {
     std::string device = "cpu";
     std::string prompts = "128";  // prefill sizes
     std::string batches = "1";
-    std::string contexts = "128"; // tokens already in each sequence's cache when decode is timed
+    std::string contexts = "128";  // tokens already in each sequence's cache when decode is timed
     int gen = 64;
     int reps = 3;
     int threads = 0;
     KvBitsFlags kv_bits;
     bool json = false;
+    // Generator mode (--jobs): concurrent jobs instead of the prefill/decode tables.
+    std::string jobs;          // N values, comma-separated; empty: off
+    int job_prompt = 1024;     // prompt tokens per job
+    int job_gen = 256;         // tokens generated per job
+    int job_batch_tokens = 0;  // GeneratorOptions::max_batch_tokens; 0: N + 2048
+    int job_chunk = 512;       // GeneratorOptions::prefill_chunk
+    int job_warmup = 1;        // untimed runs of the same shape before each timed one (CUDA graphs, buffer growth)
+    uint64_t seed = 1234;
 };
 
 Result<std::vector<int>> int_list(const std::string& s, const char* what) {
@@ -82,6 +106,46 @@ double measure_read_bandwidth(ThreadPool& pool) {
     return best;
 }
 
+// The decode roofline: per step every weight matrix is read once (the embedding table only for its rows, unless it is
+// also the head) plus the KV cache of every sequence, at the measured bandwidth.
+struct DecodeCeiling {
+    double bandwidth = 0;     // bytes/s, measured here
+    std::string source;       // how
+    double weight_read = 0;   // weight bytes read per step
+    double kv_per_token = 0;  // bytes of one cached token's keys and values over all layers
+    double bytes_per_step(int batch, double avg_ctx) const { return weight_read + batch * avg_ctx * kv_per_token; }
+    // Tokens/s of `batch` sequences holding avg_ctx tokens each on average.
+    double roofline_tok_s(int batch, double avg_ctx) const {
+        return batch * bandwidth / bytes_per_step(batch, avg_ctx);
+    }
+};
+
+DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
+    DecodeCeiling c;
+#ifdef EXL3_HAVE_CUDA
+    if (gpu) {
+        c.bandwidth = cuda::measure_copy_bandwidth(0);
+        c.source = "device copy";
+    }
+#endif
+    if (!gpu) {
+        ThreadPool pool(threads);
+        c.bandwidth = measure_read_bandwidth(pool);
+        c.source = "streaming read";
+    }
+    // Dense weights run in 16 bits on the GPU; EXL3 linears are read compressed on both backends (the embedding in
+    // the model's dtype).
+    const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
+    const double embed_elem = info.dtype == "float32" ? 4.0 : 2.0;
+    const bool tied = info.tied_embeddings;
+    const bool dense_gpu = gpu && info.quantization.empty();
+    c.weight_read = dense_gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
+                              : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
+    // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
+    c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
+    return c;
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
@@ -91,7 +155,254 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Nearest-rank percentile (p in (0, 100]) of a non-empty sample.
+double percentile(std::vector<double> v, double p) {
+    std::sort(v.begin(), v.end());
+    const auto rank = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size())));
+    return v[std::clamp<size_t>(rank, 1, v.size()) - 1];
+}
+
+GeneratorOptions job_generator_options(const BenchOptions& o, int n_jobs) {
+    GeneratorOptions go;
+    go.max_active_jobs = n_jobs;  // all of them run at once: the cache is sized for it
+    go.prefill_chunk = o.job_chunk;
+    go.max_batch_tokens = o.job_batch_tokens > 0 ? o.job_batch_tokens : n_jobs + 2048;
+    go.cap_to_context = false;  // a job that does not fit is a sizing bug here, not something to hide
+    return go;
+}
+
+// One run of n_jobs jobs submitted at once to a fresh Generator, stepped until all are done. Times are taken after
+// each step (when its updates exist). Returns the report row without the ceiling and the ratio.
+Result<nlohmann::json> run_jobs(const Model& m, const BenchOptions& o, int n_jobs, uint64_t seed) {
+    using Clock = std::chrono::steady_clock;
+    const GeneratorOptions go = job_generator_options(o, n_jobs);
+    EXL3_ASSIGN_OR_RETURN(auto gen, Generator::create(m, nullptr, go));
+    std::mt19937_64 rng(seed);
+    std::uniform_int_distribution<int32_t> tok(0, m.info().vocab_size - 1);
+    std::vector<GenerationRequest> reqs(static_cast<size_t>(n_jobs));
+    for (auto& r : reqs) {  // distinct random prompts: no prefix is shared, so no cache hit helps
+        r.prompt_ids.resize(static_cast<size_t>(o.job_prompt));
+        for (auto& t : r.prompt_ids) t = tok(rng);
+        r.max_new_tokens = o.job_gen;
+        r.ignore_eos = true;  // greedy: the default SamplerSettings
+    }
+    struct JobTimes {
+        Clock::time_point submit, first, last;
+        int tokens = 0;
+        FinishReason finish = FinishReason::kNone;
+    };
+    std::vector<JobTimes> jobs(static_cast<size_t>(n_jobs));
+    std::unordered_map<uint64_t, size_t> index;
+    const auto t0 = Clock::now();
+    for (size_t j = 0; j < reqs.size(); ++j) {
+        jobs[j].submit = Clock::now();
+        EXL3_ASSIGN_OR_RETURN(uint64_t id, gen->submit(std::move(reqs[j])));
+        index[id] = j;
+    }
+    std::vector<JobUpdate> updates;
+    std::vector<std::pair<Clock::time_point, int>> step_tokens;  // (end of step, tokens it generated)
+    while (gen->has_work()) {
+        updates.clear();
+        EXL3_RETURN_IF_ERROR(gen->step(&updates));
+        const auto now = Clock::now();
+        int produced = 0;
+        for (const auto& u : updates) {
+            JobTimes& t = jobs[index.at(u.job)];
+            if (!u.tokens.empty()) {
+                if (t.tokens == 0) t.first = now;
+                t.tokens += static_cast<int>(u.tokens.size());
+                t.last = now;
+                produced += static_cast<int>(u.tokens.size());
+            }
+            if (u.finish == FinishReason::kError)
+                return u.error.with_context(fmt::format("job {} of {}", index.at(u.job) + 1, n_jobs));
+            if (u.finish != FinishReason::kNone) t.finish = u.finish;
+        }
+        step_tokens.emplace_back(now, produced);
+    }
+    const auto t_end = Clock::now();
+    auto secs = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+
+    std::vector<double> ttft, job_decode;
+    int64_t generated = 0;
+    Clock::time_point last_first = t0, first_done = t_end;
+    for (size_t j = 0; j < jobs.size(); ++j) {
+        const JobTimes& t = jobs[j];
+        if (t.tokens != o.job_gen || t.finish != FinishReason::kLength)
+            return internal_error(fmt::format("job {} of {} ended '{}' after {} tokens instead of {}", j + 1, n_jobs,
+                                              finish_reason_name(t.finish), t.tokens, o.job_gen));
+        generated += t.tokens;
+        ttft.push_back(secs(t.submit, t.first));
+        if (t.tokens > 1 && t.last > t.first) job_decode.push_back((t.tokens - 1) / secs(t.first, t.last));
+        last_first = std::max(last_first, t.first);
+        first_done = std::min(first_done, t.last);
+    }
+    const double wall = secs(t0, t_end);
+    nlohmann::json row = {
+        {"jobs", n_jobs},
+        {"max_batch_tokens", go.max_batch_tokens},
+        {"prefill_chunk", go.prefill_chunk},
+        {"wall_seconds", wall},
+        {"steps", step_tokens.size()},
+        {"prompt_tokens", static_cast<int64_t>(n_jobs) * o.job_prompt},
+        {"generated_tokens", generated},
+        {"gen_tok_s", generated / wall},
+        // Every prompt token over the time until the last job's first token (decode of early jobs runs meanwhile).
+        {"prefill_tok_s", static_cast<double>(n_jobs) * o.job_prompt / secs(t0, last_first)},
+        {"ttft_ms",
+         {{"p50", 1e3 * percentile(ttft, 50)},
+          {"p95", 1e3 * percentile(ttft, 95)},
+          {"max", 1e3 * percentile(ttft, 100)}}},
+        {"job_decode_tok_s_mean",
+         job_decode.empty() ? 0.0 : std::accumulate(job_decode.begin(), job_decode.end(), 0.0) / job_decode.size()},
+        {"all_decoding_steps", 0},
+        {"all_decoding_ms_per_step", nullptr},
+        {"all_decoding_tok_s", nullptr}};
+    // The window in which every job decodes each step (after the last first token, up to the first job's end): the
+    // batch the decode roofline describes. Empty when the first job ends before the last one starts.
+    int window_steps = 0, window_tokens = 0;
+    for (const auto& [t, n] : step_tokens)
+        if (t > last_first && t <= first_done) {
+            ++window_steps;
+            window_tokens += n;
+        }
+    if (window_steps > 0 && first_done > last_first) {
+        const double w = secs(last_first, first_done);
+        row["all_decoding_steps"] = window_steps;
+        row["all_decoding_ms_per_step"] = 1e3 * w / window_steps;
+        row["all_decoding_tok_s"] = window_tokens / w;
+    }
+    return row;
+}
+
+int bench_jobs(const BenchOptions& o) {
+    auto jobs = int_list(o.jobs, "--jobs");
+    if (!jobs.is_ok()) return fail("bench", jobs.status().message());
+    if (o.job_prompt < 1 || o.job_gen < 1) return fail("bench", "--job-prompt and --job-gen must be >= 1");
+    if (o.job_chunk < 1) return fail("bench", "--job-chunk must be >= 1");
+    if (o.job_warmup < 0) return fail("bench", "--job-warmup must be >= 0");
+    const int max_jobs = *std::max_element(jobs->begin(), jobs->end());
+    if (o.job_batch_tokens > 0 && o.job_batch_tokens <= max_jobs)
+        return fail("bench", fmt::format("--job-batch-tokens ({}) must exceed the largest --jobs ({}): every running "
+                                         "job decodes a token each step",
+                                         o.job_batch_tokens, max_jobs));
+    const bool gpu = o.device != "cpu";
+    const int seq_len = o.job_prompt + o.job_gen;
+    LoadOptions lo;
+    lo.threads = o.threads;
+    o.kv_bits.apply(lo);
+    lo.device = o.device;
+    lo.context_length = seq_len;
+    // Every job of the largest N holds its whole sequence at once; a partly filled page at the end of each (64
+    // tokens, the largest default page) and one spare per job.
+    const int64_t per_job = (seq_len + 63) / 64 * 64 + 64;
+    if (per_job * max_jobs > std::numeric_limits<int>::max())
+        return fail("bench", "--jobs x (--job-prompt + --job-gen) is too large for one KV cache");
+    lo.cache_tokens = static_cast<int>(per_job * max_jobs);
+    lo.prefix_cache = false;  // prompts are distinct anyway; nothing is kept between runs
+    auto t_load = std::chrono::steady_clock::now();
+    auto model = Model::load(o.model, lo);
+    if (!model.is_ok()) return fail("bench", model.status().to_string());
+    const double load_s = seconds_since(t_load);
+    const Model& m = **model;
+    const ModelInfo& info = m.info();
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    // Contexts run from job_prompt + 1 to job_prompt + job_gen while decoding: the roofline takes the mean.
+    const double avg_ctx = o.job_prompt + o.job_gen / 2.0;
+
+    nlohmann::json out = {{"model", o.model},
+                          {"device", m.device()},
+                          {"architecture", info.architecture},
+                          {"parameters", info.num_parameters},
+                          {"quantization", info.quantization},
+                          {"load_seconds", load_s},
+                          {"bandwidth_gb_s", ceil.bandwidth / 1e9},
+                          {"bandwidth_source", ceil.source},
+                          {"kv_bits_k", info.kv_bits_k},
+                          {"kv_bits_v", info.kv_bits_v},
+                          {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
+                          {"cache_tokens", lo.cache_tokens},
+                          {"job_prompt", o.job_prompt},
+                          {"job_gen", o.job_gen},
+                          {"warmup_runs", o.job_warmup},
+                          {"seed", o.seed},
+                          {"jobs", nlohmann::json::array()}};
+    for (int n : *jobs) {
+        // Untimed runs of the same shape first: buffers grow to their size and CUDA graphs are captured for every
+        // decode batch size the run passes through, as in a server that has been up a while.
+        for (int w = 0; w < o.job_warmup; ++w) {
+            log_info("bench: {} jobs, warm-up {} of {}", n, w + 1, o.job_warmup);
+            auto r = run_jobs(m, o, n, o.seed ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(1000 * n + w + 1)));
+            if (!r.is_ok())
+                return fail("bench", r.status().with_context(fmt::format("{} jobs, warm-up", n)).to_string());
+        }
+        log_info("bench: {} jobs of {} prompt + {} generated tokens", n, o.job_prompt, o.job_gen);
+        auto r = run_jobs(m, o, n, o.seed + static_cast<uint64_t>(n));
+        if (!r.is_ok()) return fail("bench", r.status().with_context(fmt::format("{} jobs", n)).to_string());
+        nlohmann::json row = std::move(*r);
+        row["roofline_tok_s"] = ceil.roofline_tok_s(n, avg_ctx);
+        row["bytes_per_step"] = ceil.bytes_per_step(n, avg_ctx);
+        out["jobs"].push_back(std::move(row));
+    }
+    // Throughput against one job (or the smallest N measured when 1 is not in the list).
+    const nlohmann::json* base = &out["jobs"][0];
+    for (const auto& r : out["jobs"])
+        if (r["jobs"].get<int>() < (*base)["jobs"].get<int>()) base = &r;
+    const int base_jobs = (*base)["jobs"].get<int>();
+    const double base_tok_s = (*base)["gen_tok_s"].get<double>();
+    for (auto& r : out["jobs"]) {
+        r["ratio_base_jobs"] = base_jobs;
+        r["throughput_ratio"] = r["gen_tok_s"].get<double>() / base_tok_s;
+    }
+
+    if (o.json) {
+        std::printf("%s\n", out.dump(2).c_str());
+        return 0;
+    }
+    std::printf("%s: %s, %.2f B parameters%s%s, on %s (loaded in %.1f s)\n", o.model.c_str(), info.architecture.c_str(),
+                info.num_parameters / 1e9, info.quantization.empty() ? "" : ", ", info.quantization.c_str(),
+                m.device().c_str(), load_s);
+    std::printf("KV cache: %lld bytes per token per layer (keys %d bits, values %d bits; 0 = unquantized), %d tokens\n",
+                static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v, lo.cache_tokens);
+    std::printf(
+        "jobs: %d random prompt tokens + %d generated each (greedy, ignore_eos), all submitted at once; "
+        "prefill chunk %d, %d warm-up run(s) per row\n",
+        o.job_prompt, o.job_gen, o.job_chunk, o.job_warmup);
+    std::printf(
+        "ceiling: %.0f GB/s measured (%s); decode roofline = N x bandwidth / (%.3g weight bytes + N x %.0f "
+        "tokens x %.0f KV bytes) per step\n",
+        ceil.bandwidth / 1e9, ceil.source.c_str(), ceil.weight_read, avg_ctx, ceil.kv_per_token);
+    std::printf(
+        "\n| jobs | batch tokens | wall | gen tok/s | vs %d job%s | prefill tok/s | TTFT p50 / p95 / max ms "
+        "| tok/s per job | all decoding: ms/step | tok/s | roofline tok/s | %% of roofline |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        base_jobs, base_jobs == 1 ? "" : "s");
+    for (const auto& r : out["jobs"]) {
+        const auto& t = r["ttft_ms"];
+        std::printf("| %d | %d | %.2f s | %.1f | %.2fx | %.0f | %.1f / %.1f / %.1f | %.1f ", r["jobs"].get<int>(),
+                    r["max_batch_tokens"].get<int>(), r["wall_seconds"].get<double>(), r["gen_tok_s"].get<double>(),
+                    r["throughput_ratio"].get<double>(), r["prefill_tok_s"].get<double>(), t["p50"].get<double>(),
+                    t["p95"].get<double>(), t["max"].get<double>(), r["job_decode_tok_s_mean"].get<double>());
+        if (r["all_decoding_tok_s"].is_null())
+            std::printf("| - | - ");
+        else
+            std::printf("| %.3f | %.1f ", r["all_decoding_ms_per_step"].get<double>(),
+                        r["all_decoding_tok_s"].get<double>());
+        const double roof = r["roofline_tok_s"].get<double>();
+        if (r["all_decoding_tok_s"].is_null())
+            std::printf("| %.1f | - |\n", roof);
+        else
+            std::printf("| %.1f | %.0f %% |\n", roof, 100.0 * r["all_decoding_tok_s"].get<double>() / roof);
+    }
+    std::printf(
+        "\nTTFT: submit to the step that returns the job's first token. prefill tok/s: all prompt tokens over "
+        "the time to the last first token. all decoding: the steps in which every job decodes (after the "
+        "last first token, before the first job ends), the batch the roofline describes.\n");
+    return 0;
+}
+
 int bench(const BenchOptions& o) {
+    if (!o.jobs.empty()) return bench_jobs(o);
     auto prompts = int_list(o.prompts, "--prompt");
     auto batches = int_list(o.batches, "--batch");
     auto contexts = int_list(o.contexts, "--context");
@@ -116,32 +427,11 @@ int bench(const BenchOptions& o) {
     const Model& m = **model;
     const ModelInfo& info = m.info();
 
-    // Ceilings.
-    double bandwidth = 0;
-    std::string bw_label;
-#ifdef EXL3_HAVE_CUDA
-    if (gpu) {
-        bandwidth = cuda::measure_copy_bandwidth(0);
-        bw_label = "device copy";
-    }
-#endif
-    std::unique_ptr<ThreadPool> pool;
-    if (!gpu) {
-        pool = std::make_unique<ThreadPool>(o.threads);
-        bandwidth = measure_read_bandwidth(*pool);
-        bw_label = "streaming read";
-    }
-    // Per decode step every weight matrix is read once (the embedding table only for its rows, unless it is also the
-    // head). Dense weights run in 16 bits on the GPU; EXL3 linears are read compressed on both backends (the
-    // embedding in the model's dtype).
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const double bandwidth = ceil.bandwidth;
+    const std::string& bw_label = ceil.source;
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
-    const double embed_elem = info.dtype == "float32" ? 4.0 : 2.0;
     const bool tied = info.tied_embeddings;
-    const bool dense_gpu = gpu && info.quantization.empty();
-    const double weight_read = dense_gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
-                                         : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
-    // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
-    const double kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
     const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
 
     std::mt19937 rng(1234);
@@ -210,15 +500,13 @@ int bench(const BenchOptions& o) {
                 if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());
             const double per_step = seconds_since(t0) / (o.gen - 1);
             const double avg_ctx = C + o.gen / 2.0;
-            const double bytes = weight_read + B * avg_ctx * kv_per_token;
-            const double roof_step = bytes / bandwidth;
             out["decode"].push_back({{"batch", B},
                                      {"context", C},
                                      {"ms_per_step", per_step * 1e3},
                                      {"tok_s", B / per_step},
-                                     {"roofline_tok_s", B / roof_step},
-                                     {"bytes_per_step", bytes},
-                                     {"kv_bytes_per_step", B * avg_ctx * kv_per_token}});
+                                     {"roofline_tok_s", ceil.roofline_tok_s(B, avg_ctx)},
+                                     {"bytes_per_step", ceil.bytes_per_step(B, avg_ctx)},
+                                     {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token}});
         }
     }
 
@@ -242,8 +530,9 @@ int bench(const BenchOptions& o) {
             std::printf("| %d | %.2f ms | %.0f | - | - |\n", r["tokens"].get<int>(), r["seconds"].get<double>() * 1e3,
                         r["tok_s"].get<double>());
     }
-    std::printf("\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"
-                "|---|---|---|---|---|---|\n");
+    std::printf(
+        "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"
+        "|---|---|---|---|---|---|\n");
     for (const auto& r : out["decode"])
         std::printf("| %d | %d | %.3f | %.1f | %.1f | %.0f %% |\n", r["batch"].get<int>(), r["context"].get<int>(),
                     r["ms_per_step"].get<double>(), r["tok_s"].get<double>(), r["roofline_tok_s"].get<double>(),
@@ -259,12 +548,25 @@ Runner add_bench(CLI::App& app) {
     app.add_option("-d,--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-p,--prompt", o->prompts, "prefill sizes, comma-separated")->capture_default_str();
     app.add_option("-b,--batch", o->batches, "decode batch sizes, comma-separated")->capture_default_str();
-    app.add_option("-c,--context", o->contexts, "tokens cached per sequence before decode is timed")->capture_default_str();
+    app.add_option("-c,--context", o->contexts, "tokens cached per sequence before decode is timed")
+        ->capture_default_str();
     app.add_option("-g,--gen", o->gen, "decode steps timed")->capture_default_str();
     app.add_option("-r,--reps", o->reps, "prefill repetitions (median)")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
     add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--json", o->json, "print one JSON object");
+    app.add_option("--jobs", o->jobs,
+                   "generator mode instead of the tables above: N concurrent jobs for each N of this list (e.g. "
+                   "1,8,32,128), throughput, time to first token and the decode roofline");
+    app.add_option("--job-prompt", o->job_prompt, "random prompt tokens per job")->capture_default_str();
+    app.add_option("--job-gen", o->job_gen, "tokens generated per job")->capture_default_str();
+    app.add_option("--job-batch-tokens", o->job_batch_tokens,
+                   "tokens per generator step (decode + prompt chunks); 0 = N + 2048")
+        ->capture_default_str();
+    app.add_option("--job-chunk", o->job_chunk, "most prompt tokens one job adds to a step")->capture_default_str();
+    app.add_option("--job-warmup", o->job_warmup, "untimed runs of the same shape before each timed one")
+        ->capture_default_str();
+    app.add_option("--seed", o->seed, "seed of the random prompts")->capture_default_str();
     return [o] { return bench(*o); };
 }
 
