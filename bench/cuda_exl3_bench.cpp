@@ -3,12 +3,13 @@
 // so that no call is served from the L2 (a decode step reads every layer's weights once). Each cell: time, effective
 // weight bandwidth k*n*K/8 / time, and the speedup over the reference's time.
 //
-// Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N]   (--shapes 5: the 8B rows only)
+// Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N] [--batch-sweep]   (--shapes 5: the 8B rows only)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -90,17 +91,22 @@ bool make_layer(int k, int n, int K, Exl3Codebook cb, const std::vector<uint64_t
     return true;
 }
 
-// Median microseconds per call over 10 replays of a graph of 20 calls.
-double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
+// Median microseconds per call over 10 replays of a graph of 20 calls. path: 0 the fused kernel (rows <= 16),
+// 1 fused passes of 16 rows, 2 decode + cuBLAS.
+double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb,
+                  int path = 0) {
     cudaStream_t s = ctx.stream();
     Exl3Out o;
     o.y = y;
     o.f32 = false;
     o.act = ActType::kF16;
     o.ldy = l.w[0].n;
-    auto run = [&](int i) {
+    auto run = [&](int i) -> cudaError_t {
         const Exl3Part part{l.w[static_cast<size_t>(i) % l.w.size()], 0, nullptr};
-        return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
+        if (path == 0) return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
+        const Status st = path == 1 ? exl3_matmul_fused_passes(ctx, &part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb)
+                                    : exl3_matmul_large(ctx, &part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb);
+        return st.is_ok() ? cudaSuccess : cudaErrorUnknown;
     };
     for (int i = 0; i < 3; ++i) run(i);  // warm-up outside capture (function attributes, first-launch costs)
     cudaGraph_t g;
@@ -137,7 +143,13 @@ int main(int argc, char** argv) {
     Exl3Codebook cb = Exl3Codebook::kMul1;
     int n_shapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
     int only_shape = -1, only_k = 0;  // --only SHAPE_INDEX K: one cell (for profilers)
+    bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
+    for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
     for (int i = 1; i + 1 < argc; i += 2) {
+        if (!std::strcmp(argv[i], "--batch-sweep")) {  // a flag: no value to skip
+            --i;
+            continue;
+        }
         if (!std::strcmp(argv[i], "--only") && i + 2 < argc) {
             only_shape = std::atoi(argv[i + 1]);
             only_k = std::atoi(argv[i + 2]);
@@ -194,6 +206,35 @@ int main(int argc, char** argv) {
         }
         const double bytes4 = static_cast<double>(sh.k) * sh.n * 4 / 8;
         std::printf(" %.1f us, %.2f TB/s, %.1fx |\n", b8, bytes4 / b8 / 1e6, sh.ref_b8_us / b8);
+    }
+    if (batch_sweep) {
+        // Beyond 16 rows: passes of the fused kernel against decode + cuBLAS (sets kExl3FusedPassMaxRows).
+        std::printf("\nK4, batch sweep: fused passes of 16 rows vs decode + cuBLAS (us per call)\n\n| shape | path |");
+        const int batches[] = {16, 17, 24, 32, 48, 64, 96};
+        for (int b : batches) std::printf(" %d |", b);
+        std::printf("\n|---|---|");
+        for (size_t i = 0; i < std::size(batches); ++i) std::printf("---|");
+        std::printf("\n");
+        std::vector<uint16_t> xb(96 * max_k);
+        for (size_t i = 0; i < xb.size(); ++i) xb[i] = static_cast<uint16_t>(0x3000 + (noise[i % noise.size()] & 0x3ff));
+        DeviceBuffer xw, yw;
+        if (!xw.upload(xb.data(), xb.size() * 2).is_ok() || !yw.reserve(96 * max_n * 4).is_ok()) return 1;
+        for (int si : {0, 2, 3}) {
+            const Shape& sh = kShapes[si];
+            Layer l;
+            if (!make_layer(sh.k, sh.n, 4, cb, noise, &l)) return 1;
+            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 96), kExl3CounterBytes);
+            if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
+                return 1;
+            for (int path : {1, 2}) {
+                std::printf("| %s | %s |", sh.name, path == 1 ? "fused passes" : "decode + cuBLAS");
+                for (int b : batches) {
+                    std::printf(" %.1f |", time_calls(**ctx, l, xw.get(), b, yw.get(), ws.get(), ws.bytes(), path));
+                    std::fflush(stdout);
+                }
+                std::printf("\n");
+            }
+        }
     }
     const cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -84,9 +84,10 @@ struct MatmulCase {
     bool bias;
 };
 
-// Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref).
+// Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref). path: 0 exl3_matmul's
+// choice, 1 fused passes of 16 rows, 2 decode + cuBLAS (whatever exl3_matmul would pick for these shapes).
 void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, ActType xt, bool out_f32,
-                  uint32_t seed) {
+                  uint32_t seed, int path = 0) {
     auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed);
     const auto& l = s.layer;
     DevLayer d;
@@ -121,7 +122,10 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     o.bias = c.bias ? d.bias.as<float>() : nullptr;
     // Twice: the split-K counters must be back at zero after a call.
     for (int rep = 0; rep < 2; ++rep) {
-        Status st = cuda::exl3_matmul(ctx, d.w, dx.get(), xt, c.in, rows, o, ws.get(), wsb);
+        const cuda::Exl3Part p1{d.w, o.col0, o.bias};
+        Status st = path == 1   ? cuda::exl3_matmul_fused_passes(ctx, &p1, 1, dx.get(), xt, c.in, rows, o, ws.get(), wsb)
+                    : path == 2 ? cuda::exl3_matmul_large(ctx, &p1, 1, dx.get(), xt, c.in, rows, o, ws.get(), wsb)
+                                : cuda::exl3_matmul(ctx, d.w, dx.get(), xt, c.in, rows, o, ws.get(), wsb);
         ASSERT_TRUE(st.is_ok()) << st.to_string();
     }
     EXL3_CUDA_OK(cudaStreamSynchronize(ctx.stream()));
@@ -158,9 +162,10 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     }
     EXPECT_EQ(touched, 0u);
     const cuda::Exl3Part part{d.w, 0, nullptr};
-    std::printf("  in %5d out %5d K %d cb %d rows %2d %s->%s splits %d: max err %.2e of rms\n", c.in, c.out, c.K,
+    std::printf("  in %5d out %5d K %d cb %d rows %2d %s->%s splits %d%s: max err %.2e of rms\n", c.in, c.out, c.K,
                 static_cast<int>(c.cb), rows, xt == ActType::kBF16 ? "bf16" : "fp16", out_f32 ? "f32" : "act",
-                cuda::exl3_fused_splits(&part, 1, rows), worst);
+                cuda::exl3_fused_splits(&part, 1, rows),
+                path == 1 ? " (fused passes)" : path == 2 ? " (decode + cuBLAS)" : "", worst);
 }
 
 TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
@@ -185,6 +190,9 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
         }
         check_matmul(**ctx, c, 5, ActType::kF16, false, seed++);
         check_matmul(**ctx, c, 40, ActType::kF16, true, seed++);
+        // Both ways beyond 16 rows, whichever exl3_matmul picks for this shape (it goes by the matrix size).
+        check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 1);
+        check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 2);
         if (HasFatalFailure()) return;
     }
 }

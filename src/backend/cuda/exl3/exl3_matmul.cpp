@@ -94,11 +94,45 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
 
 }  // namespace
 
+Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
+                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+    // Passes share the workspace safely: each pass's rotation kernel waits for the previous matmul grid to complete
+    // (programmatic dependent launch lets it start early, not run ahead of that).
+    const size_t y_size = out.f32 ? 4 : 2;
+    for (int r0 = 0; r0 < rows; r0 += kExl3FusedMaxRows) {
+        const int nr = std::min(kExl3FusedMaxRows, rows - r0);
+        Exl3Out o = out;
+        o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
+        const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * 2;  // bf16 or fp16
+        EXL3_RETURN_IF_ERROR(
+            check_cuda(exl3_fused(parts, nparts, xr, xt, ldx, nr, o, ws, ws_bytes, ctx.stream()), "exl3 fused"));
+    }
+    return Status::ok();
+}
+
+// Beyond 16 rows, passes of the fused kernel decode the weights again per pass, while decode + cuBLAS has a cost
+// that hardly grows with rows. Measured on the H200 (bench_cuda_exl3 --batch-sweep, K4, us per call at 17 / 32 / 48
+// rows): 4096x14336 passes 61.9 / 76.3 / 113.9 against 91.1 / 92.1 / 93.5; 14336x4096 56.5 / 67.7 / 101.0 against
+// 88.1 / 89.0 / 90.7; 4096x4096 32.7 / 41.4 against 26.9 / 27.2. So: two passes for matrices of >= 32 M weights.
+static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
+    if (rows <= kExl3FusedMaxRows) return true;
+    if (rows > kExl3FusedPassMaxRows) return false;
+    int64_t weights = 0;
+    for (int i = 0; i < nparts; ++i) weights += static_cast<int64_t>(parts[i].w.k_pad) * parts[i].w.n_pad;
+    return weights >= (int64_t{32} << 20);
+}
+
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
     if (rows <= 0) return Status::ok();
-    if (rows <= kExl3FusedMaxRows)
-        return check_cuda(exl3_fused(parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, ctx.stream()), "exl3 fused");
+    if (use_fused_passes(parts, nparts, rows))
+        return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);
+    return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);
+}
+
+Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+    if (rows <= 0) return Status::ok();
     for (int i = 0; i < nparts; ++i) {
         Exl3Out o = out;
         o.col0 = parts[i].col0;

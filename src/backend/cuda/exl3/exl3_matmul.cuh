@@ -10,6 +10,8 @@
 //   rows <= kExl3FusedMaxRows  one fused kernel per call: input rotation, tensor-core matmul with the weights decoded
 //                              from shared memory, split-K reduction by the last block of each column group, output
 //                              rotation, scales and bias. Weights stream through a cp.async ring.
+//   <= kExl3FusedPassMaxRows   for matrices of >= 32 M weights, the fused kernel in passes of 16 rows (each pass
+//                              decodes the weights again, which costs less than writing and reading them as fp16)
 //   more rows                   xh by a rotation kernel; W^ decoded to fp16 in column chunks and multiplied by cuBLAS;
 //                              the output rotation by a third kernel (prefill, where the GEMM is compute-bound).
 // Plain C++ header: raw device pointers in, errors out, everything asynchronous on the given stream.
@@ -31,6 +33,7 @@ class CudaContext;
 enum class Exl3Codebook : int { k3Inst = 0, kMcg = 1, kMul1 = 2 };
 
 inline constexpr int kExl3FusedMaxRows = 16;
+inline constexpr int kExl3FusedPassMaxRows = 32;  // bench_cuda_exl3 --batch-sweep (exl3_matmul.cpp)
 
 // One EXL3 linear in device memory.
 struct Exl3DevWeights {
@@ -74,6 +77,13 @@ cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s);
 // Needs the context's cuBLAS handle for rows > kExl3FusedMaxRows.
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+
+// The two ways exl3_matmul takes beyond 16 rows, for benchmarks and tests: passes of 16 rows through the fused
+// kernel, and decode + cuBLAS.
+Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
+                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
 
 // One linear: columns [out.col0, out.col0 + n), bias out.bias.
 inline size_t exl3_workspace_bytes(const Exl3DevWeights& w, int rows) {
