@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -30,6 +31,17 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
     std::vector<float> v(n);
     for (auto& x : v) x = d(rng);
     return v;
+}
+
+// n token ids in [0, vocab) from a fixed LCG: the same prompts on every run and machine.
+inline std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    uint32_t x = seed;
+    for (auto& v : t) {
+        x = x * 1664525u + 1013904223u;
+        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+    }
+    return t;
 }
 
 }  // namespace exl3::test

@@ -28,15 +28,7 @@ std::unique_ptr<Model> load_cuda(const std::string& dir) {
     return m.is_ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& v : t) {
-        x = x * 1664525u + 1013904223u;
-        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-    }
-    return t;
-}
+std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) { return test::random_tokens(n, seed, vocab); }
 
 struct Output {
     std::vector<int32_t> ids;
@@ -61,7 +53,9 @@ std::vector<Output> run(const Model& m, const std::vector<GenerationRequest>& re
             o.ids.insert(o.ids.end(), u.tokens.begin(), u.tokens.end());
             o.logprobs.insert(o.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
             o.top.insert(o.top.end(), u.top_logprobs.begin(), u.top_logprobs.end());
-            if (u.finish != FinishReason::kNone) EXPECT_EQ(u.finish, FinishReason::kLength) << u.error.to_string();
+            if (u.finish != FinishReason::kNone) {
+                EXPECT_EQ(u.finish, FinishReason::kLength) << u.error.to_string();
+            }
         });
         EXPECT_TRUE(s.is_ok()) << s.to_string();
     };

@@ -21,15 +21,7 @@ std::unique_ptr<Model> load(const std::string& dir, const char* device) {
     return m.is_ok() ? std::move(*m) : nullptr;
 }
 
-std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& v : t) {
-        x = x * 1664525u + 1013904223u;
-        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-    }
-    return t;
-}
+std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) { return test::random_tokens(n, seed, vocab); }
 
 // max |a - b| / max |b| over one row of logits.
 float rel_err(const float* a, const float* b, int n) {

@@ -16,16 +16,11 @@
 namespace exl3::cuda {
 namespace {
 
-__global__ void kv_append_kernel(uint4* __restrict__ k, uint4* __restrict__ v, const uint4* __restrict__ k_new,
-                                 const uint4* __restrict__ v_new, const int32_t* __restrict__ q_start,
-                                 const int32_t* __restrict__ seq_len, const int32_t* __restrict__ page_table,
-                                 int max_pages, int batch, int page_size, int row_chunks, int64_t total_chunks) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i >= total_chunks) return;
-    const int row = static_cast<int>(i / row_chunks);  // query row (token) index
-    const int c = static_cast<int>(i % row_chunks);    // chunk within the token's [n_kv_heads, head_dim] row
-    if (row >= q_start[batch]) return;                 // grid sized from the host bound; the device total may be less
-    // Sequence of this row: the last b with q_start[b] <= row (binary search over the prefix sums).
+// The cache slot (page * page_size + offset) of query row `row`: its sequence is the last b with q_start[b] <= row
+// (binary search over the prefix sums), its position the sequence's length minus the rows after it.
+__device__ __forceinline__ int64_t cache_slot(int row, const int32_t* __restrict__ q_start,
+                                              const int32_t* __restrict__ seq_len, const int32_t* __restrict__ page_table,
+                                              int max_pages, int batch, int page_size) {
     int lo = 0, hi = batch - 1;
     while (lo < hi) {
         const int mid = (lo + hi + 1) >> 1;
@@ -36,7 +31,19 @@ __global__ void kv_append_kernel(uint4* __restrict__ k, uint4* __restrict__ v, c
     const int q_len = q_start[b + 1] - q_start[b];
     const int pos = seq_len[b] - q_len + (row - q_start[b]);
     const int page = page_table[static_cast<int64_t>(b) * max_pages + pos / page_size];
-    const int64_t dst = (static_cast<int64_t>(page) * page_size + pos % page_size) * row_chunks + c;
+    return static_cast<int64_t>(page) * page_size + pos % page_size;
+}
+
+__global__ void kv_append_kernel(uint4* __restrict__ k, uint4* __restrict__ v, const uint4* __restrict__ k_new,
+                                 const uint4* __restrict__ v_new, const int32_t* __restrict__ q_start,
+                                 const int32_t* __restrict__ seq_len, const int32_t* __restrict__ page_table,
+                                 int max_pages, int batch, int page_size, int row_chunks, int64_t total_chunks) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= total_chunks) return;
+    const int row = static_cast<int>(i / row_chunks);  // query row (token) index
+    const int c = static_cast<int>(i % row_chunks);    // chunk within the token's [n_kv_heads, head_dim] row
+    if (row >= q_start[batch]) return;                 // grid sized from the host bound; the device total may be less
+    const int64_t dst = cache_slot(row, q_start, seq_len, page_table, max_pages, batch, page_size) * row_chunks + c;
     k[dst] = k_new[i];
     v[dst] = v_new[i];
 }
@@ -135,17 +142,7 @@ __global__ void kv_append_quant_kernel(QuantSideArgs k, QuantSideArgs v, const i
     const int chunks_per_head = head_dim / 8;
     const int head = c / chunks_per_head, cc = c % chunks_per_head;
     if (valid) {
-        int lo = 0, hi = batch - 1;
-        while (lo < hi) {
-            const int mid = (lo + hi + 1) >> 1;
-            if (q_start[mid] <= row) lo = mid;
-            else hi = mid - 1;
-        }
-        const int b = lo;
-        const int q_len = q_start[b + 1] - q_start[b];
-        const int pos = seq_len[b] - q_len + (row - q_start[b]);
-        const int page = page_table[static_cast<int64_t>(b) * max_pages + pos / page_size];
-        const int64_t slot = static_cast<int64_t>(page) * page_size + pos % page_size;
+        const int64_t slot = cache_slot(row, q_start, seq_len, page_table, max_pages, batch, page_size);
         vec = slot * n_kv_heads + head;
         plain_dst = slot * row_chunks + c;
     }

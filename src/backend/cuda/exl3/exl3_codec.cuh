@@ -106,15 +106,22 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
     return *reinterpret_cast<const __half2*>(&u);
 }
 
+// MUL1 without its final affine map: two states -> fp16 (1024 + byte sum) each, exact integers. The codebook value is
+// (1024 + b) * kMul1Scale + kMul1Offset rounded to fp16; a matmul that multiplies by the raw values and applies the
+// map to the sums (scale * sum + offset * sum(x)) skips one HFMA2 per pair and differs only by that rounding.
+inline constexpr uint16_t kMul1ScaleBits = 0x1EEE, kMul1OffsetBits = 0xC931;
+__device__ __forceinline__ uint32_t mul1_raw_pair(uint32_t s0, uint32_t s1) {
+    const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
+    const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
+    return __byte_perm(r0, r1, 0x5410);
+}
+
 // Two states -> their codebook values as one half2 (first state in the low half), rounded exactly as the host codec
 // (quant/codebook.cpp): one fp16 FMA (MUL1) or one fp16 add (3INST, MCG), round to nearest even.
 template <int CB>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
     if constexpr (CB == 2) {  // MUL1: 1024 + byte sum of s * mult, then * 0x1EEE + 0xC931 in fp16
-        const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
-        const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
-        const __half2 h = bits_h2(__byte_perm(r0, r1, 0x5410));
-        return h2_bits(__hfma2(h, bits_h2(0x1EEE1EEEu), bits_h2(0xC931C931u)));
+        return h2_bits(__hfma2(bits_h2(mul1_raw_pair(s0, s1)), bits_h2(0x1EEE1EEEu), bits_h2(0xC931C931u)));
     } else {
         uint32_t x0, x1;
         if constexpr (CB == 1) {
@@ -128,16 +135,6 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
         x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
         return h2_bits(__hadd2(bits_h2(__byte_perm(x0, x1, 0x5410)), bits_h2(__byte_perm(x0, x1, 0x7632))));
     }
-}
-
-// MUL1 without its final affine map: two states -> fp16 (1024 + byte sum) each, exact integers. The codebook value is
-// (1024 + b) * kMul1Scale + kMul1Offset rounded to fp16; a matmul that multiplies by the raw values and applies the
-// map to the sums (scale * sum + offset * sum(x)) skips one HFMA2 per pair and differs only by that rounding.
-inline constexpr uint16_t kMul1ScaleBits = 0x1EEE, kMul1OffsetBits = 0xC931;
-__device__ __forceinline__ uint32_t mul1_raw_pair(uint32_t s0, uint32_t s1) {
-    const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
-    const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
-    return __byte_perm(r0, r1, 0x5410);
 }
 
 // 3INST / MCG split in two: the value is the fp16 sum of two masked halves of x = s * mult (+ add); instead of adding
