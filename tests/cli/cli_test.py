@@ -100,6 +100,23 @@ class RunTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(out.strip(), b"")
 
+    def test_kv_cache_options(self):
+        # A quantized, small shared cache: still generates; 8-bit KV keeps tiny-draft's greedy text for a few tokens.
+        base = ("run", "-m", DRAFT, "-p", "Once upon a time", "-n", "6", "--ids", "--ignore-eos")
+        rc, out, err = exl3(*base)
+        self.assertEqual(rc, 0, err)
+        rc, out8, err = exl3(*base, "--kv-bits", "8", "--cache-tokens", "256")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(len(out8.split()), 6)
+        self.assertEqual(out8.split()[:2], out.split()[:2])
+        rc, _, err = exl3(*base, "--cache-tokens", "-5")
+        self.assertNotEqual(rc, 0)
+        self.assertIn("cache-tokens", err)
+        rc, out, err = exl3("serve", "--help")
+        self.assertEqual(rc, 0, err)
+        for flag in (b"--kv-bits", b"--cache-tokens"):
+            self.assertIn(flag, out)
+
     def test_quiet_leaves_stderr_empty(self):
         rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
         self.assertEqual(rc, 0, err)

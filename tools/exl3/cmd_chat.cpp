@@ -211,7 +211,7 @@ Runner add_chat(CLI::App& app) {
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
-    add_kv_bits_options(app, o->kv_bits);
+    add_kv_bits_options(app, o->kv_bits, true);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,
                  "recompute the whole conversation every turn instead of reusing the cached KV of earlier turns");

@@ -165,7 +165,7 @@ Runner add_run(CLI::App& app) {
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
-    add_kv_bits_options(app, o->kv_bits);
+    add_kv_bits_options(app, o->kv_bits, true);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");

@@ -30,6 +30,7 @@ struct ServeOptions {
     GeneratorOptions gen;
     size_t max_body_mb = 8;
     std::string chat_template_file;
+    KvBitsFlags kv_bits;  // --kv-bits*, --cache-tokens
 };
 
 int serve(ServeOptions& o) {
@@ -64,6 +65,7 @@ int serve(ServeOptions& o) {
     lo.threads = o.threads;
     lo.context_length = o.context;
     lo.device = o.device;
+    o.kv_bits.apply(lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("serve", model.status().to_string());
 
@@ -120,7 +122,8 @@ Runner add_serve(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     app.add_option("-t,--threads", o->threads, "CPU threads for the model (0 = all)");
-    app.add_option("-c,--context", o->context, "context length (0 = the model's)");
+    app.add_option("-c,--context", o->context, "context length of one request (0 = the model's)");
+    add_kv_bits_options(app, o->kv_bits, true);
     return [o] { return serve(*o); };
 }
 
