@@ -94,7 +94,7 @@ struct Generator::Impl {
     void accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top, JobUpdate& u);
 #ifdef EXL3_HAVE_CUDA
     std::unique_ptr<cuda::DeviceSampler> dev_sampler;
-    // Samples the rows of `slots` that need a token from device logits; fills ids (and logprobs) per row.
+    // Samples device logits row k for jobs[k] (nullptr: a row no job needs, e.g. mid-prompt); fills ids and logprobs.
     Status sample_on_device(const Model::DeviceLogits& dl, const std::vector<Job*>& jobs,
                             std::vector<cuda::DeviceSampler::Result>* out);
 #endif
