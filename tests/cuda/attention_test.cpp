@@ -118,16 +118,7 @@ CodeDiff code_diff(const QuantPool& a, const QuantPool& b) {
     return d;
 }
 
-template <typename T>
-struct DevBuf {
-    T* p = nullptr;
-    explicit DevBuf(size_t n) {
-        if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-    }
-    ~DevBuf() { cudaFree(p); }
-    DevBuf(const DevBuf&) = delete;
-    DevBuf& operator=(const DevBuf&) = delete;
-};
+using test::DevBuf;
 
 // Host-side model of one step: the page pool, the plan arrays, and the inputs in both 16-bit and rounded fp32 form.
 struct Step {

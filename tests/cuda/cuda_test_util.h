@@ -4,6 +4,8 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -32,6 +34,18 @@ inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1
     for (auto& x : v) x = d(rng);
     return v;
 }
+
+// n elements of T on the device (null when cudaMalloc fails; tests check), freed at scope exit.
+template <typename T>
+struct DevBuf {
+    T* p = nullptr;
+    explicit DevBuf(size_t n) {
+        if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
+    }
+    ~DevBuf() { cudaFree(p); }
+    DevBuf(const DevBuf&) = delete;
+    DevBuf& operator=(const DevBuf&) = delete;
+};
 
 // n token ids in [0, vocab) from a fixed LCG: the same prompts on every run and machine.
 inline std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {

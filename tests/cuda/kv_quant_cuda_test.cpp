@@ -31,16 +31,7 @@ namespace {
 
 using cuda::AttnDType;
 
-template <typename T>
-struct DevBuf {
-    T* p = nullptr;
-    explicit DevBuf(size_t n) {
-        if (cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(T)) != cudaSuccess) p = nullptr;
-    }
-    ~DevBuf() { cudaFree(p); }
-    DevBuf(const DevBuf&) = delete;
-    DevBuf& operator=(const DevBuf&) = delete;
-};
+using test::DevBuf;
 
 uint16_t to_bits(float f, AttnDType dt) {
     return dt == AttnDType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
