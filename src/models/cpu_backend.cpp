@@ -185,10 +185,26 @@ Status CpuBackend::attention(int layer, int window) {
     return Status::ok();
 }
 
-Status CpuBackend::silu_mul() {
+Status CpuBackend::qkv_heads(int layer, bool qk_norm, float eps) {
+    EXL3_RETURN_IF_ERROR(split_qkv());
+    if (qk_norm) {
+        const HostLayer& L = w_.layers[static_cast<size_t>(layer)];
+        EXL3_RETURN_IF_ERROR(head_norm(Slot::kQ, cfg_.num_heads, L.q_norm, eps));
+        EXL3_RETURN_IF_ERROR(head_norm(Slot::kK, cfg_.num_kv_heads, L.k_norm, eps));
+    }
+    EXL3_RETURN_IF_ERROR(rope(Slot::kQ, cfg_.num_heads));
+    return rope(Slot::kK, cfg_.num_kv_heads);
+}
+
+Status CpuBackend::linear_glu(Slot in, const HostLinear& l, Slot out) {
+    EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
+    return silu_mul(out);
+}
+
+Status CpuBackend::silu_mul(Slot out) {
     const int T = plan_->total(), I = cfg_.intermediate_size;
     const float* gu = buf(Slot::kGU).data();
-    float* g = buf(Slot::kG).data();
+    float* g = buf(out).data();
     for (int t = 0; t < T; ++t) {
         std::memcpy(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
         cpu::silu_mul(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I + I, 1, I);

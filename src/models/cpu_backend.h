@@ -59,14 +59,16 @@ public:
     Status embed();
     Status add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out);
     Status linear(Slot in, const HostLinear& l, Slot out);
-    Status split_qkv();
-    Status head_norm(Slot s, int heads, const std::vector<float>& w, float eps);
-    Status rope(Slot s, int heads);
+    Status qkv_heads(int layer, bool qk_norm, float eps);
     Status attention(int layer, int window);
-    Status silu_mul();
+    Status linear_glu(Slot in, const HostLinear& l, Slot out);
     Status logits(float eps, float* out);
 
 private:
+    Status split_qkv();
+    Status head_norm(Slot s, int heads, const std::vector<float>& w, float eps);
+    Status rope(Slot s, int heads);
+    Status silu_mul(Slot out);
     std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
     void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
 

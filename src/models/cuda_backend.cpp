@@ -13,6 +13,7 @@
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/log.h"
 #include "format/rope.h"
@@ -250,6 +251,11 @@ struct CudaModel::State {
 namespace {
 
 // The backend object decoder_forward drives: enqueues work on the stream, never synchronises.
+//
+// Single-token steps (batch-1 decode) fold the norms into the GEMVs: a sub-layer output that joins the residual
+// stream is added to h by the GEMV itself (GemvOut::accumulate), and add_norm then only records the norm; the
+// next linear computes it per block from h (GemvIn::h). Two kernels a layer fewer. Whenever the consumer cannot
+// take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
 class CudaOps {
 public:
     CudaOps(CudaModel::State& s, cuda::AttentionBatch batch) : s_(s), batch_(batch) {}
@@ -264,6 +270,19 @@ public:
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
+        EXL3_RETURN_IF_ERROR(flush_norm());
+        if (delta != Slot::kNone && in_h_[static_cast<size_t>(delta)]) {  // the GEMV already added it to h
+            in_h_[static_cast<size_t>(delta)] = false;
+            delta = Slot::kNone;
+        }
+        static const bool fuse = [] {  // kernel-lab switch (EXL3_FUSE_NORM=0: the norm as a kernel of its own)
+            const char* e = std::getenv("EXL3_FUSE_NORM");
+            return !(e && std::string(e) == "0");
+        }();
+        if (fuse && delta == Slot::kNone && T() == 1) {
+            norm_ = PendingNorm{w.as<float>(), eps, out, true};
+            return Status::ok();
+        }
         return ck(cuda::add_rms_norm(s_.h.as<float>(), delta == Slot::kNone ? nullptr : static_cast<const float*>(slot(delta)), w.as<float>(),
                                      eps, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
                   "add_rms_norm");
@@ -271,29 +290,44 @@ public:
     Status linear(Slot in, const DevLinear& l, Slot out) {
         // Outputs that join the residual stream stay fp32.
         const bool f32 = CudaModel::State::is_f32(out);
+        const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
+        if (l.exl3.empty() && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
+            cuda::GemvOut o{slot(out), f32, false, bias};
+            if (f32) {  // kO / kDown: straight into the residual stream
+                o.y = s_.h.get();
+                o.accumulate = true;
+                in_h_[static_cast<size_t>(out)] = true;
+            }
+            return gemv(in, l, o, false, l.out);
+        }
+        EXL3_RETURN_IF_ERROR(flush_norm());
         if (!l.exl3.empty()) return exl3_linear(slot(in), l, slot(out), f32, l.out, T());
-        EXL3_RETURN_IF_ERROR(cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in));
-        if (!l.bias.get()) return Status::ok();
-        if (f32) return ck(cuda::add_bias_f32(static_cast<float*>(slot(out)), l.bias.as<float>(), T(), l.out, st()), "bias");
-        return ck(cuda::add_bias(slot(out), s_.act, l.bias.as<float>(), T(), l.out, l.out, st()), "add_bias");
+        return cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in, bias);
     }
-    Status split_qkv() {
-        const int qd = s_.cfg.q_dim(), kvd = s_.cfg.kv_dim(), ld = qd + 2 * kvd;
-        EXL3_RETURN_IF_ERROR(ck(cuda::copy_columns(slot(Slot::kQKV), ld, 0, slot(Slot::kQ), s_.act, T(), qd, st()), "q"));
-        EXL3_RETURN_IF_ERROR(ck(cuda::copy_columns(slot(Slot::kQKV), ld, qd, slot(Slot::kK), s_.act, T(), kvd, st()), "k"));
-        return ck(cuda::copy_columns(slot(Slot::kQKV), ld, qd + kvd, slot(Slot::kV), s_.act, T(), kvd, st()), "v");
+    Status linear_glu(Slot in, const DevLinear& l, Slot out) {
+        const int inter = s_.cfg.intermediate_size;
+        if (l.exl3.empty() && !l.bias.get() && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
+            return gemv(in, l, cuda::GemvOut{slot(out), false, false, nullptr}, true, inter);
+        EXL3_RETURN_IF_ERROR(flush_norm());
+        if (!l.exl3.empty() || l.bias.get()) {
+            EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
+            return ck(cuda::silu_mul(slot(Slot::kGU), slot(out), s_.act, T(), inter, st()), "silu_mul");
+        }
+        return cuda::gemm_glu(*s_.ctx, slot(in), l.w.get(), slot(Slot::kGU), slot(out), s_.act, T(), inter, l.in);
     }
-    Status head_norm(Slot sl, int heads, const DeviceBuffer& w, float eps) {
-        return ck(cuda::head_rms_norm(slot(sl), s_.act, w.as<float>(), eps, T() * heads, s_.cfg.head_dim, st()),
-                  "head_rms_norm");
-    }
-    Status rope(Slot sl, int heads) {
+    Status qkv_heads(int li, bool qk_norm, float eps) {
+        EXL3_RETURN_IF_ERROR(flush_norm());
+        const DevLayer& L = layer(li);
         const int hd = s_.cfg.head_dim;
-        return ck(cuda::rope(slot(sl), s_.act, T(), heads * hd, heads, hd, positions(), s_.inv_freq.as<float>(),
-                             s_.rope.rotary_dim, s_.rope.attention_scaling, st()),
-                  "rope");
+        return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
+                                  s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
+                                  qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
+                                  eps, positions(), s_.inv_freq.as<float>(), s_.rope.rotary_dim,
+                                  s_.rope.attention_scaling, st()),
+                  "qkv_heads");
     }
     Status attention(int li, int window) {
+        EXL3_RETURN_IF_ERROR(flush_norm());
         const cuda::PagedKV kv = s_.paged(li);
         EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
@@ -301,15 +335,22 @@ public:
                                   s_.attn_ws.get(), st()),
                   "attention");
     }
-    Status silu_mul() {
-        return ck(cuda::silu_mul(slot(Slot::kGU), slot(Slot::kG), s_.act, T(), s_.cfg.intermediate_size, st()),
-                  "silu_mul");
-    }
     Status logits(float eps, float*) {
         const int H = s_.cfg.hidden_size;
         EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.final_norm, eps, Slot::kX));
         const int n_out = static_cast<int>(plan_->out_rows.size());
         const void* x = slot(Slot::kX);
+        if (s_.head && n_out == T() && cuda::use_gemv(T(), H, x, s_.head) && norm_.active) {
+            norm_.active = false;
+            cuda::GemvIn in;
+            in.h = s_.h.as<float>();
+            in.norm_w = norm_.w;
+            in.eps = norm_.eps;
+            return ck(cuda::gemv_ex(in, s_.head, cuda::GemvOut{s_.logits.get(), true, false, nullptr}, s_.act, false,
+                                    T(), s_.cfg.vocab_size, H, st()),
+                      "head gemv");
+        }
+        EXL3_RETURN_IF_ERROR(flush_norm());
         if (n_out != T()) {
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
                                                       s_.xout.get(), s_.act, st()),
@@ -321,6 +362,37 @@ public:
     }
 
 private:
+    struct PendingNorm {
+        const float* w = nullptr;
+        float eps = 0.0f;
+        Slot out = Slot::kNone;
+        bool active = false;
+    };
+
+    // Runs the recorded norm (h -> its slot) as a kernel of its own.
+    Status flush_norm() {
+        if (!norm_.active) return Status::ok();
+        norm_.active = false;
+        return ck(cuda::add_rms_norm(s_.h.as<float>(), nullptr, norm_.w, norm_.eps, slot(norm_.out), s_.act, T(),
+                                     s_.cfg.hidden_size, st()),
+                  "add_rms_norm");
+    }
+
+    // A dense linear through the GEMV, taking the recorded norm when `in` is its output (and it fits).
+    Status gemv(Slot in, const DevLinear& l, const cuda::GemvOut& o, bool glu, int m) {
+        cuda::GemvIn gi;
+        gi.x = slot(in);
+        if (norm_.active && norm_.out == in && cuda::gemv_norm_supported(T(), l.in, s_.h.as<float>(), l.w.get())) {
+            norm_.active = false;
+            gi.h = s_.h.as<float>();
+            gi.norm_w = norm_.w;
+            gi.eps = norm_.eps;
+        } else {
+            EXL3_RETURN_IF_ERROR(flush_norm());
+        }
+        return ck(cuda::gemv_ex(gi, l.w.get(), o, s_.act, glu, T(), m, l.in, st()), glu ? "gemv_glu" : "gemv");
+    }
+
     // Every EXL3 part writes its columns of y (row stride ldy), bias included; parts that share K run as one launch.
     Status exl3_linear(const void* x, const DevLinear& l, void* y, bool f32, int ldy, int rows) {
         cuda::Exl3Out o;
@@ -342,6 +414,8 @@ private:
     CudaModel::State& s_;
     cuda::AttentionBatch batch_;
     const StepPlan* plan_ = nullptr;
+    PendingNorm norm_;
+    std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
 };
 
 }  // namespace
@@ -469,8 +543,13 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     const bool decode = T == B && n_out == T;
     const bool use_graph = s.opts.graphs && decode;
     const cuda::AttentionBatch ab = s.attention_batch(plan, use_graph);
+    const void* old_ws = s.attn_ws.get();
     EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab, s.cfg.num_heads, s.cfg.head_dim,
                                                                            s.opts.kv_bits_k, s.opts.kv_bits_v)));
+    if (s.attn_ws.get() != old_ws) {  // a new buffer: graphs captured with the old one are stale
+        for (auto& [b, g] : s.graphs) cudaGraphExecDestroy(g);
+        s.graphs.clear();
+    }
     CudaOps ops(s, ab);
     if (!use_graph) {
         EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));

@@ -59,18 +59,12 @@ Status decoder_forward(B& b, const ModelConfig& c, const StepPlan& plan, float* 
         // The previous layer's MLP output joins the residual stream inside the norm.
         EXL3_RETURN_IF_ERROR(b.add_norm(li == 0 ? Slot::kNone : Slot::kDown, L.attn_norm, eps, Slot::kX));
         EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
-        EXL3_RETURN_IF_ERROR(b.split_qkv());
-        if (c.qk_norm) {
-            EXL3_RETURN_IF_ERROR(b.head_norm(Slot::kQ, c.num_heads, L.q_norm, eps));
-            EXL3_RETURN_IF_ERROR(b.head_norm(Slot::kK, c.num_kv_heads, L.k_norm, eps));
-        }
-        EXL3_RETURN_IF_ERROR(b.rope(Slot::kQ, c.num_heads));
-        EXL3_RETURN_IF_ERROR(b.rope(Slot::kK, c.num_kv_heads));
+        // kQKV -> kQ, kK, kV; with c.qk_norm, q and k heads RMS-normed by L.q_norm / L.k_norm; then RoPE on q, k.
+        EXL3_RETURN_IF_ERROR(b.qkv_heads(li, c.qk_norm, eps));
         EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
         EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
         EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
-        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.gate_up, Slot::kGU));
-        EXL3_RETURN_IF_ERROR(b.silu_mul());  // kGU -> kG
+        EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // silu(x Wg^T) * (x Wu^T), via kGU
         EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
     }
     return b.logits(eps, logits);  // h += kDown; final norm; head over plan.out_rows

@@ -123,6 +123,27 @@ TEST_P(OpsFixture, EmbedAddRmsNormAndBias) {
     }
 }
 
+TEST_P(OpsFixture, RmsNormEveryRowShape) {
+    // Rows the 16-byte kernel holds in registers, rows longer than that, rows of d % 4 != 0 (the plain kernel);
+    // with and without the residual add.
+    for (auto [n, d] : {std::pair{2, 4098}, {3, 10000}, {1, 12288}, {5, 8192}, {1, 6}}) {
+        for (bool with_delta : {false, true}) {
+            auto h = test::random_floats(static_cast<size_t>(n) * d, 41, 3.0f);
+            auto delta = test::random_floats(static_cast<size_t>(n) * d, 42), w = test::random_floats(static_cast<size_t>(d), 43);
+            DeviceBuffer dh = up_f32(h), dd = up_f32(delta), dw = up_f32(w), dout = poisoned(static_cast<size_t>(n) * d * 2);
+            EXL3_CUDA_OK(cuda::add_rms_norm(dh.as<float>(), with_delta ? dd.as<float>() : nullptr, dw.as<float>(), 1e-6f,
+                                            dout.get(), t(), n, d, ctx->stream()));
+            EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+            if (with_delta)
+                for (size_t i = 0; i < h.size(); ++i) h[i] += delta[i];
+            std::vector<float> ref(h.size());
+            cpu::rms_norm(h.data(), w.data(), n, d, 1e-6f, ref.data());
+            EXPECT_LT(rel(down_f32(dh, h.size()), h), 1e-6) << n << "x" << d;
+            EXPECT_LT(rel(down_act(dout, h.size()), ref), tol()) << n << "x" << d << " delta " << with_delta;
+        }
+    }
+}
+
 TEST_P(OpsFixture, HeadNormRopeSiluGather) {
     for (auto [n, heads, hd, rot] : {std::tuple{1, 4, 64, 64}, {9, 8, 128, 128}, {5, 6, 128, 64}, {17, 2, 256, 256}}) {
         const size_t total = static_cast<size_t>(n) * heads * hd;
@@ -211,6 +232,123 @@ TEST_P(OpsFixture, GemvMatchesCpuMatmul) {
     }
     EXPECT_FALSE(cuda::gemv_supported(5, 4096, nullptr, nullptr));
     EXPECT_FALSE(cuda::gemv_supported(1, 4100, nullptr, nullptr));
+}
+
+TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
+    // (tokens, q heads, kv heads, head_dim, rotary_dim, q/k norm)
+    for (auto [n, nq, nkv, hd, rot, norm] : {std::tuple{1, 32, 8, 128, 128, false}, {7, 4, 2, 64, 64, true},
+                                             {5, 6, 6, 128, 64, false}, {3, 8, 1, 256, 256, true},
+                                             {33, 14, 2, 64, 32, true}}) {
+        const int qd = nq * hd, kvd = nkv * hd, ld = qd + 2 * kvd;
+        auto qkv = test::random_floats(static_cast<size_t>(n) * ld, 21, 3.0f);
+        for (auto& v : qkv) v = round(v);
+        auto qw = test::random_floats(static_cast<size_t>(hd), 22), kw = test::random_floats(static_cast<size_t>(hd), 23);
+        std::vector<int32_t> pos(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i) pos[static_cast<size_t>(i)] = i * 977 + 3;
+        std::vector<float> inv(static_cast<size_t>(rot / 2));
+        for (int i = 0; i < rot / 2; ++i) inv[static_cast<size_t>(i)] = std::pow(500000.0f, -2.0f * i / rot);
+        DeviceBuffer dqkv = up_act(qkv), dqw = up_f32(qw), dkw = up_f32(kw), dinv = up_f32(inv), dpos;
+        ASSERT_TRUE(dpos.upload(pos.data(), pos.size() * 4).is_ok());
+        DeviceBuffer dq = poisoned(static_cast<size_t>(n) * qd * 2), dk = poisoned(static_cast<size_t>(n) * kvd * 2),
+                     dv = poisoned(static_cast<size_t>(n) * kvd * 2);
+        EXL3_CUDA_OK(cuda::qkv_heads(dqkv.get(), dq.get(), dk.get(), dv.get(), t(), n, nq, nkv, hd,
+                                     norm ? dqw.as<float>() : nullptr, norm ? dkw.as<float>() : nullptr, 1e-6f,
+                                     dpos.as<int32_t>(), dinv.as<float>(), rot, 0.9f, ctx->stream()));
+        // The CPU reference: split, per-head norm, rope, all in fp32.
+        std::vector<float> q(static_cast<size_t>(n) * qd), k(static_cast<size_t>(n) * kvd), v(k.size());
+        for (int i = 0; i < n; ++i) {
+            const float* row = qkv.data() + static_cast<size_t>(i) * ld;
+            std::copy(row, row + qd, q.begin() + static_cast<long>(i) * qd);
+            std::copy(row + qd, row + qd + kvd, k.begin() + static_cast<long>(i) * kvd);
+            std::copy(row + qd + kvd, row + ld, v.begin() + static_cast<long>(i) * kvd);
+        }
+        if (norm) {
+            cpu::rms_norm(q.data(), qw.data(), n * nq, hd, 1e-6f, q.data());
+            cpu::rms_norm(k.data(), kw.data(), n * nkv, hd, 1e-6f, k.data());
+        }
+        cpu::rope_neox(q.data(), n, nq, hd, pos.data(), inv.data(), rot, 0.9f);
+        cpu::rope_neox(k.data(), n, nkv, hd, pos.data(), inv.data(), rot, 0.9f);
+        EXPECT_LT(rel(down_act(dq, q.size()), q), tol()) << "q " << nq << "x" << hd;
+        EXPECT_LT(rel(down_act(dk, k.size()), k), tol()) << "k " << nkv << "x" << hd;
+        EXPECT_EQ(down_act(dv, v.size()), v) << "v is a copy";
+    }
+    EXPECT_EQ(cuda::qkv_heads(nullptr, nullptr, nullptr, nullptr, t(), 1, 1, 1, 64, nullptr, nullptr, 1e-6f, nullptr,
+                              nullptr, 65, 1.0f, ctx->stream()),
+              cudaErrorInvalidValue);
+}
+
+TEST_P(OpsFixture, GemmBiasAndGatedMatchCpu) {
+    // n = 1 takes the GEMV (bias in its epilogue, gate and up in one pass); n = 5 cuBLAS and the separate kernels.
+    for (auto [n, inter, k] : {std::tuple{1, 1024, 4096}, {1, 333, 1000}, {5, 200, 384}}) {
+        const int m = 2 * inter;
+        auto x = test::random_floats(static_cast<size_t>(n) * k, 24), w = test::random_floats(static_cast<size_t>(m) * k, 25);
+        auto bias = test::random_floats(static_cast<size_t>(m), 26);
+        for (auto& v : x) v = round(v);
+        for (auto& v : w) v = round(v);
+        DeviceBuffer dx = up_act(x), dw = up_act(w), db = up_f32(bias), dy = poisoned(static_cast<size_t>(n) * m * 4),
+                     dya = poisoned(static_cast<size_t>(n) * m * 2), dgu = poisoned(static_cast<size_t>(n) * m * 2),
+                     dg = poisoned(static_cast<size_t>(n) * inter * 2);
+        ASSERT_TRUE(cuda::gemm(*ctx, dx.get(), dw.get(), dy.get(), t(), true, n, m, k, db.as<float>()).is_ok());
+        ASSERT_TRUE(cuda::gemm(*ctx, dx.get(), dw.get(), dya.get(), t(), false, n, m, k, db.as<float>()).is_ok());
+        ASSERT_TRUE(cuda::gemm_glu(*ctx, dx.get(), dw.get(), dgu.get(), dg.get(), t(), n, inter, k).is_ok());
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        TensorView wv{w.data(), DType::kF32, {m, k}};
+        std::vector<float> plain(static_cast<size_t>(n) * m), ref(plain.size());
+        ThreadPool pool(4);
+        cpu::matmul(x.data(), n, k, wv, nullptr, plain.data(), pool);
+        cpu::matmul(x.data(), n, k, wv, bias.data(), ref.data(), pool);
+        EXPECT_LT(rel(down_f32(dy, ref.size()), ref), 1e-4) << n << "x" << m << "x" << k;
+        EXPECT_LT(rel(down_act(dya, ref.size()), ref), tol()) << n << "x" << m << "x" << k;
+        std::vector<float> glu(static_cast<size_t>(n) * inter);
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < inter; ++j) {
+                const float g = round(plain[static_cast<size_t>(i) * m + j]);
+                const float u = round(plain[static_cast<size_t>(i) * m + inter + j]);
+                glu[static_cast<size_t>(i) * inter + j] = g / (1.0f + std::exp(-g)) * u;
+            }
+        EXPECT_LT(rel(down_act(dg, glu.size()), glu), tol()) << "glu " << n << "x" << inter << "x" << k;
+    }
+}
+
+TEST_P(OpsFixture, GemvNormPrologueAndResidualEpilogue) {
+    // x = rms_norm(h) * nw computed inside the GEMV; y += x W^T into an fp32 residual; GLU from h.
+    for (auto [n, m, k] : {std::tuple{1, 1024, 4096}, {2, 77, 1000}, {4, 300, 2048}, {1, 5, 8}, {1, 40, 12288}}) {
+        auto h = test::random_floats(static_cast<size_t>(n) * k, 31, 4.0f), nw = test::random_floats(static_cast<size_t>(k), 32);
+        auto w = test::random_floats(static_cast<size_t>(2 * m) * k, 33), y0 = test::random_floats(static_cast<size_t>(n) * m, 34);
+        for (auto& v : w) v = round(v);
+        std::vector<float> x(h.size());
+        cpu::rms_norm(h.data(), nw.data(), n, k, 1e-5f, x.data());
+        for (auto& v : x) v = round(v);
+        TensorView wv{w.data(), DType::kF32, {2 * m, k}};
+        std::vector<float> prod(static_cast<size_t>(n) * 2 * m);
+        ThreadPool pool(4);
+        cpu::matmul(x.data(), n, k, wv, nullptr, prod.data(), pool);
+        DeviceBuffer dh = up_f32(h), dnw = up_f32(nw), dw = up_act(w), dy = up_f32(y0),
+                     dg = poisoned(static_cast<size_t>(n) * m * 2);
+        cuda::GemvIn in;
+        in.h = dh.as<float>();
+        in.norm_w = dnw.as<float>();
+        in.eps = 1e-5f;
+        ASSERT_TRUE(cuda::gemv_norm_supported(n, k, in.h, dw.get()));
+        // Rows 0..m-1 of w, added to y0.
+        EXL3_CUDA_OK(cuda::gemv_ex(in, dw.get(), cuda::GemvOut{dy.get(), true, true, nullptr}, t(), false, n, m, k,
+                                   ctx->stream()));
+        EXL3_CUDA_OK(cuda::gemv_ex(in, dw.get(), cuda::GemvOut{dg.get(), false, false, nullptr}, t(), true, n, m, k,
+                                   ctx->stream()));
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        std::vector<float> ref(static_cast<size_t>(n) * m), glu(ref.size());
+        for (int i = 0; i < n; ++i)
+            for (int j = 0; j < m; ++j) {
+                const size_t o = static_cast<size_t>(i) * m + j, p = static_cast<size_t>(i) * 2 * m + j;
+                ref[o] = y0[o] + prod[p];
+                const float g = round(prod[p]), u = round(prod[p + m]);
+                glu[o] = g / (1.0f + std::exp(-g)) * u;
+            }
+        // The GPU rounds x from its own (block-order) sum of squares: a rare one-ulp difference in x is allowed.
+        EXPECT_LT(rel(down_f32(dy, ref.size()), ref), tol() / 4) << n << "x" << m << "x" << k;
+        EXPECT_LT(rel(down_act(dg, glu.size()), glu), tol()) << "glu " << n << "x" << m << "x" << k;
+    }
+    EXPECT_FALSE(cuda::gemv_norm_supported(4, 8192, nullptr, nullptr));  // 64 KiB of x: past the shared memory
 }
 
 INSTANTIATE_TEST_SUITE_P(Act, OpsFixture, ::testing::Values(ActType::kBF16, ActType::kF16),

@@ -60,9 +60,17 @@ private:
     cudaDeviceProp props_{};
 };
 
-// out[n, m] = x[n, k] . w[m, k]^T with act inputs, fp32 accumulation; out in act or fp32 (out_f32).
-// Row-major throughout (HF Linear weights as stored).
+// out[n, m] = x[n, k] . w[m, k]^T (+ bias[m], fp32, when given) with act inputs, fp32 accumulation; out in act or
+// fp32 (out_f32). Row-major throughout (HF Linear weights as stored).
 Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
-            int k);
+            int k, const float* bias = nullptr);
+
+// Whether gemm() takes the GEMV (gemv.cuh) for this case: one token, supported shape, not turned off (EXL3_GEMV=0).
+bool use_gemv(int n, int k, const void* x, const void* w);
+
+// The gated MLP's first half: out[n, inter] (act) = silu(x . Wg^T) * (x . Wu^T) for w [2 * inter, k] = gate | up;
+// `gu` [n, 2 * inter] (act) is scratch for the unfused path (the GEMV computes both halves in one pass for n = 1).
+Status gemm_glu(const CudaContext& ctx, const void* x, const void* w, void* gu, void* out, ActType t, int n, int inter,
+                int k);
 
 }  // namespace exl3::cuda

@@ -88,23 +88,38 @@ CudaContext::~CudaContext() {
     if (stream_) cudaStreamDestroy(stream_);
 }
 
-Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
-            int k) {
-    if (n == 0 || m == 0) return Status::ok();
-    // One token: the bandwidth-bound GEMV beats cuBLAS by 3-15 % on Llama-3-8B shapes; from two tokens on cuBLAS
-    // wins (bench/cuda_gemv_bench, docs/kernels/gemv.md). EXL3_GEMV=0 turns it off for comparisons.
-    static const bool use_gemv = [] {
+// One token: the bandwidth-bound GEMV beats cuBLAS by 3-15 % on Llama-3-8B shapes; from two tokens on cuBLAS wins
+// (bench/cuda_gemv_bench, docs/kernels/gemv.md). EXL3_GEMV=0 turns it off for comparisons.
+bool use_gemv(int n, int k, const void* x, const void* w) {
+    static const bool on = [] {
         const char* e = std::getenv("EXL3_GEMV");
         return !(e && std::string(e) == "0");
     }();
-    if (use_gemv && n == 1 && gemv_supported(n, k, x, w)) return check_cuda(gemv(x, w, out, t, out_f32, n, m, k, ctx.stream()), "gemv");
+    return on && n == 1 && gemv_supported(n, k, x, w);
+}
+
+Status gemm_glu(const CudaContext& ctx, const void* x, const void* w, void* gu, void* out, ActType t, int n, int inter,
+                int k) {
+    if (n == 0 || inter == 0) return Status::ok();
+    if (use_gemv(n, k, x, w)) return check_cuda(gemv_glu(x, w, out, t, n, inter, k, ctx.stream()), "gemv_glu");
+    EXL3_RETURN_IF_ERROR(gemm(ctx, x, w, gu, t, false, n, 2 * inter, k));
+    return check_cuda(silu_mul(gu, out, t, n, inter, ctx.stream()), "silu_mul");
+}
+
+Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
+            int k, const float* bias) {
+    if (n == 0 || m == 0) return Status::ok();
+    if (use_gemv(n, k, x, w)) return check_cuda(gemv(x, w, out, t, out_f32, n, m, k, ctx.stream(), bias), "gemv");
     // Column-major view: out^T [m, n] = W [m, k] (row-major, i.e. W^T column-major, transposed back) . x^T [k, n].
     const cudaDataType_t in_t = t == ActType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
     const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : in_t;
     const float alpha = 1.0f, beta = 0.0f;
-    return check_cublas(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_t, k, x, in_t, k,
+    EXL3_RETURN_IF_ERROR(check_cublas(cublasGemmEx(ctx.cublas(), CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, w, in_t, k, x, in_t, k,
                                      &beta, out, out_t, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                        "cublasGemmEx");
+                        "cublasGemmEx"));
+    if (!bias) return Status::ok();
+    if (out_f32) return check_cuda(add_bias_f32(static_cast<float*>(out), bias, n, m, ctx.stream()), "bias");
+    return check_cuda(add_bias(out, t, bias, n, m, m, ctx.stream()), "add_bias");
 }
 
 }  // namespace exl3::cuda

@@ -30,6 +30,13 @@ cudaError_t head_rms_norm(void* x, ActType t, const float* w, float eps, int row
 cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_dim, const int32_t* positions,
                  const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s);
 
+// The attention's inputs out of the fused projection qkv[n, (nq + 2 nkv) * head_dim] (act): q[n, nq * head_dim],
+// k and v [n, nkv * head_dim]; when q_norm / k_norm are given (Qwen3), each q / k head is RMS-normed with them;
+// then q and k are rotated as rope() does. One pass, one launch.
+cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int n, int nq, int nkv, int head_dim,
+                      const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
+                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s);
+
 // x[n, row_stride] (act): x[i, j] += bias[j] for j < d.
 cudaError_t add_bias(void* x, ActType t, const float* bias, int n, int d, int row_stride, cudaStream_t s);
 

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kCombineThreads)
     __shared__ float w[kMaxSplits];
     __shared__ float red[kGroups][D];
     __shared__ float inv_sum;
+    EXL3_LAUNCH_DEPENDENTS();     // the next kernel may start loading what it can (e.g. a GEMV its weights)
     EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
     const int64_t row = blockIdx.x;
     if (row >= static_cast<int64_t>(q_start[batch]) * n_heads) return;

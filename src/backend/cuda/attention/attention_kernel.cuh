@@ -309,10 +309,11 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     const int split = blockIdx.z;
     const int G = p.group;
 
-    // Programmatic dependent launch: everything above overlapped the previous kernel's tail; nothing it writes
-    // (q, the new K/V rows, the plan) may be read before this point. A no-op when launched without the attribute.
-    EXL3_GRID_DEPENDENCY_WAIT();
-
+    // Programmatic dependent launch: this kernel may start while the kernels before it (q's projection and
+    // rotation, the append of the new K/V rows) still run. The plan (q_start, seq_len, page tables) was uploaded
+    // before the step and the keys and values of earlier positions are not written during it, so the CTA plans its
+    // work and starts loading old K/V tiles first; q and the new rows are read only after
+    // EXL3_GRID_DEPENDENCY_WAIT() below (a no-op when launched without the attribute).
     const int q0 = p.q_start[b];
     const int q_len = p.q_start[b + 1] - q0;
     const int L = p.seq_len[b];
@@ -337,19 +338,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     const T* vbase = static_cast<const T*>(p.v);
     const int32_t* pt = p.page_table + static_cast<int64_t>(b) * p.max_pages;
     const int64_t kv_row_stride = static_cast<int64_t>(p.n_kv_heads) * D;
-
-    // Q tile: row r -> q[(q0 + r / G) * n_heads + kvh * G + r % G]; rows past the sequence read as zeros.
-    {
-        const T* qbase = static_cast<const T*>(p.q);
-        for (int i = tid; i < BM * C::kChunks; i += C::kThreads) {
-            const int r = i / C::kChunks, c = i % C::kChunks;
-            const int gr = row0 + r;
-            const bool ok = gr < row_end;
-            const int t = ok ? gr / G : 0, g = ok ? gr % G : 0;
-            const T* src = qbase + (static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g) * D + c * 8;
-            cp_async16(smem_addr(sq + swz<D>(r, c) * 16), ok ? src : qbase, ok ? 16 : 0);
-        }
-    }
 
     const int n_tiles = k_hi > k_lo ? (k_hi - k_lo + BN - 1) / BN : 0;
     auto load_kv = [&](int j, int stage) {
@@ -388,10 +376,35 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         }
     };
 
-    // Prologue: Q with tile 0 in group 0, then tiles 1..STAGES-2 (empty groups keep the wait arithmetic uniform).
+    // Prologue. Tiles of keys before the step's new rows are issued before the wait (they land in group 0 with
+    // Q, which only makes tile 0's wait a little stricter); the rest after it. Then Q with tile 0 in group 0, and
+    // tiles 1..STAGES-2 (empty groups keep the wait arithmetic uniform).
+    int early = 0;
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < n_tiles) load_kv(s, s);
+        if (s == early && s < n_tiles && k_lo + (s + 1) * BN <= pos0) {
+            load_kv(s, s);
+            ++early;
+        }
+    }
+    EXL3_GRID_DEPENDENCY_WAIT();
+
+    // Q tile: row r -> q[(q0 + r / G) * n_heads + kvh * G + r % G]; rows past the sequence read as zeros.
+    {
+        const T* qbase = static_cast<const T*>(p.q);
+        for (int i = tid; i < BM * C::kChunks; i += C::kThreads) {
+            const int r = i / C::kChunks, c = i % C::kChunks;
+            const int gr = row0 + r;
+            const bool ok = gr < row_end;
+            const int t = ok ? gr / G : 0, g = ok ? gr % G : 0;
+            const T* src = qbase + (static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g) * D + c * 8;
+            cp_async16(smem_addr(sq + swz<D>(r, c) * 16), ok ? src : qbase, ok ? 16 : 0);
+        }
+    }
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s >= early && s < n_tiles) load_kv(s, s);
         cp_async_commit();
     }
 

@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda {
 namespace {
@@ -38,6 +39,8 @@ __global__ void kv_append_kernel(uint4* __restrict__ k, uint4* __restrict__ v, c
                                  const uint4* __restrict__ v_new, const int32_t* __restrict__ q_start,
                                  const int32_t* __restrict__ seq_len, const int32_t* __restrict__ page_table,
                                  int max_pages, int batch, int page_size, int row_chunks, int64_t total_chunks) {
+    EXL3_LAUNCH_DEPENDENTS();  // the attention behind starts loading old K/V rows at once
+    EXL3_GRID_DEPENDENCY_WAIT();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i >= total_chunks) return;
     const int row = static_cast<int>(i / row_chunks);  // query row (token) index
@@ -132,6 +135,8 @@ __global__ void kv_append_quant_kernel(QuantSideArgs k, QuantSideArgs v, const i
                                        const int32_t* __restrict__ seq_len, const int32_t* __restrict__ page_table,
                                        int max_pages, int batch, int page_size, int n_kv_heads, int head_dim,
                                        int row_chunks, int64_t total_chunks) {
+    EXL3_LAUNCH_DEPENDENTS();
+    EXL3_GRID_DEPENDENCY_WAIT();
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     // No early exit: lanes past the end still take part in the group shuffles (whole groups are valid or not).
     bool valid = i < total_chunks;
@@ -166,23 +171,19 @@ cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_
     const int block = 256;
     const unsigned grid = static_cast<unsigned>((total + block - 1) / block);
     if (!quant) {
-        kv_append_kernel<<<grid, block, 0, s>>>(static_cast<uint4*>(kv.k), static_cast<uint4*>(kv.v),
-                                                static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new),
-                                                b.q_start, b.seq_len, b.page_table, b.max_pages, b.batch,
-                                                kv.page_size, row_chunks, total);
-        return cudaGetLastError();
+        return launch_pdl(kv_append_kernel, dim3(grid), dim3(block), 0, s, static_cast<uint4*>(kv.k),
+                          static_cast<uint4*>(kv.v), static_cast<const uint4*>(k_new), static_cast<const uint4*>(v_new),
+                          b.q_start, b.seq_len, b.page_table, b.max_pages, b.batch, kv.page_size, row_chunks, total);
     }
     const QuantSideArgs ka{kv.k, static_cast<__half2*>(kv.k_params), static_cast<const uint4*>(k_new), kv.k_bits};
     const QuantSideArgs va{kv.v, static_cast<__half2*>(kv.v_params), static_cast<const uint4*>(v_new), kv.v_bits};
     if (kv.dtype == AttnDType::kBF16)
-        kv_append_quant_kernel<__nv_bfloat16><<<grid, block, 0, s>>>(ka, va, b.q_start, b.seq_len, b.page_table,
-                                                                     b.max_pages, b.batch, kv.page_size,
-                                                                     kv.n_kv_heads, kv.head_dim, row_chunks, total);
-    else
-        kv_append_quant_kernel<__half><<<grid, block, 0, s>>>(ka, va, b.q_start, b.seq_len, b.page_table,
-                                                              b.max_pages, b.batch, kv.page_size, kv.n_kv_heads,
-                                                              kv.head_dim, row_chunks, total);
-    return cudaGetLastError();
+        return launch_pdl(kv_append_quant_kernel<__nv_bfloat16>, dim3(grid), dim3(block), 0, s, ka, va, b.q_start,
+                          b.seq_len, b.page_table, b.max_pages, b.batch, kv.page_size, kv.n_kv_heads, kv.head_dim,
+                          row_chunks, total);
+    return launch_pdl(kv_append_quant_kernel<__half>, dim3(grid), dim3(block), 0, s, ka, va, b.q_start, b.seq_len,
+                      b.page_table, b.max_pages, b.batch, kv.page_size, kv.n_kv_heads, kv.head_dim, row_chunks,
+                      total);
 }
 
 }  // namespace exl3::cuda
