@@ -33,6 +33,7 @@
 #include "tools/exl3/commands.h"
 #ifdef EXL3_HAVE_CUDA
 #include "backend/cuda/device.h"
+#include "backend/cuda/sampler.cuh"
 #endif
 
 namespace exl3::cli {
@@ -490,8 +491,26 @@ int bench(const BenchOptions& o) {
             }
             std::vector<Model::BatchItem> items(static_cast<size_t>(B));
             for (int b = 0; b < B; ++b) items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
+            // A decode step as the generator runs it: on CUDA the logits stay on the GPU and each row is sampled
+            // there (greedy; the token ids come back); on the CPU the logits are the host's.
+#ifdef EXL3_HAVE_CUDA
+            cuda::DeviceSampler sampler;
+            std::vector<cuda::DeviceSampler::Row> rows(static_cast<size_t>(B));
+            std::vector<cuda::DeviceSampler::Result> picked;
+            if (m.on_cuda() && sampler.init(B, info.vocab_size) != cudaSuccess)
+                return fail("bench", "GPU sampler workspace");
+#endif
             auto step = [&]() -> Status {
                 for (auto& it : items) it.tokens.assign(1, tok(rng));
+#ifdef EXL3_HAVE_CUDA
+                if (m.on_cuda()) {
+                    Model::DeviceLogits dl;
+                    EXL3_RETURN_IF_ERROR(m.forward_batch_device(items, &dl));
+                    const cudaError_t e = sampler.sample(dl.data, dl.vocab, rows, false, &picked,
+                                                         static_cast<cudaStream_t>(dl.stream));
+                    return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
+                }
+#endif
                 return m.forward_batch(items, &logits);
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
@@ -530,6 +549,9 @@ int bench(const BenchOptions& o) {
             std::printf("| %d | %.2f ms | %.0f | - | - |\n", r["tokens"].get<int>(), r["seconds"].get<double>() * 1e3,
                         r["tok_s"].get<double>());
     }
+    std::printf("\ndecode step: %s\n",
+                m.on_cuda() ? "forward, greedy sampling on the GPU, token ids to the host (as the generator runs it)"
+                            : "forward, logits on the host");
     std::printf(
         "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"
         "|---|---|---|---|---|---|\n");

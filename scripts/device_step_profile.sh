@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# On the GPU machine: where one decode step's time goes. Nsight Compute times every kernel of a short `exl3 bench`
+# run (serialised, so each kernel's own duration); the last decode step's kernels are summed by name beside the
+# step time the same bench measures without the profiler.
+# Usage: EXL3_BIN=... MODEL=... bash scripts/device_step_profile.sh
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+X=${EXL3_BIN:-build-dev/tools/exl3/exl3}
+M=${MODEL:-/tmp/models/llama3-8b}
+args=(bench -m "$M" -d cuda -p 16 -b 1 -c 512 -g 4 -r 1)
+ncu --metrics gpu__time_duration.sum --csv --print-units base "$X" "${args[@]}" > "$OUT/ncu_step.csv" 2> "$OUT/ncu_step.err"
+python3 - "$OUT/ncu_step.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+ks = [(r["Kernel Name"], float(r["Metric Value"].replace(",", "")) / 1000.0)
+      for r in rows if r["Metric Name"] == "gpu__time_duration.sum"]
+print(f"{len(ks)} kernels profiled")
+# The last decode step: from the last embed kernel to the end.
+last = max(i for i, (n, _) in enumerate(ks) if "embed_kernel" in n)
+step = ks[last:]
+tot = collections.OrderedDict()
+for n, t in step:
+    key = n.split("(")[0][:100]
+    c, s = tot.get(key, (0, 0.0))
+    tot[key] = (c + 1, s + t)
+print(f"last step: {len(step)} kernels, {sum(t for _, t in step):.1f} us of kernel time")
+for k, (c, s) in sorted(tot.items(), key=lambda kv: -kv[1][1]):
+    print(f"{s:9.1f} us  {c:4d} x {s / c:7.2f} us  {k}")
+PY
