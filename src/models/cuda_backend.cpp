@@ -153,7 +153,12 @@ struct CudaModel::State {
     std::array<DeviceBuffer, 11> slots;
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
-    std::vector<int32_t> plan_host;
+    // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is
+    // recorded after each upload and waited for before the host writes the buffer again.
+    int32_t* plan_host = nullptr;
+    size_t plan_host_n = 0;
+    cudaEvent_t plan_copied = nullptr;
+    std::vector<float> inv_freq_uploaded;  // what inv_freq holds (uploaded again only when it changes)
     // Offsets (in int32) of the plan's arrays inside plan_dev.
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
     RopeFrequencies rope;
@@ -162,6 +167,17 @@ struct CudaModel::State {
 
     ~State() {
         for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
+        if (plan_copied) {
+            cudaEventSynchronize(plan_copied);
+            cudaEventDestroy(plan_copied);
+        }
+        if (plan_host) cudaFreeHost(plan_host);
+    }
+
+    // Waits until the last plan upload has left the pinned buffer.
+    Status plan_host_free() {
+        if (!plan_copied) return check_cuda(cudaEventCreateWithFlags(&plan_copied, cudaEventDisableTiming), "event");
+        return check_cuda(cudaEventSynchronize(plan_copied), "plan upload");
     }
 
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
@@ -188,9 +204,18 @@ struct CudaModel::State {
         off_pages = off_seqlen + batch_capacity;
         off_rows = off_pages + static_cast<size_t>(batch_capacity) * max_pages_per_seq;
         const size_t total = off_rows + out_capacity;
-        plan_host.assign(total, 0);
+        EXL3_RETURN_IF_ERROR(plan_host_free());  // the buffer is written below
+        if (total > plan_host_n) {
+            if (plan_host) cudaFreeHost(plan_host);
+            plan_host = nullptr;
+            plan_host_n = 0;
+            EXL3_RETURN_IF_ERROR(check_cuda(cudaMallocHost(&plan_host, total * sizeof(int32_t)), "pinned plan buffer"));
+            plan_host_n = total;
+        }
+        std::fill(plan_host, plan_host + total, 0);
         EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
         EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(cfg.head_dim) * sizeof(float)));
+        inv_freq_uploaded.clear();
         return reserve_exl3();
     }
 
@@ -319,17 +344,33 @@ public:
         EXL3_RETURN_IF_ERROR(flush_norm());
         const DevLayer& L = layer(li);
         const int hd = s_.cfg.head_dim;
+        // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
+        cuda::QkvPaged paged;
+        const cuda::PagedKV kv = s_.paged(li);
+        kv_appended_ = kv.k_bits == 0 && kv.v_bits == 0;
+        if (kv_appended_) {
+            paged.k_pages = kv.k;
+            paged.v_pages = kv.v;
+            paged.q_start = batch_.q_start;
+            paged.seq_len = batch_.seq_len;
+            paged.page_table = batch_.page_table;
+            paged.max_pages = batch_.max_pages;
+            paged.batch = batch_.batch;
+            paged.page_size = kv.page_size;
+        }
         return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
                                   s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
                                   qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
                                   eps, positions(), s_.inv_freq.as<float>(), s_.rope.rotary_dim,
-                                  s_.rope.attention_scaling, st()),
+                                  s_.rope.attention_scaling, st(), paged),
                   "qkv_heads");
     }
     Status attention(int li, int window) {
         EXL3_RETURN_IF_ERROR(flush_norm());
         const cuda::PagedKV kv = s_.paged(li);
-        EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
+        if (!kv_appended_)
+            EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
+        kv_appended_ = false;
         const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
         return ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
                                   s_.attn_ws.get(), st()),
@@ -415,6 +456,7 @@ private:
     cuda::AttentionBatch batch_;
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
+    bool kv_appended_ = false;  // qkv_heads wrote this layer's k and v into the cache
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
 };
 
@@ -519,26 +561,41 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
         if (!s.pool) s.pool = q->pool;
     }
 
-    // Plan upload (never inside a graph: a replay reads these same device arrays).
+    // Plan upload (never inside a graph: a replay reads these same device arrays). Only what the step reads goes
+    // up: the arrays up to the last sequence's pages, and the output rows (at a context of 128k tokens a page-table
+    // row is 2048 entries, most of them unused).
     EXL3_RETURN_IF_ERROR(s.reserve(T, B, n_out));
-    auto& hp = s.plan_host;
-    std::copy(plan.tokens.begin(), plan.tokens.end(), hp.begin() + static_cast<long>(s.off_tokens));
-    std::copy(plan.positions.begin(), plan.positions.end(), hp.begin() + static_cast<long>(s.off_pos));
-    std::copy(plan.q_start.begin(), plan.q_start.end(), hp.begin() + static_cast<long>(s.off_qstart));
-    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp.begin() + static_cast<long>(s.off_seqlen));
+    EXL3_RETURN_IF_ERROR(s.plan_host_free());
+    int32_t* hp = s.plan_host;
+    std::copy(plan.tokens.begin(), plan.tokens.end(), hp + s.off_tokens);
+    std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
+    std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
+    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
+    size_t pages_end = s.off_pages;
     for (int b = 0; b < B; ++b) {
         const auto& pg = seqs[static_cast<size_t>(b)]->pages;
-        std::copy(pg.begin(), pg.end(), hp.begin() + static_cast<long>(s.off_pages) + static_cast<long>(b) * s.max_pages_per_seq);
+        const size_t row = s.off_pages + static_cast<size_t>(b) * s.max_pages_per_seq;
+        std::copy(pg.begin(), pg.end(), hp + row);
+        pages_end = row + pg.size();
     }
-    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp.begin() + static_cast<long>(s.off_rows));
+    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp + s.off_rows);
     EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
     cudaStream_t st = s.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.get(), hp.data(), hp.size() * sizeof(int32_t),
+    EXL3_RETURN_IF_ERROR(check_cuda(
+        cudaMemcpyAsync(s.plan_dev.get(), hp, pages_end * sizeof(int32_t), cudaMemcpyHostToDevice, st), "plan upload"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.as<int32_t>() + s.off_rows, hp + s.off_rows,
+                                                    static_cast<size_t>(n_out) * sizeof(int32_t),
                                                     cudaMemcpyHostToDevice, st),
                                     "plan upload"));
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.inv_freq.get(), s.rope.inv_freq.data(),
-                                                    s.rope.inv_freq.size() * sizeof(float), cudaMemcpyHostToDevice, st),
-                                    "rope upload"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
+    // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
+    if (s.rope.inv_freq != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
+        EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.inv_freq.get(), s.rope.inv_freq.data(),
+                                                        s.rope.inv_freq.size() * sizeof(float),
+                                                        cudaMemcpyHostToDevice, st),
+                                        "rope upload"));
+        s.inv_freq_uploaded = s.rope.inv_freq;
+    }
 
     const bool decode = T == B && n_out == T;
     const bool use_graph = s.opts.graphs && decode;

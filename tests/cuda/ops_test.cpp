@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/ops.cuh"
@@ -275,6 +276,56 @@ TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
     EXPECT_EQ(cuda::qkv_heads(nullptr, nullptr, nullptr, nullptr, t(), 1, 1, 1, 64, nullptr, nullptr, 1e-6f, nullptr,
                               nullptr, 65, 1.0f, ctx->stream()),
               cudaErrorInvalidValue);
+}
+
+TEST_P(OpsFixture, QkvHeadsIntoPagesMatchesKvAppend) {
+    // Two sequences (3 and 6 new tokens after 5 and 17 cached ones) on pages of 16 tokens in shuffled order: k and v
+    // written into the cache by qkv_heads must be the bytes kv_append writes from qkv_heads' own k and v.
+    const int nq = 8, nkv = 2, hd = 64, n = 9, ps = 16, max_pages = 3, num_pages = 8;
+    const int ld = (nq + 2 * nkv) * hd;
+    auto qkv = test::random_floats(static_cast<size_t>(n) * ld, 51, 2.0f);
+    for (auto& v : qkv) v = round(v);
+    std::vector<float> inv(static_cast<size_t>(hd / 2));
+    for (int i = 0; i < hd / 2; ++i) inv[static_cast<size_t>(i)] = std::pow(10000.0f, -2.0f * i / hd);
+    const std::vector<int32_t> q_start = {0, 3, 9}, seq_len = {8, 23}, table = {5, 0, 0, 2, 7, 1};
+    std::vector<int32_t> pos;
+    for (int t = 0; t < 3; ++t) pos.push_back(5 + t);
+    for (int t = 0; t < 6; ++t) pos.push_back(17 + t);
+    DeviceBuffer dqkv = up_act(qkv), dinv = up_f32(inv), dpos, dqs, dsl, dpt;
+    ASSERT_TRUE(dpos.upload(pos.data(), pos.size() * 4).is_ok());
+    ASSERT_TRUE(dqs.upload(q_start.data(), q_start.size() * 4).is_ok());
+    ASSERT_TRUE(dsl.upload(seq_len.data(), seq_len.size() * 4).is_ok());
+    ASSERT_TRUE(dpt.upload(table.data(), table.size() * 4).is_ok());
+    const size_t cache = static_cast<size_t>(num_pages) * ps * nkv * hd * 2;
+    DeviceBuffer kp = poisoned(cache), vp = poisoned(cache), kp2 = poisoned(cache), vp2 = poisoned(cache);
+    DeviceBuffer dq = poisoned(static_cast<size_t>(n) * nq * hd * 2), dk = poisoned(static_cast<size_t>(n) * nkv * hd * 2),
+                 dv = poisoned(static_cast<size_t>(n) * nkv * hd * 2), dq2 = poisoned(static_cast<size_t>(n) * nq * hd * 2);
+    cuda::QkvPaged paged;
+    paged.k_pages = kp.get();
+    paged.v_pages = vp.get();
+    paged.q_start = dqs.as<int32_t>();
+    paged.seq_len = dsl.as<int32_t>();
+    paged.page_table = dpt.as<int32_t>();
+    paged.max_pages = max_pages;
+    paged.batch = 2;
+    paged.page_size = ps;
+    EXL3_CUDA_OK(cuda::qkv_heads(dqkv.get(), dq2.get(), nullptr, nullptr, t(), n, nq, nkv, hd, nullptr, nullptr, 1e-6f,
+                                 dpos.as<int32_t>(), dinv.as<float>(), hd, 1.0f, ctx->stream(), paged));
+    EXL3_CUDA_OK(cuda::qkv_heads(dqkv.get(), dq.get(), dk.get(), dv.get(), t(), n, nq, nkv, hd, nullptr, nullptr, 1e-6f,
+                                 dpos.as<int32_t>(), dinv.as<float>(), hd, 1.0f, ctx->stream()));
+    cuda::PagedKV kv{kp2.get(), vp2.get(), num_pages, ps, nkv, hd,
+                     t() == ActType::kBF16 ? cuda::AttnDType::kBF16 : cuda::AttnDType::kF16};
+    cuda::AttentionBatch b{2, dqs.as<int32_t>(), dsl.as<int32_t>(), dpt.as<int32_t>(), max_pages, n, 6, 23};
+    EXL3_CUDA_OK(cuda::kv_append(kv, b, dk.get(), dv.get(), ctx->stream()));
+    EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+    auto bytes = [](const DeviceBuffer& d, size_t nb) {
+        std::vector<uint8_t> h(nb);
+        EXPECT_EQ(cudaMemcpy(h.data(), d.get(), nb, cudaMemcpyDeviceToHost), cudaSuccess);
+        return h;
+    };
+    EXPECT_EQ(bytes(kp, cache), bytes(kp2, cache)) << "k pages";
+    EXPECT_EQ(bytes(vp, cache), bytes(vp2, cache)) << "v pages";
+    EXPECT_EQ(bytes(dq, static_cast<size_t>(n) * nq * hd * 2), bytes(dq2, static_cast<size_t>(n) * nq * hd * 2)) << "q";
 }
 
 TEST_P(OpsFixture, GemmBiasAndGatedMatchCpu) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/attention/cache_slot.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -190,7 +191,8 @@ template <typename T>
 __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k,
                                  T* __restrict__ v, int nq, int nkv, int hd, const float* __restrict__ q_norm,
                                  const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ positions,
-                                 const float* __restrict__ inv_freq, int rotary_dim, float scaling) {
+                                 const float* __restrict__ inv_freq, int rotary_dim, float scaling,
+                                 const QkvPaged paged) {
     EXL3_PDL_PROLOGUE();
     extern __shared__ float stage[];  // [warps][hd]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -212,6 +214,13 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
         dst = v + (i * nkv + head - nq - nkv) * hd;
         nw = nullptr;
         rotate = false;
+    }
+    if (head >= nq && paged.k_pages) {  // k or v: into the cache slot of token i
+        const int64_t slot = cache_slot(static_cast<int>(i), paged.q_start, paged.seq_len, paged.page_table,
+                                        paged.max_pages, paged.batch, paged.page_size);
+        const bool is_k = head < nq + nkv;
+        T* pages = static_cast<T*>(is_k ? paged.k_pages : paged.v_pages);
+        dst = pages + (slot * nkv + (is_k ? head - nq : head - nq - nkv)) * hd;
     }
     float* x = stage + warp * hd;
     float ss = 0.0f;
@@ -357,9 +366,12 @@ cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_
 
 cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int n, int nq, int nkv, int head_dim,
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
-                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s) {
+                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s, const QkvPaged& paged) {
     if (n == 0) return cudaSuccess;
     if (head_dim <= 0 || rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2) return cudaErrorInvalidValue;
+    if (paged.k_pages && (!paged.v_pages || !paged.q_start || !paged.seq_len || !paged.page_table ||
+                          paged.batch <= 0 || paged.page_size <= 0))
+        return cudaErrorInvalidValue;
     constexpr int kWarps = 8;
     const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nq + 2 * nkv + kWarps - 1) / kWarps));
     const size_t smem = static_cast<size_t>(kWarps) * head_dim * sizeof(float);
@@ -367,7 +379,7 @@ cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int
         using T = std::remove_pointer_t<decltype(tag)>;
         return launch_pdl(qkv_heads_kernel<T>, grid, dim3(kWarps * 32), smem, s, static_cast<const T*>(qkv),
                           static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), nq, nkv, head_dim, q_norm,
-                          k_norm, eps, positions, inv_freq, rotary_dim, scaling);
+                          k_norm, eps, positions, inv_freq, rotary_dim, scaling, paged);
     });
 }
 

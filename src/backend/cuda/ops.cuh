@@ -33,9 +33,20 @@ cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_
 // The attention's inputs out of the fused projection qkv[n, (nq + 2 nkv) * head_dim] (act): q[n, nq * head_dim],
 // k and v [n, nkv * head_dim]; when q_norm / k_norm are given (Qwen3), each q / k head is RMS-normed with them;
 // then q and k are rotated as rope() does. One pass, one launch.
+// With `paged` (k_pages non-null), k and v go straight into their slots of a 16-bit paged KV cache instead of the
+// k and v buffers (the work of kv_append, paged_attention.cuh, without its launch).
+struct QkvPaged {
+    void* k_pages = nullptr;  // [num_pages, page_size, nkv, head_dim] act
+    void* v_pages = nullptr;
+    const int32_t* q_start = nullptr;  // [batch + 1], seq_len [batch], page_table [batch, max_pages]: the step's plan
+    const int32_t* seq_len = nullptr;
+    const int32_t* page_table = nullptr;
+    int max_pages = 0, batch = 0, page_size = 0;
+};
 cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int n, int nq, int nkv, int head_dim,
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
-                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s);
+                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s,
+                      const QkvPaged& paged = QkvPaged{});
 
 // x[n, row_stride] (act): x[i, j] += bias[j] for j < d.
 cudaError_t add_bias(void* x, ActType t, const float* bias, int n, int d, int row_stride, cudaStream_t s);
