@@ -61,9 +61,11 @@ private:
 };
 
 // out[n, m] = x[n, k] . w[m, k]^T (+ bias[m], fp32, when given) with act inputs, fp32 accumulation; out in act or
-// fp32 (out_f32). Row-major throughout (HF Linear weights as stored).
+// fp32 (out_f32). Row-major throughout (HF Linear weights as stored). static_w: w is not written by the kernel
+// before (model weights), so the GEMV may start loading it before that kernel ends; pass false for weights made on
+// the fly (the EXL3 large path's decoded tiles), which then always go through cuBLAS.
 Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
-            int k, const float* bias = nullptr);
+            int k, const float* bias = nullptr, bool static_w = true);
 
 // Whether gemm() takes the GEMV (gemv.cuh) for this case: one token, supported shape, not turned off (EXL3_GEMV=0).
 bool use_gemv(int n, int k, const void* x, const void* w);

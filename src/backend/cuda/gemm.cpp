@@ -107,9 +107,9 @@ Status gemm_glu(const CudaContext& ctx, const void* x, const void* w, void* gu, 
 }
 
 Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
-            int k, const float* bias) {
+            int k, const float* bias, bool static_w) {
     if (n == 0 || m == 0) return Status::ok();
-    if (use_gemv(n, k, x, w)) return check_cuda(gemv(x, w, out, t, out_f32, n, m, k, ctx.stream(), bias), "gemv");
+    if (static_w && use_gemv(n, k, x, w)) return check_cuda(gemv(x, w, out, t, out_f32, n, m, k, ctx.stream(), bias), "gemv");
     // Column-major view: out^T [m, n] = W [m, k] (row-major, i.e. W^T column-major, transposed back) . x^T [k, n].
     const cudaDataType_t in_t = t == ActType::kBF16 ? CUDA_R_16BF : CUDA_R_16F;
     const cudaDataType_t out_t = out_f32 ? CUDA_R_32F : in_t;

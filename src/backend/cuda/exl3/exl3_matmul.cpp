@@ -85,7 +85,8 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
         for (int c0 = 0; c0 < w.n_pad; c0 += l.chunk) {
             const int cols = std::min(l.chunk, w.n_pad - c0);
             EXL3_RETURN_IF_ERROR(check_cuda(exl3_decode(w, c0, c0 + cols, wt, 1, w.k_pad, s), "exl3 decode"));
-            EXL3_RETURN_IF_ERROR(gemm(ctx, xh, wt, acc, ActType::kF16, true, nr, cols, w.k_pad));
+            // wt was written by the decode kernel just before: never the GEMV, which reads weights before its wait.
+            EXL3_RETURN_IF_ERROR(gemm(ctx, xh, wt, acc, ActType::kF16, true, nr, cols, w.k_pad, nullptr, false));
             EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_out(w, acc, nr, c0, cols, o, s), "exl3 rotate out"));
         }
     }
