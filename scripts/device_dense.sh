@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# On the GPU machine, with binaries built elsewhere (BIN, default .device/bin: exl3, exl3_cuda_tests,
-# bench_cuda_gemv, bench_cuda_attention; unpacked from .device/r1/bins.tar.xz when that is carried): the CUDA op and
-# model tests, the decode GEMV table, and `exl3 bench` on random-weight Llama-3-8B-shaped models (bf16, and EXL3
+# On the GPU machine, with binaries built elsewhere (BIN, default .device/bin; unpacked from .device/r1/bins.tar.xz and
+# .device/r2/bins.tar.xz when carried): every CUDA test binary present, compute-sanitizer on the ops, attention and
+# tiny-model tests, the decode GEMV table, and `exl3 bench` on random-weight Llama-3-8B-shaped models (bf16, and EXL3
 # 4.0 bpw with a 6-bit head). Issue 5's decode figures in one call, without a build on the GPU machine.
 # Usage: bash scripts/device_dense.sh [--tests-only] [--no-exl3] [--jobs] [--no-attention]
 #   --jobs: also the generator under 1, 8 and 32 concurrent jobs on the EXL3 model (prompt 1024 + 256 new tokens)
-# Carry (device tool): .device/r1 (tests.tar.xz, libcpp-httplib) and .device/pack (tiny-target), or .device/r2
-# (bins.tar.xz: exl3, the benches and exl3_cuda_tests; model-exl3.tar.xz) -- each within the 64 MiB a call carries.
+#   BF16_ARGS: the bf16 bench's arguments (default -p 512,2048,8192 -b 1,8,32 -c 512,16384 -g 128)
+# Pack with scripts/pack_device.sh (one archive: the binaries share their kernels, so xz with a large dictionary
+# stores them about once). Carry (device tool) .device/r1 and .device/pack (tiny-target) -- 64 MiB a call in all,
+# the tree included; .device/r2 can hold a second archive and model-exl3.tar.xz for another call.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -16,7 +18,7 @@ for a in "$@"; do
 done
 BIN=${BIN:-.device/bin}
 mkdir -p "$BIN" .device/models
-for p in .device/r[12]/bins.tar.xz .device/r1/tests.tar.xz; do [ -f "$p" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$p" "$BIN"; done
+for p in .device/r[12]/bins.tar.xz; do [ -f "$p" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$p" "$BIN"; done
 for p in .device/pack/*.tar.xz .device/r[12]/model*.tar.xz; do
   [ -f "$p" ] && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$p" .device/models
 done

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Packs binaries built here for scripts/device_dense.sh on the GPU machine: .device/r1/bins.tar.xz (+ the
+# libcpp-httplib the exl3 binary links, which the GPU machine lacks).
+# Usage: bash scripts/pack_device.sh [BUILD_DIR (default build-90)] [TARGET ...]
+#   default targets: exl3 and every CUDA test binary; e.g. add bench_cuda_gemv bench_cuda_attention
+set -euo pipefail
+build=${1:-build-90}; shift || true
+targets=("$@")
+[ ${#targets[@]} -gt 0 ] || targets=(exl3 exl3_cuda_tests exl3_cuda_prefix_cache_tests exl3_cuda_kv_quant_tests
+                                     exl3_cuda_sampler_tests exl3_cuda_generator_tests)
+ninja -C "$build" "${targets[@]}" > /dev/null
+tmp=$(mktemp -d)
+for t in "${targets[@]}"; do cp "$(find "$build" -name "$t" -type f -perm -u+x | head -1)" "$tmp/"; done
+mkdir -p .device/r1
+(cd "$tmp" && tar cf - -- *) | xz -T1 --lzma2=preset=6,dict=192MiB > .device/r1/bins.tar.xz
+lib=$(ldconfig -p | awk '/libcpp-httplib.so.0.11 /{print $NF; exit}')
+[ -n "$lib" ] && cp "$lib" .device/r1/
+rm -rf "$tmp"
+du -sh .device/r1/*
