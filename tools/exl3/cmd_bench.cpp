@@ -156,6 +156,14 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// Model::load, timed (*seconds).
+Result<std::unique_ptr<Model>> load_timed(const std::string& dir, const LoadOptions& lo, double* seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto model = Model::load(dir, lo);
+    *seconds = seconds_since(t0);
+    return model;
+}
+
 // Nearest-rank percentile (p in (0, 100]) of a non-empty sample.
 double percentile(std::vector<double> v, double p) {
     std::sort(v.begin(), v.end());
@@ -301,10 +309,9 @@ int bench_jobs(const BenchOptions& o) {
         return fail("bench", "--jobs x (--job-prompt + --job-gen) is too large for one KV cache");
     lo.cache_tokens = static_cast<int>(per_job * max_jobs);
     lo.prefix_cache = false;  // prompts are distinct anyway; nothing is kept between runs
-    auto t_load = std::chrono::steady_clock::now();
-    auto model = Model::load(o.model, lo);
+    double load_s = 0.0;
+    auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
-    const double load_s = seconds_since(t_load);
     const Model& m = **model;
     const ModelInfo& info = m.info();
     const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
@@ -421,10 +428,9 @@ int bench(const BenchOptions& o) {
     lo.context_length = max_ctx + 64;
     lo.cache_tokens = std::max(max_batch * (max_ctx + 64), max_ctx + 64);
     lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
-    auto t_load = std::chrono::steady_clock::now();
-    auto model = Model::load(o.model, lo);
+    double load_s = 0.0;
+    auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
-    const double load_s = seconds_since(t_load);
     const Model& m = **model;
     const ModelInfo& info = m.info();
 
