@@ -319,6 +319,41 @@ TEST(CudaSampler, GreedyEqualsCpuArgmax) {
     }
 }
 
+// (3b) Plain greedy rows (no edits, no logprobs) take the multi-block argmax: the CPU argmax, ties to the lowest id,
+// -inf entries included, for vocabularies smaller and larger than its 64 parts.
+TEST(CudaSampler, PlainGreedyFastPathEqualsCpuArgmax) {
+    EXL3_REQUIRE_GPU();
+    for (int vocab : {7, 1000, 128256}) {
+        for (int rows : {1, 33}) {
+            auto logits = make_logits(rows, vocab, 41 + rows, 2.0f, 0.5f);
+            std::mt19937 rng(9);
+            std::uniform_int_distribution<int> id(0, vocab - 1);
+            for (int r = 0; r < rows; ++r) {
+                float* row = logits.data() + static_cast<size_t>(r) * vocab;
+                row[id(rng)] = -INFINITY;
+                if (r % 2 == 0) {  // a tie at the top
+                    const float mx = *std::max_element(row, row + vocab) + 1.0f;
+                    row[id(rng)] = mx;
+                    row[id(rng)] = mx;
+                }
+            }
+            std::vector<DeviceSampler::Row> rs(static_cast<size_t>(rows));  // temperature 0, no edits
+            DeviceBuf<float> d_logits(logits.size());
+            EXL3_CUDA_OK(cudaMemcpy(d_logits.p, logits.data(), logits.size() * 4, cudaMemcpyHostToDevice));
+            DeviceSampler ds;
+            EXL3_CUDA_OK(ds.init(rows, vocab));
+            std::vector<DeviceSampler::Result> out;
+            EXL3_CUDA_OK(ds.sample(d_logits.p, vocab, rs, false, &out, nullptr));
+            ASSERT_EQ(out.size(), static_cast<size_t>(rows));
+            for (int r = 0; r < rows; ++r) {
+                const float* row = logits.data() + static_cast<size_t>(r) * vocab;
+                const int32_t want = static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // first max
+                EXPECT_EQ(out[static_cast<size_t>(r)].token, want) << "vocab " << vocab << " row " << r;
+            }
+        }
+    }
+}
+
 // (4) Same (seed, step): same tokens; another seed or step: other tokens.
 TEST(CudaSampler, SeedsReproduce) {
     EXL3_REQUIRE_GPU();

@@ -497,7 +497,48 @@ __global__ void __launch_bounds__(kThreads)
 
 size_t sampler_workspace_bytes(int max_rows, int vocab) {
     if (max_rows < 1 || vocab < 1) return 0;
-    return carve(nullptr, max_rows, vocab).total;
+    // At least the greedy fast path's partial maxima (rows x kGreedyParts keys), which small vocabularies need.
+    return std::max(carve(nullptr, max_rows, vocab).total, static_cast<size_t>(max_rows) * 64 * sizeof(uint64_t));
+}
+
+// Greedy rows without edits, logprobs or probabilities (plain greedy decoding): the argmax alone, spread over
+// kGreedyParts blocks per row (one block of the full chain reads a 128k vocabulary at one SM's bandwidth), then one
+// warp per row merges the parts. The same packed (value, id) keys as prepare_kernel: the same token, lowest id on ties.
+constexpr int kGreedyParts = 64, kGreedyThreads = 256;
+
+__global__ void __launch_bounds__(kGreedyThreads)
+    greedy_parts_kernel(const float* logits, int64_t stride, int vocab, int idb, uint64_t* parts) {
+    const int r = blockIdx.y, part = blockIdx.x;
+    const int per = (vocab + kGreedyParts - 1) / kGreedyParts;
+    const int lo = part * per, hi = min(vocab, lo + per);
+    const float* raw = logits + r * stride;
+    uint64_t best = 0;
+    for (int i = lo + threadIdx.x; i < hi; i += kGreedyThreads) best = max(best, pack(ord_key_or0(raw[i]), i, idb));
+    using BR = cub::BlockReduce<uint64_t, kGreedyThreads>;
+    __shared__ typename BR::TempStorage tmp;
+    best = BR(tmp).Reduce(best, MaxOp{});
+    if (threadIdx.x == 0) parts[static_cast<int64_t>(r) * kGreedyParts + part] = best;
+}
+
+__global__ void greedy_merge_kernel(const uint64_t* parts, int idb, int32_t* tokens) {
+    const int r = blockIdx.x;
+    uint64_t best = 0;
+    for (int i = threadIdx.x; i < kGreedyParts; i += 32) best = max(best, parts[static_cast<int64_t>(r) * kGreedyParts + i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (threadIdx.x == 0) tokens[r] = pack_id(best, idb);
+}
+
+cudaError_t sample_greedy(const float* logits, int64_t stride, int rows, int vocab, const SamplerWorkspace& ws,
+                          int32_t* tokens, cudaStream_t stream) {
+    const int idb = id_bits_for(vocab);
+    if (idb > 31 || !ws.ptr || ws.bytes < static_cast<size_t>(rows) * kGreedyParts * sizeof(uint64_t))
+        return cudaErrorInvalidValue;
+    auto* parts = static_cast<uint64_t*>(ws.ptr);
+    greedy_parts_kernel<<<dim3(kGreedyParts, static_cast<unsigned>(rows)), kGreedyThreads, 0, stream>>>(
+        logits, stride, vocab, idb, parts);
+    greedy_merge_kernel<<<rows, 32, 0, stream>>>(parts, idb, tokens);
+    return cudaGetLastError();
 }
 
 cudaError_t sample_rows(const SamplerBatch& b, cudaStream_t stream) {
@@ -600,6 +641,18 @@ cudaError_t DeviceSampler::sample(const float* logits, int64_t stride, const std
         const int cap = std::max<int>(static_cast<int>(edits.size()), 1024);
         if ((e = cudaMalloc(&d_edits_, sizeof(SamplerEdit) * cap)) != cudaSuccess) return e;
         edit_capacity_ = cap;
+    }
+    const bool all_greedy = std::all_of(rows.begin(), rows.end(), [](const Row& r) { return !(r.params.temperature > 0.0f); });
+    if (all_greedy && edits.empty() && !want_logprobs && !probs) {  // plain greedy decoding: the argmax alone
+        if ((e = sample_greedy(logits, stride, n, vocab_, ws_, d_tokens_, stream)) != cudaSuccess) return e;
+        std::vector<int32_t> tokens(n);
+        if ((e = cudaMemcpyAsync(tokens.data(), d_tokens_, sizeof(int32_t) * n, cudaMemcpyDeviceToHost, stream)) !=
+                cudaSuccess ||
+            (e = cudaStreamSynchronize(stream)) != cudaSuccess)
+            return e;
+        out->assign(n, Result{});
+        for (int r = 0; r < n; ++r) (*out)[r].token = tokens[r];
+        return cudaSuccess;
     }
     if ((e = cudaMemcpyAsync(d_params_, params.data(), sizeof(SamplerRowParams) * n, cudaMemcpyHostToDevice,
                              stream)) != cudaSuccess)
