@@ -10,3 +10,6 @@ target_link_libraries(bench_cuda_exl3 PRIVATE exl3_cuda exl3_options)
 
 add_executable(bench_cuda_int_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_int_lab.cu)
 set_target_properties(bench_cuda_int_lab PROPERTIES CUDA_STANDARD 17)
+
+add_executable(bench_cuda_decode_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_decode_lab.cu)
+set_target_properties(bench_cuda_decode_lab PROPERTIES CUDA_STANDARD 17)

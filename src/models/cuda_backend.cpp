@@ -295,7 +295,7 @@ public:
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
-        EXL3_RETURN_IF_ERROR(flush_norm());
+        EXL3_RETURN_IF_ERROR(flush());
         if (delta != Slot::kNone && in_h_[static_cast<size_t>(delta)]) {  // the GEMV already added it to h
             in_h_[static_cast<size_t>(delta)] = false;
             delta = Slot::kNone;
@@ -325,23 +325,25 @@ public:
             }
             return gemv(in, l, o, false, l.out);
         }
-        EXL3_RETURN_IF_ERROR(flush_norm());
-        if (!l.exl3.empty()) return exl3_linear(slot(in), l, slot(out), f32, l.out, T());
+        if (!l.exl3.empty())
+            return f32 ? exl3_linear_from(in, l, nullptr, l.out, true, out) : exl3_linear_from(in, l, slot(out), l.out, false);
+        EXL3_RETURN_IF_ERROR(flush());
         return cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in, bias);
     }
     Status linear_glu(Slot in, const DevLinear& l, Slot out) {
         const int inter = s_.cfg.intermediate_size;
         if (l.exl3.empty() && !l.bias.get() && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
             return gemv(in, l, cuda::GemvOut{slot(out), false, false, nullptr}, true, inter);
-        EXL3_RETURN_IF_ERROR(flush_norm());
         if (!l.exl3.empty() || l.bias.get()) {
             EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
-            return ck(cuda::silu_mul(slot(Slot::kGU), slot(out), s_.act, T(), inter, st()), "silu_mul");
+            glu_ = PendingGlu{out, inter, true};  // silu(gate) * up: by the consumer's input rotation, or flush()
+            return Status::ok();
         }
+        EXL3_RETURN_IF_ERROR(flush());
         return cuda::gemm_glu(*s_.ctx, slot(in), l.w.get(), slot(Slot::kGU), slot(out), s_.act, T(), inter, l.in);
     }
     Status qkv_heads(int li, bool qk_norm, float eps) {
-        EXL3_RETURN_IF_ERROR(flush_norm());
+        EXL3_RETURN_IF_ERROR(flush());
         const DevLayer& L = layer(li);
         const int hd = s_.cfg.head_dim;
         // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
@@ -366,7 +368,7 @@ public:
                   "qkv_heads");
     }
     Status attention(int li, int window) {
-        EXL3_RETURN_IF_ERROR(flush_norm());
+        EXL3_RETURN_IF_ERROR(flush());
         const cuda::PagedKV kv = s_.paged(li);
         if (!kv_appended_)
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
@@ -391,7 +393,9 @@ public:
                                     T(), s_.cfg.vocab_size, H, st()),
                       "head gemv");
         }
-        EXL3_RETURN_IF_ERROR(flush_norm());
+        if (!s_.head && n_out == T())
+            return exl3_linear_from(Slot::kX, s_.head_exl3, s_.logits.get(), s_.cfg.vocab_size, true);
+        EXL3_RETURN_IF_ERROR(flush());
         if (n_out != T()) {
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
                                                       s_.xout.get(), s_.act, st()),
@@ -409,6 +413,21 @@ private:
         Slot out = Slot::kNone;
         bool active = false;
     };
+
+    // silu(gate) * up of kGU into `out`, not yet computed.
+    struct PendingGlu {
+        Slot out = Slot::kNone;
+        int inter = 0;
+        bool active = false;
+    };
+
+    // Runs whatever is recorded (the norm, the GLU) as kernels of their own.
+    Status flush() {
+        EXL3_RETURN_IF_ERROR(flush_norm());
+        if (!glu_.active) return Status::ok();
+        glu_.active = false;
+        return ck(cuda::silu_mul(slot(Slot::kGU), slot(glu_.out), s_.act, T(), glu_.inter, st()), "silu_mul");
+    }
 
     // Runs the recorded norm (h -> its slot) as a kernel of its own.
     Status flush_norm() {
@@ -429,7 +448,7 @@ private:
             gi.norm_w = norm_.w;
             gi.eps = norm_.eps;
         } else {
-            EXL3_RETURN_IF_ERROR(flush_norm());
+            EXL3_RETURN_IF_ERROR(flush());
         }
         return ck(cuda::gemv_ex(gi, l.w.get(), o, s_.act, glu, T(), m, l.in, st()), glu ? "gemv_glu" : "gemv");
     }
@@ -445,6 +464,42 @@ private:
                                  rows, o, s_.exl3_ws.get(), s_.exl3_ws.bytes());
     }
 
+    // An EXL3 linear of all T rows of slot `in` into y (row stride ldy), or, with y null, added into h (an fp32
+    // output that joins the residual stream: kO / kDown, named by `residual`; add_norm then skips the add). The input
+    // rotation takes over the recorded norm or GLU when `in` is its output: one kernel fewer each.
+    Status exl3_linear_from(Slot in, const DevLinear& l, void* y, int ldy, bool f32, Slot residual = Slot::kNone) {
+        const int n = static_cast<int>(l.exl3_parts.size());
+        const bool can = cuda::exl3_takes_fusion(l.exl3_parts.data(), n, T());
+        cuda::Exl3InFusion f;
+        const void* x = slot(in);
+        int ldx = l.in;
+        if (can && norm_.active && norm_.out == in && l.in % 4 == 0) {
+            norm_.active = false;
+            f.norm_h = s_.h.as<float>();
+            f.norm_w = norm_.w;
+            f.eps = norm_.eps;
+        } else if (can && glu_.active && glu_.out == in) {
+            glu_.active = false;
+            f.glu_off = glu_.inter;
+            x = slot(Slot::kGU);
+            ldx = 2 * glu_.inter;
+        } else {
+            EXL3_RETURN_IF_ERROR(flush());
+        }
+        cuda::Exl3Out o;
+        o.y = y;
+        o.f32 = f32;
+        o.act = s_.act;
+        o.ldy = ldy;
+        if (!y) {
+            o.y = s_.h.get();
+            o.accumulate = true;
+            in_h_[static_cast<size_t>(residual)] = true;
+        }
+        return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), n, x, s_.act, ldx, T(), o, s_.exl3_ws.get(),
+                                 s_.exl3_ws.bytes(), f.norm_h || f.glu_off ? &f : nullptr);
+    }
+
     static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
     cudaStream_t st() const { return s_.ctx->stream(); }
     int T() const { return plan_->total(); }
@@ -456,6 +511,7 @@ private:
     cuda::AttentionBatch batch_;
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
+    PendingGlu glu_;
     bool kv_appended_ = false;  // qkv_heads wrote this layer's k and v into the cache
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
 };

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/ops.cuh"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -275,6 +276,100 @@ TEST(Exl3Cuda, WorkspaceSizeNeverShrinksWithRows) {
                 ASSERT_GE(b, prev) << k << "->" << n << " K" << K << " rows " << rows;
                 prev = b;
             }
+        }
+    }
+}
+
+// The input rotation's fusions give the bits of the kernels they replace: the RMS norm of h (add_rms_norm, then the
+// matmul) and silu(gate) * up (silu_mul, then the matmul); an fp32 accumulate adds the result to y. Fused path only:
+// the large path refuses a fusion.
+TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    cudaStream_t st = (*ctx)->stream();
+    for (quant::Codebook cb : {quant::Codebook::kMul1, quant::Codebook::k3Inst}) {
+        for (ActType xt : {ActType::kBF16, ActType::kF16}) {
+            const int in = 1000, out = 300;  // k padded to 1024: the rotation's tail chunk reads past k
+            auto sl = quant::test::make_synthetic_layer(in, out, 4, cb, true, 77u + static_cast<int>(cb));
+            DevLayer d;
+            upload(sl.layer, &d);
+            const cuda::Exl3Part part{d.w, 0, d.bias.as<float>()};
+            for (int rows : {1, 3, 16}) {
+                SCOPED_TRACE("codebook " + std::to_string(static_cast<int>(cb)) + " bf16 " +
+                             std::to_string(xt == ActType::kBF16) + " rows " + std::to_string(rows));
+                ASSERT_TRUE(cuda::exl3_takes_fusion(&part, 1, rows));
+                const std::vector<float> h = test::random_floats(static_cast<size_t>(rows) * in, 5u + rows, 3.0f);
+                const std::vector<float> w = test::random_floats(in, 6u, 1.0f);
+                std::vector<float> gu = test::random_floats(static_cast<size_t>(rows) * 2 * in, 7u + rows, 2.0f);
+                std::vector<uint16_t> gu16(gu.size());
+                for (size_t i = 0; i < gu.size(); ++i) gu16[i] = xt == ActType::kBF16 ? f32_to_bf16(gu[i]) : f32_to_f16(gu[i]);
+                DeviceBuffer dh, dw, dgu, dx, ws, y0, y1;
+                ASSERT_TRUE(dh.upload(h.data(), h.size() * 4).is_ok());
+                ASSERT_TRUE(dw.upload(w.data(), w.size() * 4).is_ok());
+                ASSERT_TRUE(dgu.upload(gu16.data(), gu16.size() * 2).is_ok());
+                ASSERT_TRUE(dx.reserve(static_cast<size_t>(rows) * in * 2).is_ok());
+                const size_t ysz = static_cast<size_t>(rows) * out * 4;
+                ASSERT_TRUE(y0.reserve(ysz).is_ok());
+                ASSERT_TRUE(y1.reserve(ysz).is_ok());
+                const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, rows);
+                ASSERT_TRUE(ws.reserve(wsb).is_ok());
+                EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+                cuda::Exl3Out o;
+                o.f32 = true;
+                o.act = xt;
+                o.ldy = out;
+                auto run = [&](const void* x, int ldx, void* y, const cuda::Exl3InFusion* f) {
+                    o.y = y;
+                    const Status s = cuda::exl3_matmul(**ctx, &part, 1, x, xt, ldx, rows, o, ws.get(), wsb, f);
+                    ASSERT_TRUE(s.is_ok()) << s.to_string();
+                };
+                auto fetch = [&](const DeviceBuffer& b) {
+                    std::vector<float> v(static_cast<size_t>(rows) * out);
+                    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+                    EXPECT_EQ(cudaMemcpy(v.data(), b.get(), v.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                    return v;
+                };
+                // Norm: the norm kernel writes x, the matmul reads it; against the matmul computing x itself.
+                EXL3_CUDA_OK(cuda::add_rms_norm(dh.as<float>(), nullptr, dw.as<float>(), 1e-5f, dx.get(), xt, rows, in, st));
+                run(dx.get(), in, y0.get(), nullptr);
+                cuda::Exl3InFusion fn;
+                fn.norm_h = dh.as<float>();
+                fn.norm_w = dw.as<float>();
+                fn.eps = 1e-5f;
+                run(dx.get(), in, y1.get(), &fn);
+                EXPECT_EQ(fetch(y0), fetch(y1)) << "norm";
+                // GLU: silu_mul writes x from gate | up rows.
+                EXL3_CUDA_OK(cuda::silu_mul(dgu.get(), dx.get(), xt, rows, in, st));
+                run(dx.get(), in, y0.get(), nullptr);
+                cuda::Exl3InFusion fg;
+                fg.glu_off = in;
+                run(dgu.get(), 2 * in, y1.get(), &fg);
+                const std::vector<float> glu = fetch(y1);
+                EXPECT_EQ(fetch(y0), glu) << "glu";
+                // Accumulate: y1 (= glu) += the same product.
+                o.accumulate = true;
+                run(dgu.get(), 2 * in, y1.get(), &fg);
+                o.accumulate = false;
+                const std::vector<float> twice = fetch(y1);
+                for (size_t i = 0; i < glu.size(); ++i) ASSERT_EQ(twice[i], glu[i] + glu[i]) << i;
+            }
+            // Beyond the fused path a fusion is refused, not ignored.
+            const int big = 40;
+            ASSERT_FALSE(cuda::exl3_takes_fusion(&part, 1, big));
+            DeviceBuffer dx, dy, ws;
+            ASSERT_TRUE(dx.reserve(static_cast<size_t>(big) * 2 * in * 2).is_ok());
+            ASSERT_TRUE(dy.reserve(static_cast<size_t>(big) * out * 4).is_ok());
+            const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, big);
+            ASSERT_TRUE(ws.reserve(wsb).is_ok());
+            cuda::Exl3Out o;
+            o.y = dy.get();
+            o.f32 = true;
+            o.act = xt;
+            o.ldy = out;
+            cuda::Exl3InFusion fg;
+            fg.glu_off = in;
+            EXPECT_FALSE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg).is_ok());
         }
     }
 }

@@ -263,14 +263,16 @@ __global__ void add_bias_kernel(T* x, const float* bias, int n, int d, int row_s
 }
 
 template <typename T>
-__global__ void silu_mul_kernel(const T* gu, T* out, int inter) {
+__global__ void silu_mul_kernel(const T* gu, T* out, int n, int inter) {
     EXL3_PDL_PROLOGUE();
-    const int i = blockIdx.x;
-    const T* g = gu + static_cast<int64_t>(i) * 2 * inter;
-    const T* u = g + inter;
-    for (int j = threadIdx.x; j < inter; j += blockDim.x) {
-        const float a = to_f(g[j]);
-        out[static_cast<int64_t>(i) * inter + j] = from_f<T>(a / (1.0f + __expf(-a)) * to_f(u[j]));
+    // blockIdx.y: rows; blockIdx.x: slices of the columns (a one-row step must not run on one SM).
+    for (int i = blockIdx.y; i < n; i += gridDim.y) {
+        const T* g = gu + static_cast<int64_t>(i) * 2 * inter;
+        const T* u = g + inter;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < inter; j += gridDim.x * blockDim.x) {
+            const float a = to_f(g[j]);
+            out[static_cast<int64_t>(i) * inter + j] = from_f<T>(a / (1.0f + __expf(-a)) * to_f(u[j]));
+        }
     }
 }
 
@@ -395,7 +397,9 @@ cudaError_t silu_mul(const void* gu, void* out, ActType t, int n, int inter, cud
     if (n == 0) return cudaSuccess;
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        return launch_pdl(silu_mul_kernel<T>, dim3(n), dim3(threads_for(inter)), 0, s, static_cast<const T*>(gu), static_cast<T*>(out), inter);
+        const unsigned slices = static_cast<unsigned>(std::min((inter + 255) / 256, 64));
+        return launch_pdl(silu_mul_kernel<T>, dim3(slices, static_cast<unsigned>(std::min(n, 65535))), dim3(256), 0,
+                          s, static_cast<const T*>(gu), static_cast<T*>(out), n, inter);
     });
 }
 

@@ -106,14 +106,39 @@ __device__ __forceinline__ __half2 bits_h2(uint32_t u) {
     return *reinterpret_cast<const __half2*>(&u);
 }
 
-// MUL1 without its final affine map: two states -> fp16 (1024 + byte sum) each, exact integers. The codebook value is
-// (1024 + b) * kMul1Scale + kMul1Offset rounded to fp16; a matmul that multiplies by the raw values and applies the
-// map to the sums (scale * sum + offset * sum(x)) skips one HFMA2 per pair and differs only by that rounding.
+// MUL1 without its final affine map: two states -> fp16 (1024 + byte sum) each, exact integers (IMAD, IDP4A with the
+// fp16 bits of 1024 as accumulator, PRMT). decode_pair applies the map as the host codec does.
 inline constexpr uint16_t kMul1ScaleBits = 0x1EEE, kMul1OffsetBits = 0xC931;
 __device__ __forceinline__ uint32_t mul1_raw_pair(uint32_t s0, uint32_t s1) {
     const uint32_t r0 = __dp4a(s0 * kMul1Mult, 0x01010101u, 0x6400u);
     const uint32_t r1 = __dp4a(s1 * kMul1Mult, 0x01010101u, 0x6400u);
     return __byte_perm(r0, r1, 0x5410);
+}
+
+// MUL1 for the matmul: the lane's 8 byte sums b (0..1020) as the mma A fragment, each b as the fp16 bits of the
+// subnormal b * 2^-24 (exact; the tensor cores keep fp16 subnormals). The byte sums come from the tensor cores
+// too: in a u8 mma.m16n8k32 whose B is the 0/1 selector sel0/sel1 (lane gq, q: sel0 = 0x01010101 when gq is even and
+// q = gq / 2, sel1 when gq is odd and q = gq / 2), output d0 is the byte sum of A register a0, d1 of a2, d2 of a1,
+// d3 of a3 -- each lane's own four products. That leaves one IMAD per state on the integer pipe (instead of IMAD +
+// IDP4A), measured in bench/cuda_decode_lab.cu (variant 14). A matmul using this multiplies by b * 2^-24 and applies
+// value = (1024 + b) * scale + offset to the sums: 2^24 * scale * sum + (1024 * scale + offset) * sum(x).
+__device__ __forceinline__ void mul1_bytesums(uint32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t sel0, uint32_t sel1) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {0,0,0,0};\n"
+        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(sel0), "r"(sel1));
+}
+__device__ __forceinline__ void mul1_sums(const uint32_t (&st)[8], uint32_t sel0, uint32_t sel1, uint32_t (&a)[4]) {
+    uint32_t p[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = st[j] * kMul1Mult;
+    uint32_t d[4], e[4];
+    mul1_bytesums(d, p[0], p[4], p[1], p[5], sel0, sel1);  // d = {b0, b1, b4, b5}
+    mul1_bytesums(e, p[2], p[6], p[3], p[7], sel0, sel1);  // e = {b2, b3, b6, b7}
+    a[0] = __byte_perm(d[0], d[1], 0x5410);
+    a[1] = __byte_perm(d[2], d[3], 0x5410);
+    a[2] = __byte_perm(e[0], e[1], 0x5410);
+    a[3] = __byte_perm(e[2], e[3], 0x5410);
 }
 
 // Two states -> their codebook values as one half2 (first state in the low half), rounded exactly as the host codec

@@ -96,7 +96,8 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
 }  // namespace
 
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
-                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
+                                const Exl3InFusion* fuse) {
     // Passes share the workspace safely: each pass's rotation kernel waits for the previous matmul grid to complete
     // (programmatic dependent launch lets it start early, not run ahead of that).
     const size_t y_size = out.f32 ? 4 : 2;
@@ -105,8 +106,11 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
         Exl3Out o = out;
         o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
         const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * 2;  // bf16 or fp16
-        EXL3_RETURN_IF_ERROR(
-            check_cuda(exl3_fused(parts, nparts, xr, xt, ldx, nr, o, ws, ws_bytes, ctx.stream()), "exl3 fused"));
+        Exl3InFusion f = fuse ? *fuse : Exl3InFusion{};
+        if (f.norm_h) f.norm_h += static_cast<size_t>(r0) * parts[0].w.k;
+        EXL3_RETURN_IF_ERROR(check_cuda(exl3_fused(parts, nparts, xr, xt, ldx, nr, o, ws, ws_bytes, ctx.stream(),
+                                                   fuse ? &f : nullptr),
+                                        "exl3 fused"));
     }
     return Status::ok();
 }
@@ -123,11 +127,16 @@ static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
     return weights >= (int64_t{32} << 20);
 }
 
+bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows) {
+    return rows >= 1 && nparts >= 1 && use_fused_passes(parts, nparts, rows);
+}
+
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse) {
     if (rows <= 0) return Status::ok();
     if (use_fused_passes(parts, nparts, rows))
-        return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);
+        return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse);
+    if (fuse) return invalid_argument("exl3_matmul: an input fusion needs the fused path (exl3_takes_fusion)");
     return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);
 }
 

@@ -21,6 +21,7 @@
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rms_row.cuh"
 
 namespace exl3::cuda {
 
@@ -65,7 +66,7 @@ struct FusedParams {
     float* partials;     // [splits][rows][total_n_pad]
     uint32_t* counters;  // [groups]
     int ldy, rows, k_pad, total_n_pad, stages_per_split, splits, xs_stride;
-    bool y_f32, y_bf16;
+    bool y_f32, y_bf16, y_acc;
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
 };
 
@@ -127,7 +128,7 @@ __device__ __forceinline__ void store_out(const FusedParams& p, const PartParams
         const float o = v[i] * kHadScale * pp.svh[c] + (pp.bias ? pp.bias[c] : 0.0f);
         const int64_t at = static_cast<int64_t>(r) * p.ldy + pp.col0 + c;
         if (p.y_f32)
-            static_cast<float*>(p.y)[at] = o;
+            static_cast<float*>(p.y)[at] = p.y_acc ? static_cast<float*>(p.y)[at] + o : o;
         else if (p.y_bf16)
             static_cast<__nv_bfloat16*>(p.y)[at] = __float2bfloat16_rn(o);
         else
@@ -148,6 +149,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     constexpr int P = ring_stages(K);
     constexpr int SW = stage_words(K);
     constexpr int ROWS = 8 * BT;
+    constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));
     extern __shared__ __align__(16) uint32_t smem[];
     uint32_t* ring = smem;                                                 // [P][SW]; the reduction aliases it
     __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT));     // [rows][xs_stride]: this block's k range
@@ -172,26 +174,30 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     // offsets are computed once (a stage's tile rows span < 2^31 words).
     constexpr int kRowChunks = 16 * K;
     constexpr int kPerLane = (kRowChunks + 31) / 32;
-    int goff[kPerLane], soff[kPerLane];
+    // Per lane: a global pointer per copied chunk, advanced one stage at a time, and shared offsets that are
+    // compile-time constants once the stage loop is unrolled by the ring depth (slot = stage % P).
+    const int64_t stage_words = 8 * row_words;
+    const uint32_t* gsrc[kPerLane];
+    int soff[kPerLane];
 #pragma unroll
     for (int it = 0; it < kPerLane; ++it) {
         const int c = lane + it * 32;
-        goff[it] = warp * static_cast<int>(row_words) + c * 4;
+        gsrc[it] = group + static_cast<int64_t>(st0) * stage_words + warp * row_words + c * 4;
         soff[it] = warp * 64 * K + c * 4;
     }
-    const uint32_t* gstage = group + static_cast<int64_t>(st0) * 8 * row_words;
-    auto issue = [&](int s, int slot) {
-        const uint32_t* src = gstage + static_cast<int64_t>(s) * 8 * row_words;
+    auto issue = [&](int slot) {  // the next stage in order into ring slot `slot`
         uint32_t* dst = ring + slot * SW;
 #pragma unroll
-        for (int it = 0; it < kPerLane; ++it)
-            if (kRowChunks % 32 == 0 || lane + it * 32 < kRowChunks) cp_async16(dst + soff[it], src + goff[it]);
+        for (int it = 0; it < kPerLane; ++it) {
+            if (kRowChunks % 32 == 0 || lane + it * 32 < kRowChunks) cp_async16(dst + soff[it], gsrc[it]);
+            gsrc[it] += stage_words;
+        }
     };
 
     // Weights do not depend on the previous kernel: start streaming them before waiting for it.
 #pragma unroll
     for (int s = 0; s < P - 1; ++s) {
-        if (s < nst) issue(s, s);
+        if (s < nst) issue(s);
         cp_async_commit();
     }
     EXL3_GRID_DEPENDENCY_WAIT();
@@ -219,24 +225,34 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[i][b][e] = 0.0f;
 
-    for (int s = 0; s < nst; ++s) {
+    // B fragments: activation rows gq (+8b), k = 16 * warp + 2q (+8) of each stage; rows past `rows` read as zero.
+    const __half* xb[BT];
+    bool xvalid[BT];
+#pragma unroll
+    for (int b = 0; b < BT; ++b) {
+        xvalid[b] = gq + 8 * b < rows;
+        xb[b] = xs + (xvalid[b] ? gq + 8 * b : 0) * p.xs_stride + 16 * warp + 2 * q;
+    }
+    // MUL1 byte sums on the tensor cores: a u8 mma with a 0/1 selector returns each lane's own four sums (see
+    // mul1_sums); these are its B fragments.
+    const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
+    const uint32_t sel1 = ((gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
+
+    auto stage = [&](int s, int slot) {
         // This lane's copies of stage s have landed; after the warp sync, every lane's have, and every lane is done
         // with stage s - 1, whose slot (this warp's row of it) the next copy reuses.
         cp_async_wait<P - 2>();
         __syncwarp();
-        if (s + P - 1 < nst) issue(s + P - 1, (s + P - 1) % P);
+        if (s + P - 1 < nst) issue((slot + P - 1) % P);
         cp_async_commit();
-
-        // B fragments: activation rows gq (+8b), k = 16 * warp + 2q (+8) of this stage.
         uint32_t bf[BT][2];
 #pragma unroll
         for (int b = 0; b < BT; ++b) {
-            const int r = gq + 8 * b;
-            const __half* xr = xs + r * p.xs_stride + s * 128 + 16 * warp + 2 * q;
-            bf[b][0] = r < rows ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
-            bf[b][1] = r < rows ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
+            const __half* xr = xb[b] + s * 128;
+            bf[b][0] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
+            bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
         }
-        const uint32_t* rowp = ring + (s % P) * SW + warp * 64 * K;
+        const uint32_t* rowp = ring + slot * SW + warp * 64 * K;
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const uint32_t* tile = rowp + i * 8 * K;
@@ -244,8 +260,8 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
             tile_states<K>(tile, lane, st);
             // Fragment order: a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7} (decode_fragment).
             if constexpr (CB == 2) {
-                const uint32_t a[4] = {mul1_raw_pair(st[0], st[1]), mul1_raw_pair(st[4], st[5]),
-                                       mul1_raw_pair(st[2], st[3]), mul1_raw_pair(st[6], st[7])};
+                uint32_t a[4];
+                mul1_sums(st, sel0, sel1, a);
 #pragma unroll
                 for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
             } else {
@@ -261,6 +277,17 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
                 }
             }
         }
+    };
+    // Unrolled by the ring depth so that every ring slot is a constant -- except where the unrolled loop spills
+    // registers (MUL1 at K = 5 and 8: ptxas -v).
+    if constexpr (UNROLL_RING) {
+        for (int s0 = 0; s0 < nst; s0 += P) {
+#pragma unroll
+            for (int u = 0; u < P; ++u)
+                if (s0 + u < nst) stage(s0 + u, u);
+        }
+    } else {
+        for (int s = 0; s < nst; ++s) stage(s, s % P);
     }
     cp_async_wait<0>();
     EXL3_LAUNCH_DEPENDENTS();
@@ -301,9 +328,10 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kWarps; ++w) sum += red[(w * ROWS + r) * kRedStride + c];
-        if constexpr (CB == 2)
-            sum = sum * __half2float(__ushort_as_half(kMul1ScaleBits)) +
-                  xsum[r] * __half2float(__ushort_as_half(kMul1OffsetBits));
+        if constexpr (CB == 2)  // sum = 2^-24 * sum(b x): value = (1024 + b) * scale + offset
+            sum = sum * (16777216.0f * __half2float(__ushort_as_half(kMul1ScaleBits))) +
+                  xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
+                             __half2float(__ushort_as_half(kMul1OffsetBits)));
         red[r * kRedStride + c] = sum;  // row r of warp 0's slice: read above by this thread only
     }
     __syncthreads();
@@ -407,25 +435,45 @@ __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, i
     for (int i = 0; i < 4; ++i) out[i] = __float2half_rn(v[i] * kHadScale);
 }
 
+__device__ __forceinline__ float round_act(float v, bool bf16) {
+    return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
+}
+
 // The input rotation of up to three parts (their own suh) for the fused path: xh[part][row][k_pad]. Launched with
 // programmatic dependent launch: it lets the matmul kernel start streaming weights at once, and waits for x.
+// With a fusion (Exl3InFusion) x is computed here: the RMS norm of h (the block reduces the whole row first, as
+// add_rms_norm does) or silu(gate) * up, rounded to the activation type as those kernels round.
 struct RotateParts {
     const float* suh[kMaxParts];
 };
-__global__ void rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k, int k_pad, int rows,
-                                    __half* xh) {
+__global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k,
+                                                           int k_pad, int rows, __half* xh, Exl3InFusion f) {
     EXL3_LAUNCH_DEPENDENTS();
     EXL3_GRID_DEPENDENCY_WAIT();
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int r = blockIdx.y, part = blockIdx.z;
+    const float* hrow = f.norm_h ? f.norm_h + static_cast<int64_t>(r) * k : nullptr;
+    const float inv = hrow ? block_row_inv_rms(hrow, k, f.eps) : 0.0f;  // the whole block, before any exit
     if (chunk * 128 >= k_pad) return;
     const float* suh = rp.suh[part];
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int kk = chunk * 128 + 4 * lane + i;
-        v[i] = kk < k ? round16(load_act(x, static_cast<int64_t>(r) * ldx + kk, x_bf16) * suh[kk]) : 0.0f;
+        float a = 0.0f;
+        if (kk < k) {
+            const int64_t at = static_cast<int64_t>(r) * ldx + kk;
+            if (hrow) {
+                a = round_act(f.norm_w[kk] * (hrow[kk] * inv), x_bf16);
+            } else if (f.glu_off > 0) {
+                const float g = load_act(x, at, x_bf16);
+                a = round_act(g / (1.0f + __expf(-g)) * load_act(x, at + f.glu_off, x_bf16), x_bf16);
+            } else {
+                a = load_act(x, at, x_bf16);
+            }
+        }
+        v[i] = kk < k ? round16(a * suh[kk]) : 0.0f;
     }
     fwht128(v, lane);
     uint2 pk;
@@ -435,14 +483,14 @@ __global__ void rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, 
 }
 
 cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
-                                int k_pad, int rows, __half* xh, cudaStream_t s) {
+                                int k_pad, int rows, __half* xh, const Exl3InFusion& f, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>((k_pad / 128 + 7) / 8), static_cast<unsigned>(rows),
                     static_cast<unsigned>(nparts));
-    return launch_pdl(rotate_parts_kernel, grid, dim3(256), 0, s, rp, x, x_bf16, ldx, k, k_pad, rows, xh);
+    return launch_pdl(rotate_parts_kernel, grid, dim3(256), 0, s, rp, x, x_bf16, ldx, k, k_pad, rows, xh, f);
 }
 
 __global__ void rotate_out_kernel(const float* svh, const float* bias, const float* acc, int c0, int cols, int n,
-                                  void* y, bool y_f32, bool y_bf16, int ldy, int col0) {
+                                  void* y, bool y_f32, bool y_bf16, bool y_acc, int ldy, int col0) {
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int r = blockIdx.y;
@@ -459,7 +507,7 @@ __global__ void rotate_out_kernel(const float* svh, const float* bias, const flo
         const float o = v[i] * kHadScale * svh[c] + (bias ? bias[c] : 0.0f);
         const int64_t at = static_cast<int64_t>(r) * ldy + col0 + c;
         if (y_f32)
-            static_cast<float*>(y)[at] = o;
+            static_cast<float*>(y)[at] = y_acc ? static_cast<float*>(y)[at] + o : o;
         else if (y_bf16)
             static_cast<__nv_bfloat16*>(y)[at] = __float2bfloat16_rn(o);
         else
@@ -624,12 +672,17 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
 }
 
 cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
-                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s) {
+                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s, const Exl3InFusion* fuse) {
     if (nparts < 1 || nparts > kMaxParts) return cudaErrorInvalidValue;
+    const Exl3InFusion fin = fuse ? *fuse : Exl3InFusion{};
+    if (fin.norm_h && (!fin.norm_w || parts[0].w.k % 4 || (reinterpret_cast<uintptr_t>(fin.norm_h) & 15) ||
+                     (reinterpret_cast<uintptr_t>(fin.norm_w) & 15)))
+        return cudaErrorInvalidValue;
     if (!fusable(parts, nparts, rows)) {
         if (nparts == 1) return cudaErrorInvalidValue;
         for (int i = 0; i < nparts; ++i)
-            if (cudaError_t e = exl3_fused(&parts[i], 1, x, xt, ldx, rows, out, ws, ws_bytes, s); e != cudaSuccess)
+            if (cudaError_t e = exl3_fused(&parts[i], 1, x, xt, ldx, rows, out, ws, ws_bytes, s, fuse);
+                e != cudaSuccess)
                 return e;
         return cudaSuccess;
     }
@@ -661,6 +714,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.xs_stride = f.xs_stride;
     p.y_f32 = out.f32;
     p.y_bf16 = !out.f32 && out.act == ActType::kBF16;
+    p.y_acc = out.f32 && out.accumulate;
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
     const size_t xhb = xh_bytes(parts, nparts, rows);
@@ -672,7 +726,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.partials = reinterpret_cast<float*>(static_cast<char*>(ws) + kExl3CounterBytes + xhb);
     RotateParts rp{};
     for (int i = 0; i < nparts; ++i) rp.suh[i] = parts[i].w.suh;
-    if (cudaError_t e = launch_rotate_parts(rp, nparts, x, xt == ActType::kBF16, ldx, w0.k, w0.k_pad, rows, xh, s);
+    if (cudaError_t e = launch_rotate_parts(rp, nparts, x, xt == ActType::kBF16, ldx, w0.k, w0.k_pad, rows, xh, fin, s);
         e != cudaSuccess)
         return e;
     const int cb = static_cast<int>(w0.codebook);
@@ -703,7 +757,8 @@ cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows,
     if (!valid(w) || rows < 1 || c0 % 128 || cols % 128) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>((cols / 128 + 7) / 8), static_cast<unsigned>(rows));
     rotate_out_kernel<<<grid, 256, 0, s>>>(w.svh, out.bias, acc, c0, cols, w.n, out.y, out.f32,
-                                           !out.f32 && out.act == ActType::kBF16, out.ldy, out.col0);
+                                           !out.f32 && out.act == ActType::kBF16, out.f32 && out.accumulate, out.ldy,
+                                           out.col0);
     return cudaGetLastError();
 }
 

@@ -47,9 +47,11 @@ struct Exl3DevWeights {
 };
 
 // Where the result goes: y[row * ldy + col0 + c] for c < n, as fp32 or `act`. bias [n] (fp32) or null.
+// accumulate (fp32 only): y += result (a sub-layer output added straight into the residual stream).
 struct Exl3Out {
     void* y = nullptr;
     bool f32 = false;
+    bool accumulate = false;
     ActType act = ActType::kBF16;
     int ldy = 0;
     int col0 = 0;
@@ -65,6 +67,19 @@ struct Exl3Part {
     const float* bias = nullptr;
 };
 
+// What the input rotation computes x from instead of reading it, saving the kernel that would write x (fused path
+// only: rows <= kExl3FusedPassMaxRows and parts that fuse; exl3_takes_fusion says whether a call qualifies):
+//   norm_h: x = act(norm_w * (h * rsqrt(mean(h^2) + eps))) from the fp32 rows h [rows, k] -- bit for bit what
+//           cuda::add_rms_norm writes (rms_row.cuh); k % 4 == 0, h and norm_w 16-byte aligned;
+//   glu_off > 0: x = act(silu(g) * u) with g = x[r, j], u = x[r, glu_off + j] -- what cuda::silu_mul writes.
+struct Exl3InFusion {
+    const float* norm_h = nullptr;
+    const float* norm_w = nullptr;
+    float eps = 0.0f;
+    int glu_off = 0;
+};
+bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows);
+
 // Scratch the matmul needs for `rows` rows of x. It starts with a fixed region of split-K counters (one per column
 // group of 128) that must start zeroed (exl3_workspace_init); every call leaves them zeroed again, so one workspace
 // serves any number of calls and layers in stream order, also inside CUDA graphs.
@@ -76,12 +91,13 @@ cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s);
 // (out.col0 and out.bias are not used: parts carry their own). `ws` of at least exl3_workspace_bytes.
 // Needs the context's cuBLAS handle for rows > kExl3FusedMaxRows.
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse = nullptr);
 
 // The two ways exl3_matmul takes beyond 16 rows, for benchmarks and tests: passes of 16 rows through the fused
 // kernel, and decode + cuBLAS.
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
-                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+                                int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
+                                const Exl3InFusion* fuse = nullptr);
 Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                          int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
 
@@ -104,7 +120,8 @@ cudaError_t exl3_decode(const Exl3DevWeights& w, int c0, int c1, uint16_t* out, 
 // The kernels behind exl3_matmul, for tests and benchmarks.
 // Fused path (rows <= kExl3FusedMaxRows): one launch when the parts allow it, else one per part.
 cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
-                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s);
+                       const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s,
+                       const Exl3InFusion* fuse = nullptr);
 size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows);
 // How many parts k is split into on the fused path (0: the parts do not fuse).
 int exl3_fused_splits(const Exl3Part* parts, int nparts, int rows);
