@@ -99,6 +99,24 @@ __device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s
     s[0] = __funnelshift_r(w1, w0f, 28);
 }
 
+// K = 2: lane t's window is 30 bits starting at bit o0 = 18 (t even) or 2 (t odd) of word i0, so the two words
+// w0 = u[i0], w1 = u[i1] hold it and one clamped funnel shift right-aligns it: R = (w0:w1 >> (34 - o0)) (shift 32 gives
+// w0). State j is (R >> (14 - 2j)) & 0xFFFF; with R shifted by 2, 4 and 6, every state is the low half (one LOP3) or
+// bits 8..23 (one PRMT with a zero source) of one of the four: 12 instructions for 8 states instead of 17, and two
+// shared-memory words instead of three.
+__device__ __forceinline__ void states_k2(uint32_t w0, uint32_t w1, int sh, uint32_t (&s)[8]) {
+    const uint32_t r0 = __funnelshift_rc(w1, w0, sh);
+    const uint32_t r2 = r0 >> 2, r4 = r0 >> 4, r6 = r0 >> 6;
+    s[7] = r0 & 0xFFFFu;
+    s[6] = r2 & 0xFFFFu;
+    s[5] = r4 & 0xFFFFu;
+    s[4] = r6 & 0xFFFFu;
+    s[3] = __byte_perm(r0, 0u, 0x4421);
+    s[2] = __byte_perm(r2, 0u, 0x4421);
+    s[1] = __byte_perm(r4, 0u, 0x4421);
+    s[0] = __byte_perm(r6, 0u, 0x4421);
+}
+
 __device__ __forceinline__ uint32_t h2_bits(__half2 h) {
     return *reinterpret_cast<const uint32_t*>(&h);
 }
@@ -139,6 +157,18 @@ __device__ __forceinline__ void mul1_sums(const uint32_t (&st)[8], uint32_t sel0
     a[1] = __byte_perm(d[2], d[3], 0x5410);
     a[2] = __byte_perm(e[0], e[1], 0x5410);
     a[3] = __byte_perm(e[2], e[3], 0x5410);
+}
+
+// The same sums without packing: even[] = {b0, b4, b2, b6} and odd[] = {b1, b5, b3, b7}, each register one sum
+// (high half +0), are the A fragments of two mmas -- one against the activations as they are (k = 2q, 2q + 8 of
+// the tile), one against them with each pair's halves swapped (k = 2q + 1, 2q + 9). No PRMT, one HMMA more.
+__device__ __forceinline__ void mul1_sums_unpacked(const uint32_t (&st)[8], uint32_t sel0, uint32_t sel1,
+                                                   uint32_t (&even)[4], uint32_t (&odd)[4]) {
+    uint32_t p[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) p[j] = st[j] * kMul1Mult;
+    mul1_bytesums(even, p[0], p[2], p[4], p[6], sel0, sel1);
+    mul1_bytesums(odd, p[1], p[3], p[5], p[7], sel0, sel1);
 }
 
 // Two states -> their codebook values as one half2 (first state in the low half), rounded exactly as the host codec
@@ -198,6 +228,9 @@ template <int K>
 __device__ __forceinline__ void tile_states(const uint32_t* tile, int lane, uint32_t (&st)[8]) {
     if constexpr (K == 4) {
         states_k4(tile[(lane + 31) & 31], tile[lane], st);
+    } else if constexpr (K == 2) {
+        const LaneWindow lw = lane_window(K, lane);
+        states_k2(tile[lw.i0], tile[lw.i1], 34 - lw.o0, st);
     } else {
         const LaneWindow lw = lane_window(K, lane);
         states_generic<K>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st);

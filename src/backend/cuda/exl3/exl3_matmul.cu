@@ -259,7 +259,15 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
             uint32_t st[8];
             tile_states<K>(tile, lane, st);
             // Fragment order: a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7} (decode_fragment).
-            if constexpr (CB == 2) {
+            if constexpr (CB == 2 && K == 2) {  // two mmas instead of the PRMT packing: faster at K2 only (lab note 16)
+                uint32_t ev[4], od[4];
+                mul1_sums_unpacked(st, sel0, sel1, ev, od);
+#pragma unroll
+                for (int b = 0; b < BT; ++b) {
+                    mma16816(acc[i][b], ev, bf[b][0], bf[b][1]);
+                    mma16816(acc[i][b], od, __byte_perm(bf[b][0], 0, 0x1032), __byte_perm(bf[b][1], 0, 0x1032));
+                }
+            } else if constexpr (CB == 2) {
                 uint32_t a[4];
                 mul1_sums(st, sel0, sel1, a);
 #pragma unroll
