@@ -33,9 +33,11 @@
 #include <cstdio>
 #include <vector>
 
+#include "backend/cuda/exl3/exl3_codec.cuh"
+
 namespace {
 
-constexpr uint32_t kMult = 0x83DCD12Du;
+constexpr uint32_t kMult = exl3::cuda::exl3k::kMul1Mult;
 constexpr int kTiles = 64;  // tiles in shared memory (K = 4: 32 words each)
 constexpr int kThreads = 256;
 
@@ -73,19 +75,7 @@ __device__ __forceinline__ uint32_t lop_3inst(uint32_t x) {
     return r;
 }
 
-// K = 4 state extraction (exl3_codec.cuh states_k4).
-__device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s)[8]) {
-    const uint32_t w0f = w0 & 0xFFFu;
-    const uint32_t q = __funnelshift_r(w1, w0, 4);
-    s[7] = w1 & 0xFFFFu;
-    s[6] = q & 0xFFFFu;
-    s[5] = __byte_perm(w1, 0u, 0x4421);
-    s[4] = __byte_perm(q, 0u, 0x4421);
-    s[3] = w1 >> 16;
-    s[2] = q >> 16;
-    s[1] = __byte_perm(w1, w0f, 0x7643);
-    s[0] = __funnelshift_r(w1, w0f, 28);
-}
+using exl3::cuda::exl3k::states_k4;  // the kernels' K = 4 extraction
 
 __device__ __forceinline__ uint32_t prod_imad(uint32_t s) {
     return s * kMult;
