@@ -60,15 +60,10 @@ __device__ __forceinline__ void imma_bytesum(uint32_t (&d)[4], uint32_t a0, uint
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0x6400u));
 }
 
-// The same with a zero accumulator: d = the byte sums themselves (as fp16 bits: the subnormals b * 2^-24, exact).
-__device__ __forceinline__ void imma_bytesum0(uint32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                              uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{0,0,0,0};\n"
-        : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
+// The same with a zero accumulator (d = the byte sums themselves, as the fp16 subnormals b * 2^-24): the kernels'
+// own function.
+using exl3::cuda::exl3k::mul1_bytesums;
+
 __device__ __forceinline__ uint32_t lop_3inst(uint32_t x) {
     uint32_t r;
     asm("lop3.b32 %0, %1, 0x8FFF8FFF, 0x3B603B60, 0x6A;" : "=r"(r) : "r"(x));
@@ -159,20 +154,20 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
                     mma16816(acc[i], d[1], d[3], e[1], e[3], b0s, b1s);
                 } else if constexpr (V == 13) {  // zero-accumulator IMMA sums (subnormal fp16) into two mmas
                     uint32_t d[4], e[4];
-                    imma_bytesum0(d, p[0], p[4], p[1], p[5], sel0, sel1);
-                    imma_bytesum0(e, p[2], p[6], p[3], p[7], sel0, sel1);
+                    mul1_bytesums(d, p[0], p[4], p[1], p[5], sel0, sel1);
+                    mul1_bytesums(e, p[2], p[6], p[3], p[7], sel0, sel1);
                     mma16816(acc[i], d[0], d[2], e[0], e[2], b0, b1);
                     mma16816(acc[i], d[1], d[3], e[1], e[3], b0s, b1s);
                 } else if constexpr (V == 15) {  // IMMA outputs ordered as the mma's A quads: no copies
                     uint32_t d[4], e[4];
-                    imma_bytesum0(d, p[0], p[2], p[4], p[6], sel0, sel1);  // d = {s0, s4, s2, s6}
-                    imma_bytesum0(e, p[1], p[3], p[5], p[7], sel0, sel1);  // e = {s1, s5, s3, s7}
+                    mul1_bytesums(d, p[0], p[2], p[4], p[6], sel0, sel1);  // d = {s0, s4, s2, s6}
+                    mul1_bytesums(e, p[1], p[3], p[5], p[7], sel0, sel1);  // e = {s1, s5, s3, s7}
                     mma16816(acc[i], d[0], d[1], d[2], d[3], b0, b1);
                     mma16816(acc[i], e[0], e[1], e[2], e[3], b0s, b1s);
                 } else if constexpr (V == 14) {  // zero-accumulator IMMA sums packed by PRMT, one mma
                     uint32_t d[4], e[4];
-                    imma_bytesum0(d, p[0], p[4], p[1], p[5], sel0, sel1);
-                    imma_bytesum0(e, p[2], p[6], p[3], p[7], sel0, sel1);
+                    mul1_bytesums(d, p[0], p[4], p[1], p[5], sel0, sel1);
+                    mul1_bytesums(e, p[2], p[6], p[3], p[7], sel0, sel1);
                     mma16816(acc[i], __byte_perm(d[0], d[1], 0x5410), __byte_perm(d[2], d[3], 0x5410),
                              __byte_perm(e[0], e[1], 0x5410), __byte_perm(e[2], e[3], 0x5410), b0, b1);
                 } else if constexpr (V == 12) {  // one register a weight (its two halves), activations duplicated
