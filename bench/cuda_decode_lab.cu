@@ -108,7 +108,6 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
     const uint32_t b0s = __byte_perm(b0, 0, 0x1032), b1s = __byte_perm(b1, 0, 0x1032);
     const uint32_t b0e = __byte_perm(b0, 0, 0x1010), b1e = __byte_perm(b1, 0, 0x1010);
     const uint32_t b0o = __byte_perm(b0, 0, 0x3232), b1o = __byte_perm(b1, 0, 0x3232);
-    const uint32_t c3mask = 0x8FFF8FFFu ^ (static_cast<uint32_t>(iters) >> 30), c3flip = 0x3B603B60u ^ (static_cast<uint32_t>(iters) >> 30);
     const uint32_t sel0 = (!(g & 1) && q == (g >> 1)) ? 0x01010101u : 0u;
     const uint32_t sel1 = ((g & 1) && q == (g >> 1)) ? 0x01010101u : 0u;
     float acc[8][4] = {};
@@ -200,7 +199,6 @@ __global__ void pipe_lab(uint32_t* out, uint32_t seed, double m, double c) {
         v[i] = seed * (threadIdx.x + 1) + i * 0x9E3779B9u;
         d[i] = v[i] * 1e-9;
     }
-    uint32_t acc[4] = {};
     for (int it = 0; it < 2048; ++it) {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
@@ -236,7 +234,7 @@ __global__ void pipe_lab(uint32_t* out, uint32_t seed, double m, double c) {
     uint32_t a = 0;
 #pragma unroll
     for (int i = 0; i < 8; ++i) a ^= v[i] ^ static_cast<uint32_t>(__double2loint(d[i]));
-    out[blockIdx.x * blockDim.x + threadIdx.x] = a + acc[0];
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
 struct Timer {
