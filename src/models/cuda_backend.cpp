@@ -163,7 +163,7 @@ struct CudaModel::State {
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
     RopeFrequencies rope;
 
-    std::map<int, cudaGraphExec_t> graphs;  // decode steps by batch size
+    std::map<std::pair<int, int>, cudaGraphExec_t> graphs;  // decode steps by (batch size, attention bound)
 
     ~State() {
         for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
@@ -250,9 +250,21 @@ struct CudaModel::State {
         for (int i = 0; i < p.batch(); ++i)
             max_q = std::max(max_q, p.q_start[static_cast<size_t>(i) + 1] - p.q_start[static_cast<size_t>(i)]);
         b.max_q_len = max_q;
-        // A captured graph must stay valid as sequences grow: bound by the context, not the current length.
-        b.max_seq_len = graph_bounds ? opts.context_length : p.max_seq_len;
+        // A captured graph must stay valid as sequences grow: bound by a bucket of the context, not the current
+        // length (graph_bound).
+        b.max_seq_len = graph_bounds ? graph_bound(p.max_seq_len) : p.max_seq_len;
         return b;
+    }
+
+    // The attention bound a captured decode graph is planned for: the smallest of 256, 512, 1024, ... (capped at the
+    // context length) that holds every sequence of the step. The split-K plan follows the bound, so a short context
+    // in a model loaded for a long one does not pay for the long one's splits (bf16 Llama-3-8B shape, batch 1 at
+    // 512 tokens with a 16k context: 4.45 ms a step bound by the context, 4.02 ms bound by the bucket); a sequence
+    // that outgrows its bucket moves the step to the next graph (captured once).
+    int graph_bound(int max_seq_len) const {
+        int b = 256;
+        while (b < max_seq_len && b < opts.context_length) b *= 2;
+        return std::min(b, opts.context_length);
     }
 
     cuda::PagedKV paged(int layer) const {
@@ -657,7 +669,10 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     const bool use_graph = s.opts.graphs && decode;
     const cuda::AttentionBatch ab = s.attention_batch(plan, use_graph);
     const void* old_ws = s.attn_ws.get();
-    EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab, s.cfg.num_heads, s.cfg.head_dim,
+    // Sized for the whole context at once: growing it would drop every captured graph.
+    cuda::AttentionBatch ab_ws = ab;
+    if (use_graph) ab_ws.max_seq_len = s.opts.context_length;
+    EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(cuda::attention_workspace_bytes(ab_ws, s.cfg.num_heads, s.cfg.head_dim,
                                                                            s.opts.kv_bits_k, s.opts.kv_bits_v)));
     if (s.attn_ws.get() != old_ws) {  // a new buffer: graphs captured with the old one are stale
         for (auto& [b, g] : s.graphs) cudaGraphExecDestroy(g);
@@ -667,7 +682,8 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     if (!use_graph) {
         EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));
     } else {
-        auto it = s.graphs.find(B);
+        const std::pair<int, int> key{B, ab.max_seq_len};
+        auto it = s.graphs.find(key);
         if (it == s.graphs.end()) {
             cudaGraph_t g = nullptr;
             EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture"));
@@ -679,7 +695,7 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
             ce = cudaGraphInstantiate(&exec, g, 0);
             cudaGraphDestroy(g);
             EXL3_RETURN_IF_ERROR(check_cuda(ce, "graph instantiate"));
-            it = s.graphs.emplace(B, exec).first;
+            it = s.graphs.emplace(key, exec).first;
         }
         EXL3_RETURN_IF_ERROR(check_cuda(cudaGraphLaunch(it->second, st), "graph launch"));
     }

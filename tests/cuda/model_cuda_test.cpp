@@ -128,6 +128,28 @@ TEST(CudaModel, BatchEqualsSingleAndGraphEqualsEager) {
     }
 }
 
+// Decode graphs are captured per bucket of the context (256, 512, ...): a sequence that grows past 256 tokens moves
+// to the next graph, whose attention is planned for 512; every step still matches the CPU.
+TEST(CudaModel, DecodeGraphsFollowTheContextBucket) {
+    EXL3_REQUIRE_GPU();
+    const std::string dir = test::repo_path("tests/models/tiny-draft");
+    auto cpu = load(dir, "cpu");
+    auto gpu = load(dir, "cuda");
+    ASSERT_TRUE(cpu && gpu);
+    const int V = cpu->info().vocab_size;
+    auto prompt = tokens(245, 11, V);
+    std::vector<float> lc, lg;
+    auto sc = cpu->new_sequence(), sg = gpu->new_sequence();
+    ASSERT_TRUE(cpu->forward(**sc, prompt, false, &lc).is_ok());
+    ASSERT_TRUE(gpu->forward(**sg, prompt, false, &lg).is_ok());
+    for (int i = 0; i < 24; ++i) {  // lengths 246 .. 269: across the 256 boundary
+        std::vector<int32_t> t = {prompt[static_cast<size_t>(i)]};
+        ASSERT_TRUE(cpu->forward(**sc, t, false, &lc).is_ok());
+        ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
+        EXPECT_LT(rel_err(lg.data(), lc.data(), V), 3e-2) << "decode step " << i;
+    }
+}
+
 TEST(CudaModel, PagesReturnAndCacheFullIsAnError) {
     EXL3_REQUIRE_GPU();
     LoadOptions o;
