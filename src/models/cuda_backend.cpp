@@ -238,6 +238,9 @@ struct CudaModel::State {
         return check_cuda(cuda::exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), ctx->stream()), "exl3 workspace");
     }
 
+    // Attention split length of the batch-invariant mode (LoadOptions::batch_invariant).
+    static constexpr int kInvariantSplitKeys = 512;
+
     cuda::AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const {
         cuda::AttentionBatch b{};
         b.batch = p.batch();
@@ -250,6 +253,7 @@ struct CudaModel::State {
         for (int i = 0; i < p.batch(); ++i)
             max_q = std::max(max_q, p.q_start[static_cast<size_t>(i) + 1] - p.q_start[static_cast<size_t>(i)]);
         b.max_q_len = max_q;
+        b.fixed_split_keys = opts.batch_invariant ? kInvariantSplitKeys : 0;
         // A captured graph must stay valid as sequences grow: bound by a bucket of the context, not the current
         // length (graph_bound).
         b.max_seq_len = graph_bounds ? graph_bound(p.max_seq_len) : p.max_seq_len;
@@ -472,6 +476,7 @@ private:
         o.f32 = f32;
         o.act = s_.act;
         o.ldy = ldy;
+        o.invariant = s_.opts.batch_invariant;
         return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), x, s_.act, l.in,
                                  rows, o, s_.exl3_ws.get(), s_.exl3_ws.bytes());
     }
@@ -481,7 +486,7 @@ private:
     // rotation takes over the recorded norm or GLU when `in` is its output: one kernel fewer each.
     Status exl3_linear_from(Slot in, const DevLinear& l, void* y, int ldy, bool f32, Slot residual = Slot::kNone) {
         const int n = static_cast<int>(l.exl3_parts.size());
-        const bool can = cuda::exl3_takes_fusion(l.exl3_parts.data(), n, T());
+        const bool can = cuda::exl3_takes_fusion(l.exl3_parts.data(), n, T(), s_.opts.batch_invariant);
         cuda::Exl3InFusion f;
         const void* x = slot(in);
         int ldx = l.in;
@@ -503,6 +508,7 @@ private:
         o.f32 = f32;
         o.act = s_.act;
         o.ldy = ldy;
+        o.invariant = s_.opts.batch_invariant;
         if (!y) {
             o.y = s_.h.get();
             o.accumulate = true;

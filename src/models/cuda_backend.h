@@ -24,6 +24,7 @@ struct CudaModelOptions {
     bool graphs = true;      // capture decode steps (EXL3_NO_GRAPHS=1 turns this off too)
     int kv_bits_k = 0;       // KV-cache quantization of keys / values: 0 (the activation dtype), 4, 6 or 8
     int kv_bits_v = 0;
+    bool batch_invariant = false;  // LoadOptions::batch_invariant
 };
 
 class CudaModel {

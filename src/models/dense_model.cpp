@@ -252,6 +252,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         co.page_size = options.page_size > 0 ? options.page_size : 64;
         co.kv_bits_k = options.kv_bits_k;
         co.kv_bits_v = options.kv_bits_v;
+        co.batch_invariant = options.batch_invariant;
         EXL3_ASSIGN_OR_RETURN(im.cuda, CudaModel::create(im.cfg, im.weights, co));
         // The device holds free_pages() pages, all free now; the pool hands out their ids.
         po.page_size = co.page_size;

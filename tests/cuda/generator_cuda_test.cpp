@@ -4,6 +4,7 @@
 // reproducible and differ across seeds; no page is leaked.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -16,9 +17,10 @@
 namespace exl3 {
 namespace {
 
-std::unique_ptr<Model> load_cuda(const std::string& dir) {
+std::unique_ptr<Model> load_cuda(const std::string& dir, bool batch_invariant = false) {
     LoadOptions o;
     o.device = "cuda";
+    o.batch_invariant = batch_invariant;
     o.cache_tokens = 8192;
     // Off: a run after another would reuse its prompts' pages and compute fewer positions (other GEMM shapes,
     // other bf16 rounding), which can flip a near-tie argmax; these tests compare samplers and batching only.
@@ -38,11 +40,12 @@ struct Output {
 
 // Runs the requests (all submitted at once, or one after the other when `alone`) and returns their outputs in order.
 std::vector<Output> run(const Model& m, const std::vector<GenerationRequest>& reqs, bool device_sampling,
-                        bool alone = false) {
+                        bool alone = false, int prefill_chunk = 64) {
     GeneratorOptions o;
     o.device_sampling = device_sampling;
     o.max_active_jobs = 8;
-    o.prefill_chunk = 64;
+    o.prefill_chunk = prefill_chunk;
+    o.max_batch_tokens = std::max(o.max_batch_tokens, prefill_chunk);
     auto g = Generator::create(m, nullptr, o);
     EXPECT_TRUE(g.is_ok());
     std::vector<uint64_t> ids;
@@ -164,6 +167,20 @@ TEST(GeneratorCuda, BatchedGreedyEqualsAloneUpToNearTies) {
         EXPECT_LT(gap, 0.05f) << "job " << i << " token " << t;
     }
     std::printf("  %d of %zu jobs: greedy tokens batched identical to alone\n", same, reqs.size());
+    expect_all_pages_back(*m);
+}
+
+// LoadOptions::batch_invariant on the EXL3 tiny model: every job's greedy tokens batched equal them alone, exactly.
+// All prompts are prefilled in the first step (no step mixes prompt chunks with decode rows: those still take the
+// prefill kernel's order for the decode rows, docs/batch-invariance.md).
+TEST(GeneratorCuda, BatchInvariantExl3GreedyEqualsAlone) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    auto m = load_cuda(dir, true);
+    ASSERT_TRUE(m);
+    const auto reqs = requests(8, m->info().vocab_size, SamplerSettings{}, 2);
+    const auto together = run(*m, reqs, true, false, 4096), alone = run(*m, reqs, true, true, 4096);
+    for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(together[i].ids, alone[i].ids) << "job " << i;
     expect_all_pages_back(*m);
 }
 

@@ -30,6 +30,7 @@ struct Plan {
     int q_tiles;
     int splits;
     int split_keys;
+    bool partials;  // write split partials and merge them (splits > 1, or a fixed split length)
 };
 
 int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
@@ -62,6 +63,12 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     const int64_t slots =
         static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * device_sm_count();
     const int max_seq = std::max(b.max_seq_len, 1);
+    if (b.fixed_split_keys > 0) {
+        pl.split_keys = (b.fixed_split_keys + bn - 1) / bn * bn;
+        pl.splits = (max_seq + pl.split_keys - 1) / pl.split_keys;
+        pl.partials = true;
+        return pl;
+    }
     int splits = 1;
     if (base < slots) {
         splits = static_cast<int>(slots / base);
@@ -78,6 +85,7 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     chunk = (chunk + bn - 1) / bn * bn;
     pl.split_keys = chunk;
     pl.splits = (max_seq + chunk - 1) / chunk;
+    pl.partials = pl.splits > 1;
     return pl;
 }
 
@@ -149,7 +157,7 @@ cudaError_t run(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads
                     static_cast<unsigned>(pl.splits));
     cudaError_t e = pl.decode ? attn::launch_decode<T, D, KB, VB>(p, grid, s)
                               : attn::launch_prefill<T, D, KB, VB>(p, grid, s);
-    if (e != cudaSuccess || pl.splits == 1) return e;
+    if (e != cudaSuccess || !pl.partials) return e;
     return launch_pdl(attention_combine<T, D>, dim3(static_cast<unsigned>(p.total_rows_bound)), dim3(kCombineThreads),
                       0, s, static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse), pl.splits,
                       p.total_rows_bound, b.q_start, b.batch, p.n_heads, static_cast<T*>(p.out));
@@ -185,8 +193,9 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
     size_t most = 0;
     for (int kv = 1; kv <= n_heads; ++kv) {
         if (n_heads % kv != 0) continue;
-        const int splits = make_plan(b, n_heads, kv, head_dim, k_bits, v_bits).splits;
-        if (splits <= 1) continue;
+        const Plan pl = make_plan(b, n_heads, kv, head_dim, k_bits, v_bits);
+        const int splits = pl.splits;
+        if (!pl.partials) continue;
         const size_t rows = static_cast<size_t>(b.total_q) * n_heads;
         most = std::max(most, static_cast<size_t>(splits) * rows * (static_cast<size_t>(head_dim) + 1) * 4);
     }
@@ -201,7 +210,7 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
         return cudaErrorInvalidValue;
     if (b.batch == 0 || b.total_q == 0) return cudaSuccess;
     const Plan pl = make_plan(b, n_heads, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits);
-    if (pl.splits > 1 && workspace == nullptr) return cudaErrorInvalidValue;
+    if (pl.partials && workspace == nullptr) return cudaErrorInvalidValue;
 
     attn::QuantKernelParams p{};
     p.q = q;
@@ -225,7 +234,7 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
     p.split_keys = pl.split_keys;
     p.total_rows_bound = b.total_q * n_heads;
     p.scale_log2 = scale * 1.4426950408889634f;
-    if (pl.splits > 1) {
+    if (pl.partials) {
         p.part_o = static_cast<float*>(workspace);
         p.part_lse = p.part_o + static_cast<int64_t>(pl.splits) * p.total_rows_bound * kv.head_dim;
     }

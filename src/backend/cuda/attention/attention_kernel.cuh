@@ -45,7 +45,7 @@ struct KernelParams {
     const void* k;        // [num_pages, page_size, n_kv_heads, D], or codes (quantized: paged_attention.cuh)
     const void* v;
     void* out;            // [total_q, n_heads, D]
-    float* part_o;        // [splits, total_q_bound * n_heads, D]  (splits > 1 only)
+    float* part_o;        // [splits, total_q_bound * n_heads, D]  (null: one split writes out directly)
     float* part_lse;      // [splits, total_q_bound * n_heads]     log2-domain log-sum-exp of each partial
     const int32_t* q_start;
     const int32_t* seq_len;
@@ -611,7 +611,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
         const int t = gr / G, g = gr % G;
         const int64_t orow = static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g;
-        if (p.splits == 1) {
+        if (p.part_o == nullptr) {  // one split, no merge: the output itself
             uint4 packed;
             packed.x = Op::pack(o[0] * inv, o[1] * inv);
             packed.y = Op::pack(o[2] * inv, o[3] * inv);

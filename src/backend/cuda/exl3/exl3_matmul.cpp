@@ -127,14 +127,14 @@ static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
     return weights >= (int64_t{32} << 20);
 }
 
-bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows) {
-    return rows >= 1 && nparts >= 1 && use_fused_passes(parts, nparts, rows);
+bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant) {
+    return rows >= 1 && nparts >= 1 && (invariant || use_fused_passes(parts, nparts, rows));
 }
 
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse) {
     if (rows <= 0) return Status::ok();
-    if (use_fused_passes(parts, nparts, rows))
+    if (out.invariant || use_fused_passes(parts, nparts, rows))
         return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse);
     if (fuse) return invalid_argument("exl3_matmul: an input fusion needs the fused path (exl3_takes_fusion)");
     return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);

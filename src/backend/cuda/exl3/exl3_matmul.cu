@@ -637,7 +637,8 @@ struct FusedPlan {
     int groups = 0, total_n_pad = 0, splits = 1, per = 1, xs_stride = 0;
 };
 
-FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows) {
+FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant = false) {
+    if (invariant) rows = kExl3FusedMaxRows;  // the split that 16 rows need, for every row count
     FusedPlan f;
     for (int i = 0; i < nparts; ++i) f.total_n_pad += parts[i].w.n_pad;
     f.groups = f.total_n_pad / 128;
@@ -675,8 +676,10 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
         for (int i = 0; i < nparts; ++i) m = std::max(m, exl3_fused_workspace_bytes(&parts[i], 1, rows));
         return m;
     }
-    const FusedPlan f = plan_fused(parts, nparts, rows);
-    return kExl3CounterBytes + xh_bytes(parts, nparts, rows) + static_cast<size_t>(f.splits) * rows * f.total_n_pad * 4;
+    // The larger of the plan for these rows and the invariant plan (the one for 16 rows) applied to them.
+    const FusedPlan f = plan_fused(parts, nparts, rows), fi = plan_fused(parts, nparts, rows, true);
+    return kExl3CounterBytes + xh_bytes(parts, nparts, rows) +
+           static_cast<size_t>(std::max(f.splits, fi.splits)) * rows * f.total_n_pad * 4;
 }
 
 cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
@@ -694,7 +697,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
                 return e;
         return cudaSuccess;
     }
-    const FusedPlan f = plan_fused(parts, nparts, rows);
+    const FusedPlan f = plan_fused(parts, nparts, rows, out.invariant);
     FusedParams p{};
     int group0 = 0;
     for (int i = 0; i < nparts; ++i) {

@@ -48,10 +48,13 @@ struct Exl3DevWeights {
 
 // Where the result goes: y[row * ldy + col0 + c] for c < n, as fp32 or `act`. bias [n] (fp32) or null.
 // accumulate (fp32 only): y += result (a sub-layer output added straight into the residual stream).
+// invariant: a row's result does not depend on the other rows of the call -- the k split is the one planned for 16
+// rows whatever the rows, and rows beyond 16 always take fused passes of 16, never decode + cuBLAS.
 struct Exl3Out {
     void* y = nullptr;
     bool f32 = false;
     bool accumulate = false;
+    bool invariant = false;
     ActType act = ActType::kBF16;
     int ldy = 0;
     int col0 = 0;
@@ -78,7 +81,7 @@ struct Exl3InFusion {
     float eps = 0.0f;
     int glu_off = 0;
 };
-bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows);
+bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant = false);
 
 // Scratch the matmul needs for `rows` rows of x. It starts with a fixed region of split-K counters (one per column
 // group of 128) that must start zeroed (exl3_workspace_init); every call leaves them zeroed again, so one workspace
