@@ -191,23 +191,50 @@ struct Config {
                   "KV bits: 4, 6, 8 or 16 (unquantized)");
 };
 
+// Visits the ROWS x CHUNKS 16-byte copies of one K/V tile (keys kt0 .. kt0 + ROWS) that thread `tid` issues:
+// issue(r, c, slot) with the row's cache slot (page * page_size + offset in the page), or -1 for a row at or past
+// k_hi (the copy zero-fills). The tile loop is issue-bound (2 CTAs of 4 warps per SM hide little latency), so
+// the common case -- every row of the tile in one page -- takes one page-table load and one division per tile;
+// v5 looked the page up and divided per row and copy pass: about 500 of the ~960 instructions a warp issued per
+// tile (lab note, session 6).
+template <int ROWS, int CHUNKS, int THREADS, typename Issue>
+__device__ inline void for_tile_copies(int tid, int kt0, int k_hi, const int32_t* pt, int page_size, Issue&& issue) {
+    constexpr int kTotal = ROWS * CHUNKS;
+    constexpr int kPasses = (kTotal + THREADS - 1) / THREADS;
+    constexpr bool kRowStep = THREADS % CHUNKS == 0;  // a thread keeps its chunk column and steps rows evenly
+    const int pg = kt0 / page_size;
+    const int in_page = kt0 - pg * page_size;
+    const int n_rows = min(ROWS, k_hi - kt0);
+    auto visit = [&](auto&& slot_of) {
+#pragma unroll
+        for (int it = 0; it < kPasses; ++it) {
+            const int i = tid + it * THREADS;
+            if (kTotal % THREADS != 0 && i >= kTotal) break;
+            const int r = kRowStep ? tid / CHUNKS + it * (THREADS / CHUNKS) : i / CHUNKS;
+            const int c = kRowStep ? tid % CHUNKS : i % CHUNKS;
+            issue(r, c, r < n_rows ? slot_of(r) : int64_t{-1});
+        }
+    };
+    if (in_page + n_rows <= page_size) {
+        const int64_t slot0 = static_cast<int64_t>(n_rows > 0 ? pt[pg] : 0) * page_size + in_page;
+        visit([&](int r) { return slot0 + r; });
+    } else {
+        visit([&](int r) {
+            const int kp = kt0 + r;
+            return static_cast<int64_t>(pt[kp / page_size]) * page_size + kp % page_size;
+        });
+    }
+}
+
 // Issues the cp.async copies of one 16-bit side of a K/V tile (keys kt0 .. kt0 + BN, zeros past k_hi).
 template <int D, int BN, int THREADS, typename T>
 __device__ inline void load_plain_side(unsigned char* dst, const T* base, int tid, int kt0, int k_hi,
                                        const int32_t* pt, int page_size, int64_t kv_row_stride, int kvh) {
-    constexpr int kChunks = D / 8;
-    for (int i = tid; i < BN * kChunks; i += THREADS) {
-        const int r = i / kChunks, c = i % kChunks;
-        const int kp = kt0 + r;
-        const bool ok = kp < k_hi;
-        int64_t off = 0;
-        if (ok) {
-            const int page = pt[kp / page_size];
-            off = (static_cast<int64_t>(page) * page_size + kp % page_size) * kv_row_stride +
-                  static_cast<int64_t>(kvh) * D + c * 8;
-        }
-        cp_async16(smem_addr(dst + swz<D>(r, c) * 16), base + off, ok ? 16 : 0);
-    }
+    const T* head = base + static_cast<int64_t>(kvh) * D;
+    for_tile_copies<BN, D / 8, THREADS>(tid, kt0, k_hi, pt, page_size, [&](int r, int c, int64_t slot) {
+        const T* src = slot < 0 ? base : head + slot * kv_row_stride + c * 8;
+        cp_async16(smem_addr(dst + swz<D>(r, c) * 16), src, slot < 0 ? 0 : 16);
+    });
 }
 
 // Issues the cp.async copies of one quantized side: code rows then parameter rows, unswizzled (the dequantization
@@ -217,26 +244,18 @@ __device__ inline void load_quant_side(unsigned char* dst, const unsigned char* 
                                        int tid, int kt0, int k_hi, const int32_t* pt, int page_size, int n_kv_heads,
                                        int kvh) {
     using Q = QuantSide<BITS, D, BN>;
-    for (int i = tid; i < BN * Q::kCodeChunks; i += THREADS) {
-        const int r = i / Q::kCodeChunks, c = i % Q::kCodeChunks;
-        const int kp = kt0 + r;
-        const bool ok = kp < k_hi;
-        int64_t vec = 0;
-        if (ok) vec = (static_cast<int64_t>(pt[kp / page_size]) * page_size + kp % page_size) * n_kv_heads + kvh;
-        cp_async16(smem_addr(dst + r * Q::kCodeRow + c * 16), codes + vec * Q::kCodeRow + c * 16, ok ? 16 : 0);
-    }
+    for_tile_copies<BN, Q::kCodeChunks, THREADS>(tid, kt0, k_hi, pt, page_size, [&](int r, int c, int64_t slot) {
+        const int64_t vec = slot < 0 ? 0 : slot * n_kv_heads + kvh;
+        cp_async16(smem_addr(dst + r * Q::kCodeRow + c * 16), codes + vec * Q::kCodeRow + c * 16, slot < 0 ? 0 : 16);
+    });
     unsigned char* dpar = dst + BN * Q::kCodeRow;
-    for (int i = tid; i < BN * Q::kParChunks; i += THREADS) {
-        const int r = i / Q::kParChunks, c = i % Q::kParChunks;
-        const int kp = kt0 + r;
-        const bool ok = kp < k_hi;
-        int64_t vec = 0;
-        if (ok) vec = (static_cast<int64_t>(pt[kp / page_size]) * page_size + kp % page_size) * n_kv_heads + kvh;
+    for_tile_copies<BN, Q::kParChunks, THREADS>(tid, kt0, k_hi, pt, page_size, [&](int r, int c, int64_t slot) {
+        const int64_t vec = slot < 0 ? 0 : slot * n_kv_heads + kvh;
         const uint32_t d = smem_addr(dpar + r * Q::kParRow + c * Q::kParChunk);
         const unsigned char* src = params + vec * Q::kParRow + c * Q::kParChunk;
-        if constexpr (Q::kParChunk == 16) cp_async16(d, src, ok ? 16 : 0);
-        else cp_async8(d, src, ok ? 8 : 0);
-    }
+        if constexpr (Q::kParChunk == 16) cp_async16(d, src, slot < 0 ? 0 : 16);
+        else cp_async8(d, src, slot < 0 ? 0 : 8);
+    });
 }
 
 // The 8 codes of one 16-byte output chunk (8 consecutive values of a row, inside one group of 32), unpacked from
@@ -358,21 +377,15 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
                                                         static_cast<const unsigned char*>(p.v_params), tid, kt0,
                                                         k_hi, pt, p.page_size, p.n_kv_heads, kvh);
         } else {
-            // Both sides 16-bit: one loop, K and V share the offsets.
-            for (int i = tid; i < BN * C::kChunks; i += C::kThreads) {
-                const int r = i / C::kChunks, c = i % C::kChunks;
-                const int kp = kt0 + r;
-                const bool ok = kp < k_hi;
-                int64_t off = 0;
-                if (ok) {
-                    const int page = pt[kp / p.page_size];
-                    off = (static_cast<int64_t>(page) * p.page_size + kp % p.page_size) * kv_row_stride +
-                          static_cast<int64_t>(kvh) * D + c * 8;
-                }
+            // Both sides 16-bit: one pass over the copies, K and V share the offsets.
+            const int64_t head = static_cast<int64_t>(kvh) * D;
+            for_tile_copies<BN, C::kChunks, C::kThreads>(tid, kt0, k_hi, pt, p.page_size,
+                                                         [&](int r, int c, int64_t slot) {
+                const int64_t off = slot < 0 ? 0 : head + slot * kv_row_stride + c * 8;
                 const int so = swz<D>(r, c) * 16;
-                cp_async16(smem_addr(sk + so), kbase + off, ok ? 16 : 0);
-                cp_async16(smem_addr(sv + so), vbase + off, ok ? 16 : 0);
-            }
+                cp_async16(smem_addr(sk + so), kbase + off, slot < 0 ? 0 : 16);
+                cp_async16(smem_addr(sv + so), vbase + off, slot < 0 ? 0 : 16);
+            });
         }
     };
 
@@ -510,6 +523,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             }
         }
 
+        float alphas[2];
         // Online softmax in the exp2 domain; a row whose keys are all masked so far keeps m = -inf and uses 0 as
         // its reference so that exp2(-inf - ref) = 0 rather than NaN.
 #pragma unroll
@@ -531,10 +545,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
                 rs += s[n][2 * h] + s[n][2 * h + 1];
             }
             l_run[h] = l_run[h] * alpha + rs;  // per-thread partial sum; the 4 lanes of a row are reduced at the end
+            alphas[h] = alpha;
+        }
+        // Rescale O only when some row of the warp raised its maximum: after the first tiles the running maximum
+        // rarely moves, and the rescale is D / 4 multiplies a thread (a warp-uniform branch; alpha == 1 is exact).
+        if (__any_sync(0xffffffffu, alphas[0] != 1.f || alphas[1] != 1.f)) {
 #pragma unroll
             for (int n = 0; n < D / 8; ++n) {
-                acc[n][2 * h] *= alpha;
-                acc[n][2 * h + 1] *= alpha;
+                acc[n][0] *= alphas[0];
+                acc[n][1] *= alphas[0];
+                acc[n][2] *= alphas[1];
+                acc[n][3] *= alphas[1];
             }
         }
 
