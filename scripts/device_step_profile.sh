@@ -2,12 +2,12 @@
 # On the GPU machine: where one decode step's time goes. Nsight Compute times every kernel of a short `exl3 bench`
 # run (serialised, so each kernel's own duration); the last decode step's kernels are summed by name beside the
 # step time the same bench measures without the profiler.
-# Usage: EXL3_BIN=... MODEL=... bash scripts/device_step_profile.sh
+# Usage: EXL3_BIN=... MODEL=... [BATCH=1] bash scripts/device_step_profile.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 X=${EXL3_BIN:-build-dev/tools/exl3/exl3}
 M=${MODEL:-/tmp/models/llama3-8b}
-args=(bench -m "$M" -d cuda -p 16 -b 1 -c 512 -g 4 -r 1)
+args=(bench -m "$M" -d cuda -p 16 -b "${BATCH:-1}" -c 512 -g 4 -r 1)
 ncu --metrics gpu__time_duration.sum --csv --print-units base "$X" "${args[@]}" > "$OUT/ncu_step.csv" 2> "$OUT/ncu_step.err"
 python3 - "$OUT/ncu_step.csv" <<'PY'
 import csv, sys, collections
