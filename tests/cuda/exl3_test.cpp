@@ -185,7 +185,7 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
     };
     uint32_t seed = 17;
     for (const auto& c : cases) {
-        for (int rows : {1, 3, 8, 9, 16, 17, 64}) {
+        for (int rows : {1, 3, 8, 9, 16, 17, 24, 32, 64}) {
             check_matmul(**ctx, c, rows, ActType::kBF16, rows % 2 == 1, seed++);
             if (HasFatalFailure()) return;
         }
