@@ -3,6 +3,8 @@
 # run (serialised, so each kernel's own duration); the last decode step's kernels are summed by name beside the
 # step time the same bench measures without the profiler.
 # Usage: EXL3_BIN=... MODEL=... [BATCH=1] bash scripts/device_step_profile.sh
+# (BATCH=32 on the EXL3 8B model ran past 10 minutes under ncu in session 6 and gave nothing: keep BATCH small or
+# give the device call a generous limit.)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 X=${EXL3_BIN:-build-dev/tools/exl3/exl3}
