@@ -469,14 +469,19 @@ private:
         return ck(cuda::gemv_ex(gi, l.w.get(), o, s_.act, glu, T(), m, l.in, st()), glu ? "gemv_glu" : "gemv");
     }
 
-    // Every EXL3 part writes its columns of y (row stride ldy), bias included; parts that share K run as one launch.
-    Status exl3_linear(const void* x, const DevLinear& l, void* y, bool f32, int ldy, int rows) {
+    cuda::Exl3Out exl3_out(void* y, bool f32, int ldy) const {
         cuda::Exl3Out o;
         o.y = y;
         o.f32 = f32;
         o.act = s_.act;
         o.ldy = ldy;
         o.invariant = s_.opts.batch_invariant;
+        return o;
+    }
+
+    // Every EXL3 part writes its columns of y (row stride ldy), bias included; parts that share K run as one launch.
+    Status exl3_linear(const void* x, const DevLinear& l, void* y, bool f32, int ldy, int rows) {
+        const cuda::Exl3Out o = exl3_out(y, f32, ldy);
         return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), x, s_.act, l.in,
                                  rows, o, s_.exl3_ws.get(), s_.exl3_ws.bytes());
     }
@@ -503,12 +508,7 @@ private:
         } else {
             EXL3_RETURN_IF_ERROR(flush());
         }
-        cuda::Exl3Out o;
-        o.y = y;
-        o.f32 = f32;
-        o.act = s_.act;
-        o.ldy = ldy;
-        o.invariant = s_.opts.batch_invariant;
+        cuda::Exl3Out o = exl3_out(y, f32, ldy);
         if (!y) {
             o.y = s_.h.get();
             o.accumulate = true;

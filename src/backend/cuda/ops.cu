@@ -11,6 +11,7 @@
 #include "backend/cuda/attention/cache_slot.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/rms_row.cuh"
 
 namespace exl3::cuda {
 
@@ -79,7 +80,7 @@ __global__ void add_rms_norm_kernel(float* h, const float* delta, const float* w
 // The same for rows of d % 4 == 0 (16-byte aligned): 256 threads, 16-byte loads held in registers for rows of up to
 // 8192 values (longer rows re-read the rest), one barrier pair. 2-3x faster than the kernel above at d = 4096,
 // where a 1024-thread block spends its time in barriers.
-constexpr int kNormThreads = 256, kNormRegs = 8;
+constexpr int kNormThreads = kRmsRowThreads, kNormRegs = 8;  // block_row_sum's block
 
 template <typename T>
 __global__ void __launch_bounds__(kNormThreads)
@@ -114,13 +115,7 @@ __global__ void __launch_bounds__(kNormThreads)
         const float4 u = load(j);
         ss += u.x * u.x + u.y * u.y + u.z * u.z + u.w * u.w;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kNormThreads / 32; ++i) sum += red[i];
-    const float inv = rsqrtf(sum / d + eps);
+    const float inv = rsqrtf(block_row_sum(ss, red) / d + eps);
     const float4* wr = reinterpret_cast<const float4*>(w);
     auto put = [&](int j, const float4& u) {
         const float4 g = wr[j];
