@@ -169,7 +169,7 @@ TEST_P(OpsFixture, HeadNormRopeSiluGather) {
         cpu::rope_neox(got.data(), n, heads, hd, pos.data(), inv.data(), rot, 1.1f);
         EXPECT_LT(rel(down_act(dx, total), got), tol()) << "rope " << hd;
     }
-    for (auto [n, inter] : {std::pair{1, 768}, {12, 14336}, {3, 1000}}) {
+    for (auto [n, inter] : {std::pair{1, 768}, {12, 14336}, {3, 1000}, {2, 1001}, {300, 2048}}) {
         auto gu = test::random_floats(static_cast<size_t>(n) * 2 * inter, 7, 2.0f);
         for (auto& v : gu) v = round(v);
         DeviceBuffer dgu = up_act(gu), dout = poisoned(static_cast<size_t>(n) * inter * 2);

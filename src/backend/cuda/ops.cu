@@ -271,6 +271,32 @@ __global__ void silu_mul_kernel(const T* gu, T* out, int n, int inter) {
     }
 }
 
+// The same with 16-byte loads and stores (8 values a thread; inter % 8 == 0, 16-byte aligned rows). Same math per
+// value, so the same bits. The scalar kernel above, at a 2048-token prompt (14336 columns), launched 115 k blocks
+// of one value a thread and ran at 1.1 TB/s (156 us a layer, EXL3 prefill profile, session 6).
+template <typename T>
+__global__ void silu_mul_vec_kernel(const T* gu, T* out, int n, int inter) {
+    EXL3_PDL_PROLOGUE();
+    const int inter8 = inter / 8;
+    for (int i = blockIdx.y; i < n; i += gridDim.y) {
+        const uint4* g = reinterpret_cast<const uint4*>(gu + static_cast<int64_t>(i) * 2 * inter);
+        const uint4* u = reinterpret_cast<const uint4*>(gu + static_cast<int64_t>(i) * 2 * inter + inter);
+        uint4* o = reinterpret_cast<uint4*>(out + static_cast<int64_t>(i) * inter);
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < inter8; j += gridDim.x * blockDim.x) {
+            uint4 gv = g[j], uv = u[j], ov;
+            const T* ge = reinterpret_cast<const T*>(&gv);
+            const T* ue = reinterpret_cast<const T*>(&uv);
+            T* oe = reinterpret_cast<T*>(&ov);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                const float a = to_f(ge[e]);
+                oe[e] = from_f<T>(a / (1.0f + __expf(-a)) * to_f(ue[e]));
+            }
+            o[j] = ov;
+        }
+    }
+}
+
 template <typename T>
 __global__ void copy_columns_kernel(const T* x, int ld_x, int col0, T* out, int d) {
     EXL3_PDL_PROLOGUE();
@@ -392,9 +418,13 @@ cudaError_t silu_mul(const void* gu, void* out, ActType t, int n, int inter, cud
     if (n == 0) return cudaSuccess;
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        const unsigned slices = static_cast<unsigned>(std::min((inter + 255) / 256, 64));
-        return launch_pdl(silu_mul_kernel<T>, dim3(slices, static_cast<unsigned>(std::min(n, 65535))), dim3(256), 0,
-                          s, static_cast<const T*>(gu), static_cast<T*>(out), n, inter);
+        const bool vec = inter % 8 == 0 && (reinterpret_cast<uintptr_t>(gu) & 15) == 0 &&
+                         (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+        const int per = vec ? 8 : 1;  // values a thread
+        const unsigned slices = static_cast<unsigned>(std::min((inter / per + 255) / 256, 64));
+        return launch_pdl(vec ? silu_mul_vec_kernel<T> : silu_mul_kernel<T>,
+                          dim3(slices, static_cast<unsigned>(std::min(n, 65535))), dim3(256), 0, s,
+                          static_cast<const T*>(gu), static_cast<T*>(out), n, inter);
     });
 }
 
