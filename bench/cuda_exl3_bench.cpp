@@ -91,8 +91,8 @@ bool make_layer(int k, int n, int K, Exl3Codebook cb, const std::vector<uint64_t
     return true;
 }
 
-// Median microseconds per call over 10 replays of a graph of 20 calls. path: 0 the fused kernel (rows <= 16),
-// 1 fused passes of 16 rows, 2 decode + cuBLAS.
+// Median microseconds per call over 10 replays of a graph of 20 calls. path: 0 the fused kernel (rows <= 32),
+// 1 fused passes (exl3_fused_call_rows rows each), 2 decode + cuBLAS.
 double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb,
                   int path = 0) {
     cudaStream_t s = ctx.stream();
@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
     }
     if (batch_sweep) {
         // Beyond 16 rows: passes of the fused kernel against decode + cuBLAS (sets kExl3FusedPassMaxRows).
-        std::printf("\nK4, batch sweep: fused passes of 16 rows vs decode + cuBLAS (us per call)\n\n| shape | path |");
+        std::printf("\nK4, batch sweep: fused passes vs decode + cuBLAS (us per call)\n\n| shape | path |");
         const int batches[] = {16, 17, 24, 32, 48, 64, 96};
         for (int b : batches) std::printf(" %d |", b);
         std::printf("\n|---|---|");
@@ -219,21 +219,25 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < xb.size(); ++i) xb[i] = static_cast<uint16_t>(0x3000 + (noise[i % noise.size()] & 0x3ff));
         DeviceBuffer xw, yw;
         if (!xw.upload(xb.data(), xb.size() * 2).is_ok() || !yw.reserve(96 * max_n * 4).is_ok()) return 1;
-        for (int si : {0, 2, 3}) {
+        for (int si : {0, 2, 3, 4}) {
             const Shape& sh = kShapes[si];
             Layer l;
             if (!make_layer(sh.k, sh.n, 4, cb, noise, &l)) return 1;
             const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 96), kExl3CounterBytes);
             if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
                 return 1;
-            for (int path : {1, 2}) {
-                std::printf("| %s | %s |", sh.name, path == 1 ? "fused passes" : "decode + cuBLAS");
+            for (int v : {0, 1, 2}) {  // passes of 32 rows (paired kernel), passes of 16, decode + cuBLAS
+                const char* name[] = {"fused passes of 32", "fused passes of 16", "decode + cuBLAS"};
+                std::printf("| %s | %s |", sh.name, name[v]);
+                exl3_lab_set_pair(v == 0);
                 for (int b : batches) {
-                    std::printf(" %.1f |", time_calls(**ctx, l, xw.get(), b, yw.get(), ws.get(), ws.bytes(), path));
+                    std::printf(" %.1f |", time_calls(**ctx, l, xw.get(), b, yw.get(), ws.get(), ws.bytes(),
+                                                      v == 2 ? 2 : 1));
                     std::fflush(stdout);
                 }
                 std::printf("\n");
             }
+            exl3_lab_set_pair(true);
         }
     }
     const cudaError_t e = cudaDeviceSynchronize();

@@ -86,7 +86,7 @@ struct MatmulCase {
 };
 
 // Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref). path: 0 exl3_matmul's
-// choice, 1 fused passes of 16 rows, 2 decode + cuBLAS (whatever exl3_matmul would pick for these shapes).
+// choice, 1 fused passes (32 rows each), 2 decode + cuBLAS (whatever exl3_matmul would pick for these shapes).
 void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, ActType xt, bool out_f32,
                   uint32_t seed, int path = 0) {
     auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed);
@@ -185,13 +185,13 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
     };
     uint32_t seed = 17;
     for (const auto& c : cases) {
-        for (int rows : {1, 3, 8, 9, 16, 17, 24, 32, 64}) {
+        for (int rows : {1, 3, 8, 9, 16, 17, 24, 29, 32, 64}) {
             check_matmul(**ctx, c, rows, ActType::kBF16, rows % 2 == 1, seed++);
             if (HasFatalFailure()) return;
         }
         check_matmul(**ctx, c, 5, ActType::kF16, false, seed++);
         check_matmul(**ctx, c, 40, ActType::kF16, true, seed++);
-        // Both ways beyond 16 rows, whichever exl3_matmul picks for this shape (it goes by the matrix size).
+        // Both ways beyond one fused call, whichever exl3_matmul picks for this shape (it goes by the matrix size).
         check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 1);
         check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 2);
         if (HasFatalFailure()) return;
@@ -199,7 +199,7 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
 }
 
 // q|k|v-like parts in one call: one launch when K agrees, one per part when it does not; every part lands in its
-// columns with its bias, for the fused (rows <= 16) and the large path.
+// columns with its bias, for the fused (rows <= 32: one warp or two per tile row) and the large path.
 TEST(Exl3Cuda, PartsShareOneCall) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
@@ -221,7 +221,7 @@ TEST(Exl3Cuda, PartsShareOneCall) {
         }
         const int ld = col0;
         EXPECT_EQ(cuda::exl3_fused_splits(parts.data(), 3, 1) > 0, !mixed_k);
-        for (int rows : {1, 7, 12, 33}) {
+        for (int rows : {1, 7, 12, 20, 33}) {
             std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, 90u + rows, 1.0f);
             std::vector<uint16_t> x16(x.size());
             for (size_t i = 0; i < x.size(); ++i) {
@@ -295,7 +295,7 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
             DevLayer d;
             upload(sl.layer, &d);
             const cuda::Exl3Part part{d.w, 0, d.bias.as<float>()};
-            for (int rows : {1, 3, 16}) {
+            for (int rows : {1, 3, 16, 32}) {
                 SCOPED_TRACE("codebook " + std::to_string(static_cast<int>(cb)) + " bf16 " +
                              std::to_string(xt == ActType::kBF16) + " rows " + std::to_string(rows));
                 ASSERT_TRUE(cuda::exl3_takes_fusion(&part, 1, rows));

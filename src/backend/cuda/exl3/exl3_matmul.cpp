@@ -46,7 +46,7 @@ LargeLayout large_layout(const Exl3DevWeights& w, int rows) {
 // each term by its largest value over 17..rows instead of taking the layout at `rows`.
 size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
     size_t m = 0;  // the fused path's split count depends on rows too
-    for (int r = 1; r <= std::min(rows, kExl3FusedMaxRows); ++r)
+    for (int r = 1; r <= std::min(rows, kExl3PairMaxRows); ++r)
         m = std::max(m, exl3_fused_workspace_bytes(parts, nparts, r));
     if (rows <= kExl3FusedMaxRows) return m;
     const int r = std::min(rows, kLargeRows);
@@ -101,8 +101,9 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
     // Passes share the workspace safely: each pass's rotation kernel waits for the previous matmul grid to complete
     // (programmatic dependent launch lets it start early, not run ahead of that).
     const size_t y_size = out.f32 ? 4 : 2;
-    for (int r0 = 0; r0 < rows; r0 += kExl3FusedMaxRows) {
-        const int nr = std::min(kExl3FusedMaxRows, rows - r0);
+    const int step = exl3_fused_call_rows(out.invariant);
+    for (int r0 = 0; r0 < rows; r0 += step) {
+        const int nr = std::min(step, rows - r0);
         Exl3Out o = out;
         o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
         const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * 2;  // bf16 or fp16
@@ -115,12 +116,13 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
     return Status::ok();
 }
 
-// Beyond 16 rows, passes of the fused kernel decode the weights again per pass, while decode + cuBLAS has a cost
-// that hardly grows with rows. Measured on the H200 (bench_cuda_exl3 --batch-sweep, K4, us per call at 17 / 32 / 48
-// rows): 4096x14336 passes 61.9 / 76.3 / 113.9 against 91.1 / 92.1 / 93.5; 14336x4096 56.5 / 67.7 / 101.0 against
-// 88.1 / 89.0 / 90.7; 4096x4096 32.7 / 41.4 against 26.9 / 27.2. So: two passes for matrices of >= 32 M weights.
+// Beyond one fused call, passes of the fused kernel decode the weights again per pass, while decode + cuBLAS has a
+// cost that hardly grows with rows. Measured on the H200 (bench_cuda_exl3 --batch-sweep, K4, us per call at 17 / 32 /
+// 48 rows, passes of 16): 4096x14336 passes 61.9 / 76.3 / 113.9 against 91.1 / 92.1 / 93.5; 14336x4096 56.5 / 67.7 /
+// 101.0 against 88.1 / 89.0 / 90.7; 4096x4096 32.7 / 41.4 against 26.9 / 27.2. So: passes for matrices of >= 32 M
+// weights.
 static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
-    if (rows <= kExl3FusedMaxRows) return true;
+    if (rows <= exl3_fused_call_rows(false)) return true;
     if (rows > kExl3FusedPassMaxRows) return false;
     int64_t weights = 0;
     for (int i = 0; i < nparts; ++i) weights += static_cast<int64_t>(parts[i].w.k_pad) * parts[i].w.n_pad;

@@ -15,6 +15,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 
@@ -139,23 +140,57 @@ __device__ __forceinline__ void store_out(const FusedParams& p, const PartParams
 __host__ __device__ constexpr int ring_words(int K) {
     return ring_stages(K) * stage_words(K);
 }
-__host__ __device__ constexpr int main_words(int K, int BT) {
-    return ring_words(K) > kWarps * 8 * BT * kRedStride ? ring_words(K) : kWarps * 8 * BT * kRedStride;
+// With H = 2 two warps share a tile row and swap decoded fragments through shared memory: [2 stages][8 tile rows]
+// [8 tiles][32 lanes][4 words].
+constexpr int kXchgWords = 2 * 8 * 8 * 128;
+// Reduction slices: one per warp (H = 1), or 4 (H = 2: the warps of tile rows 4..7 write, those of 0..3 add).
+__host__ __device__ constexpr int red_slices(int H) {
+    return H == 1 ? kWarps : 4;
+}
+__host__ __device__ constexpr int main_words(int K, int BT, int H) {
+    const int ring = ring_words(K) + (H == 2 ? kXchgWords : 0), red = red_slices(H) * 8 * BT * H * kRedStride;
+    return ring > red ? ring : red;
 }
 
-// BT: mma column blocks of 8 activation rows (rows <= 8 * BT).
-template <int K, int CB, int BT>
-__global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(const FusedParams p) {
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The lane's A fragment of one tile for the mma (MUL1: byte sums, see mul1_sums; 3INST / MCG: the codebook's values).
+template <int CB>
+__device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t sel0, uint32_t sel1, uint32_t mask,
+                                              uint32_t flip, uint32_t (&a)[4]) {
+    if constexpr (CB == 2) {
+        mul1_sums(st, sel0, sel1, a);
+    } else {
+        const int j0[4] = {0, 4, 2, 6};
+#pragma unroll
+        for (int f = 0; f < 4; ++f) {
+            uint32_t lo, hi;
+            split_pair<CB>(st[j0[f]], st[j0[f] + 1], mask, flip, lo, hi);
+            a[f] = h2_bits(__hadd2(bits_h2(lo), bits_h2(hi)));
+        }
+    }
+}
+
+// BT: mma column blocks of 8 activation rows per warp. H: warps per tile row. H = 1: 8 warps, warp w decodes and
+// multiplies the 8 tiles of tile row w (rows <= 8 * BT). H = 2 (17..32 rows, BT = 2): 16 warps; warps w and w + 8
+// share tile row w, each decodes 4 of its tiles, they swap the fragments through shared memory, and each multiplies
+// all 8 with its own 16 rows -- one weight decode for 32 rows instead of two passes of 16.
+template <int K, int CB, int BT, int H>
+__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
     constexpr int P = ring_stages(K);
     constexpr int SW = stage_words(K);
-    constexpr int ROWS = 8 * BT;
+    constexpr int ROWS = 8 * BT * H;
+    constexpr int NT = kThreads * H;
     constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));
     extern __shared__ __align__(16) uint32_t smem[];
-    uint32_t* ring = smem;                                                 // [P][SW]; the reduction aliases it
-    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT));     // [rows][xs_stride]: this block's k range
+    uint32_t* ring = smem;                                                  // [P][SW]; the reduction aliases it
+    uint32_t* xchg = smem + ring_words(K);                                  // H = 2: [kXchgWords]
+    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));   // [rows][xs_stride]: this block's k range
     __shared__ bool last_block;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
     const int g = blockIdx.x, split = blockIdx.y;
     int pi = 0;
     if (p.nparts > 1 && g >= p.part[1].group0) pi = 1;
@@ -172,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     // only tile row w of every stage, so the warps stream independently: no block barrier in the main loop (each
     // lane waits for its own copies, then the warp syncs). A lane copies the same chunks of every stage: their
     // offsets are computed once (a stage's tile rows span < 2^31 words).
-    constexpr int kRowChunks = 16 * K;
+    constexpr int kRowChunks = 16 * K / H;  // H = 2: this warp's 4 tiles of the row
     constexpr int kPerLane = (kRowChunks + 31) / 32;
     // Per lane: a global pointer per copied chunk, advanced one stage at a time, and shared offsets that are
     // compile-time constants once the stage loop is unrolled by the ring depth (slot = stage % P).
@@ -182,8 +217,8 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
 #pragma unroll
     for (int it = 0; it < kPerLane; ++it) {
         const int c = lane + it * 32;
-        gsrc[it] = group + static_cast<int64_t>(st0) * stage_words + warp * row_words + c * 4;
-        soff[it] = warp * 64 * K + c * 4;
+        gsrc[it] = group + static_cast<int64_t>(st0) * stage_words + warp * row_words + h * 32 * K + c * 4;
+        soff[it] = warp * 64 * K + h * 32 * K + c * 4;
     }
     auto issue = [&](int slot) {  // the next stage in order into ring slot `slot`
         uint32_t* dst = ring + slot * SW;
@@ -208,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     {
         const int chunks = nst * 16;  // 16-byte chunks per row
         const __half* src = p.xh + static_cast<int64_t>(pi) * p.rows * p.k_pad + st0 * 128;
-        for (int c = tid; c < rows * chunks; c += kThreads) {
+        for (int c = tid; c < rows * chunks; c += NT) {
             const int r = c / chunks, o = c % chunks;
             const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * p.k_pad) + o);
             *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
@@ -230,8 +265,9 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     bool xvalid[BT];
 #pragma unroll
     for (int b = 0; b < BT; ++b) {
-        xvalid[b] = gq + 8 * b < rows;
-        xb[b] = xs + (xvalid[b] ? gq + 8 * b : 0) * p.xs_stride + 16 * warp + 2 * q;
+        const int r = 8 * BT * h + 8 * b + gq;
+        xvalid[b] = r < rows;
+        xb[b] = xs + (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
     }
     // MUL1 byte sums on the tensor cores: a u8 mma with a 0/1 selector returns each lane's own four sums (see
     // mul1_sums); these are its B fragments.
@@ -253,6 +289,28 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
             bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
         }
         const uint32_t* rowp = ring + slot * SW + warp * 64 * K;
+        if constexpr (H == 2) {
+            // acc[0..3]: this warp's tiles 4h..4h+3, acc[4..7]: the partner's 4(1-h)..
+            uint32_t* xc = xchg + ((s & 1) * 64 + warp * 8) * 128 + lane * 4;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                uint32_t st[8], a[4];
+                tile_states<K>(rowp + (4 * h + i) * 8 * K, lane, st);
+                pair_fragment<CB>(st, sel0, sel1, p.cb_mask, p.cb_flip, a);
+                *reinterpret_cast<uint4*>(xc + (4 * h + i) * 128) = make_uint4(a[0], a[1], a[2], a[3]);
+#pragma unroll
+                for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
+            }
+            named_barrier(1 + warp, 64);  // the partner's fragments of stage s are in xchg
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const uint4 v = *reinterpret_cast<const uint4*>(xc + (4 * (1 - h) + i) * 128);
+                const uint32_t a[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int b = 0; b < BT; ++b) mma16816(acc[4 + i][b], a, bf[b][0], bf[b][1]);
+            }
+            return;
+        }
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
             const uint32_t* tile = rowp + i * 8 * K;
@@ -301,10 +359,10 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     EXL3_LAUNCH_DEPENDENTS();
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
-    __shared__ float xsum[16];
+    __shared__ float xsum[ROWS];
     if constexpr (CB == 2) {
         const int len = nst * 128;
-        for (int r = warp; r < rows; r += kWarps) {
+        for (int r = tid >> 5; r < rows; r += NT / 32) {
             const __half2* xr = reinterpret_cast<const __half2*>(xs + r * p.xs_stride);
             float t = 0.0f;
             for (int e = lane; e < len / 2; e += 32) {
@@ -318,24 +376,35 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     }
     __syncthreads();
 
-    // Partial sums of the warps: red[warp][row][col].
+    // Partial sums of the warps: red[slice][row][col], a slice per warp (H = 2: tile rows 4..7 write slices 0..3,
+    // then tile rows 0..3 add theirs).
     float* red = reinterpret_cast<float*>(smem);
+    auto put = [&](int slice, bool add) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+        for (int i = 0; i < 8; ++i) {
+            const int tile = H == 1 ? i : (i < 4 ? 4 * h + i : 4 * (1 - h) + i - 4);
 #pragma unroll
-        for (int b = 0; b < BT; ++b) {
-            float* base = red + (warp * ROWS + 8 * b + 2 * q) * kRedStride + 16 * i + gq;
-            base[0] = acc[i][b][0];
-            base[kRedStride] = acc[i][b][1];
-            base[8] = acc[i][b][2];
-            base[kRedStride + 8] = acc[i][b][3];
+            for (int b = 0; b < BT; ++b) {
+                float* base = red + (slice * ROWS + 8 * BT * h + 8 * b + 2 * q) * kRedStride + 16 * tile + gq;
+                const int off[4] = {0, kRedStride, 8, kRedStride + 8};
+#pragma unroll
+                for (int e = 0; e < 4; ++e) base[off[e]] = add ? base[off[e]] + acc[i][b][e] : acc[i][b][e];
+            }
         }
+    };
+    if constexpr (H == 1) {
+        put(warp, false);
+    } else {
+        if (warp >= 4) put(warp - 4, false);
+        __syncthreads();
+        if (warp < 4) put(warp, true);
+    }
     __syncthreads();
-    for (int e = tid; e < rows * 128; e += kThreads) {
+    for (int e = tid; e < rows * 128; e += NT) {
         const int r = e >> 7, c = e & 127;
         float sum = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) sum += red[(w * ROWS + r) * kRedStride + c];
+        for (int w = 0; w < red_slices(H); ++w) sum += red[(w * ROWS + r) * kRedStride + c];
         if constexpr (CB == 2)  // sum = 2^-24 * sum(b x): value = (1024 + b) * scale + offset
             sum = sum * (16777216.0f * __half2float(__ushort_as_half(kMul1ScaleBits))) +
                   xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
@@ -347,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
     if (p.splits > 1) {
         const int64_t col = static_cast<int64_t>(g) * 128;  // in the concatenated columns of all parts
         float* part = p.partials + static_cast<int64_t>(split) * p.rows * p.total_n_pad + col;
-        for (int e = tid; e < rows * 128; e += kThreads) {
+        for (int e = tid; e < rows * 128; e += NT) {
             const int r = e >> 7, c = e & 127;
             part[static_cast<int64_t>(r) * p.total_n_pad + c] = red[r * kRedStride + c];
         }
@@ -357,7 +426,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         __syncthreads();
         if (!last_block) return;
         __threadfence();
-        for (int e = tid; e < rows * 128; e += kThreads) {
+        for (int e = tid; e < rows * 128; e += NT) {
             const int r = e >> 7, c = e & 127;
             const float* src = p.partials + static_cast<int64_t>(r) * p.total_n_pad + col + c;
             float sum = 0.0f;
@@ -369,7 +438,7 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
         __syncthreads();
     }
 
-    for (int r = warp; r < rows; r += kWarps) {
+    for (int r = tid >> 5; r < rows; r += NT / 32) {
         float v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
@@ -378,27 +447,37 @@ __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_fused_kernel(c
 }
 
 // Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
-size_t fused_smem_bytes(int K, int BT, int rows, int xs_stride) {
-    const int ring = ring_stages(K) * stage_words(K), red = kWarps * 8 * BT * kRedStride;
-    return static_cast<size_t>(std::max(ring, red)) * 4 + static_cast<size_t>(rows) * xs_stride * 2;
+size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride) {
+    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2;
 }
 
 constexpr size_t kMaxSmem = 200 * 1024;
 
-template <int K, int CB, int BT>
+template <int K, int CB, int BT, int H>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
-    const size_t smem = fused_smem_bytes(K, BT, p.rows, p.xs_stride);
+    const size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
     static const cudaError_t attr_err = cudaFuncSetAttribute(
-        exl3_fused_kernel<K, CB, BT>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
+        exl3_fused_kernel<K, CB, BT, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
-    return launch_pdl(exl3_fused_kernel<K, CB, BT>, dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits)),
-                      dim3(kThreads), smem, s, p);
+    return launch_pdl(exl3_fused_kernel<K, CB, BT, H>,
+                      dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits)), dim3(kThreads * H), smem, s,
+                      p);
+}
+
+// Kernel shape by rows: BT column blocks of 8 rows, H warps per tile row.
+struct FusedShape {
+    int BT, H;
+};
+FusedShape fused_shape(int rows) {
+    return rows <= 8 ? FusedShape{1, 1} : rows <= kExl3FusedMaxRows ? FusedShape{2, 1} : FusedShape{2, 2};
 }
 
 template <int K, int CB>
 cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
-    return p.rows <= 8 ? launch_fused<K, CB, 1>(p, groups, s) : launch_fused<K, CB, 2>(p, groups, s);
+    const FusedShape fs = fused_shape(p.rows);
+    if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
+    return fs.BT == 1 ? launch_fused<K, CB, 1, 1>(p, groups, s) : launch_fused<K, CB, 2, 1>(p, groups, s);
 }
 
 template <int K>
@@ -633,7 +712,7 @@ bool valid(const Exl3DevWeights& w) {
 namespace {
 
 bool fusable(const Exl3Part* parts, int nparts, int rows) {
-    if (nparts < 1 || nparts > kMaxParts || rows < 1 || rows > kExl3FusedMaxRows) return false;
+    if (nparts < 1 || nparts > kMaxParts || rows < 1 || rows > kExl3PairMaxRows) return false;
     for (int i = 0; i < nparts; ++i) {
         const Exl3DevWeights& a = parts[i].w;
         const Exl3DevWeights& b = parts[0].w;
@@ -661,14 +740,15 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     FusedPlan f;
     for (int i = 0; i < nparts; ++i) f.total_n_pad += parts[i].w.n_pad;
     f.groups = f.total_n_pad / 128;
-    const int stages = parts[0].w.k_pad / 128, K = parts[0].w.K, BT = rows <= 8 ? 1 : 2;
-    const int target = split_target() * num_sms();
+    const int stages = parts[0].w.k_pad / 128, K = parts[0].w.K;
+    const FusedShape fs = fused_shape(rows);
+    const int target = split_target() * num_sms() / fs.H;  // H = 2: blocks of 16 warps, one an SM
     int splits = std::clamp((target + f.groups - 1) / f.groups, 1, stages);
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
         f.splits = (stages + f.per - 1) / f.per;
         f.xs_stride = f.per * 128 + 8;
-        if (fused_smem_bytes(K, BT, rows, f.xs_stride) <= kMaxSmem || f.per == 1) break;
+        if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride) <= kMaxSmem || f.per == 1) break;
     }
     return f;
 }
@@ -687,8 +767,22 @@ cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s) {
     return bytes ? cudaMemsetAsync(ws, 0, std::min(bytes, kExl3CounterBytes), s) : cudaSuccess;
 }
 
+// EXL3_PAIR=0 turns the paired kernel off at start-up (end-to-end A/B runs).
+std::atomic<bool> g_pair{[] {
+    const char* e = std::getenv("EXL3_PAIR");
+    return !(e && e[0] == '0');
+}()};
+
+int exl3_fused_call_rows(bool invariant) {
+    return invariant || !g_pair.load(std::memory_order_relaxed) ? kExl3FusedMaxRows : kExl3PairMaxRows;
+}
+
+void exl3_lab_set_pair(bool on) {
+    g_pair.store(on, std::memory_order_relaxed);
+}
+
 size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
-    rows = std::clamp(rows, 1, kExl3FusedMaxRows);
+    rows = std::clamp(rows, 1, kExl3PairMaxRows);
     if (!fusable(parts, nparts, rows)) {
         if (nparts == 1) return 0;
         size_t m = 0;
@@ -696,6 +790,7 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
         return m;
     }
     // The larger of the plan for these rows and the invariant plan (the one for 16 rows) applied to them.
+    // (Invariant calls have <= 16 rows; the bound is loose for more.)
     const FusedPlan f = plan_fused(parts, nparts, rows), fi = plan_fused(parts, nparts, rows, true);
     return kExl3CounterBytes + xh_bytes(parts, nparts, rows) +
            static_cast<size_t>(std::max(f.splits, fi.splits)) * rows * f.total_n_pad * 4;

@@ -7,10 +7,11 @@
 // the output side are fp32.
 //
 // Paths, chosen by exl3_matmul from the batch (rows of x):
-//   rows <= kExl3FusedMaxRows  one fused kernel per call: input rotation, tensor-core matmul with the weights decoded
+//   rows <= kExl3PairMaxRows   one fused kernel per call: input rotation, tensor-core matmul with the weights decoded
 //                              from shared memory, split-K reduction by the last block of each column group, output
-//                              rotation, scales and bias. Weights stream through a cp.async ring.
-//   <= kExl3FusedPassMaxRows   for matrices of >= 32 M weights, the fused kernel in passes of 16 rows (each pass
+//                              rotation, scales and bias. Weights stream through a cp.async ring. 17..32 rows: two
+//                              warps per tile row swap their decoded halves, so the weights are decoded once.
+//   <= kExl3FusedPassMaxRows   for matrices of >= 32 M weights, the fused kernel in passes of 32 rows (each pass
 //                              decodes the weights again, which costs less than writing and reading them as fp16)
 //   more rows                   xh by a rotation kernel; W^ decoded to fp16 in column chunks and multiplied by cuBLAS;
 //                              the output rotation by a third kernel (prefill, where the GEMM is compute-bound).
@@ -32,8 +33,13 @@ class CudaContext;
 // Same order as quant::Codebook.
 enum class Exl3Codebook : int { k3Inst = 0, kMcg = 1, kMul1 = 2 };
 
-inline constexpr int kExl3FusedMaxRows = 16;
-inline constexpr int kExl3FusedPassMaxRows = 32;  // bench_cuda_exl3 --batch-sweep (exl3_matmul.cpp)
+inline constexpr int kExl3FusedMaxRows = 16;      // one warp per tile row
+inline constexpr int kExl3PairMaxRows = 32;       // two warps per tile row (not in the batch-invariant mode)
+inline constexpr int kExl3FusedPassMaxRows = 64;  // bench_cuda_exl3 --batch-sweep (exl3_matmul.cpp)
+// Rows per fused call: kExl3PairMaxRows, or kExl3FusedMaxRows in the batch-invariant mode (its 16-row plan) and
+// when a benchmark turns the paired kernel off (exl3_lab_set_pair, or EXL3_PAIR=0 in the environment: A/B runs).
+int exl3_fused_call_rows(bool invariant);
+void exl3_lab_set_pair(bool on);
 
 // One EXL3 linear in device memory.
 struct Exl3DevWeights {
@@ -96,8 +102,8 @@ cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s);
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse = nullptr);
 
-// The two ways exl3_matmul takes beyond 16 rows, for benchmarks and tests: passes of 16 rows through the fused
-// kernel, and decode + cuBLAS.
+// The two ways exl3_matmul takes beyond 16 rows, for benchmarks and tests: passes through the fused kernel
+// (exl3_fused_call_rows rows each), and decode + cuBLAS.
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
                                 int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
                                 const Exl3InFusion* fuse = nullptr);
@@ -121,7 +127,7 @@ cudaError_t exl3_decode(const Exl3DevWeights& w, int c0, int c1, uint16_t* out, 
                         cudaStream_t s);
 
 // The kernels behind exl3_matmul, for tests and benchmarks.
-// Fused path (rows <= kExl3FusedMaxRows): one launch when the parts allow it, else one per part.
+// Fused path (rows <= kExl3PairMaxRows): one launch when the parts allow it, else one per part.
 cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
                        const Exl3Out& out, void* ws, size_t ws_bytes, cudaStream_t s,
                        const Exl3InFusion* fuse = nullptr);
