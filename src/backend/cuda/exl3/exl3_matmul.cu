@@ -40,9 +40,10 @@ constexpr int kRedStride = 132;                    // floats per reduction row
 #ifndef EXL3_RING_BYTES
 #define EXL3_RING_BYTES 32768
 #endif
-__host__ __device__ constexpr int ring_stages(int K) {
-    const int s = EXL3_RING_BYTES / (2048 * K);
-    return s < 2 ? 2 : (s > 16 ? 16 : s);
+// (H = 2, whose slots also hold activations: at most 8 stages.)
+__host__ __device__ constexpr int ring_stages(int K, int H = 1) {
+    const int s = EXL3_RING_BYTES / (2048 * K), cap = H == 2 ? 8 : 16;
+    return s < 2 ? 2 : (s > cap ? cap : s);
 }
 __host__ __device__ constexpr int stage_words(int K) {
     return 64 * 8 * K;  // 8 tile rows x 8 tiles x 8K words
@@ -137,8 +138,15 @@ __device__ __forceinline__ void store_out(const FusedParams& p, const PartParams
     }
 }
 
-__host__ __device__ constexpr int ring_words(int K) {
-    return ring_stages(K) * stage_words(K);
+// H = 2 streams the activations with the weights: a ring slot also holds the stage's 32 rows x 128 k (fp16, rows
+// padded to 136 halves: the B-fragment loads of a warp hit 32 different banks).
+constexpr int kActStride = 136;
+constexpr int kActWords = 32 * kActStride / 2;
+__host__ __device__ constexpr int slot_words(int K, int H) {
+    return stage_words(K) + (H == 2 ? kActWords : 0);
+}
+__host__ __device__ constexpr int ring_words(int K, int H = 1) {
+    return ring_stages(K, H) * slot_words(K, H);
 }
 // With H = 2 two warps share a tile row and swap decoded fragments through shared memory: [2 stages][8 tile rows]
 // [8 tiles][32 lanes][4 words].
@@ -148,7 +156,7 @@ __host__ __device__ constexpr int red_slices(int H) {
     return H == 1 ? kWarps : 4;
 }
 __host__ __device__ constexpr int main_words(int K, int BT, int H) {
-    const int ring = ring_words(K) + (H == 2 ? kXchgWords : 0), red = red_slices(H) * 8 * BT * H * kRedStride;
+    const int ring = ring_words(K, H) + (H == 2 ? kXchgWords : 0), red = red_slices(H) * 8 * BT * H * kRedStride;
     return ring > red ? ring : red;
 }
 
@@ -176,18 +184,21 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // BT: mma column blocks of 8 activation rows per warp. H: warps per tile row. H = 1: 8 warps, warp w decodes and
 // multiplies the 8 tiles of tile row w (rows <= 8 * BT). H = 2 (17..32 rows, BT = 2): 16 warps; warps w and w + 8
 // share tile row w, each decodes 4 of its tiles, they swap the fragments through shared memory, and each multiplies
-// all 8 with its own 16 rows -- one weight decode for 32 rows instead of two passes of 16.
+// all 8 with its own 16 rows -- one weight decode for 32 rows instead of two passes of 16. Its activations stream
+// through the ring with the weights (each warp copies the 16 rows x 16 k it multiplies), so a block's k range is
+// not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 template <int K, int CB, int BT, int H>
 __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
-    constexpr int P = ring_stages(K);
+    constexpr int P = ring_stages(K, H);
     constexpr int SW = stage_words(K);
+    constexpr int SLOT = slot_words(K, H);
     constexpr int ROWS = 8 * BT * H;
     constexpr int NT = kThreads * H;
     constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));
     extern __shared__ __align__(16) uint32_t smem[];
-    uint32_t* ring = smem;                                                  // [P][SW]; the reduction aliases it
-    uint32_t* xchg = smem + ring_words(K);                                  // H = 2: [kXchgWords]
-    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));   // [rows][xs_stride]: this block's k range
+    uint32_t* ring = smem;                                                 // [P][SLOT]; the reduction aliases it
+    uint32_t* xchg = smem + ring_words(K, H);                              // H = 2: [kXchgWords]
+    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));  // H = 1: [rows][xs_stride], the k range
     __shared__ bool last_block;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
@@ -200,6 +211,7 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
     const int total_stages = p.k_pad / 128;
     const int st0 = split * p.stages_per_split;
     const int nst = min(st0 + p.stages_per_split, total_stages) - st0;
+    const int rows = min(p.rows, ROWS);
     const int64_t row_words = static_cast<int64_t>(pp.n_pad / 16) * 8 * K;  // one tile row of the part
     const uint32_t* group = pp.trellis + static_cast<int64_t>(gl) * 64 * K;  // 8 tiles of 8K words
 
@@ -220,27 +232,47 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
         gsrc[it] = group + static_cast<int64_t>(st0) * stage_words + warp * row_words + h * 32 * K + c * 4;
         soff[it] = warp * 64 * K + h * 32 * K + c * 4;
     }
-    auto issue = [&](int slot) {  // the next stage in order into ring slot `slot`
-        uint32_t* dst = ring + slot * SW;
+    auto issue_w = [&](int slot) {  // the next stage's weights in order into ring slot `slot`
+        uint32_t* dst = ring + slot * SLOT;
 #pragma unroll
         for (int it = 0; it < kPerLane; ++it) {
             if (kRowChunks % 32 == 0 || lane + it * 32 < kRowChunks) cp_async16(dst + soff[it], gsrc[it]);
             gsrc[it] += stage_words;
         }
     };
+    // H = 2: lane l copies 16 bytes of activation row 16h + l / 2 (k = 16 * warp + 8 * (l % 2) of each stage).
+    const int arow = 16 * h + (lane >> 1);
+    const bool avalid = H == 2 && arow < rows;
+    const __half* gact = p.xh + (static_cast<int64_t>(pi) * p.rows + (avalid ? arow : 0)) * p.k_pad + st0 * 128 +
+                         16 * warp + 8 * (lane & 1);
+    const int aoff = arow * kActStride + 16 * warp + 8 * (lane & 1);
+    auto issue_a = [&](int slot) {
+        if (avalid) cp_async16(reinterpret_cast<__half*>(ring + slot * SLOT + SW) + aoff, gact);
+        gact += 128;
+    };
+    auto issue = [&](int slot) {
+        issue_w(slot);
+        if constexpr (H == 2) issue_a(slot);
+    };
 
     // Weights do not depend on the previous kernel: start streaming them before waiting for it.
 #pragma unroll
     for (int s = 0; s < P - 1; ++s) {
-        if (s < nst) issue(s);
+        if (s < nst) issue_w(s);
         cp_async_commit();
     }
     EXL3_GRID_DEPENDENCY_WAIT();
 
-    // This block's slice of the rotated activations (written by the rotation kernel just before), while the first
-    // weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
-    const int rows = min(p.rows, ROWS);
-    {
+    if constexpr (H == 2) {  // the first stages' activations; then all of the prologue's copies have landed
+#pragma unroll
+        for (int s = 0; s < P - 1; ++s)
+            if (s < nst) issue_a(s);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncwarp();
+    } else {
+        // This block's slice of the rotated activations (written by the rotation kernel just before), while the
+        // first weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
         const int chunks = nst * 16;  // 16-byte chunks per row
         const __half* src = p.xh + static_cast<int64_t>(pi) * p.rows * p.k_pad + st0 * 128;
         for (int c = tid; c < rows * chunks; c += NT) {
@@ -248,8 +280,8 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
             const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * p.k_pad) + o);
             *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
         }
+        __syncthreads();  // xs complete (the only block barrier before the reduction)
     }
-    __syncthreads();  // xs complete (the only block barrier before the reduction)
 
     const int gq = lane >> 2, q = lane & 3;
     float acc[8][BT][4];
@@ -267,8 +299,10 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
     for (int b = 0; b < BT; ++b) {
         const int r = 8 * BT * h + 8 * b + gq;
         xvalid[b] = r < rows;
-        xb[b] = xs + (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
+        xb[b] = H == 2 ? reinterpret_cast<const __half*>(ring + SW) + (xvalid[b] ? r : 0) * kActStride + 16 * warp + 2 * q
+                       : xs + (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
     }
+    float xacc[BT][4] = {};  // H = 2, MUL1: this warp's row sums of the activations (an mma with A = ones)
     // MUL1 byte sums on the tensor cores: a u8 mma with a 0/1 selector returns each lane's own four sums (see
     // mul1_sums); these are its B fragments.
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
@@ -284,12 +318,17 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
         uint32_t bf[BT][2];
 #pragma unroll
         for (int b = 0; b < BT; ++b) {
-            const __half* xr = xb[b] + s * 128;
+            const __half* xr = H == 2 ? xb[b] + slot * SLOT * 2 : xb[b] + s * 128;
             bf[b][0] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
             bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
         }
-        const uint32_t* rowp = ring + slot * SW + warp * 64 * K;
+        const uint32_t* rowp = ring + slot * SLOT + warp * 64 * K;
         if constexpr (H == 2) {
+            if constexpr (CB == 2) {
+                const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+#pragma unroll
+                for (int b = 0; b < BT; ++b) mma16816(xacc[b], ones, bf[b][0], bf[b][1]);
+            }
             // acc[0..3]: this warp's tiles 4h..4h+3, acc[4..7]: the partner's 4(1-h)..
             uint32_t* xc = xchg + ((s & 1) * 64 + warp * 8) * 128 + lane * 4;
 #pragma unroll
@@ -360,7 +399,22 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
     __shared__ float xsum[ROWS];
-    if constexpr (CB == 2) {
+    if constexpr (CB == 2 && H == 2) {
+        __shared__ float xpart[8][ROWS];  // [tile row][row]: D = ones . B holds row 8b + 2q (+1) in d0 (d1), any gq
+        if (gq == 0)
+#pragma unroll
+            for (int b = 0; b < BT; ++b) {
+                xpart[warp][16 * h + 8 * b + 2 * q] = xacc[b][0];
+                xpart[warp][16 * h + 8 * b + 2 * q + 1] = xacc[b][1];
+            }
+        __syncthreads();
+        if (tid < rows) {
+            float t = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) t += xpart[w][tid];
+            xsum[tid] = t;
+        }
+    } else if constexpr (CB == 2) {
         const int len = nst * 128;
         for (int r = tid >> 5; r < rows; r += NT / 32) {
             const __half2* xr = reinterpret_cast<const __half2*>(xs + r * p.xs_stride);
@@ -452,6 +506,12 @@ size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride) {
 }
 
 constexpr size_t kMaxSmem = 200 * 1024;
+constexpr bool pair_smem_fits() {  // the paired kernel's shared memory does not depend on the call
+    for (int K = 1; K <= 8; ++K)
+        if (static_cast<size_t>(main_words(K, 2, 2)) * 4 > kMaxSmem) return false;
+    return true;
+}
+static_assert(pair_smem_fits(), "the paired kernel's ring and exchange exceed the shared memory a block may use");
 
 template <int K, int CB, int BT, int H>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
@@ -731,6 +791,17 @@ int split_target() {
     return t;
 }
 
+// The paired kernel's fixed cost of a block (prologue, reduction, split-K exchange, epilogue) in stage-times, for
+// its split choice (EXL3_PAIR_OVERHEAD: a lab knob).
+int pair_overhead() {
+    static const int t = [] {
+        const char* e = std::getenv("EXL3_PAIR_OVERHEAD");
+        const int v = e ? std::atoi(e) : -1;
+        return v >= 0 && v <= 1000 ? v : 8;
+    }();
+    return t;
+}
+
 struct FusedPlan {
     int groups = 0, total_n_pad = 0, splits = 1, per = 1, xs_stride = 0;
 };
@@ -742,7 +813,26 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     f.groups = f.total_n_pad / 128;
     const int stages = parts[0].w.k_pad / 128, K = parts[0].w.K;
     const FusedShape fs = fused_shape(rows);
-    const int target = split_target() * num_sms() / fs.H;  // H = 2: blocks of 16 warps, one an SM
+    if (fs.H == 2) {
+        // One block of 16 warps an SM, activations streamed (no shared-memory bound on a block's k range): the
+        // split with the fewest stage-times, waves x (stages a block + a block's fixed cost in stage-times).
+        const int sms = num_sms(), over = pair_overhead();
+        int64_t best = -1;
+        for (int sp = 1; sp <= stages; ++sp) {
+            const int per = (stages + sp - 1) / sp, real = (stages + per - 1) / per;
+            if (real != sp) continue;
+            const int64_t waves = (static_cast<int64_t>(f.groups) * sp + sms - 1) / sms;
+            const int64_t cost = waves * (per + over);
+            if (best < 0 || cost < best) {
+                best = cost;
+                f.splits = sp;
+                f.per = per;
+            }
+        }
+        f.xs_stride = 0;
+        return f;
+    }
+    const int target = split_target() * num_sms();
     int splits = std::clamp((target + f.groups - 1) / f.groups, 1, stages);
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
