@@ -115,6 +115,10 @@ __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
     return __half2float(static_cast<const __half*>(p)[i]);
 }
 
+__device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 h) {
+    return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 __device__ __forceinline__ float round16(float v) {
     return __half2float(__float2half_rn(v));
 }
@@ -655,23 +659,53 @@ cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x
     return launch_pdl(rotate_parts_kernel, grid, dim3(256), 0, s, rp, x, x_bf16, ldx, k, k_pad, rows, xh, f);
 }
 
+// vec: y, ldy and col0 allow 16-byte (fp32) / 8-byte (16-bit) accesses of 4 outputs; a lane whose 4 columns are all
+// < n then loads svh (and bias) as float4 and stores once (the same values as the scalar path).
 __global__ void rotate_out_kernel(const float* svh, const float* bias, const float* acc, int c0, int cols, int n,
-                                  void* y, bool y_f32, bool y_bf16, bool y_acc, int ldy, int col0) {
+                                  void* y, bool y_f32, bool y_bf16, bool y_acc, bool vec, int ldy, int col0) {
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int r = blockIdx.y;
     if (chunk * 128 >= cols) return;
-    float v[4];
-    const float* a = acc + static_cast<int64_t>(r) * cols + chunk * 128 + 4 * lane;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = a[i];
+    const float4 a4 = *reinterpret_cast<const float4*>(acc + static_cast<int64_t>(r) * cols + chunk * 128 + 4 * lane);
+    float v[4] = {a4.x, a4.y, a4.z, a4.w};
     fwht128(v, lane);
+    const int cl = c0 + chunk * 128 + 4 * lane;  // first of this lane's 4 columns
+    const int64_t at0 = static_cast<int64_t>(r) * ldy + col0 + cl;
+    if (vec && cl + 3 < n) {
+        const float4 s4 = *reinterpret_cast<const float4*>(svh + cl);
+        const float4 b4 = bias ? *reinterpret_cast<const float4*>(bias + cl) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float o[4] = {v[0] * kHadScale * s4.x + b4.x, v[1] * kHadScale * s4.y + b4.y, v[2] * kHadScale * s4.z + b4.z,
+                      v[3] * kHadScale * s4.w + b4.w};
+        if (y_f32) {
+            float4* yp = reinterpret_cast<float4*>(static_cast<float*>(y) + at0);
+            if (y_acc) {
+                const float4 old = *yp;
+                o[0] += old.x;
+                o[1] += old.y;
+                o[2] += old.z;
+                o[3] += old.w;
+            }
+            *yp = make_float4(o[0], o[1], o[2], o[3]);
+        } else {
+            uint2 pk;
+            if (y_bf16) {
+                pk.x = bf2_bits(__floats2bfloat162_rn(o[0], o[1]));
+                pk.y = bf2_bits(__floats2bfloat162_rn(o[2], o[3]));
+            } else {
+                pk.x = h2_bits(__floats2half2_rn(o[0], o[1]));
+                pk.y = h2_bits(__floats2half2_rn(o[2], o[3]));
+            }
+            *reinterpret_cast<uint2*>(static_cast<uint16_t*>(y) + at0) = pk;
+        }
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int c = c0 + chunk * 128 + 4 * lane + i;
+        const int c = cl + i;
         if (c >= n) continue;
         const float o = v[i] * kHadScale * svh[c] + (bias ? bias[c] : 0.0f);
-        const int64_t at = static_cast<int64_t>(r) * ldy + col0 + c;
+        const int64_t at = at0 + i;
         if (y_f32)
             static_cast<float*>(y)[at] = y_acc ? static_cast<float*>(y)[at] + o : o;
         else if (y_bf16)
@@ -973,9 +1007,12 @@ cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows,
                             cudaStream_t s) {
     if (!valid(w) || rows < 1 || c0 % 128 || cols % 128) return cudaErrorInvalidValue;
     const dim3 grid(static_cast<unsigned>((cols / 128 + 7) / 8), static_cast<unsigned>(rows));
+    const size_t align = out.f32 ? 16 : 8;  // 4 outputs a lane
+    const bool vec = out.ldy % 4 == 0 && out.col0 % 4 == 0 && (reinterpret_cast<uintptr_t>(out.y) % align) == 0 &&
+                     (reinterpret_cast<uintptr_t>(out.bias) % 16) == 0 && (reinterpret_cast<uintptr_t>(w.svh) % 16) == 0;
     rotate_out_kernel<<<grid, 256, 0, s>>>(w.svh, out.bias, acc, c0, cols, w.n, out.y, out.f32,
-                                           !out.f32 && out.act == ActType::kBF16, out.f32 && out.accumulate, out.ldy,
-                                           out.col0);
+                                           !out.f32 && out.act == ActType::kBF16, out.f32 && out.accumulate, vec,
+                                           out.ldy, out.col0);
     return cudaGetLastError();
 }
 
