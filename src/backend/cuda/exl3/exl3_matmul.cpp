@@ -116,11 +116,11 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
     return Status::ok();
 }
 
-// Beyond one fused call, passes of the fused kernel decode the weights again per pass, while decode + cuBLAS has a
-// cost that hardly grows with rows. Measured on the H200 (bench_cuda_exl3 --batch-sweep, K4, us per call at 17 / 32 /
-// 48 rows, passes of 16): 4096x14336 passes 61.9 / 76.3 / 113.9 against 91.1 / 92.1 / 93.5; 14336x4096 56.5 / 67.7 /
-// 101.0 against 88.1 / 89.0 / 90.7; 4096x4096 32.7 / 41.4 against 26.9 / 27.2. So: passes for matrices of >= 32 M
-// weights.
+// Beyond one fused call (32 rows), passes of the fused kernel decode the weights again per pass, while decode +
+// cuBLAS has a cost that hardly grows with rows. Measured on the H200 (bench_cuda_exl3 --batch-sweep, K4, us per call
+// at 48 / 64 / 96 rows, passes of 32 against decode + cuBLAS): 4096x14336 78.9 / 83.6 / 125.6 against 93.1 / 94.7 /
+// 99.6; 14336x4096 76.9 / 86.2 / 128.9 against 90.3 / 91.3 / 96.3; 4096x4096 43.0 / 42.9 against 27.8 / 28.0. So:
+// passes up to 64 rows for matrices of >= 32 M weights; up to 32 rows (one call) every matrix is fused.
 static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
     if (rows <= exl3_fused_call_rows(false)) return true;
     if (rows > kExl3FusedPassMaxRows) return false;

@@ -9,7 +9,9 @@
 // rotated activations (B fragments, up to 8 rows per mma). Partial sums of the
 // warps meet in shared memory; with k split over several blocks, each block writes its part and the last one to
 // finish (a counter per column group) adds them in a fixed order, so results do not depend on timing. That block
-// then applies the output rotation, svh and bias and writes the 128 columns.
+// then applies the output rotation, svh and bias and writes the 128 columns. For 17..32 rows (H = 2) two warps share
+// a tile row: each decodes half of it, they swap the fragments through shared memory, and the activations stream
+// through the ring with the weights (docs/kernels/exl3.md, notes 19-20).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
