@@ -818,13 +818,16 @@ bool fusable(const Exl3Part* parts, int nparts, int rows) {
 }
 
 // Blocks per SM the fused path aims for (more blocks: more warps to hide latency, more split-K partials).
-int split_target() {
+// Measured on the H200 (bench_cuda_exl3 with EXL3_SPLIT_TARGET 1, 2, 3, 4, 6; docs/kernels/exl3.md note 23): 3 for
+// one mma column block (rows <= 8, three blocks an SM resident), 4 for two (9..16 rows, two resident).
+// EXL3_SPLIT_TARGET overrides both (a lab knob).
+int split_target(int bt) {
     static const int t = [] {
         const char* e = std::getenv("EXL3_SPLIT_TARGET");
         const int v = e ? std::atoi(e) : 0;
-        return v > 0 && v <= 64 ? v : 4;
+        return v > 0 && v <= 64 ? v : 0;
     }();
-    return t;
+    return t ? t : (bt == 1 ? 3 : 4);
 }
 
 // The paired kernel's fixed cost of a block (prologue, reduction, split-K exchange, epilogue) in stage-times, for
@@ -868,7 +871,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         f.xs_stride = 0;
         return f;
     }
-    const int target = split_target() * num_sms();
+    const int target = split_target(fs.BT) * num_sms();
     int splits = std::clamp((target + f.groups - 1) / f.groups, 1, stages);
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
