@@ -818,17 +818,19 @@ bool fusable(const Exl3Part* parts, int nparts, int rows) {
 }
 
 // Blocks per SM the fused path aims for (more blocks: more warps to hide latency, more split-K partials).
-// Measured on the H200 (bench_cuda_exl3 with EXL3_SPLIT_TARGET 1, 2, 3, 4, 6; docs/kernels/exl3.md note 23): 3 for
-// one mma column block (rows <= 8, three blocks an SM resident), 4 for two (9..16 rows, two resident).
-// EXL3_SPLIT_TARGET overrides both (a lab knob).
-int split_target(int bt) {
+// EXL3_SPLIT_TARGET overrides it (a lab knob).
+int split_target() {
     static const int t = [] {
         const char* e = std::getenv("EXL3_SPLIT_TARGET");
         const int v = e ? std::atoi(e) : 0;
-        return v > 0 && v <= 64 ? v : 0;
+        return v > 0 && v <= 64 ? v : 4;
     }();
-    return t ? t : (bt == 1 ? 3 : 4);
+    return t;
 }
+// A block takes at least this many stages of k where the matrix has them: shorter blocks pay their fixed cost
+// (prologue, reduction, split-K exchange) for too little work (docs/kernels/exl3.md note 23: 8B q/o at 2 stages a
+// block 12.7 us, at 3-4 stages 10.9-12.3 us; the k = 14336 and 8192 shapes, at 7+ stages, want the target of 4).
+constexpr int kMinStagesPerBlock = 3;
 
 // The paired kernel's fixed cost of a block (prologue, reduction, split-K exchange, epilogue) in stage-times, for
 // its split choice (EXL3_PAIR_OVERHEAD: a lab knob).
@@ -871,8 +873,8 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         f.xs_stride = 0;
         return f;
     }
-    const int target = split_target(fs.BT) * num_sms();
-    int splits = std::clamp((target + f.groups - 1) / f.groups, 1, stages);
+    const int target = split_target() * num_sms();
+    int splits = std::clamp((target + f.groups - 1) / f.groups, 1, std::max(1, stages / kMinStagesPerBlock));
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
         f.splits = (stages + f.per - 1) / f.per;
