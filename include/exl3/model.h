@@ -57,7 +57,8 @@ struct LoadOptions {
     int kv_bits_v = 0;
     // CUDA: every row of a step computed as if it were alone (the same kernels, k splits and summation orders
     // whatever else the step holds), so batched greedy outputs equal each job run alone; costs some speed
-    // (docs/batch-invariance.md). EXL3 matmuls and attention only so far: dense (bf16) linears still vary.
+    // (docs/batch-invariance.md). EXL3 matmuls, dense linears (their own GEMM) and attention; a step that mixes
+    // prompt chunks with decode rows still runs the decode rows through the prefill attention kernel.
     bool batch_invariant = false;
     bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
                                    // fly (4 bytes a weight): for comparisons

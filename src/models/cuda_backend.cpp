@@ -13,6 +13,7 @@
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemv.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/log.h"
@@ -153,6 +154,7 @@ struct CudaModel::State {
     std::array<DeviceBuffer, 11> slots;
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
+    DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
     // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is
     // recorded after each upload and waited for before the host writes the buffer again.
     int32_t* plan_host = nullptr;
@@ -231,6 +233,14 @@ struct CudaModel::State {
             for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down}) visit(*d, capacity);
         }
         visit(head_exl3, out_capacity);
+        if (opts.batch_invariant) {  // the dense linears' GEMM of the mode (rows go in chunks: any capacity)
+            size_t inv = 0;
+            for (const DevLayer& l : layers)
+                for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down})
+                    if (d->w.get()) inv = std::max(inv, cuda::gemm_invariant_workspace_bytes(d->out, d->in));
+            if (head) inv = std::max(inv, cuda::gemm_invariant_workspace_bytes(cfg.vocab_size, cfg.hidden_size));
+            EXL3_RETURN_IF_ERROR(inv_ws.reserve(inv));
+        }
         if (need == 0) return Status::ok();
         need = std::max(need, cuda::kExl3CounterBytes);
         if (need <= exl3_ws.bytes()) return Status::ok();
@@ -332,7 +342,7 @@ public:
         // Outputs that join the residual stream stay fp32.
         const bool f32 = CudaModel::State::is_f32(out);
         const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
-        if (l.exl3.empty() && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
+        if (l.exl3.empty() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
             cuda::GemvOut o{slot(out), f32, false, bias};
             if (f32) {  // kO / kDown: straight into the residual stream
                 o.y = s_.h.get();
@@ -344,13 +354,19 @@ public:
         if (!l.exl3.empty())
             return f32 ? exl3_linear_from(in, l, nullptr, l.out, true, out) : exl3_linear_from(in, l, slot(out), l.out, false);
         EXL3_RETURN_IF_ERROR(flush());
+        if (s_.opts.batch_invariant) return dense_invariant(slot(in), l.w.get(), slot(out), f32, T(), l.out, l.in, bias);
         return cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in, bias);
+    }
+    // The batch-invariant mode's dense GEMM: a row's result does not depend on the other rows of the step.
+    Status dense_invariant(const void* x, const void* w, void* y, bool f32, int n, int m, int k, const float* bias) {
+        return ck(cuda::gemm_invariant(x, w, y, s_.act, f32, n, m, k, bias, s_.inv_ws.get(), s_.inv_ws.bytes(), st()),
+                  "gemm_invariant");
     }
     Status linear_glu(Slot in, const DevLinear& l, Slot out) {
         const int inter = s_.cfg.intermediate_size;
-        if (l.exl3.empty() && !l.bias.get() && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
+        if (l.exl3.empty() && !l.bias.get() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
             return gemv(in, l, cuda::GemvOut{slot(out), false, false, nullptr}, true, inter);
-        if (!l.exl3.empty() || l.bias.get()) {
+        if (!l.exl3.empty() || l.bias.get() || s_.opts.batch_invariant) {
             EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
             glu_ = PendingGlu{out, inter, true};  // silu(gate) * up: by the consumer's input rotation, or flush()
             return Status::ok();
@@ -399,7 +415,7 @@ public:
         EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.final_norm, eps, Slot::kX));
         const int n_out = static_cast<int>(plan_->out_rows.size());
         const void* x = slot(Slot::kX);
-        if (s_.head && n_out == T() && cuda::use_gemv(T(), H, x, s_.head) && norm_.active) {
+        if (s_.head && n_out == T() && !s_.opts.batch_invariant && cuda::use_gemv(T(), H, x, s_.head) && norm_.active) {
             norm_.active = false;
             cuda::GemvIn in;
             in.h = s_.h.as<float>();
@@ -419,6 +435,8 @@ public:
             x = s_.xout.get();
         }
         if (!s_.head) return exl3_linear(x, s_.head_exl3, s_.logits.get(), true, s_.cfg.vocab_size, n_out);
+        if (s_.opts.batch_invariant)
+            return dense_invariant(x, s_.head, s_.logits.get(), true, n_out, s_.cfg.vocab_size, H, nullptr);
         return cuda::gemm(*s_.ctx, x, s_.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
     }
 

@@ -112,9 +112,12 @@ class RunTest(unittest.TestCase):
         rc, _, err = exl3(*base, "--cache-tokens", "-5")
         self.assertNotEqual(rc, 0)
         self.assertIn("cache-tokens", err)
+        rc, outi, err = exl3(*base, "--batch-invariant")  # the CPU is batch-invariant anyway: the same tokens
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(outi, out)
         rc, out, err = exl3("serve", "--help")
         self.assertEqual(rc, 0, err)
-        for flag in (b"--kv-bits", b"--cache-tokens"):
+        for flag in (b"--kv-bits", b"--cache-tokens", b"--batch-invariant"):
             self.assertIn(flag, out)
 
     def test_quiet_leaves_stderr_empty(self):

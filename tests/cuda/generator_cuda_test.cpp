@@ -170,18 +170,29 @@ TEST(GeneratorCuda, BatchedGreedyEqualsAloneUpToNearTies) {
     expect_all_pages_back(*m);
 }
 
-// LoadOptions::batch_invariant on the EXL3 tiny model: every job's greedy tokens batched equal them alone, exactly.
-// All prompts are prefilled in the first step (no step mixes prompt chunks with decode rows: those still take the
-// prefill kernel's order for the decode rows, docs/batch-invariance.md).
-TEST(GeneratorCuda, BatchInvariantExl3GreedyEqualsAlone) {
-    EXL3_REQUIRE_GPU();
-    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+// LoadOptions::batch_invariant: every job's greedy tokens batched equal them alone, exactly. All prompts are
+// prefilled in the first step (no step mixes prompt chunks with decode rows: those still take the prefill kernel's
+// order for the decode rows, docs/batch-invariance.md).
+void expect_batch_invariant(const std::string& dir) {
     auto m = load_cuda(dir, true);
     ASSERT_TRUE(m);
     const auto reqs = requests(8, m->info().vocab_size, SamplerSettings{}, 2);
     const auto together = run(*m, reqs, true, false, 4096), alone = run(*m, reqs, true, true, 4096);
     for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(together[i].ids, alone[i].ids) << "job " << i;
     expect_all_pages_back(*m);
+}
+
+TEST(GeneratorCuda, BatchInvariantExl3GreedyEqualsAlone) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    expect_batch_invariant(dir);
+}
+
+// The bf16 model: its dense linears take the invariant GEMM (gemm_invariant.cuh) instead of the GEMV / cuBLAS.
+TEST(GeneratorCuda, BatchInvariantBf16GreedyEqualsAlone) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target", dir);
+    expect_batch_invariant(dir);
 }
 
 TEST(GeneratorCuda, SeededDeviceSamplingReproducible) {

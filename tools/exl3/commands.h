@@ -26,16 +26,19 @@ Runner add_serve(CLI::App& app);    // built when exl3_server exists (EXL3_HAVE_
 // those need).
 void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain = false);
 
-// KV-cache flags shared by run, chat, ppl, bench and serve: --kv-bits N sets keys and values, --kv-bits-k /
-// --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU and CUDA). --cache-tokens sizes the
-// paged cache all sequences share (LoadOptions::cache_tokens; 0: the context length), where the command offers it.
+// KV-cache and batching flags shared by run, chat, ppl, bench and serve: --kv-bits N sets keys and values,
+// --kv-bits-k / --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU and CUDA).
+// --cache-tokens sizes the paged cache all sequences share (LoadOptions::cache_tokens; 0: the context length), where
+// the command offers it. --batch-invariant: LoadOptions::batch_invariant.
 struct KvBitsFlags {
     int both = 0, k = -1, v = -1;
     int cache_tokens = 0;
+    bool batch_invariant = false;
     void apply(LoadOptions& lo) const {
         lo.kv_bits_k = k >= 0 ? k : both;
         lo.kv_bits_v = v >= 0 ? v : both;
         if (cache_tokens > 0) lo.cache_tokens = cache_tokens;
+        lo.batch_invariant = batch_invariant;
     }
 };
 inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens_option = false) {
@@ -45,6 +48,9 @@ inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens
     app.add_option("--kv-bits-k", f.k, "bits of the cached keys (4, 6, 8; 0 = off); overrides --kv-bits")->check(bits);
     app.add_option("--kv-bits-v", f.v, "bits of the cached values (4, 6, 8; 0 = off); overrides --kv-bits")
         ->check(bits);
+    app.add_flag("--batch-invariant", f.batch_invariant,
+                 "a request's tokens do not depend on what else is batched with it (CUDA: fixed kernels and summation "
+                 "orders, slower; the CPU always is)");
     if (cache_tokens_option)
         app.add_option("--cache-tokens", f.cache_tokens,
                        "tokens the shared KV cache holds, all sequences together (0 = the context length; CUDA "
