@@ -32,6 +32,8 @@
 #include "exl3/model.h"
 #include "tools/exl3/commands.h"
 #ifdef EXL3_HAVE_CUDA
+#include <nvtx3/nvToolsExt.h>  // header only: a no-op unless a profiler is attached
+
 #include "backend/cuda/device.h"
 #include "backend/cuda/sampler.cuh"
 #endif
@@ -521,8 +523,19 @@ int bench(const BenchOptions& o) {
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
             auto t0 = std::chrono::steady_clock::now();
-            for (int g = 1; g < o.gen; ++g)
-                if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());
+            for (int g = 1; g < o.gen; ++g) {
+#ifdef EXL3_HAVE_CUDA
+                // The last timed step of each batch in an NVTX range, so that a profiler can take just that step
+                // (scripts/device_step_profile.sh: ncu --nvtx --nvtx-include "exl3_bench_last_step/").
+                const bool mark = g == o.gen - 1;
+                if (mark) nvtxRangePushA("exl3_bench_last_step");
+#endif
+                const Status s = step();
+#ifdef EXL3_HAVE_CUDA
+                if (mark) nvtxRangePop();
+#endif
+                if (!s.is_ok()) return fail("bench", s.to_string());
+            }
             const double per_step = seconds_since(t0) / (o.gen - 1);
             const double avg_ctx = C + o.gen / 2.0;
             out["decode"].push_back({{"batch", B},
