@@ -309,7 +309,8 @@ namespace {
 // take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
 class CudaOps {
 public:
-    CudaOps(CudaModel::State& s, cuda::AttentionBatch batch) : s_(s), batch_(batch) {}
+    CudaOps(CudaModel::State& s, cuda::AttentionBatch batch)
+        : s_(s), batch_(batch), exl3_layers_(!s.layers.empty() && !s.layers[0].qkv.exl3.empty()) {}
 
     const DevLayer& layer(int li) const { return s_.layers[static_cast<size_t>(li)]; }
     Status begin_step(const StepPlan& p) {
@@ -330,7 +331,9 @@ public:
             const char* e = std::getenv("EXL3_FUSE_NORM");
             return !(e && std::string(e) == "0");
         }();
-        if (fuse && delta == Slot::kNone && T() == 1) {
+        // One row: the GEMV (or EXL3's input rotation) takes the norm. EXL3 layers at any rows: the input rotation
+        // takes it whenever the fused path runs (up to 32 rows; the same bits as add_rms_norm), else flush() runs it.
+        if (fuse && delta == Slot::kNone && (T() == 1 || exl3_layers_)) {
             norm_ = PendingNorm{w.as<float>(), eps, out, true};
             return Status::ok();
         }
@@ -548,6 +551,7 @@ private:
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
     PendingGlu glu_;
+    const bool exl3_layers_;  // the layers' linears are EXL3 (their input rotation can take a recorded norm)
     bool kv_appended_ = false;  // qkv_heads wrote this layer's k and v into the cache
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
 };

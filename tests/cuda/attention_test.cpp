@@ -495,6 +495,105 @@ void run_graph_replay(bool decode) {
 TEST(PagedAttentionGraph, DecodeReplaysWithLongerLengths) { run_graph_replay(true); }
 TEST(PagedAttentionGraph, PrefillReplaysWithLongerLengths) { run_graph_replay(false); }
 
+// The batch-invariant plan (AttentionBatch::fixed_split_keys): every sequence's output rows are the same bits in a
+// mixed step (prompt chunks beside decode tokens), in a batch of its own, and -- for the decode tokens -- in a step
+// of decode tokens only; and the mixed step matches the CPU reference.
+void run_invariance(const Case& c, uint32_t seed) {
+    const Step s(c, seed);
+    DevStep d(s);
+    ASSERT_NE(d.k.p, nullptr);
+    UPLOAD(d.k.p, s.k_pages);
+    UPLOAD(d.v.p, s.v_pages);
+    UPLOAD(d.q.p, s.q_bits);
+    UPLOAD(d.kn.p, s.kn_bits);
+    UPLOAD(d.vn.p, s.vn_bits);
+    UPLOAD(d.q_start.p, s.q_start);
+    UPLOAD(d.seq_len.p, s.seq_len);
+    UPLOAD(d.page_table.p, s.page_table);
+    if (c.k_bits) UPLOAD(d.kq.p, s.kq.bytes);
+    if (c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
+    d.plan.fixed_split_keys = 512;
+    EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, nullptr));  // the cache now holds every token
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const size_t row = static_cast<size_t>(c.n_heads) * c.head_dim;
+
+    // Attention of the sequences `which` (indices into the step) as one batch of their own; their output rows.
+    auto run_subset = [&](const std::vector<int>& which, std::vector<uint16_t>* got) {
+        std::vector<int32_t> qs{0}, sl, pt;
+        std::vector<uint16_t> q;
+        int max_q = 0, max_len = 0;
+        for (int b : which) {
+            const int ql = c.seqs[b].q_len;
+            qs.push_back(qs.back() + ql);
+            sl.push_back(c.seqs[b].len);
+            max_q = std::max(max_q, ql);
+            max_len = std::max(max_len, c.seqs[b].len);
+            pt.insert(pt.end(), s.page_table.begin() + static_cast<long>(b) * s.max_pages,
+                      s.page_table.begin() + static_cast<long>(b + 1) * s.max_pages);
+            q.insert(q.end(), s.q_bits.begin() + static_cast<long>(s.q_start[b] * row),
+                     s.q_bits.begin() + static_cast<long>(s.q_start[b + 1] * row));
+        }
+        DevBuf<int32_t> dqs(qs.size()), dsl(sl.size()), dpt(pt.size());
+        DevBuf<uint16_t> dq(q.size()), dout(q.size());
+        UPLOAD(dqs.p, qs);
+        UPLOAD(dsl.p, sl);
+        UPLOAD(dpt.p, pt);
+        UPLOAD(dq.p, q);
+        cuda::AttentionBatch pl{static_cast<int>(which.size()), dqs.p, dsl.p, dpt.p, s.max_pages, qs.back(), max_q,
+                                max_len};
+        pl.fixed_split_keys = 512;
+        DevBuf<unsigned char> ws(cuda::attention_workspace_bytes(pl, c.n_heads, c.head_dim, c.k_bits, c.v_bits));
+        EXL3_CUDA_OK(cudaMemset(dout.p, 0xFF, q.size() * 2));
+        EXL3_CUDA_OK(cuda::attention(dq.p, d.kv, pl, c.n_heads, c.window, scale, dout.p, ws.p, nullptr));
+        EXL3_CUDA_OK(cudaDeviceSynchronize());
+        got->resize(q.size());
+        DOWNLOAD(*got, dout.p);
+    };
+    std::vector<int> all(c.seqs.size()), decode;
+    std::iota(all.begin(), all.end(), 0);
+    for (int b : all)
+        if (c.seqs[b].q_len == 1) decode.push_back(b);
+    std::vector<uint16_t> mixed, one, dec;
+    run_subset(all, &mixed);
+    const ErrStats e = compare(mixed, s.reference(scale), c.dtype);
+    EXPECT_EQ(e.bad, 0u) << c.name;
+    EXPECT_LE(e.max_abs, 2e-2 * e.max_ref) << c.name;
+    auto rows_of = [&](const std::vector<uint16_t>& v, int b) {  // sequence b's rows of the whole step's output
+        return std::vector<uint16_t>(v.begin() + static_cast<long>(s.q_start[b] * row),
+                                     v.begin() + static_cast<long>(s.q_start[b + 1] * row));
+    };
+    int same = 0;
+    for (int b : all) {
+        run_subset({b}, &one);
+        const bool eq = one == rows_of(mixed, b);
+        EXPECT_TRUE(eq) << c.name << ": sequence " << b << " (len " << c.seqs[b].len << ", " << c.seqs[b].q_len
+                        << " new) alone differs from the mixed step";
+        same += eq;
+    }
+    run_subset(decode, &dec);
+    for (size_t i = 0; i < decode.size(); ++i) {
+        const std::vector<uint16_t> r(dec.begin() + static_cast<long>(i * row), dec.begin() + static_cast<long>((i + 1) * row));
+        EXPECT_TRUE(r == rows_of(mixed, decode[i])) << c.name << ": decode sequence " << decode[i]
+                                                    << " differs between a decode-only step and the mixed step";
+    }
+    std::printf("[attn] invariant %-30s %d of %zu sequences alone == in the mixed step; %zu decode tokens checked "
+                "in a decode-only step; vs CPU rel %.3e\n",
+                c.name.c_str(), same, all.size(), decode.size(), e.max_abs / e.max_ref);
+}
+
+TEST(PagedAttentionInvariant, RowsDoNotDependOnTheBatch) {
+    EXL3_REQUIRE_GPU();
+    const Case cases[] = {
+        {"inv_bf16_d128_g4_p16", AttnDType::kBF16, 128, 32, 8, 16, 0,
+         {{300, 120}, {700, 1}, {77, 77}, {1, 1}, {1300, 1}, {260, 3}, {513, 1}}},
+        {"inv_f16_d64_g7_p64_w37", AttnDType::kF16, 64, 14, 2, 64, 37, {{100, 40}, {1030, 1}, {64, 64}, {2, 1}}},
+        {"inv_bf16_d256_g2_p64", AttnDType::kBF16, 256, 4, 2, 64, 0, {{150, 150}, {900, 1}, {90, 17}}},
+        {"inv_q_bf16_d128_g4_p16_k8v4", AttnDType::kBF16, 128, 32, 8, 16, 0,
+         {{300, 120}, {700, 1}, {1, 1}, {1100, 1}, {260, 3}}, 8, 4},
+    };
+    for (const Case& c : cases) run_invariance(c, 4242u);
+}
+
 TEST(PagedAttentionArgs, RejectsBadShapes) {
     EXL3_REQUIRE_GPU();
     int32_t* dummy = nullptr;

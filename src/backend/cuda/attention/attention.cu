@@ -64,7 +64,9 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
         static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * device_sm_count();
     const int max_seq = std::max(b.max_seq_len, 1);
     if (b.fixed_split_keys > 0) {
-        pl.split_keys = (b.fixed_split_keys + bn - 1) / bn * bn;
+        // A multiple of 64, the key tile of both shapes (bn is 32 or 64): a step that runs both kernels (below)
+        // gives them the same splits, and a split of either kernel covers the same keys.
+        pl.split_keys = (b.fixed_split_keys + 63) / 64 * 64;
         pl.splits = (max_seq + pl.split_keys - 1) / pl.split_keys;
         pl.partials = true;
         return pl;
@@ -150,9 +152,21 @@ __global__ void __launch_bounds__(kCombineThreads)
     }
 }
 
+// dec (the batch-invariant plan of a step with prompt chunks): first the decode kernel for the sequences of one
+// new token (plan dec), then the prefill kernel for the others; both write partials of the same splits, which one
+// combine merges. So a decode token takes the decode kernel's order whatever else is in the step.
 template <typename T, int D, int KB, int VB>
-cudaError_t run(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads, const AttentionBatch& b,
+cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int n_kv_heads, const AttentionBatch& b,
                 cudaStream_t s) {
+    if (dec) {
+        attn::QuantKernelParams pd = p;
+        pd.q_tiles = dec->q_tiles;
+        pd.seq_filter = 1;
+        const dim3 gd(static_cast<unsigned>(b.batch * dec->q_tiles), static_cast<unsigned>(n_kv_heads),
+                      static_cast<unsigned>(dec->splits));
+        if (cudaError_t e = attn::launch_decode<T, D, KB, VB>(pd, gd, s); e != cudaSuccess) return e;
+        p.seq_filter = -1;
+    }
     const dim3 grid(static_cast<unsigned>(b.batch * pl.q_tiles), static_cast<unsigned>(n_kv_heads),
                     static_cast<unsigned>(pl.splits));
     cudaError_t e = pl.decode ? attn::launch_decode<T, D, KB, VB>(p, grid, s)
@@ -164,14 +178,14 @@ cudaError_t run(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads
 }
 
 template <typename T>
-cudaError_t run_dtype(const attn::QuantKernelParams& p, const Plan& pl, int n_kv_heads, int head_dim, int k_bits,
-                      int v_bits, const AttentionBatch& b, cudaStream_t s) {
+cudaError_t run_dtype(const attn::QuantKernelParams& p, const Plan& pl, const Plan* dec, int n_kv_heads,
+                      int head_dim, int k_bits, int v_bits, const AttentionBatch& b, cudaStream_t s) {
     return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
         constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
         switch (head_dim) {
-            case 64: return run<T, 64, KB, VB>(p, pl, n_kv_heads, b, s);
-            case 128: return run<T, 128, KB, VB>(p, pl, n_kv_heads, b, s);
-            case 256: return run<T, 256, KB, VB>(p, pl, n_kv_heads, b, s);
+            case 64: return run<T, 64, KB, VB>(p, pl, dec, n_kv_heads, b, s);
+            case 128: return run<T, 128, KB, VB>(p, pl, dec, n_kv_heads, b, s);
+            case 256: return run<T, 256, KB, VB>(p, pl, dec, n_kv_heads, b, s);
             default: return cudaErrorInvalidValue;
         }
     });
@@ -238,9 +252,19 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
         p.part_o = static_cast<float*>(workspace);
         p.part_lse = p.part_o + static_cast<int64_t>(pl.splits) * p.total_rows_bound * kv.head_dim;
     }
+    // Batch-invariant plan of a step with prompt chunks: its decode tokens go through the decode kernel.
+    Plan dec{};
+    const bool split_kinds = b.fixed_split_keys > 0 && !pl.decode;
+    if (split_kinds) {
+        AttentionBatch bd = b;
+        bd.max_q_len = 1;
+        dec = make_plan(bd, n_heads, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits);
+        if (dec.splits != pl.splits || dec.split_keys != pl.split_keys) return cudaErrorInvalidValue;  // by design equal
+    }
+    const Plan* dp = split_kinds ? &dec : nullptr;
     if (kv.dtype == AttnDType::kBF16)
-        return run_dtype<__nv_bfloat16>(p, pl, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
-    return run_dtype<__half>(p, pl, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
+        return run_dtype<__nv_bfloat16>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
+    return run_dtype<__half>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
 }
 
 }  // namespace exl3::cuda

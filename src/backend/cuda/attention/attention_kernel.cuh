@@ -62,7 +62,11 @@ struct KernelParams {
     int split_keys;       // keys per split (multiple of BN)
     int total_rows_bound; // total_q bound * n_heads: stride of one split in part_o / part_lse
     float scale_log2;     // scale * log2(e): scores live in the exp2 domain
+    int seq_filter;       // 0: every sequence; 1: only those with one new token; -1: only those with more (a step
+                          //   whose decode tokens take the decode kernel and its prompt chunks the prefill one)
 };
+
+static_assert(sizeof(KernelParams) <= 128, "the unquantized kernels take KernelParams by value in <= 128 bytes");
 
 // The arguments of a kernel with a quantized side. The unquantized kernels keep taking KernelParams alone: growing
 // their by-value argument past 128 bytes changes their code (nvcc then addresses it through a generic pointer).
@@ -336,6 +340,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     const int q0 = p.q_start[b];
     const int q_len = p.q_start[b + 1] - q0;
     const int L = p.seq_len[b];
+    if (p.seq_filter != 0 && (q_len == 1) != (p.seq_filter > 0)) {
+        // The other launch of this step computes this sequence. Wait first, so that this grid completes only after
+        // the kernels before it (a later kernel's wait on it then covers them too).
+        EXL3_GRID_DEPENDENCY_WAIT();
+        return;
+    }
     const int rows = q_len * G;
     const int row0 = tile * BM;
     if (row0 >= rows) return;  // this sequence has fewer rows than the grid bound: nothing to write

@@ -65,8 +65,9 @@ struct AttentionBatch {
     int total_q;                // q_start[batch]
     int max_q_len;              // host-side bounds used only to size grids: a CUDA graph captured with
     int max_seq_len;            //   these bounds must replay correctly for any smaller device-side lengths
-    // > 0: batch-invariant plan -- every split covers this many keys (rounded up to the kernel's key tile) from
-    // position 0, whatever the batch, and the splits are always merged by the combine kernel (one split too), so a
+    // > 0: batch-invariant plan -- every split covers this many keys (rounded up to a multiple of 64) from
+    // position 0, whatever the batch, the splits are always merged by the combine kernel (one split too), and in a
+    // step with prompt chunks the sequences of one new token still take the decode kernel (a second launch), so a
     // row's result does not depend on the other sequences of the step.
     int fixed_split_keys = 0;
 };
