@@ -509,7 +509,8 @@ private:
 
     // An EXL3 linear of all T rows of slot `in` into y (row stride ldy), or, with y null, added into h (an fp32
     // output that joins the residual stream: kO / kDown, named by `residual`; add_norm then skips the add). The input
-    // rotation takes over the recorded norm or GLU when `in` is its output: one kernel fewer each.
+    // rotation takes over the recorded norm (fused path) or GLU (any path) when `in` is its output: one kernel fewer
+    // each.
     Status exl3_linear_from(Slot in, const DevLinear& l, void* y, int ldy, bool f32, Slot residual = Slot::kNone) {
         const int n = static_cast<int>(l.exl3_parts.size());
         const bool can = cuda::exl3_takes_fusion(l.exl3_parts.data(), n, T(), s_.opts.batch_invariant);
@@ -521,7 +522,7 @@ private:
             f.norm_h = s_.h.as<float>();
             f.norm_w = norm_.w;
             f.eps = norm_.eps;
-        } else if (can && glu_.active && glu_.out == in) {
+        } else if (glu_.active && glu_.out == in && cuda::exl3_takes_glu(l.exl3_parts.data(), n, T())) {
             glu_.active = false;
             f.glu_off = glu_.inter;
             x = slot(Slot::kGU);

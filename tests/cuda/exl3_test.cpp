@@ -281,8 +281,8 @@ TEST(Exl3Cuda, WorkspaceSizeNeverShrinksWithRows) {
 }
 
 // The input rotation's fusions give the bits of the kernels they replace: the RMS norm of h (add_rms_norm, then the
-// matmul) and silu(gate) * up (silu_mul, then the matmul); an fp32 accumulate adds the result to y. Fused path only:
-// the large path refuses a fusion.
+// matmul) and silu(gate) * up (silu_mul, then the matmul); an fp32 accumulate adds the result to y. The norm on the
+// fused path only (the large path refuses it); the GLU on the large path too.
 TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
@@ -354,22 +354,47 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 const std::vector<float> twice = fetch(y1);
                 for (size_t i = 0; i < glu.size(); ++i) ASSERT_EQ(twice[i], glu[i] + glu[i]) << i;
             }
-            // Beyond the fused path a fusion is refused, not ignored.
-            const int big = 40;
-            ASSERT_FALSE(cuda::exl3_takes_fusion(&part, 1, big));
-            DeviceBuffer dx, dy, ws;
-            ASSERT_TRUE(dx.reserve(static_cast<size_t>(big) * 2 * in * 2).is_ok());
-            ASSERT_TRUE(dy.reserve(static_cast<size_t>(big) * out * 4).is_ok());
-            const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, big);
-            ASSERT_TRUE(ws.reserve(wsb).is_ok());
-            cuda::Exl3Out o;
-            o.y = dy.get();
-            o.f32 = true;
-            o.act = xt;
-            o.ldy = out;
-            cuda::Exl3InFusion fg;
-            fg.glu_off = in;
-            EXPECT_FALSE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg).is_ok());
+            // Beyond the fused path the norm is refused, not ignored; the GLU gives silu_mul's bits there too (rows
+            // that are not a multiple of the rotation's 4 rows a warp, both vector and scalar rows of k).
+            for (int big : {40, 301}) {
+                SCOPED_TRACE("large path, rows " + std::to_string(big));
+                ASSERT_FALSE(cuda::exl3_takes_fusion(&part, 1, big));
+                ASSERT_TRUE(cuda::exl3_takes_glu(&part, 1, big));
+                std::vector<float> gu = test::random_floats(static_cast<size_t>(big) * 2 * in, 9u + big, 2.0f);
+                std::vector<uint16_t> gu16(gu.size());
+                for (size_t i = 0; i < gu.size(); ++i)
+                    gu16[i] = xt == ActType::kBF16 ? f32_to_bf16(gu[i]) : f32_to_f16(gu[i]);
+                DeviceBuffer dgu, dx, dh, dy0, dy1, ws;
+                ASSERT_TRUE(dgu.upload(gu16.data(), gu16.size() * 2).is_ok());
+                ASSERT_TRUE(dx.reserve(static_cast<size_t>(big) * in * 2).is_ok());
+                ASSERT_TRUE(dh.reserve(static_cast<size_t>(big) * in * 4).is_ok());
+                ASSERT_TRUE(dy0.reserve(static_cast<size_t>(big) * out * 4).is_ok());
+                ASSERT_TRUE(dy1.reserve(static_cast<size_t>(big) * out * 4).is_ok());
+                const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, big);
+                ASSERT_TRUE(ws.reserve(wsb).is_ok());
+                EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+                cuda::Exl3Out o;
+                o.f32 = true;
+                o.act = xt;
+                o.ldy = out;
+                cuda::Exl3InFusion fg;
+                fg.glu_off = in;
+                EXL3_CUDA_OK(cuda::silu_mul(dgu.get(), dx.get(), xt, big, in, st));
+                o.y = dy0.get();
+                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb).is_ok());
+                o.y = dy1.get();
+                const Status sg = cuda::exl3_matmul(**ctx, &part, 1, dgu.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg);
+                ASSERT_TRUE(sg.is_ok()) << sg.to_string();
+                std::vector<float> y0(static_cast<size_t>(big) * out), y1(y0.size());
+                EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+                EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                EXPECT_EQ(y0, y1) << "glu, large path";
+                cuda::Exl3InFusion fn;
+                fn.norm_h = dh.as<float>();
+                fn.norm_w = dh.as<float>();
+                EXPECT_FALSE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb, &fn).is_ok());
+            }
         }
     }
 }

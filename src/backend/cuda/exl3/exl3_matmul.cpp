@@ -65,7 +65,7 @@ namespace {
 
 // The large path for one part.
 Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows,
-                    const Exl3Out& out, void* ws, size_t ws_bytes) {
+                    const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off) {
     cudaStream_t s = ctx.stream();
     const LargeLayout l = large_layout(w, rows);
     if (!ws || ws_bytes < l.total) return internal_error("exl3_matmul: workspace too small");
@@ -80,7 +80,7 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
         const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * x_size;
         Exl3Out o = out;
         o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
-        EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_in(w, xr, xt, ldx, nr, xh, s), "exl3 rotate in"));
+        EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_in(w, xr, xt, ldx, nr, xh, s, glu_off), "exl3 rotate in"));
         // With several row passes the weights are decoded again per pass: cheap next to the GEMM at these sizes.
         for (int c0 = 0; c0 < w.n_pad; c0 += l.chunk) {
             const int cols = std::min(l.chunk, w.n_pad - c0);
@@ -133,23 +133,30 @@ bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invaria
     return rows >= 1 && nparts >= 1 && (invariant || use_fused_passes(parts, nparts, rows));
 }
 
+bool exl3_takes_glu(const Exl3Part*, int nparts, int rows) {
+    return rows >= 1 && nparts >= 1;  // the large path's input rotation takes it too
+}
+
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse) {
     if (rows <= 0) return Status::ok();
     if (out.invariant || use_fused_passes(parts, nparts, rows))
         return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse);
-    if (fuse) return invalid_argument("exl3_matmul: an input fusion needs the fused path (exl3_takes_fusion)");
-    return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes);
+    if (fuse && fuse->norm_h)
+        return invalid_argument("exl3_matmul: the norm fusion needs the fused path (exl3_takes_fusion)");
+    return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse ? fuse->glu_off : 0);
 }
 
 Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes) {
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off) {
     if (rows <= 0) return Status::ok();
+    if (glu_off < 0 || (glu_off > 0 && glu_off < parts[0].w.k))
+        return invalid_argument("exl3_matmul: glu_off must be 0 or at least k");
     for (int i = 0; i < nparts; ++i) {
         Exl3Out o = out;
         o.col0 = parts[i].col0;
         o.bias = parts[i].bias;
-        EXL3_RETURN_IF_ERROR(large_matmul(ctx, parts[i].w, x, xt, ldx, rows, o, ws, ws_bytes));
+        EXL3_RETURN_IF_ERROR(large_matmul(ctx, parts[i].w, x, xt, ldx, rows, o, ws, ws_bytes, glu_off));
     }
     return Status::ok();
 }

@@ -76,8 +76,9 @@ struct Exl3Part {
     const float* bias = nullptr;
 };
 
-// What the input rotation computes x from instead of reading it, saving the kernel that would write x (fused path
-// only: rows <= kExl3FusedPassMaxRows and parts that fuse; exl3_takes_fusion says whether a call qualifies):
+// What the input rotation computes x from instead of reading it, saving the kernel that would write x (the norm on
+// the fused path only: rows <= kExl3FusedPassMaxRows and parts that fuse, exl3_takes_fusion says whether a call
+// qualifies; the GLU on every path, exl3_takes_glu):
 //   norm_h: x = act(norm_w * (h * rsqrt(mean(h^2) + eps))) from the fp32 rows h [rows, k] -- bit for bit what
 //           cuda::add_rms_norm writes (rms_row.cuh); k % 4 == 0, h and norm_w 16-byte aligned;
 //   glu_off > 0: x = act(silu(g) * u) with g = x[r, j], u = x[r, glu_off + j] -- what cuda::silu_mul writes.
@@ -88,6 +89,7 @@ struct Exl3InFusion {
     int glu_off = 0;
 };
 bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant = false);
+bool exl3_takes_glu(const Exl3Part* parts, int nparts, int rows);
 
 // Scratch the matmul needs for `rows` rows of x. It starts with a fixed region of split-K counters (one per column
 // group of 128) that must start zeroed (exl3_workspace_init); every call leaves them zeroed again, so one workspace
@@ -107,8 +109,9 @@ Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, co
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
                                 int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
                                 const Exl3InFusion* fuse = nullptr);
+// glu_off > 0: x holds gate | up rows, the GLU as Exl3InFusion::glu_off.
 Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes);
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off = 0);
 
 // One linear: columns [out.col0, out.col0 + n), bias out.bias.
 inline size_t exl3_workspace_bytes(const Exl3DevWeights& w, int rows) {
@@ -136,7 +139,7 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows);
 int exl3_fused_splits(const Exl3Part* parts, int nparts, int rows);
 // xh[rows, k_pad] (fp16 bits) = round16(H(round16(x * suh))).
 cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows, uint16_t* xh,
-                           cudaStream_t s);
+                           cudaStream_t s, int glu_off = 0);
 // Columns [c0, c0 + cols) of the output from acc[rows, cols] (fp32, row stride cols): H, svh, bias.
 cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows, int c0, int cols, const Exl3Out& out,
                             cudaStream_t s);
