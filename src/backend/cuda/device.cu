@@ -91,4 +91,17 @@ Status self_test(int device) {
     return Status::ok();
 }
 
+int current_device_sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+            cudaGetLastError();
+            return 132;
+        }
+        return v;
+    }();
+    return n;
+}
+
 }  // namespace exl3::cuda

@@ -27,4 +27,8 @@ double measure_copy_bandwidth(int device);
 // Runs a small kernel and checks its result: proves that the build's device code runs on this GPU.
 Status self_test(int device);
 
+// Streaming multiprocessors of the current device, queried once per process (132, the H200's, if the query fails):
+// what the kernels' grid planners fill.
+int current_device_sm_count();
+
 }  // namespace exl3::cuda

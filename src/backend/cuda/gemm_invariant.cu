@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/gemm_invariant.cuh"
 
 namespace exl3::cuda {
@@ -126,13 +127,7 @@ struct InvPlan {
     int slices, k_slice, chunk_rows;
 };
 InvPlan inv_plan(int m, int k) {
-    static const int sms = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            v = 132;
-        return v > 0 ? v : 132;
-    }();
+    const int sms = current_device_sm_count();
     const int col_tiles = (m + kBN - 1) / kBN;
     const int max_slices = std::max(1, k / 256);
     int slices = std::clamp((2 * sms + col_tiles - 1) / col_tiles, 1, max_slices);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/attention/attention_kernel.cuh"
+#include "backend/cuda/device.h"
 
 namespace exl3::cuda {
 namespace {
@@ -11,19 +12,6 @@ namespace {
 // Fewest keys a split is given: below this the fixed cost of a CTA (Q load, pipeline fill, epilogue) dominates.
 constexpr int kMinSplitKeys = 128;
 constexpr int kMaxSplits = 128;
-
-int device_sm_count() {
-    static int n = [] {
-        int dev = 0, sms = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-            cudaGetLastError();
-            return 132;
-        }
-        return sms;
-    }();
-    return n;
-}
 
 struct Plan {
     bool decode;
@@ -61,7 +49,7 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
     const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
     const int64_t slots =
-        static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * device_sm_count();
+        static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * current_device_sm_count();
     const int max_seq = std::max(b.max_seq_len, 1);
     if (b.fixed_split_keys > 0) {
         // A multiple of 64, the key tile of both shapes (bn is 32 or 64): a step that runs both kernels (below)

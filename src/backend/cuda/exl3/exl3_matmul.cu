@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -72,6 +73,7 @@ struct FusedParams {
     int ldy, rows, k_pad, total_n_pad, stages_per_split, splits, xs_stride;
     bool y_f32, y_bf16, y_acc;
     bool vec_out;        // y, ldy, every part's col0, svh and bias allow 16-byte (fp32) / 8-byte accesses of 4 columns
+    int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
 };
 
@@ -220,8 +222,11 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // all 8 with its own 16 rows -- one weight decode for 32 rows instead of two passes of 16. Its activations stream
 // through the ring with the weights (each warp copies the 16 rows x 16 k it multiplies), so a block's k range is
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
+// One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
+// the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
 template <int K, int CB, int BT, int H>
-__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
+__device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
+                                              const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
     constexpr int SW = stage_words(K);
     constexpr int SLOT = slot_words(K, H);
@@ -235,15 +240,11 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
     __shared__ bool last_block;
 
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
-    const int g = blockIdx.x, split = blockIdx.y;
     int pi = 0;
     if (p.nparts > 1 && g >= p.part[1].group0) pi = 1;
     if (p.nparts > 2 && g >= p.part[2].group0) pi = 2;
     const PartParams& pp = p.part[pi];
     const int gl = g - pp.group0;
-    const int total_stages = p.k_pad / 128;
-    const int st0 = split * p.stages_per_split;
-    const int nst = min(st0 + p.stages_per_split, total_stages) - st0;
     const int rows = min(p.rows, ROWS);
     const int64_t row_words = static_cast<int64_t>(pp.n_pad / 16) * 8 * K;  // one tile row of the part
     const uint32_t* group = pp.trellis + static_cast<int64_t>(gl) * 64 * K;  // 8 tiles of 8K words
@@ -500,7 +501,7 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
     }
     __syncthreads();
 
-    if (p.splits > 1) {
+    if (nseg > 1) {
         // 16 bytes a thread per access, and the last block's loads of every split issued before its adds (added in
         // split order as before: the same bits), so a few memory round trips instead of one per value and split.
         const int64_t col = static_cast<int64_t>(g) * 128;  // in the concatenated columns of all parts
@@ -513,7 +514,7 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
         }
         __threadfence();
         __syncthreads();
-        if (tid == 0) last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(p.splits - 1);
+        if (tid == 0) last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
         __syncthreads();
         if (!last_block) return;
         __threadfence();
@@ -530,7 +531,7 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
                 sum.w += v.w;
             };
             int sp = 0;
-            for (; sp + 4 <= p.splits; sp += 4) {
+            for (; sp + 4 <= nseg; sp += 4) {
                 const float4 v0 = __ldcg(src + sp * st4), v1 = __ldcg(src + (sp + 1) * st4),
                              v2 = __ldcg(src + (sp + 2) * st4), v3 = __ldcg(src + (sp + 3) * st4);
                 add(v0);
@@ -538,7 +539,7 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
                 add(v2);
                 add(v3);
             }
-            for (; sp < p.splits; ++sp) add(__ldcg(src + sp * st4));
+            for (; sp < nseg; ++sp) add(__ldcg(src + sp * st4));
             *reinterpret_cast<float4*>(red + r * kRedStride + c) = sum;
         }
         if (tid == 0) p.counters[g] = 0;
@@ -550,6 +551,49 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
         store_out(p, pp, r, gl, lane, v);
+    }
+}
+
+// Grid (groups, splits): block (g, s) takes stages [s * per, (s + 1) * per) of group g. Stream-K (H = 2, sk_blocks
+// > 0): a 1-D grid of sk_blocks blocks splits the groups x stages units (group-major) into equal contiguous ranges;
+// a block works through the group segments of its range in order, so every SM gets the same number of stages
+// whatever the group count (e.g. 224 groups on 132 SMs: 1.7 waves of work instead of 2). The segments of a group
+// are numbered by their block, so their partials are added in the same order on every run.
+template <int K, int CB, int BT, int H>
+__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
+    // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
+    __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
+    __shared__ int next;    // stream-K: the next unit of this block's range
+    const bool sk = H == 2 && p.sk_blocks > 0;
+    for (int it = 0;; ++it) {
+        if (threadIdx.x == 0) {
+            const int S = p.k_pad / 128;
+            if (!sk) {
+                const int st0 = static_cast<int>(blockIdx.y) * p.stages_per_split;
+                seg[0] = static_cast<int>(blockIdx.x);
+                seg[1] = static_cast<int>(blockIdx.y);
+                seg[2] = st0;
+                seg[3] = it == 0 ? min(st0 + p.stages_per_split, S) - st0 : 0;
+                seg[4] = p.splits;
+            } else {
+                // Units (group-major) [b W / B, (b + 1) W / B) are block b's; W B stays far below 2^31.
+                const int W = p.total_n_pad / 128 * S, B = p.sk_blocks, b = static_cast<int>(blockIdx.x);
+                auto blk = [&](int u) { return ((u + 1) * B + W - 1) / W - 1; };  // the block holding unit u
+                const int u = it == 0 ? b * W / B : next, end = (b + 1) * W / B;
+                const int g = u / S, st0 = u - g * S, nst = u < end ? min(S - st0, end - u) : 0;
+                seg[0] = g;
+                seg[1] = b - blk(g * S);
+                seg[2] = st0;
+                seg[3] = nst;
+                seg[4] = blk(g * S + S - 1) - blk(g * S) + 1;
+                next = u + nst;
+            }
+        }
+        __syncthreads();
+        const int g = seg[0], split = seg[1], st0 = seg[2], nst = seg[3], nseg = seg[4];
+        if (nst <= 0) return;
+        fused_segment<K, CB, BT, H>(p, g, split, st0, nst, nseg);
+        __syncthreads();  // the segment's reduction (aliasing the ring) and its reads of seg are done
     }
 }
 
@@ -573,9 +617,10 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         exl3_fused_kernel<K, CB, BT, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
-    return launch_pdl(exl3_fused_kernel<K, CB, BT, H>,
-                      dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits)), dim3(kThreads * H), smem, s,
-                      p);
+    const dim3 grid = H == 2 && p.sk_blocks > 0
+                          ? dim3(static_cast<unsigned>(p.sk_blocks))
+                          : dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
+    return launch_pdl(exl3_fused_kernel<K, CB, BT, H>, grid, dim3(kThreads * H), smem, s, p);
 }
 
 // Kernel shape by rows: BT column blocks of 8 rows, H warps per tile row.
@@ -603,16 +648,6 @@ cudaError_t launch_fused_cb(const FusedParams& p, int groups, int cb, cudaStream
     }
 }
 
-int num_sms() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            v = 132;
-        return v > 0 ? v : 132;
-    }();
-    return n;
-}
 
 
 // ---- large-batch path and tests ----
@@ -624,14 +659,21 @@ __device__ __forceinline__ float round_act(float v, bool bf16) {
     return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
 }
 
-constexpr int kRotRows = 4;  // rows a warp of rotate_in / rotate_out takes: their loads are issued together
+constexpr int kRotRows = 4;  // most rows a warp of rotate_in / rotate_out takes: their loads are issued together
+
+// Rows a warp takes: kRotRows when that still leaves >= 4 blocks of 8 warps an SM, else 1 (a 128-row decode step
+// with 4 rows a warp ran 128 blocks for k = 4096 and the 128-job generator bench lost 3 %, session 8).
+int rotation_rows_per_warp(int col_blocks, int rows) {
+    const int64_t blocks = static_cast<int64_t>(col_blocks) * ((rows + kRotRows - 1) / kRotRows);
+    return blocks >= 4 * static_cast<int64_t>(current_device_sm_count()) ? kRotRows : 1;
+}
 
 // glu_off > 0: x = act(silu(g) * u) from the gate | up rows, as silu_mul writes it (see rotate_parts_kernel).
 __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, bool vec, int ldx, int k, int k_pad,
-                                 int rows, int glu_off, uint16_t* xh) {
+                                 int rows, int rpw, int glu_off, uint16_t* xh) {
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int r0 = blockIdx.y * kRotRows, nr = min(kRotRows, rows - r0);
+    const int r0 = blockIdx.y * rpw, nr = min(rpw, rows - r0);
     if (chunk * 128 >= k_pad) return;
     const int kk0 = chunk * 128 + 4 * lane;
     const bool lv = vec && kk0 + 3 < k;
@@ -741,10 +783,11 @@ cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x
 // vec: y, ldy and col0 allow 16-byte (fp32) / 8-byte (16-bit) accesses of 4 outputs; a lane whose 4 columns are all
 // < n then loads svh (and bias) as float4 and stores once (the same values as the scalar path).
 __global__ void rotate_out_kernel(const float* svh, const float* bias, const float* acc, int c0, int cols, int n,
-                                  int rows, void* y, bool y_f32, bool y_bf16, bool y_acc, bool vec, int ldy, int col0) {
+                                  int rows, int rpw, void* y, bool y_f32, bool y_bf16, bool y_acc, bool vec, int ldy,
+                                  int col0) {
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int r0 = blockIdx.y * kRotRows, nr = min(kRotRows, rows - r0);
+    const int r0 = blockIdx.y * rpw, nr = min(rpw, rows - r0);
     if (chunk * 128 >= cols) return;
     const int cl = c0 + chunk * 128 + 4 * lane;  // first of this lane's 4 columns
     const bool lv = vec && cl + 3 < n;
@@ -937,7 +980,26 @@ int pair_overhead() {
 
 struct FusedPlan {
     int groups = 0, total_n_pad = 0, splits = 1, per = 1, xs_stride = 0;
+    int sk_blocks = 0;  // stream-K (H = 2): blocks of the 1-D grid; then `splits` is the most segments of a group
 };
+
+// EXL3_STREAMK=0 / 1: the paired kernel's stream-K grid off / always (kernel lab); default (unset or empty): by the
+// cost model, whose cost of a block's each further group segment is EXL3_SK_SEG stage-times (default: half the
+// block's fixed cost).
+int streamk_mode() {
+    static const int m = [] {
+        const char* e = std::getenv("EXL3_STREAMK");
+        return e && *e ? std::atoi(e) : -1;
+    }();
+    return m;
+}
+int streamk_segment_cost(int over) {
+    static const int t = [] {
+        const char* e = std::getenv("EXL3_SK_SEG");
+        return e && *e ? std::atoi(e) : -1;
+    }();
+    return t >= 0 ? t : over / 2;
+}
 
 FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant = false) {
     if (invariant) rows = kExl3FusedMaxRows;  // the split that 16 rows need, for every row count
@@ -949,7 +1011,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     if (fs.H == 2) {
         // One block of 16 warps an SM, activations streamed (no shared-memory bound on a block's k range): the
         // split with the fewest stage-times, waves x (stages a block + a block's fixed cost in stage-times).
-        const int sms = num_sms(), over = pair_overhead();
+        const int sms = current_device_sm_count(), over = pair_overhead();
         int64_t best = -1;
         for (int sp = 1; sp <= stages; ++sp) {
             const int per = (stages + sp - 1) / sp, real = (stages + per - 1) / per;
@@ -963,9 +1025,24 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
             }
         }
         f.xs_stride = 0;
+        // Stream-K: every SM gets W / sms stages; a block pays the fixed cost once per group segment it touches.
+        const int64_t W = static_cast<int64_t>(f.groups) * stages, B = std::min<int64_t>(sms, W);
+        const int64_t per_block = (W + B - 1) / B;
+        const int64_t segs = (per_block + stages - 1) / stages + (per_block % stages ? 1 : 0);
+        const int64_t sk_cost = per_block + over + (segs - 1) * streamk_segment_cost(over);
+        const int mode = streamk_mode();
+        if (mode == 1 || (mode != 0 && sk_cost < best)) {
+            f.sk_blocks = static_cast<int>(B);
+            auto blk = [&](int64_t u) { return ((u + 1) * B + W - 1) / W - 1; };
+            int most = 1;
+            for (int64_t g = 0; g < f.groups; ++g)
+                most = std::max(most, static_cast<int>(blk(g * stages + stages - 1) - blk(g * stages) + 1));
+            f.splits = most;
+            f.per = 0;
+        }
         return f;
     }
-    const int target = split_target() * num_sms();
+    const int target = split_target() * current_device_sm_count();
     int splits = std::clamp((target + f.groups - 1) / f.groups, 1, std::max(1, stages / kMinStagesPerBlock));
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
@@ -1059,6 +1136,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.total_n_pad = f.total_n_pad;
     p.splits = f.splits;
     p.stages_per_split = f.per;
+    p.sk_blocks = f.sk_blocks;
     p.xs_stride = f.xs_stride;
     p.y_f32 = out.f32;
     p.y_bf16 = !out.f32 && out.act == ActType::kBF16;
@@ -1099,21 +1177,24 @@ cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, i
                            cudaStream_t s, int glu_off) {
     if (!valid(w) || rows < 1 || glu_off < 0) return cudaErrorInvalidValue;
     const int chunks = w.k_pad / 128;
-    const dim3 grid(static_cast<unsigned>((chunks + 7) / 8), static_cast<unsigned>((rows + kRotRows - 1) / kRotRows));
+    const int rpw = rotation_rows_per_warp((chunks + 7) / 8, rows);
+    const dim3 grid(static_cast<unsigned>((chunks + 7) / 8), static_cast<unsigned>((rows + rpw - 1) / rpw));
     const bool vec = ldx % 4 == 0 && glu_off % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 7) == 0 &&
                      (reinterpret_cast<uintptr_t>(w.suh) & 15) == 0;
-    rotate_in_kernel<<<grid, 256, 0, s>>>(w.suh, x, xt == ActType::kBF16, vec, ldx, w.k, w.k_pad, rows, glu_off, xh);
+    rotate_in_kernel<<<grid, 256, 0, s>>>(w.suh, x, xt == ActType::kBF16, vec, ldx, w.k, w.k_pad, rows, rpw, glu_off,
+                                          xh);
     return cudaGetLastError();
 }
 
 cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows, int c0, int cols, const Exl3Out& out,
                             cudaStream_t s) {
     if (!valid(w) || rows < 1 || c0 % 128 || cols % 128) return cudaErrorInvalidValue;
-    const dim3 grid(static_cast<unsigned>((cols / 128 + 7) / 8), static_cast<unsigned>((rows + kRotRows - 1) / kRotRows));
+    const int rpw = rotation_rows_per_warp((cols / 128 + 7) / 8, rows);
+    const dim3 grid(static_cast<unsigned>((cols / 128 + 7) / 8), static_cast<unsigned>((rows + rpw - 1) / rpw));
     const size_t align = out.f32 ? 16 : 8;  // 4 outputs a lane
     const bool vec = out.ldy % 4 == 0 && out.col0 % 4 == 0 && (reinterpret_cast<uintptr_t>(out.y) % align) == 0 &&
                      (reinterpret_cast<uintptr_t>(out.bias) % 16) == 0 && (reinterpret_cast<uintptr_t>(w.svh) % 16) == 0;
-    rotate_out_kernel<<<grid, 256, 0, s>>>(w.svh, out.bias, acc, c0, cols, w.n, rows, out.y, out.f32,
+    rotate_out_kernel<<<grid, 256, 0, s>>>(w.svh, out.bias, acc, c0, cols, w.n, rows, rpw, out.y, out.f32,
                                            !out.f32 && out.act == ActType::kBF16, out.f32 && out.accumulate, vec,
                                            out.ldy, out.col0);
     return cudaGetLastError();
