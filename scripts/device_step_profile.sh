@@ -4,12 +4,13 @@
 # so each kernel's own duration), summed by name beside the step time the same bench measures without the profiler.
 # Usage: EXL3_BIN=... MODEL=... [BATCH=1] bash scripts/device_step_profile.sh
 # (Session 6 profiled every kernel of the run instead: BATCH=32 on the EXL3 8B model then ran past 10 minutes. With
-# the NVTX filter only one step's kernels are replayed; not yet run on the GPU machine.)
+# the NVTX filter only one step's kernels are replayed: BATCH=32 took ~30 s in session 8, docs/kernels/exl3.md note 24.)
+# CTX (default 512): tokens cached per sequence before the timed steps.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 X=${EXL3_BIN:-build-dev/tools/exl3/exl3}
 M=${MODEL:-/tmp/models/llama3-8b}
-args=(bench -m "$M" -d cuda -p 16 -b "${BATCH:-1}" -c 512 -g 4 -r 1)
+args=(bench -m "$M" -d cuda -p 16 -b "${BATCH:-1}" -c "${CTX:-512}" -g 4 -r 1)
 "$X" "${args[@]}" 2>&1 | grep -E "^\| ${BATCH:-1} \|" || true  # the step time without the profiler
 ncu --nvtx --nvtx-include "exl3_bench_last_step/" --metrics gpu__time_duration.sum --csv --print-units base \
   "$X" "${args[@]}" > "$OUT/ncu_step.csv" 2> "$OUT/ncu_step.err"
