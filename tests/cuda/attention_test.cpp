@@ -287,9 +287,8 @@ struct DevStep {
 #define DOWNLOAD(vec, src) \
     EXL3_CUDA_OK(cudaMemcpy((vec).data(), (src), (vec).size() * sizeof((vec)[0]), cudaMemcpyDeviceToHost))
 
-void run_case(const Case& c, uint32_t seed) {
-    const Step s(c, seed);
-    DevStep d(s);
+// The step's pool, inputs and plan arrays to the device (the new tokens' K/V go in through kv_append later).
+void upload(const Step& s, DevStep& d) {
     ASSERT_NE(d.k.p, nullptr);
     UPLOAD(d.k.p, s.k_pages);
     UPLOAD(d.v.p, s.v_pages);
@@ -299,8 +298,14 @@ void run_case(const Case& c, uint32_t seed) {
     UPLOAD(d.q_start.p, s.q_start);
     UPLOAD(d.seq_len.p, s.seq_len);
     UPLOAD(d.page_table.p, s.page_table);
-    if (c.k_bits) UPLOAD(d.kq.p, s.kq.bytes);
-    if (c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
+    if (s.c.k_bits) UPLOAD(d.kq.p, s.kq.bytes);
+    if (s.c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
+}
+
+void run_case(const Case& c, uint32_t seed) {
+    const Step s(c, seed);
+    DevStep d(s);
+    ASSERT_NO_FATAL_FAILURE(upload(s, d));
 
     // kv_append, then check that exactly the new rows changed and hold the new values.
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, nullptr));
@@ -501,17 +506,7 @@ TEST(PagedAttentionGraph, PrefillReplaysWithLongerLengths) { run_graph_replay(fa
 void run_invariance(const Case& c, uint32_t seed) {
     const Step s(c, seed);
     DevStep d(s);
-    ASSERT_NE(d.k.p, nullptr);
-    UPLOAD(d.k.p, s.k_pages);
-    UPLOAD(d.v.p, s.v_pages);
-    UPLOAD(d.q.p, s.q_bits);
-    UPLOAD(d.kn.p, s.kn_bits);
-    UPLOAD(d.vn.p, s.vn_bits);
-    UPLOAD(d.q_start.p, s.q_start);
-    UPLOAD(d.seq_len.p, s.seq_len);
-    UPLOAD(d.page_table.p, s.page_table);
-    if (c.k_bits) UPLOAD(d.kq.p, s.kq.bytes);
-    if (c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
+    ASSERT_NO_FATAL_FAILURE(upload(s, d));
     d.plan.fixed_split_keys = 512;
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, nullptr));  // the cache now holds every token
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
