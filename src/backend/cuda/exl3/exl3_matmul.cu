@@ -1031,7 +1031,9 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         const int64_t segs = (per_block + stages - 1) / stages + (per_block % stages ? 1 : 0);
         const int64_t sk_cost = per_block + over + (segs - 1) * streamk_segment_cost(over);
         const int mode = streamk_mode();
-        if (mode == 1 || (mode != 0 && sk_cost < best)) {
+        // The kernel plans segments in 32-bit ints: (unit + 1) x blocks must fit (any real shape is far below).
+        const bool fits = W * B < (int64_t{1} << 31);
+        if (fits && (mode == 1 || (mode != 0 && sk_cost < best))) {
             f.sk_blocks = static_cast<int>(B);
             auto blk = [&](int64_t u) { return ((u + 1) * B + W - 1) / W - 1; };
             int most = 1;
