@@ -137,17 +137,129 @@ double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int row
     return t[t.size() / 2];
 }
 
+// --trace SHAPE K ROWS: the per-block timeline (exl3_lab_set_trace) of calls 8..10 of a graph of 20, printed as
+// distributions (us): when blocks enter relative to the call's first block and to the previous call's last block,
+// the grid-dependency wait, the prologue (activations ready), the main loop, the tail (reduction, store); entries and
+// ends in 1-us buckets show the waves.
+int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
+    constexpr int kCalls = 20, kMaxBlocks = 16384, kW = 8;
+    DeviceBuffer tb;
+    const size_t per_call = static_cast<size_t>(kMaxBlocks) * kW;
+    if (!tb.reserve(kCalls * per_call * 8).is_ok()) return 1;
+    cudaStream_t s = ctx.stream();
+    Exl3Out o;
+    o.y = y;
+    o.act = ActType::kF16;
+    o.ldy = l.w[0].n;
+    auto run = [&](int i, bool tr) {
+        const Exl3Part part{l.w[static_cast<size_t>(i) % l.w.size()], 0, nullptr};
+        if (tr) exl3_lab_set_trace(tb.as<unsigned long long>() + static_cast<size_t>(i) * per_call);
+        return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
+    };
+    for (int i = 0; i < 3; ++i) run(i, false);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal);
+    for (int i = 0; i < kCalls; ++i) run(i, true);
+    cudaStreamEndCapture(s, &g);
+    cudaGraphInstantiate(&ge, g, 0);
+    cudaGraphLaunch(ge, s);
+    cudaMemsetAsync(tb.get(), 0, kCalls * per_call * 8, s);
+    cudaGraphLaunch(ge, s);
+    std::vector<unsigned long long> t(kCalls * per_call);
+    if (cudaStreamSynchronize(s) != cudaSuccess ||
+        cudaMemcpy(t.data(), tb.get(), t.size() * 8, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 1;
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    auto med = [](std::vector<double> v, double q) {
+        if (v.empty()) return 0.0;
+        std::sort(v.begin(), v.end());
+        return v[std::min(v.size() - 1, static_cast<size_t>(q * static_cast<double>(v.size())))];
+    };
+    for (int c = 8; c <= 10; ++c) {
+        const unsigned long long* b = t.data() + static_cast<size_t>(c) * per_call;
+        const unsigned long long* pb = t.data() + static_cast<size_t>(c - 1) * per_call;
+        unsigned long long first = ~0ull, prev_end = 0;
+        double ns_sum = 0, cyc_sum = 0;
+        int n = 0, last = 0, per_sm[1024] = {};
+        for (int i = 0; i < kMaxBlocks; ++i) {
+            if (pb[i * kW]) prev_end = std::max(prev_end, pb[i * kW + 1]);
+            if (!b[i * kW]) continue;
+            ++n;
+            first = std::min(first, b[i * kW]);
+            ns_sum += static_cast<double>(b[i * kW + 1] - b[i * kW]);
+            cyc_sum += static_cast<double>(b[i * kW + 6] - b[i * kW + 3]);
+            last += (b[i * kW + 7] >> 16) & 1;
+            ++per_sm[b[i * kW + 7] & 1023];
+        }
+        if (!n) continue;
+        const double nspc = ns_sum / cyc_sum;  // ns per SM clock (the timer is coarse, the sum is not)
+        std::vector<double> enter, wait, pro, loop, tail, tail_last, end;
+        int sms = 0, most = 0;
+        for (int sm = 0; sm < 1024; ++sm) {
+            sms += per_sm[sm] > 0;
+            most = std::max(most, per_sm[sm]);
+        }
+        std::vector<int> hin(64), hend(64);
+        for (int i = 0; i < kMaxBlocks; ++i) {
+            const unsigned long long* e = b + i * kW;
+            if (!e[0]) continue;
+            const double us0 = static_cast<double>(e[0] - first) / 1e3, us1 = static_cast<double>(e[1] - first) / 1e3;
+            enter.push_back(us0);
+            wait.push_back(static_cast<double>(e[2] - first) / 1e3);
+            pro.push_back(static_cast<double>(e[4] - e[3]) * nspc / 1e3);
+            loop.push_back(static_cast<double>(e[5] - e[4]) * nspc / 1e3);
+            ((e[7] >> 16) & 1 ? tail_last : tail).push_back(static_cast<double>(e[6] - e[5]) * nspc / 1e3);
+            end.push_back(us1);
+            ++hin[std::min(63, static_cast<int>(us0))];
+            ++hend[std::min(63, static_cast<int>(us1))];
+        }
+        std::printf("call %d: %d blocks on %d SMs (most %d on one), %d last blocks, %.2f GHz; first entry %.2f us after "
+                    "call %d's last end\n",
+                    c, n, sms, most, last, 1.0 / nspc, (static_cast<double>(first) - static_cast<double>(prev_end)) / 1e3,
+                    c - 1);
+        auto row = [&](const char* what, const std::vector<double>& v) {
+            std::printf("  %-34s min %6.2f  p10 %6.2f  med %6.2f  p90 %6.2f  max %6.2f us\n", what, med(v, 0), med(v, 0.1),
+                        med(v, 0.5), med(v, 0.9), med(v, 1.0));
+        };
+        row("entry (from the first)", enter);
+        row("dependency wait released", wait);
+        row("prologue (entry -> activations)", pro);
+        row("main loop", loop);
+        row("tail, not last", tail);
+        row("tail, last of its group", tail_last);
+        row("end (from the first entry)", end);
+        std::printf("  entries a us:");
+        for (int i = 0; i < 64; ++i)
+            if (hin[i]) std::printf(" %d:%d", i, hin[i]);
+        std::printf("\n  ends a us:   ");
+        for (int i = 0; i < 64; ++i)
+            if (hend[i]) std::printf(" %d:%d", i, hend[i]);
+        std::printf("\n");
+    }
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Exl3Codebook cb = Exl3Codebook::kMul1;
     int n_shapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
     int only_shape = -1, only_k = 0;  // --only SHAPE_INDEX K: one cell (for profilers)
+    int trace_shape = -1, trace_k = 4, trace_rows = 1;  // --trace SHAPE_INDEX K ROWS: block timelines, no table
     bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
     for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!std::strcmp(argv[i], "--batch-sweep")) {  // a flag: no value to skip
             --i;
+            continue;
+        }
+        if (!std::strcmp(argv[i], "--trace") && i + 3 < argc) {
+            trace_shape = std::atoi(argv[i + 1]);
+            trace_k = std::atoi(argv[i + 2]);
+            trace_rows = std::atoi(argv[i + 3]);
+            i += 2;
             continue;
         }
         if (!std::strcmp(argv[i], "--only") && i + 2 < argc) {
@@ -167,6 +279,24 @@ int main(int argc, char** argv) {
     if (!ctx.is_ok()) {
         std::fprintf(stderr, "%s\n", ctx.status().to_string().c_str());
         return 1;
+    }
+    if (trace_shape >= 0 && trace_shape < n_shapes) {
+        std::vector<uint64_t> noise((size_t{128} << 20) / 8);
+        fill_random(noise);
+        const Shape& sh = kShapes[trace_shape];
+        Layer l;
+        DeviceBuffer x, y, ws;
+        std::vector<uint16_t> xh(static_cast<size_t>(trace_rows) * sh.k);
+        for (size_t i = 0; i < xh.size(); ++i) xh[i] = static_cast<uint16_t>(0x3000 + (noise[i % noise.size()] & 0x3ff));
+        if (!make_layer(sh.k, sh.n, trace_k, cb, noise, &l) || !x.upload(xh.data(), xh.size() * 2).is_ok() ||
+            !y.reserve(static_cast<size_t>(trace_rows) * sh.n * 4).is_ok())
+            return 1;
+        const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], trace_rows), kExl3CounterBytes);
+        if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
+            return 1;
+        std::printf("trace %s K%d rows %d: %.1f us a call (graph of 20)\n", sh.name, trace_k, trace_rows,
+                    time_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes()));
+        return trace_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes());
     }
     const double bw = measure_copy_bandwidth(0);
     std::printf("EXL3 fused matmul, codebook %s, fp16 activations, batch 1 unless noted. Device copy bandwidth %.2f TB/s.\n",

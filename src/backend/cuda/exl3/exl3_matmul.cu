@@ -75,7 +75,33 @@ struct FusedParams {
     bool vec_out;        // y, ldy, every part's col0, svh and bias allow 16-byte (fp32) / 8-byte accesses of 4 columns
     int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
+    unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
 };
+
+// Kernel-lab timeline of one block (thread 0), at trace + kTraceWords * (linear block index): the global timer at
+// entry, at the end and after the grid-dependency wait; the SM clock at entry, with the activations ready, after the
+// main loop and at the end; SM id | last block of its group << 16 | stages << 20.
+constexpr int kTraceWords = 8;
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ unsigned smid() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned long long* trace_slot(const FusedParams& p) {
+    return p.trace && threadIdx.x == 0 ? p.trace + kTraceWords * (blockIdx.y * gridDim.x + blockIdx.x) : nullptr;
+}
+__device__ __forceinline__ void trace_end(const FusedParams& p, bool last, int nst) {
+    if (unsigned long long* t = trace_slot(p)) {
+        t[6] = clock64();
+        t[1] = global_ns();
+        t[7] = smid() | static_cast<unsigned long long>(last) << 16 | static_cast<unsigned long long>(nst) << 20;
+    }
+}
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
     const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
@@ -296,6 +322,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         cp_async_commit();
     }
     EXL3_GRID_DEPENDENCY_WAIT();
+    if (unsigned long long* t = trace_slot(p)) t[2] = global_ns();
 
     if constexpr (H == 2) {  // the first stages' activations; then all of the prologue's copies have landed
 #pragma unroll
@@ -317,6 +344,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         __syncthreads();  // xs complete (the only block barrier before the reduction)
     }
 
+    if (unsigned long long* t = trace_slot(p)) t[4] = clock64();
     const int gq = lane >> 2, q = lane & 3;
     float acc[8][BT][4];
 #pragma unroll
@@ -430,6 +458,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     }
     cp_async_wait<0>();
     EXL3_LAUNCH_DEPENDENTS();
+    if (unsigned long long* t = trace_slot(p)) t[5] = clock64();
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
     __shared__ float xsum[ROWS];
@@ -516,7 +545,10 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         __syncthreads();
         if (tid == 0) last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
         __syncthreads();
-        if (!last_block) return;
+        if (!last_block) {
+            trace_end(p, false, nst);
+            return;
+        }
         __threadfence();
         for (int e = tid; e < rows * 32; e += NT) {
             const int r = e >> 5, c = (e & 31) * 4;
@@ -552,6 +584,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
         store_out(p, pp, r, gl, lane, v);
     }
+    trace_end(p, true, nst);
 }
 
 // Grid (groups, splits): block (g, s) takes stages [s * per, (s + 1) * per) of group g. Stream-K (H = 2, sk_blocks
@@ -565,6 +598,10 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
     __shared__ int next;    // stream-K: the next unit of this block's range
     const bool sk = H == 2 && p.sk_blocks > 0;
+    if (unsigned long long* t = trace_slot(p)) {
+        t[0] = global_ns();
+        t[3] = clock64();
+    }
     for (int it = 0;; ++it) {
         if (threadIdx.x == 0) {
             const int S = p.k_pad / 128;
@@ -1069,6 +1106,9 @@ cudaError_t exl3_workspace_init(void* ws, size_t bytes, cudaStream_t s) {
     return bytes ? cudaMemsetAsync(ws, 0, std::min(bytes, kExl3CounterBytes), s) : cudaSuccess;
 }
 
+// Kernel lab: the trace buffer of the next exl3_fused launch (exl3_lab_set_trace).
+std::atomic<unsigned long long*> g_trace{nullptr};
+
 // EXL3_PAIR=0 turns the paired kernel off at start-up (end-to-end A/B runs).
 std::atomic<bool> g_pair{[] {
     const char* e = std::getenv("EXL3_PAIR");
@@ -1077,6 +1117,10 @@ std::atomic<bool> g_pair{[] {
 
 int exl3_fused_call_rows(bool invariant) {
     return invariant || !g_pair.load(std::memory_order_relaxed) ? kExl3FusedMaxRows : kExl3PairMaxRows;
+}
+
+void exl3_lab_set_trace(unsigned long long* buf) {
+    g_trace.store(buf);
 }
 
 void exl3_lab_set_pair(bool on) {
@@ -1147,6 +1191,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.vec_out = out.ldy % 4 == 0 && a16(out.y);
     for (int i = 0; i < nparts; ++i)
         p.vec_out = p.vec_out && parts[i].col0 % 4 == 0 && a16(parts[i].w.svh) && (!parts[i].bias || a16(parts[i].bias));
+    p.trace = g_trace.exchange(nullptr);
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
     const size_t xhb = xh_bytes(parts, nparts, rows);

@@ -40,6 +40,10 @@ inline constexpr int kExl3FusedPassMaxRows = 64;  // bench_cuda_exl3 --batch-swe
 // when a benchmark turns the paired kernel off (exl3_lab_set_pair, or EXL3_PAIR=0 in the environment: A/B runs).
 int exl3_fused_call_rows(bool invariant);
 void exl3_lab_set_pair(bool on);
+// Kernel lab: the next exl3_fused launch records a timeline of every block into buf (8 words a block, at 8 x the
+// linear block index: global ns at entry / end / after the grid-dependency wait, SM clocks at entry / activations
+// ready / main loop done / end, SM id | last block << 16 | stages << 20); buf must be zeroed and large enough.
+void exl3_lab_set_trace(unsigned long long* buf);
 
 // One EXL3 linear in device memory.
 struct Exl3DevWeights {
