@@ -154,13 +154,33 @@ __device__ __forceinline__ float round16(float v) {
     return __half2float(__float2half_rn(v));
 }
 
+// What the vector path of store_out reads besides the sums, loaded before the sums are complete (the last block's
+// split-K reads and the output rotation are not waited for with these loads behind them): lane `lane`'s 4 scales of
+// column group gl and, when y accumulates, row r's 4 old outputs.
+struct OutPre {
+    float4 s4, old;
+};
+__device__ __forceinline__ OutPre out_pre(const FusedParams& p, const PartParams& pp, int r, int gl, int lane) {
+    OutPre o{};
+    const int c0 = gl * 128 + 4 * lane;
+    if (p.vec_out && c0 + 3 < pp.n) {
+        o.s4 = *reinterpret_cast<const float4*>(pp.svh + c0);
+        if (p.y_f32 && p.y_acc)
+            o.old = *reinterpret_cast<const float4*>(static_cast<const float*>(p.y) + static_cast<int64_t>(r) * p.ldy +
+                                                     pp.col0 + c0);
+    }
+    return o;
+}
+
 // Writes one output row's 4 values of lane `lane` in local column group gl of part `pp` after the output rotation.
+// have_pre: pre is out_pre of this row (else loaded here).
 __device__ __forceinline__ void store_out(const FusedParams& p, const PartParams& pp, int r, int gl, int lane,
-                                          float (&v)[4]) {
+                                          float (&v)[4], bool have_pre, const OutPre& pre) {
     fwht128(v, lane);
     const int c0 = gl * 128 + 4 * lane;
     if (p.vec_out && c0 + 3 < pp.n) {  // the same values as below, with 16-byte (8-byte) accesses
-        const float4 s4 = *reinterpret_cast<const float4*>(pp.svh + c0);
+        const OutPre ld = have_pre ? pre : out_pre(p, pp, r, gl, lane);
+        const float4 s4 = ld.s4;
         const float4 b4 = pp.bias ? *reinterpret_cast<const float4*>(pp.bias + c0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float o[4] = {v[0] * kHadScale * s4.x + b4.x, v[1] * kHadScale * s4.y + b4.y, v[2] * kHadScale * s4.z + b4.z,
                       v[3] * kHadScale * s4.w + b4.w};
@@ -168,7 +188,7 @@ __device__ __forceinline__ void store_out(const FusedParams& p, const PartParams
         if (p.y_f32) {
             float4* yp = reinterpret_cast<float4*>(static_cast<float*>(p.y) + at);
             if (p.y_acc) {
-                const float4 old = *yp;
+                const float4 old = ld.old;
                 o[0] = old.x + o[0];
                 o[1] = old.y + o[1];
                 o[2] = old.z + o[2];
@@ -364,7 +384,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         xb[b] = H == 2 ? reinterpret_cast<const __half*>(ring + SW) + (xvalid[b] ? r : 0) * kActStride + 16 * warp + 2 * q
                        : xs + (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
     }
-    float xacc[BT][4] = {};  // H = 2, MUL1: this warp's row sums of the activations (an mma with A = ones)
+    float xacc[BT][4] = {};  // MUL1: this warp's row sums of the activations (an mma with A = ones)
     // MUL1 byte sums on the tensor cores: a u8 mma with a 0/1 selector returns each lane's own four sums (see
     // mul1_sums); these are its B fragments.
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
@@ -385,12 +405,12 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
         }
         const uint32_t* rowp = ring + slot * SLOT + warp * 64 * K;
-        if constexpr (H == 2) {
-            if constexpr (CB == 2) {
-                const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+        if constexpr (CB == 2) {  // this warp's row sums of the stage's activations, for MUL1's affine map
+            const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 #pragma unroll
-                for (int b = 0; b < BT; ++b) mma16816(xacc[b], ones, bf[b][0], bf[b][1]);
-            }
+            for (int b = 0; b < BT; ++b) mma16816(xacc[b], ones, bf[b][0], bf[b][1]);
+        }
+        if constexpr (H == 2) {
             // acc[0..3]: this warp's tiles 4h..4h+3, acc[4..7]: the partner's 4(1-h)..
             uint32_t* xc = xchg + ((s & 1) * 64 + warp * 8) * 128 + lane * 4;
 #pragma unroll
@@ -462,7 +482,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
     __shared__ float xsum[ROWS];
-    if constexpr (CB == 2 && H == 2) {
+    if constexpr (CB == 2) {
         __shared__ float xpart[8][ROWS];  // [tile row][row]: D = ones . B holds row 8b + 2q (+1) in d0 (d1), any gq
         if (gq == 0)
 #pragma unroll
@@ -476,19 +496,6 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
             for (int w = 0; w < 8; ++w) t += xpart[w][tid];
             xsum[tid] = t;
-        }
-    } else if constexpr (CB == 2) {
-        const int len = nst * 128;
-        for (int r = tid >> 5; r < rows; r += NT / 32) {
-            const __half2* xr = reinterpret_cast<const __half2*>(xs + r * p.xs_stride);
-            float t = 0.0f;
-            for (int e = lane; e < len / 2; e += 32) {
-                const float2 f = __half22float2(xr[e]);
-                t += f.x + f.y;
-            }
-#pragma unroll
-            for (int m = 16; m > 0; m >>= 1) t += __shfl_xor_sync(0xffffffffu, t, m);
-            if (lane == 0) xsum[r] = t;
         }
     }
     __syncthreads();
@@ -528,6 +535,9 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                              __half2float(__ushort_as_half(kMul1OffsetBits)));
         red[r * kRedStride + c] = sum;  // row r of warp 0's slice: read above by this thread only
     }
+    // The output side's scales, biases and old outputs of each warp's first row, in flight during the exchange.
+    const int r_first = tid >> 5;
+    const OutPre pre = r_first < rows ? out_pre(p, pp, r_first, gl, lane) : OutPre{};
     __syncthreads();
 
     if (nseg > 1) {
@@ -541,15 +551,18 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             *reinterpret_cast<float4*>(part + static_cast<int64_t>(r) * p.total_n_pad + c) =
                 *reinterpret_cast<const float4*>(red + r * kRedStride + c);
         }
-        __threadfence();
+        // Release (the barrier orders the block's partial stores before thread 0's fence) and acquire by one thread.
         __syncthreads();
-        if (tid == 0) last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
+        if (tid == 0) {
+            __threadfence();
+            last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
+            __threadfence();
+        }
         __syncthreads();
         if (!last_block) {
             trace_end(p, false, nst);
             return;
         }
-        __threadfence();
         for (int e = tid; e < rows * 32; e += NT) {
             const int r = e >> 5, c = (e & 31) * 4;
             const float4* src = reinterpret_cast<const float4*>(p.partials + static_cast<int64_t>(r) * p.total_n_pad +
@@ -582,7 +595,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         float v[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
-        store_out(p, pp, r, gl, lane, v);
+        store_out(p, pp, r, gl, lane, v, r == r_first, pre);
     }
     trace_end(p, true, nst);
 }
