@@ -142,7 +142,7 @@ double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int row
 // the grid-dependency wait, the prologue (activations ready), the main loop, the tail (reduction, store); entries and
 // ends in 1-us buckets show the waves.
 int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
-    constexpr int kCalls = 20, kMaxBlocks = 16384, kW = 8;
+    constexpr int kCalls = 20, kMaxBlocks = 16384, kW = 12;
     DeviceBuffer tb;
     const size_t per_call = static_cast<size_t>(kMaxBlocks) * kW;
     if (!tb.reserve(kCalls * per_call * 8).is_ok()) return 1;
@@ -195,7 +195,7 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
         }
         if (!n) continue;
         const double nspc = ns_sum / cyc_sum;  // ns per SM clock (the timer is coarse, the sum is not)
-        std::vector<double> enter, wait, pro, loop, tail, tail_last, end;
+        std::vector<double> enter, wait, pro, loop, tail, tail_last, end, red, cnt, sums, out;
         int sms = 0, most = 0;
         for (int sm = 0; sm < 1024; ++sm) {
             sms += per_sm[sm] > 0;
@@ -211,6 +211,16 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
             pro.push_back(static_cast<double>(e[4] - e[3]) * nspc / 1e3);
             loop.push_back(static_cast<double>(e[5] - e[4]) * nspc / 1e3);
             ((e[7] >> 16) & 1 ? tail_last : tail).push_back(static_cast<double>(e[6] - e[5]) * nspc / 1e3);
+            if ((e[7] >> 16) & 1) {  // the last block's tail in parts (words 8..10; 9 and 10 only with splits)
+                red.push_back(static_cast<double>(e[8] - e[5]) * nspc / 1e3);
+                if (e[9] && e[10]) {
+                    cnt.push_back(static_cast<double>(e[9] - e[8]) * nspc / 1e3);
+                    sums.push_back(static_cast<double>(e[10] - e[9]) * nspc / 1e3);
+                    out.push_back(static_cast<double>(e[6] - e[10]) * nspc / 1e3);
+                } else {
+                    out.push_back(static_cast<double>(e[6] - e[8]) * nspc / 1e3);
+                }
+            }
             end.push_back(us1);
             ++hin[std::min(63, static_cast<int>(us0))];
             ++hend[std::min(63, static_cast<int>(us1))];
@@ -219,6 +229,12 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
                     "call %d's last end\n",
                     c, n, sms, most, last, 1.0 / nspc, (static_cast<double>(first) - static_cast<double>(prev_end)) / 1e3,
                     c - 1);
+        std::vector<int> sm_hist(static_cast<size_t>(most) + 1);
+        for (int sm = 0; sm < 1024; ++sm)
+            if (per_sm[sm]) ++sm_hist[static_cast<size_t>(per_sm[sm])];
+        std::printf("  SMs by blocks run:");
+        for (int k = 1; k <= most; ++k) std::printf(" %d:%d", k, sm_hist[static_cast<size_t>(k)]);
+        std::printf("\n");
         auto row = [&](const char* what, const std::vector<double>& v) {
             std::printf("  %-34s min %6.2f  p10 %6.2f  med %6.2f  p90 %6.2f  max %6.2f us\n", what, med(v, 0), med(v, 0.1),
                         med(v, 0.5), med(v, 0.9), med(v, 1.0));
@@ -229,6 +245,10 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
         row("main loop", loop);
         row("tail, not last", tail);
         row("tail, last of its group", tail_last);
+        row("  of it: sums reduced in the block", red);
+        row("  partials stored, counter", cnt);
+        row("  splits added", sums);
+        row("  output rotation and store", out);
         row("end (from the first entry)", end);
         std::printf("  entries a us:");
         for (int i = 0; i < 64; ++i)

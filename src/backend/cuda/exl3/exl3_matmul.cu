@@ -80,8 +80,9 @@ struct FusedParams {
 
 // Kernel-lab timeline of one block (thread 0), at trace + kTraceWords * (linear block index): the global timer at
 // entry, at the end and after the grid-dependency wait; the SM clock at entry, with the activations ready, after the
-// main loop and at the end; SM id | last block of its group << 16 | stages << 20.
-constexpr int kTraceWords = 8;
+// main loop and at the end; SM id | last block of its group << 16 | stages << 20; then (words 8..10) the SM clock
+// with the block's sums reduced in shared memory, after the split-K counter and with the splits added.
+constexpr int kTraceWords = 12;
 __device__ __forceinline__ unsigned long long global_ns() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
@@ -539,6 +540,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     const int r_first = tid >> 5;
     const OutPre pre = r_first < rows ? out_pre(p, pp, r_first, gl, lane) : OutPre{};
     __syncthreads();
+    if (unsigned long long* t = trace_slot(p)) t[8] = clock64();
 
     if (nseg > 1) {
         // 16 bytes a thread per access, and the last block's loads of every split issued before its adds (added in
@@ -557,6 +559,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             __threadfence();
             last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
             __threadfence();
+            if (p.trace) p.trace[kTraceWords * (blockIdx.y * gridDim.x + blockIdx.x) + 9] = clock64();
         }
         __syncthreads();
         if (!last_block) {
@@ -589,6 +592,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         }
         if (tid == 0) p.counters[g] = 0;
         __syncthreads();
+        if (unsigned long long* t = trace_slot(p)) t[10] = clock64();
     }
 
     for (int r = tid >> 5; r < rows; r += NT / 32) {
@@ -660,9 +664,34 @@ constexpr bool pair_smem_fits() {  // the paired kernel's shared memory does not
 }
 static_assert(pair_smem_fits(), "the paired kernel's ring and exchange exceed the shared memory a block may use");
 
+// A 1-16-row grid of at most 2 blocks an SM requests enough shared memory that no SM can hold more than
+// ceil(blocks / SMs) of them: the blocks spread evenly instead of stacking 3 on the SMs that free up first (docs/
+// kernels/exl3.md note 31). EXL3_RES_CAP=0 turns it off (lab A/B).
+bool res_cap() {
+    static const bool on = [] {
+        const char* e = std::getenv("EXL3_RES_CAP");
+        return !(e && e[0] == '0');
+    }();
+    return on;
+}
+size_t sm_smem_bytes() {
+    static const size_t b = [] {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        return static_cast<size_t>(v);
+    }();
+    return b;
+}
+
 template <int K, int CB, int BT, int H>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
-    const size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
+    size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
+    if (H == 1 && res_cap()) {
+        const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
+        const int64_t cap = (blocks + sms - 1) / sms;
+        if (cap <= 2) smem = std::max(smem, sm_smem_bytes() / static_cast<size_t>(cap + 1) - 1024 + 128);
+    }
     static const cudaError_t attr_err = cudaFuncSetAttribute(
         exl3_fused_kernel<K, CB, BT, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
@@ -1002,8 +1031,8 @@ bool fusable(const Exl3Part* parts, int nparts, int rows) {
     return true;
 }
 
-// Blocks per SM the fused path aims for (more blocks: more warps to hide latency, more split-K partials).
-// EXL3_SPLIT_TARGET overrides it (a lab knob).
+// The old split rule (EXL3_SPLIT_OVER < 0): blocks per SM the fused path aims for (more blocks: more warps to hide
+// latency, more split-K partials). EXL3_SPLIT_TARGET overrides it (a lab knob).
 int split_target() {
     static const int t = [] {
         const char* e = std::getenv("EXL3_SPLIT_TARGET");
@@ -1026,6 +1055,17 @@ int pair_overhead() {
         return v >= 0 && v <= 1000 ? v : 8;
     }();
     return t;
+}
+
+// A 1-16-row block's fixed cost (prologue, split-K exchange, epilogue) in stage-times for the split's makespan model
+// (plan_fused; 1 and 2 measured alike, 0 worse on the head: note 31). EXL3_SPLIT_OVER overrides it; a negative value
+// takes the old rule instead (a target of EXL3_SPLIT_TARGET blocks an SM, default 4).
+int split_over() {
+    static const int v = [] {
+        const char* e = std::getenv("EXL3_SPLIT_OVER");
+        return e && *e ? std::atoi(e) : 2;
+    }();
+    return v;
 }
 
 struct FusedPlan {
@@ -1096,6 +1136,25 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     }
     const int target = split_target() * current_device_sm_count();
     int splits = std::clamp((target + f.groups - 1) / f.groups, 1, std::max(1, stages / kMinStagesPerBlock));
+    if (split_over() >= 0) {
+        // Makespan model: an SM runs its share of the blocks back to back at the decode's rate (one block of 8 warps
+        // already decodes at ~19 weights/clk/SM, note 30), so a plan costs ceil(blocks / SMs) x (stages a block + a
+        // block's fixed cost); fewest splits on ties; plans whose activations exceed shared memory are skipped.
+        // Needs the residency cap (res_cap) where it leaves <= 2 blocks an SM: without it 3 stack on one SM.
+        const int sms = current_device_sm_count(), over = split_over();
+        int64_t best = -1;
+        for (int sp = 1; sp <= std::max(1, stages / kMinStagesPerBlock); ++sp) {
+            const int per = (stages + sp - 1) / sp;
+            if ((stages + per - 1) / per != sp) continue;
+            if (fused_smem_bytes(K, fs.BT, fs.H, rows, per * 128 + 8) > kMaxSmem && per > 1) continue;
+            const int64_t rounds = (static_cast<int64_t>(f.groups) * sp + sms - 1) / sms;
+            const int64_t cost = rounds * (per + over);
+            if (best < 0 || cost < best) {
+                best = cost;
+                splits = sp;
+            }
+        }
+    }
     for (;; ++splits) {
         f.per = (stages + splits - 1) / splits;
         f.splits = (stages + f.per - 1) / f.per;
