@@ -399,6 +399,65 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
     }
 }
 
+// Exl3Out::invariant (the batch-invariant mode): a row's output is the same bits whatever else is in the call --
+// alone, or among 3, 16, 17, 33 or 64 rows (the plan is 16 rows' for every count, passes of 16, never the paired
+// kernel or decode + cuBLAS). Codebooks MUL1 and 3INST, bf16 activations, fp32 and bf16 outputs.
+TEST(Exl3Cuda, InvariantRowsDoNotDependOnTheBatch) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    cudaStream_t st = (*ctx)->stream();
+    const int in = 1000, out = 700, most = 64;  // k padded to 1024, several column groups and k splits
+    for (quant::Codebook cb : {quant::Codebook::kMul1, quant::Codebook::k3Inst}) {
+        auto sl = quant::test::make_synthetic_layer(in, out, 4, cb, true, 91u + static_cast<int>(cb));
+        DevLayer d;
+        upload(sl.layer, &d);
+        const cuda::Exl3Part part{d.w, 0, d.bias.as<float>()};
+        const std::vector<float> xf = test::random_floats(static_cast<size_t>(most) * in, 17u, 2.0f);
+        std::vector<uint16_t> xb(xf.size());
+        for (size_t i = 0; i < xf.size(); ++i) xb[i] = f32_to_bf16(xf[i]);
+        DeviceBuffer dx, dy, ws;
+        ASSERT_TRUE(dx.upload(xb.data(), xb.size() * 2).is_ok());
+        ASSERT_TRUE(dy.reserve(static_cast<size_t>(most) * out * 4).is_ok());
+        const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, most);
+        ASSERT_TRUE(ws.reserve(wsb).is_ok());
+        EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+        for (bool f32 : {true, false}) {
+            SCOPED_TRACE("codebook " + std::to_string(static_cast<int>(cb)) + (f32 ? " fp32 out" : " bf16 out"));
+            const size_t esz = f32 ? 4 : 2;
+            cuda::Exl3Out o;
+            o.y = dy.get();
+            o.f32 = f32;
+            o.act = ActType::kBF16;
+            o.ldy = out;
+            o.invariant = true;
+            // rows [r0, r0 + n) of x in one call; their outputs as bytes.
+            auto run = [&](int r0, int n, std::vector<uint8_t>* got) {
+                const void* x = static_cast<const uint16_t*>(dx.get()) + static_cast<size_t>(r0) * in;
+                const Status s = cuda::exl3_matmul(**ctx, &part, 1, x, ActType::kBF16, in, n, o, ws.get(), wsb);
+                ASSERT_TRUE(s.is_ok()) << s.to_string();
+                got->resize(static_cast<size_t>(n) * out * esz);
+                EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+                EXPECT_EQ(cudaMemcpy(got->data(), dy.get(), got->size(), cudaMemcpyDeviceToHost), cudaSuccess);
+            };
+            std::vector<std::vector<uint8_t>> alone(most);
+            for (int r = 0; r < most; ++r) run(r, 1, &alone[static_cast<size_t>(r)]);
+            int checked = 0;
+            for (int n : {3, 16, 17, 33, 64}) {
+                std::vector<uint8_t> batch;
+                run(0, n, &batch);
+                for (int r = 0; r < n; ++r) {
+                    const std::vector<uint8_t> row(batch.begin() + static_cast<long>(r * out * esz),
+                                                   batch.begin() + static_cast<long>((r + 1) * out * esz));
+                    EXPECT_TRUE(row == alone[static_cast<size_t>(r)]) << "row " << r << " of " << n;
+                    ++checked;
+                }
+            }
+            std::printf("  invariant EXL3: %d rows in batches of 3..64 equal them alone, bit for bit\n", checked);
+        }
+    }
+}
+
 TEST(Exl3Cuda, BadArgumentsAreErrors) {
     EXL3_REQUIRE_GPU();
     cuda::Exl3DevWeights w;  // null pointers
