@@ -536,7 +536,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                              __half2float(__ushort_as_half(kMul1OffsetBits)));
         red[r * kRedStride + c] = sum;  // row r of warp 0's slice: read above by this thread only
     }
-    // The output side's scales, biases and old outputs of each warp's first row, in flight during the exchange.
+    // The output scales and (accumulating) the old outputs of each warp's first row, in flight during the exchange.
     const int r_first = tid >> 5;
     const OutPre pre = r_first < rows ? out_pre(p, pp, r_first, gl, lane) : OutPre{};
     __syncthreads();
@@ -674,11 +674,15 @@ bool res_cap() {
     }();
     return on;
 }
+// Shared memory of one SM (the current device's, as current_device_sm_count); 0 when the query fails (no cap then).
 size_t sm_smem_bytes() {
     static const size_t b = [] {
         int dev = 0, v = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || v <= 0) {
+            cudaGetLastError();
+            return size_t{0};
+        }
         return static_cast<size_t>(v);
     }();
     return b;
@@ -687,10 +691,12 @@ size_t sm_smem_bytes() {
 template <int K, int CB, int BT, int H>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
-    if (H == 1 && res_cap()) {
+    if (H == 1 && res_cap() && sm_smem_bytes() > 0) {
+        // cap + 1 blocks (each with its 1 KB of reserved shared memory) must not fit on one SM.
         const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
         const int64_t cap = (blocks + sms - 1) / sms;
-        if (cap <= 2) smem = std::max(smem, sm_smem_bytes() / static_cast<size_t>(cap + 1) - 1024 + 128);
+        const size_t want = sm_smem_bytes() / static_cast<size_t>(cap + 1) + 128;
+        if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
     }
     static const cudaError_t attr_err = cudaFuncSetAttribute(
         exl3_fused_kernel<K, CB, BT, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
