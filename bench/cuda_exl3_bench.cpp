@@ -143,6 +143,15 @@ double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int row
 // ends in 1-us buckets show the waves.
 int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
     constexpr int kCalls = 20, kMaxBlocks = 16384, kW = 12;
+    {
+        const Exl3Part part{l.w[0], 0, nullptr};
+        const int64_t blocks = static_cast<int64_t>(l.w[0].n_pad / 128) * exl3_fused_splits(&part, 1, rows);
+        if (rows < 1 || rows > kExl3PairMaxRows || blocks > kMaxBlocks) {
+            std::fprintf(stderr, "--trace: rows must be 1..%d and the grid at most %d blocks (this call: %lld)\n",
+                         kExl3PairMaxRows, kMaxBlocks, static_cast<long long>(blocks));
+            return 1;
+        }
+    }
     DeviceBuffer tb;
     const size_t per_call = static_cast<size_t>(kMaxBlocks) * kW;
     if (!tb.reserve(kCalls * per_call * 8).is_ok()) return 1;
