@@ -91,16 +91,25 @@ Status self_test(int device) {
     return Status::ok();
 }
 
+namespace {
+// An attribute of the current device, or `fallback` when the query fails or reports <= 0.
+int device_attribute(cudaDeviceAttr a, int fallback) {
+    int dev = 0, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&v, a, dev) != cudaSuccess || v <= 0) {
+        cudaGetLastError();
+        return fallback;
+    }
+    return v;
+}
+}  // namespace
+
 int current_device_sm_count() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
-            cudaGetLastError();
-            return 132;
-        }
-        return v;
-    }();
+    static const int n = device_attribute(cudaDevAttrMultiProcessorCount, 132);
+    return n;
+}
+
+int current_device_smem_per_sm() {
+    static const int n = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0);
     return n;
 }
 

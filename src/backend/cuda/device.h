@@ -30,5 +30,7 @@ Status self_test(int device);
 // Streaming multiprocessors of the current device, queried once per process (132, the H200's, if the query fails):
 // what the kernels' grid planners fill.
 int current_device_sm_count();
+// Shared memory of one SM of the current device in bytes, queried once per process (0 if the query fails).
+int current_device_smem_per_sm();
 
 }  // namespace exl3::cuda

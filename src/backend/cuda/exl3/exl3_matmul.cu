@@ -674,28 +674,15 @@ bool res_cap() {
     }();
     return on;
 }
-// Shared memory of one SM (the current device's, as current_device_sm_count); 0 when the query fails (no cap then).
-size_t sm_smem_bytes() {
-    static const size_t b = [] {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess ||
-            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) != cudaSuccess || v <= 0) {
-            cudaGetLastError();
-            return size_t{0};
-        }
-        return static_cast<size_t>(v);
-    }();
-    return b;
-}
 
 template <int K, int CB, int BT, int H>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
-    if (H == 1 && res_cap() && sm_smem_bytes() > 0) {
+    if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
         // cap + 1 blocks (each with its 1 KB of reserved shared memory) must not fit on one SM.
         const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
         const int64_t cap = (blocks + sms - 1) / sms;
-        const size_t want = sm_smem_bytes() / static_cast<size_t>(cap + 1) + 128;
+        const size_t want = static_cast<size_t>(current_device_smem_per_sm()) / static_cast<size_t>(cap + 1) + 128;
         if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
     }
     static const cudaError_t attr_err = cudaFuncSetAttribute(
