@@ -3,6 +3,7 @@
 // on ragged shapes and batches 1..64, with and without split-K, bias, fp32 and 16-bit outputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -25,6 +26,14 @@ struct DevLayer {
     DeviceBuffer trellis, suh, svh, bias;
     cuda::Exl3DevWeights w;
 };
+
+// The matmul's workspace for `rows` rows of these parts, reserved and initialised (counters zeroed).
+void make_workspace(const cuda::Exl3Part* parts, int nparts, int rows, cudaStream_t st, DeviceBuffer* ws,
+                    size_t* wsb) {
+    *wsb = cuda::exl3_workspace_bytes(parts, nparts, rows);
+    ASSERT_TRUE(ws->reserve(std::max<size_t>(*wsb, 1)).is_ok());
+    EXL3_CUDA_OK(cuda::exl3_workspace_init(ws->get(), *wsb, st));
+}
 
 void upload(const quant::Exl3Linear& l, DevLayer* d) {
     ASSERT_TRUE(d->trellis.upload(l.trellis, l.trellis_bytes()).is_ok());
@@ -111,9 +120,9 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     const size_t ysz = out_f32 ? 4 : 2;
     std::vector<uint8_t> sentinel(static_cast<size_t>(rows) * ldy * ysz, 0x7f);
     ASSERT_TRUE(dy.upload(sentinel.data(), sentinel.size()).is_ok());
-    const size_t wsb = cuda::exl3_workspace_bytes(d.w, rows);
-    ASSERT_TRUE(ws.reserve(std::max<size_t>(wsb, 1)).is_ok());
-    EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, ctx.stream()));
+    const cuda::Exl3Part wpart{d.w, 0, nullptr};
+    size_t wsb = 0;
+    make_workspace(&wpart, 1, rows, ctx.stream(), &ws, &wsb);
     cuda::Exl3Out o;
     o.y = dy.get();
     o.f32 = out_f32;
@@ -231,9 +240,8 @@ TEST(Exl3Cuda, PartsShareOneCall) {
             DeviceBuffer dx, dy, ws;
             ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
             ASSERT_TRUE(dy.reserve(static_cast<size_t>(rows) * ld * 4).is_ok());
-            const size_t wsb = cuda::exl3_workspace_bytes(parts.data(), 3, rows);
-            ASSERT_TRUE(ws.reserve(std::max<size_t>(wsb, 1)).is_ok());
-            EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, (*ctx)->stream()));
+            size_t wsb = 0;
+            make_workspace(parts.data(), 3, rows, (*ctx)->stream(), &ws, &wsb);
             cuda::Exl3Out o;
             o.y = dy.get();
             o.f32 = true;
@@ -312,9 +320,8 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 const size_t ysz = static_cast<size_t>(rows) * out * 4;
                 ASSERT_TRUE(y0.reserve(ysz).is_ok());
                 ASSERT_TRUE(y1.reserve(ysz).is_ok());
-                const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, rows);
-                ASSERT_TRUE(ws.reserve(wsb).is_ok());
-                EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+                size_t wsb = 0;
+                make_workspace(&part, 1, rows, st, &ws, &wsb);
                 cuda::Exl3Out o;
                 o.f32 = true;
                 o.act = xt;
@@ -370,9 +377,8 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 ASSERT_TRUE(dh.reserve(static_cast<size_t>(big) * in * 4).is_ok());
                 ASSERT_TRUE(dy0.reserve(static_cast<size_t>(big) * out * 4).is_ok());
                 ASSERT_TRUE(dy1.reserve(static_cast<size_t>(big) * out * 4).is_ok());
-                const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, big);
-                ASSERT_TRUE(ws.reserve(wsb).is_ok());
-                EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+                size_t wsb = 0;
+                make_workspace(&part, 1, big, st, &ws, &wsb);
                 cuda::Exl3Out o;
                 o.f32 = true;
                 o.act = xt;
@@ -419,9 +425,8 @@ TEST(Exl3Cuda, InvariantRowsDoNotDependOnTheBatch) {
         DeviceBuffer dx, dy, ws;
         ASSERT_TRUE(dx.upload(xb.data(), xb.size() * 2).is_ok());
         ASSERT_TRUE(dy.reserve(static_cast<size_t>(most) * out * 4).is_ok());
-        const size_t wsb = cuda::exl3_workspace_bytes(&part, 1, most);
-        ASSERT_TRUE(ws.reserve(wsb).is_ok());
-        EXL3_CUDA_OK(cuda::exl3_workspace_init(ws.get(), wsb, st));
+        size_t wsb = 0;
+        make_workspace(&part, 1, most, st, &ws, &wsb);
         for (bool f32 : {true, false}) {
             SCOPED_TRACE("codebook " + std::to_string(static_cast<int>(cb)) + (f32 ? " fp32 out" : " bf16 out"));
             const size_t esz = f32 ? 4 : 2;
