@@ -24,6 +24,12 @@
 //                      tensor cores keep fp16 subnormals), so no 0x6400 constant and no register copies for it;
 //                      13 feeds two mmas, 14 packs by PRMT into one
 //   15                 13 with the IMMA operands ordered so that its outputs are the two mmas' A quads as they are
+//   16                 the products themselves as the A operand of a u8 x s8 mma.m16n8k32 whose B holds the
+//                      activations as two int8 digits (x = 256 hi + lo, one scale a row), each digit replicated in the
+//                      four bytes of a weight's slot: the tensor cores compute sum(bytes) x activation directly, no
+//                      byte-sum instruction, no fp16 packing; 4 IMMA a tile, int32 accumulators; the digits are
+//                      loaded (one 8-byte LDS a stage) and replicated by PRMT as a kernel would
+//   17                 16 with one digit (int8 activations: 2 IMMA a tile)
 // and some mixes at 2 or 4 blocks (of 256 threads) an SM.
 // Also single-instruction throughputs (DFMA, IMMA, and DFMA interleaved with IMAD: separate pipes?).
 #include <cuda_fp16.h>
@@ -58,6 +64,16 @@ __device__ __forceinline__ void imma_bytesum(uint32_t (&d)[4], uint32_t a0, uint
         "{%10,%10,%10,%10};\n"
         : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0x6400u));
+}
+
+// d += A (u8 products) x B (s8 activation digits, each replicated over the four bytes of its weight's slot).
+__device__ __forceinline__ void imma_act(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 // The same with a zero accumulator (d = the byte sums themselves, as the fp16 subnormals b * 2^-24): the kernels'
@@ -99,7 +115,9 @@ template <int V, int MINB = 3>
 __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* words, int iters, float* out, double m,
                                                          double c) {
     __shared__ uint32_t tiles[kTiles * 32];
+    __shared__ uint2 digits[256];
     for (int i = threadIdx.x; i < kTiles * 32; i += kThreads) tiles[i] = words[i];
+    digits[threadIdx.x] = make_uint2(words[threadIdx.x] ^ 0x80808080u, words[threadIdx.x + 1] & 0x7F7F7F7Fu);
     __syncthreads();
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, q = lane & 3;
@@ -111,9 +129,19 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
     const uint32_t sel0 = (!(g & 1) && q == (g >> 1)) ? 0x01010101u : 0u;
     const uint32_t sel1 = ((g & 1) && q == (g >> 1)) ? 0x01010101u : 0u;
     float acc[8][4] = {};
+    int iacc[8][2][4] = {};
     for (int it = 0; it < iters; ++it) {
         for (int t0 = 0; t0 < kTiles; t0 += 8) {
             const uint32_t* base = tiles + ((t0 + warp * 8) & (kTiles - 1)) * 32;
+            uint32_t bh[4] = {}, bl[4] = {};
+            if constexpr (V == 16 || V == 17) {  // this stage's activation digits: k = 2q, 2q + 1, 2q + 8, 2q + 9
+                const uint2 xw = digits[(t0 * 4 + lane + it) & 255];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    bh[j] = __byte_perm(xw.x, 0u, 0x1111u * j);
+                    bl[j] = __byte_perm(xw.y, 0u, 0x1111u * j);
+                }
+            }
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const uint32_t* tile = base + i * 32;
@@ -123,7 +151,7 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
                 if constexpr (V == 12) {  // 3INST: x = s * mult + add, masked halves summed by the mma
 #pragma unroll
                     for (int j = 0; j < 8; ++j) p[j] = lop_3inst(s[j] * 89226354u + 64248484u);
-                } else if constexpr (V == 0 || V == 1 || V == 4 || V >= 7) {
+                } else if constexpr (V == 0 || V == 1 || V == 4 || V >= 7) {  // (16, 17 too)
 #pragma unroll
                     for (int j = 0; j < 8; ++j) p[j] = prod_imad(s[j]);
                 } else if constexpr (V == 3) {
@@ -169,6 +197,13 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
                     mul1_bytesums(e, p[2], p[6], p[3], p[7], sel0, sel1);
                     mma16816(acc[i], __byte_perm(d[0], d[1], 0x5410), __byte_perm(d[2], d[3], 0x5410),
                              __byte_perm(e[0], e[1], 0x5410), __byte_perm(e[2], e[3], 0x5410), b0, b1);
+                } else if constexpr (V == 16 || V == 17) {  // sum(bytes) x activation on the tensor cores
+                    imma_act(iacc[i][0], p[0], p[4], p[1], p[5], bh[0], bh[1]);
+                    imma_act(iacc[i][0], p[2], p[6], p[3], p[7], bh[2], bh[3]);
+                    if constexpr (V == 16) {
+                        imma_act(iacc[i][1], p[0], p[4], p[1], p[5], bl[0], bl[1]);
+                        imma_act(iacc[i][1], p[2], p[6], p[3], p[7], bl[2], bl[3]);
+                    }
                 } else if constexpr (V == 12) {  // one register a weight (its two halves), activations duplicated
                     mma16816(acc[i], p[0], p[4], p[2], p[6], b0e, b1e);
                     mma16816(acc[i], p[1], p[5], p[3], p[7], b0o, b1o);
@@ -185,7 +220,9 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
     float t = 0.0f;
 #pragma unroll
     for (int i = 0; i < 8; ++i)
-        t += acc[i][0] + acc[i][1] + acc[i][2] + acc[i][3];
+        t += acc[i][0] + acc[i][1] + acc[i][2] + acc[i][3] +
+             static_cast<float>(iacc[i][0][0] + iacc[i][0][1] + iacc[i][0][2] + iacc[i][0][3]) +
+             static_cast<float>(iacc[i][1][0] + iacc[i][1][1] + iacc[i][1][2] + iacc[i][1][3]) * 256.0f;
     out[blockIdx.x * kThreads + threadIdx.x] = t;
 }
 
@@ -312,6 +349,11 @@ int main() {
     run(decode_lab<13>, "13 imma0 2mma");
     run(decode_lab<14>, "14 imma0 prmt 1mma");
     run(decode_lab<15>, "15 imma0 quads 2mma");
+    run(decode_lab<16>, "16 imma act 2 digits");
+    run(decode_lab<16, 2>, "16 @2");
+    run(decode_lab<16, 1>, "16 @1");
+    run(decode_lab<17>, "17 imma act 1 digit");
+    run(decode_lab<17, 2>, "17 @2");
     run(decode_lab<15, 2>, "15 @2");
     run(decode_lab<15, 4>, "15 @4");
     run(decode_lab<13, 2>, "13 @2");

@@ -96,14 +96,17 @@ struct MatmulCase {
 
 // Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref). path: 0 exl3_matmul's
 // choice, 1 fused passes (32 rows each), 2 decode + cuBLAS (whatever exl3_matmul would pick for these shapes).
+// spike > 0: every 97th activation is multiplied by it (a row whose largest value dwarfs the rest).
 void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, ActType xt, bool out_f32,
-                  uint32_t seed, int path = 0) {
+                  uint32_t seed, int path = 0, float spike = 0.0f) {
     auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed);
     const auto& l = s.layer;
     DevLayer d;
     upload(l, &d);
     // x: random, rounded to the activation type (what the GPU sees), also fed to the CPU.
     std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * c.in, seed + 1, 1.0f);
+    if (spike > 0.0f)
+        for (size_t i = 5; i < x.size(); i += 97) x[i] *= spike;
     std::vector<uint16_t> x16(x.size());
     for (size_t i = 0; i < x.size(); ++i) {
         x16[i] = xt == ActType::kBF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
@@ -204,6 +207,30 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
         check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 1);
         check_matmul(**ctx, c, 33, ActType::kBF16, false, seed++, 2);
         if (HasFatalFailure()) return;
+    }
+}
+
+// MUL1 at 1-4 rows takes the int8-digit kernel (activations quantised per block and row to 15-bit integers,
+// multiplied with the byte sums on the tensor cores): within the same tolerance as the fp16 path for every K, with
+// split-K, ragged shapes and rows whose largest activation is 50x the typical one.
+TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    uint32_t seed = 4000;
+    cuda::exl3_lab_set_q8(1);
+    struct Restore {
+        ~Restore() { cuda::exl3_lab_set_q8(-1); }
+    } restore;
+    for (int K = 1; K <= 8; ++K) {
+        const MatmulCase cases[] = {{3000, 200, K, quant::Codebook::kMul1, K % 2 == 0},
+                                    {256, 640, K, quant::Codebook::kMul1, false}};
+        for (const auto& c : cases)
+            for (int rows = 1; rows <= 4; ++rows) {
+                check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows != 2, seed++, 0,
+                             rows >= 3 ? 50.0f : 0.0f);
+                if (HasFatalFailure()) return;
+            }
     }
 }
 

@@ -12,6 +12,8 @@
 // then applies the output rotation, svh and bias and writes the 128 columns. For 17..32 rows (H = 2) two warps share
 // a tile row: each decodes half of it, they swap the fragments through shared memory, and the activations stream
 // through the ring with the weights (docs/kernels/exl3.md, notes 19-20).
+// MUL1 at 1-2 rows (Q): the block quantises its activations to 15-bit integers (two signed bytes) and one u8 x s8 mma
+// multiplies the raw products' bytes by them, byte sum and dot product at once (note 34).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -75,6 +77,7 @@ struct FusedParams {
     bool vec_out;        // y, ldy, every part's col0, svh and bias allow 16-byte (fp32) / 8-byte accesses of 4 columns
     int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
+    bool q8;                    // MUL1, <= 4 rows: activations as int8 digits on the IMMA (exl3_fused_kernel Q)
     unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
 };
 
@@ -115,6 +118,20 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
+
+// d += A (u8: four MUL1 products, each register one weight's four bytes) x B (s8: activation digits, each
+// replicated over the four bytes of its weight's slot): the tensor cores compute sum(bytes) x activation directly.
+__device__ __forceinline__ void imma_digits(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                            uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The int8-digit path (Q, MUL1 at <= 4 rows): each block quantises its slice of a row to q = rint(x 32000 / max|x|)
+// and splits q = 256 hi + lo (hi, lo signed bytes); B column 2r holds row r's hi digits, 2r + 1 its lo digits.
+constexpr float kQ8Range = 32000.0f;
 
 __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
     asm volatile(
@@ -271,7 +288,7 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H>
+template <int K, int CB, int BT, int H, bool Q>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
@@ -285,6 +302,13 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     uint32_t* xchg = smem + ring_words(K, H);                              // H = 2: [kXchgWords]
     __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));  // H = 1: [rows][xs_stride], the k range
     __shared__ bool last_block;
+    static_assert(!Q || (CB == 2 && BT == 1 && H == 1), "the int8-digit path is MUL1's, 1-4 rows");
+    // Q: the digit planes after xs, plane 2r + d = row r's digit d, qps words a plane (= 4 mod 32: the B loads of a
+    // warp hit 32 banks), word s * 32 + 4 w + q = the digits of k = 16 w + 2q, 2q + 1, 2q + 8, 2q + 9 of stage s.
+    const int qps = p.xs_stride / 4 + 2;
+    uint32_t* planes = reinterpret_cast<uint32_t*>(xs + (Q ? p.rows * p.xs_stride : 0));
+    __shared__ unsigned qwmax[8][4];  // Q: per warp and row, the largest |x| (float bits) of the block's slice
+    __shared__ int qwsum[8][4];       //    per warp and row, the sum of q
 
     const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
     int pi = 0;
@@ -357,12 +381,80 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         // first weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
         const int chunks = nst * 16;  // 16-byte chunks per row
         const __half* src = p.xh + static_cast<int64_t>(pi) * p.rows * p.k_pad + st0 * 128;
+        float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // Q: this thread's largest |x| a row
         for (int c = tid; c < rows * chunks; c += NT) {
             const int r = c / chunks, o = c % chunks;
             const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * p.k_pad) + o);
             *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
+            if constexpr (Q) {
+                const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
+                float m = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float2 f = __half22float2(bits_h2(w4[j]));
+                    m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+                }
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (i == r) m4[i] = fmaxf(m4[i], m);
+            }
+        }
+        if constexpr (Q) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (i >= rows) break;
+                const unsigned mw = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(m4[i]));  // |x| >= 0: bits order
+                if (lane == 0) qwmax[warp][i] = mw;
+            }
         }
         __syncthreads();  // xs complete (the only block barrier before the reduction)
+        if constexpr (Q) {
+            // Quantise the slice into the digit planes: a thread per (row, stage, warp, q) word.
+            float inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (i >= rows) break;
+                float m = 0.0f;
+#pragma unroll
+                for (int w = 0; w < 8; ++w) m = fmaxf(m, __uint_as_float(qwmax[w][i]));
+                inv[i] = m > 0.0f ? kQ8Range * __frcp_rn(m) : 0.0f;
+            }
+            int qsum[4] = {0, 0, 0, 0};
+            const int per_row = nst * 32;
+            for (int e = tid; e < rows * per_row; e += NT) {
+                const int r = e / per_row, o = e - r * per_row;  // o = s * 32 + 4 w + q
+                const __half* xr = xs + r * p.xs_stride + (o >> 5) * 128 + 16 * ((o >> 2) & 7) + 2 * (o & 3);
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(xr));
+                const float2 b = __half22float2(*reinterpret_cast<const __half2*>(xr + 8));
+                float sc = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (i == r) sc = inv[i];
+                const float f4[4] = {a.x, a.y, b.x, b.y};
+                uint32_t hi = 0, lo = 0;
+                int t = 0;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int qv = max(-32000, min(32000, __float2int_rn(f4[j] * sc)));
+                    const int h = (qv + 128) >> 8;
+                    hi |= (static_cast<uint32_t>(h) & 0xFFu) << (8 * j);
+                    lo |= (static_cast<uint32_t>(qv - 256 * h) & 0xFFu) << (8 * j);
+                    t += qv;
+                }
+                planes[(2 * r) * qps + o] = hi;
+                planes[(2 * r + 1) * qps + o] = lo;
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (i == r) qsum[i] += t;
+            }
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                if (i >= rows) break;
+                const int t = __reduce_add_sync(0xFFFFFFFFu, qsum[i]);
+                if (lane == 0) qwsum[warp][i] = t;
+            }
+            __syncthreads();  // the planes complete
+        }
     }
 
     if (unsigned long long* t = trace_slot(p)) t[4] = clock64();
@@ -386,6 +478,15 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                        : xs + (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
     }
     float xacc[BT][4] = {};  // MUL1: this warp's row sums of the activations (an mma with A = ones)
+    // Q: int32 sums of bytes x digit; lane (gq, q): [i][0] / [i][1] = row q's hi / lo digit sums of column 16 i + gq,
+    // [i][2] / [i][3] of column 16 i + gq + 8. B: the lane's plane is gq (row gq / 2, digit gq % 2).
+    int iacc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) iacc[i][e] = 0;
+    const bool qvalid = Q && (gq >> 1) < rows;
+    const uint32_t* qb = planes + gq * qps + 4 * warp + q;
     // MUL1 byte sums on the tensor cores: a u8 mma with a 0/1 selector returns each lane's own four sums (see
     // mul1_sums); these are its B fragments.
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
@@ -398,6 +499,24 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         __syncwarp();
         if (s + P - 1 < nst) issue((slot + P - 1) % P);
         cp_async_commit();
+        if constexpr (Q) {
+            const uint32_t xw = qvalid ? qb[s * 32] : 0u;
+            const uint32_t b0 = __byte_perm(xw, 0u, 0x0000u), b1 = __byte_perm(xw, 0u, 0x1111u);
+            const uint32_t b2 = __byte_perm(xw, 0u, 0x2222u), b3 = __byte_perm(xw, 0u, 0x3333u);
+            const uint32_t* rowq = ring + slot * SLOT + warp * 64 * K;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                uint32_t st[8];
+                tile_states<K>(rowq + i * 8 * K, lane, st);
+                uint32_t pr[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) pr[j] = st[j] * kMul1Mult;
+                // slot q <-> k = 2q (+8), slot q + 4 <-> k = 2q + 1 (+9): A = {j0, j4, j1, j5}, then {j2, j6, j3, j7}
+                imma_digits(iacc[i], pr[0], pr[4], pr[1], pr[5], b0, b1);
+                imma_digits(iacc[i], pr[2], pr[6], pr[3], pr[7], b2, b3);
+            }
+            return;
+        }
         uint32_t bf[BT][2];
 #pragma unroll
         for (int b = 0; b < BT; ++b) {
@@ -483,7 +602,21 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
     __shared__ float xsum[ROWS];
-    if constexpr (CB == 2) {
+    __shared__ float qscale[Q ? 4 : 1];  // Q: the block's scale a row (max|x| / 32000)
+    if constexpr (Q) {
+        if (tid < rows) {
+            float m = 0.0f;
+            int t = 0;
+#pragma unroll
+            for (int w = 0; w < 8; ++w) {
+                m = fmaxf(m, __uint_as_float(qwmax[w][tid]));
+                t += qwsum[w][tid];
+            }
+            const float sc = m / kQ8Range;
+            qscale[tid] = sc;
+            xsum[tid] = sc * static_cast<float>(t);
+        }
+    } else if constexpr (CB == 2) {
         __shared__ float xpart[8][ROWS];  // [tile row][row]: D = ones . B holds row 8b + 2q (+1) in d0 (d1), any gq
         if (gq == 0)
 #pragma unroll
@@ -517,7 +650,15 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             }
         }
     };
-    if constexpr (H == 1) {
+    if constexpr (Q) {
+        if (q < rows)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                float* base = red + (warp * ROWS + q) * kRedStride + 16 * i + gq;
+                base[0] = fmaf(static_cast<float>(iacc[i][0]), 256.0f, static_cast<float>(iacc[i][1]));
+                base[8] = fmaf(static_cast<float>(iacc[i][2]), 256.0f, static_cast<float>(iacc[i][3]));
+            }
+    } else if constexpr (H == 1) {
         put(warp, false);
     } else {
         if (warp >= 4) put(warp - 4, false);
@@ -530,7 +671,11 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < red_slices(H); ++w) sum += red[(w * ROWS + r) * kRedStride + c];
-        if constexpr (CB == 2)  // sum = 2^-24 * sum(b x): value = (1024 + b) * scale + offset
+        if constexpr (Q)  // sum = sum(b q), x = q * qscale: value = b * scale + (1024 * scale + offset)
+            sum = sum * (qscale[r] * __half2float(__ushort_as_half(kMul1ScaleBits))) +
+                  xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
+                             __half2float(__ushort_as_half(kMul1OffsetBits)));
+        else if constexpr (CB == 2)  // sum = 2^-24 * sum(b x): value = (1024 + b) * scale + offset
             sum = sum * (16777216.0f * __half2float(__ushort_as_half(kMul1ScaleBits))) +
                   xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
                              __half2float(__ushort_as_half(kMul1OffsetBits)));
@@ -609,7 +754,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // a block works through the group segments of its range in order, so every SM gets the same number of stages
 // whatever the group count (e.g. 224 groups on 132 SMs: 1.7 waves of work instead of 2). The segments of a group
 // are numbered by their block, so their partials are added in the same order on every run.
-template <int K, int CB, int BT, int H>
+template <int K, int CB, int BT, int H, bool Q = false>
 __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
     // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
@@ -646,14 +791,16 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) 
         __syncthreads();
         const int g = seg[0], split = seg[1], st0 = seg[2], nst = seg[3], nseg = seg[4];
         if (nst <= 0) return;
-        fused_segment<K, CB, BT, H>(p, g, split, st0, nst, nseg);
+        fused_segment<K, CB, BT, H, Q>(p, g, split, st0, nst, nseg);
         __syncthreads();  // the segment's reduction (aliasing the ring) and its reads of seg are done
     }
 }
 
 // Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
-size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride) {
-    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2;
+// (q: the int8-digit path's planes too, 2 rows x (xs_stride / 4 + 2) words a row.)
+size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride, bool q = false) {
+    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2 +
+           (q ? static_cast<size_t>(rows) * (2 * xs_stride + 16) : 0);
 }
 
 constexpr size_t kMaxSmem = 200 * 1024;
@@ -675,9 +822,9 @@ bool res_cap() {
     return on;
 }
 
-template <int K, int CB, int BT, int H>
+template <int K, int CB, int BT, int H, bool Q = false>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
-    size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride);
+    size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
     if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
         // cap + 1 blocks (each with its 1 KB of reserved shared memory) must not fit on one SM.
         const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
@@ -686,13 +833,13 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
     }
     static const cudaError_t attr_err = cudaFuncSetAttribute(
-        exl3_fused_kernel<K, CB, BT, H>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
+        exl3_fused_kernel<K, CB, BT, H, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
     const dim3 grid = H == 2 && p.sk_blocks > 0
                           ? dim3(static_cast<unsigned>(p.sk_blocks))
                           : dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
-    return launch_pdl(exl3_fused_kernel<K, CB, BT, H>, grid, dim3(kThreads * H), smem, s, p);
+    return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q>, grid, dim3(kThreads * H), smem, s, p);
 }
 
 // Kernel shape by rows: BT column blocks of 8 rows, H warps per tile row.
@@ -706,6 +853,8 @@ FusedShape fused_shape(int rows) {
 template <int K, int CB>
 cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
     const FusedShape fs = fused_shape(p.rows);
+    if constexpr (CB == 2)
+        if (p.q8) return launch_fused<K, 2, 1, 1, true>(p, groups, s);
     if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
     return fs.BT == 1 ? launch_fused<K, CB, 1, 1>(p, groups, s) : launch_fused<K, CB, 2, 1>(p, groups, s);
 }
@@ -1084,7 +1233,36 @@ int streamk_segment_cost(int over) {
     return t >= 0 ? t : over / 2;
 }
 
+// The int8-digit path (exl3_fused_kernel Q) where it measured faster (docs/kernels/exl3.md note 34): MUL1, K <= 6,
+// <= 2 rows, blocks of >= kQ8MinStages stages (its prologue quantises the block's slice: short blocks lose); not in
+// the batch-invariant mode (its sums differ from the fp16 path's that more rows take). EXL3_Q8=0 turns it off, and
+// EXL3_Q8_ROWS / EXL3_Q8_STAGES / EXL3_Q8_K set the bounds (lab A/B); the kernel takes up to 4 rows, any K.
+constexpr int kQ8MaxRows = 4;
+std::atomic<int> g_q8_force{-1};  // exl3_lab_set_q8: -1 the rule below, 0 never, 1 always where the kernel can
+int q8_knob(const char* name, int def, int lo, int hi) {
+    const char* e = std::getenv(name);
+    const int v = e && *e ? std::atoi(e) : def;
+    return std::clamp(v, lo, hi);
+}
+bool q8_path(const Exl3Part* parts, int rows, bool invariant) {
+    static const bool on = [] {
+        const char* e = std::getenv("EXL3_Q8");
+        return !(e && e[0] == '0');
+    }();
+    static const int max_rows = q8_knob("EXL3_Q8_ROWS", 2, 0, kQ8MaxRows), max_k = q8_knob("EXL3_Q8_K", 6, 0, 8);
+    const int force = g_q8_force.load(std::memory_order_relaxed);
+    if (force >= 0)
+        return force == 1 && !invariant && rows <= kQ8MaxRows && parts[0].w.codebook == Exl3Codebook::kMul1;
+    return on && !invariant && rows <= max_rows && parts[0].w.K <= max_k &&
+           parts[0].w.codebook == Exl3Codebook::kMul1;
+}
+int q8_min_stages() {
+    static const int v = q8_knob("EXL3_Q8_STAGES", 6, 1, 1 << 20);
+    return g_q8_force.load(std::memory_order_relaxed) == 1 ? 1 : v;
+}
+
 FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant = false) {
+    const bool q8 = q8_path(parts, rows, invariant);
     if (invariant) rows = kExl3FusedMaxRows;  // the split that 16 rows need, for every row count
     FusedPlan f;
     for (int i = 0; i < nparts; ++i) f.total_n_pad += parts[i].w.n_pad;
@@ -1139,7 +1317,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         for (int sp = 1; sp <= std::max(1, stages / kMinStagesPerBlock); ++sp) {
             const int per = (stages + sp - 1) / sp;
             if ((stages + per - 1) / per != sp) continue;
-            if (fused_smem_bytes(K, fs.BT, fs.H, rows, per * 128 + 8) > kMaxSmem && per > 1) continue;
+            if (fused_smem_bytes(K, fs.BT, fs.H, rows, per * 128 + 8, q8) > kMaxSmem && per > 1) continue;
             const int64_t rounds = (static_cast<int64_t>(f.groups) * sp + sms - 1) / sms;
             const int64_t cost = rounds * (per + over);
             if (best < 0 || cost < best) {
@@ -1152,7 +1330,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         f.per = (stages + splits - 1) / splits;
         f.splits = (stages + f.per - 1) / f.per;
         f.xs_stride = f.per * 128 + 8;
-        if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride) <= kMaxSmem || f.per == 1) break;
+        if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride, q8) <= kMaxSmem || f.per == 1) break;
     }
     return f;
 }
@@ -1186,6 +1364,10 @@ int exl3_fused_call_rows(bool invariant) {
 
 void exl3_lab_set_trace(unsigned long long* buf) {
     g_trace.store(buf);
+}
+
+void exl3_lab_set_q8(int mode) {
+    g_q8_force.store(mode < 0 ? -1 : (mode ? 1 : 0), std::memory_order_relaxed);
 }
 
 void exl3_lab_set_pair(bool on) {
@@ -1259,6 +1441,7 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.trace = g_trace.exchange(nullptr);
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
+    p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
     const size_t xhb = xh_bytes(parts, nparts, rows);
     const size_t need = kExl3CounterBytes + xhb + static_cast<size_t>(p.splits) * rows * f.total_n_pad * 4;
     if (!ws || ws_bytes < need) return cudaErrorInvalidValue;

@@ -40,6 +40,9 @@ inline constexpr int kExl3FusedPassMaxRows = 64;  // bench_cuda_exl3 --batch-swe
 // when a benchmark turns the paired kernel off (exl3_lab_set_pair, or EXL3_PAIR=0 in the environment: A/B runs).
 int exl3_fused_call_rows(bool invariant);
 void exl3_lab_set_pair(bool on);
+// Kernel lab / tests: the int8-digit kernel for MUL1 at 1-4 rows (docs/kernels/exl3.md note 34): mode 1 wherever it
+// can run (any K, any split), 0 never, -1 (default) where it measured faster (exl3_matmul.cu: q8_path).
+void exl3_lab_set_q8(int mode);
 // Kernel lab: the next exl3_fused launch records a timeline of every block into buf (8 words a block, at 8 x the
 // linear block index: global ns at entry / end / after the grid-dependency wait, SM clocks at entry / activations
 // ready / main loop done / end, SM id | last block << 16 | stages << 20); buf must be zeroed and large enough.
