@@ -1234,7 +1234,7 @@ int streamk_segment_cost(int over) {
 }
 
 // The int8-digit path (exl3_fused_kernel Q) where it measured faster (docs/kernels/exl3.md note 34): MUL1, K <= 6,
-// <= 2 rows, blocks of >= kQ8MinStages stages (its prologue quantises the block's slice: short blocks lose); not in
+// <= 2 rows, blocks of >= 6 stages (q8_min_stages: its prologue quantises the block's slice, short blocks lose); not in
 // the batch-invariant mode (its sums differ from the fp16 path's that more rows take). EXL3_Q8=0 turns it off, and
 // EXL3_Q8_ROWS / EXL3_Q8_STAGES / EXL3_Q8_K set the bounds (lab A/B); the kernel takes up to 4 rows, any K.
 constexpr int kQ8MaxRows = 4;
