@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
@@ -231,6 +232,54 @@ TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
                              rows >= 3 ? 50.0f : 0.0f);
                 if (HasFatalFailure()) return;
             }
+    }
+}
+
+// A NaN among a row's activations makes that row's outputs NaN and leaves the other rows alone, in the digit
+// kernel (whose per-block scale must not drop it) as in the fp16 kernel; an infinity gives non-finite outputs too.
+TEST(Exl3Cuda, NonFiniteActivationsReachTheOutputOfTheirRowOnly) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    cudaStream_t st = (*ctx)->stream();
+    const int in = 2048, out = 256, rows = 2;
+    auto sl = quant::test::make_synthetic_layer(in, out, 4, quant::Codebook::kMul1, false, 33u);
+    DevLayer d;
+    upload(sl.layer, &d);
+    const cuda::Exl3Part part{d.w, 0, nullptr};
+    DeviceBuffer dx, dy, ws;
+    ASSERT_TRUE(dy.reserve(static_cast<size_t>(rows) * out * 4).is_ok());
+    size_t wsb = 0;
+    make_workspace(&part, 1, rows, st, &ws, &wsb);
+    struct Restore {
+        ~Restore() { cuda::exl3_lab_set_q8(-1); }
+    } restore;
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+        std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, 8u, 1.0f);
+        x[1500] = bad;  // row 0, in the second half of k (another split than k = 0)
+        std::vector<uint16_t> x16(x.size());
+        for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_f16(x[i]);
+        ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+        for (int q8 : {1, 0}) {
+            SCOPED_TRACE(std::string(std::isnan(bad) ? "NaN" : "inf") + (q8 ? ", digit kernel" : ", fp16 kernel"));
+            cuda::exl3_lab_set_q8(q8);
+            cuda::Exl3Out o;
+            o.y = dy.get();
+            o.f32 = true;
+            o.act = ActType::kF16;
+            o.ldy = out;
+            ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb).is_ok());
+            std::vector<float> y(static_cast<size_t>(rows) * out);
+            EXL3_CUDA_OK(cudaStreamSynchronize(st));
+            EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+            int finite0 = 0, finite1 = 0;
+            for (int c = 0; c < out; ++c) {
+                finite0 += std::isfinite(y[c]);
+                finite1 += std::isfinite(y[out + c]);
+            }
+            EXPECT_EQ(finite0, 0) << "row 0 has the non-finite activation";
+            EXPECT_EQ(finite1, out) << "row 1 is clean";
+        }
     }
 }
 

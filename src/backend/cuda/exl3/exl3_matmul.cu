@@ -381,29 +381,31 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         // first weight stages are in flight: rows x (nst * 128) halves, 16 bytes a thread per pass.
         const int chunks = nst * 16;  // 16-byte chunks per row
         const __half* src = p.xh + static_cast<int64_t>(pi) * p.rows * p.k_pad + st0 * 128;
-        float m4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // Q: this thread's largest |x| a row
+        // Q: this thread's largest |x| a row, as float bits: an unsigned max orders them and keeps a NaN (above
+        // every number), so a row with a NaN gets a NaN scale and NaN outputs instead of a silently dropped value.
+        unsigned m4[4] = {0u, 0u, 0u, 0u};
         for (int c = tid; c < rows * chunks; c += NT) {
             const int r = c / chunks, o = c % chunks;
             const uint4 v = __ldcg(reinterpret_cast<const uint4*>(src + static_cast<int64_t>(r) * p.k_pad) + o);
             *reinterpret_cast<uint4*>(xs + r * p.xs_stride + o * 8) = v;
             if constexpr (Q) {
                 const uint32_t w4[4] = {v.x, v.y, v.z, v.w};
-                float m = 0.0f;
+                unsigned m = 0u;
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
                     const float2 f = __half22float2(bits_h2(w4[j]));
-                    m = fmaxf(m, fmaxf(fabsf(f.x), fabsf(f.y)));
+                    m = max(m, max(__float_as_uint(fabsf(f.x)), __float_as_uint(fabsf(f.y))));
                 }
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
-                    if (i == r) m4[i] = fmaxf(m4[i], m);
+                    if (i == r) m4[i] = max(m4[i], m);
             }
         }
         if constexpr (Q) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (i >= rows) break;
-                const unsigned mw = __reduce_max_sync(0xFFFFFFFFu, __float_as_uint(m4[i]));  // |x| >= 0: bits order
+                const unsigned mw = __reduce_max_sync(0xFFFFFFFFu, m4[i]);
                 if (lane == 0) qwmax[warp][i] = mw;
             }
         }
@@ -414,10 +416,11 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 if (i >= rows) break;
-                float m = 0.0f;
+                unsigned mb = 0u;
 #pragma unroll
-                for (int w = 0; w < 8; ++w) m = fmaxf(m, __uint_as_float(qwmax[w][i]));
-                inv[i] = m > 0.0f ? kQ8Range * __frcp_rn(m) : 0.0f;
+                for (int w = 0; w < 8; ++w) mb = max(mb, qwmax[w][i]);
+                const float m = __uint_as_float(mb);
+                inv[i] = m > 0.0f ? kQ8Range * __frcp_rn(m) : 0.0f;  // NaN / inf: 0 (the scale carries it)
             }
             int qsum[4] = {0, 0, 0, 0};
             const int per_row = nst * 32;
@@ -605,14 +608,14 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     __shared__ float qscale[Q ? 4 : 1];  // Q: the block's scale a row (max|x| / 32000)
     if constexpr (Q) {
         if (tid < rows) {
-            float m = 0.0f;
+            unsigned m = 0u;  // bits, as above: a NaN wins
             int t = 0;
 #pragma unroll
             for (int w = 0; w < 8; ++w) {
-                m = fmaxf(m, __uint_as_float(qwmax[w][tid]));
+                m = max(m, qwmax[w][tid]);
                 t += qwsum[w][tid];
             }
-            const float sc = m / kQ8Range;
+            const float sc = __uint_as_float(m) / kQ8Range;
             qscale[tid] = sc;
             xsum[tid] = sc * static_cast<float>(t);
         }
