@@ -288,7 +288,7 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H, bool Q>
+template <int K, int CB, int BT, int H, int Q>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
@@ -757,8 +757,10 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // a block works through the group segments of its range in order, so every SM gets the same number of stages
 // whatever the group count (e.g. 224 groups on 132 SMs: 1.7 waves of work instead of 2). The segments of a group
 // are numbered by their block, so their partials are added in the same order on every run.
-template <int K, int CB, int BT, int H, bool Q = false>
-__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? 3 : 2)) exl3_fused_kernel(const FusedParams p) {
+// Q: the digit kernel, 1 for grids of more than 2 blocks an SM (launch bounds for 3 resident: 80 registers), 2 for
+// the others (2 resident: ~110-128 registers, which the compiler spends on deeper software pipelining; note 35).
+template <int K, int CB, int BT, int H, int Q = 0>
+__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (Q == 2 ? 2 : (BT == 1 ? 3 : 2))) exl3_fused_kernel(const FusedParams p) {
     // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
     __shared__ int next;    // stream-K: the next unit of this block's range
@@ -825,7 +827,7 @@ bool res_cap() {
     return on;
 }
 
-template <int K, int CB, int BT, int H, bool Q = false>
+template <int K, int CB, int BT, int H, int Q = 0>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
     if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
@@ -857,7 +859,10 @@ template <int K, int CB>
 cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
     const FusedShape fs = fused_shape(p.rows);
     if constexpr (CB == 2)
-        if (p.q8) return launch_fused<K, 2, 1, 1, true>(p, groups, s);
+        if (p.q8) {
+            const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
+            return blocks > 2 * sms ? launch_fused<K, 2, 1, 1, 1>(p, groups, s) : launch_fused<K, 2, 1, 1, 2>(p, groups, s);
+        }
     if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
     return fs.BT == 1 ? launch_fused<K, CB, 1, 1>(p, groups, s) : launch_fused<K, CB, 2, 1>(p, groups, s);
 }
