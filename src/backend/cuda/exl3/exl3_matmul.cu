@@ -288,7 +288,7 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H, int Q>
+template <int K, int CB, int BT, int H, bool Q>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
@@ -757,10 +757,11 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // a block works through the group segments of its range in order, so every SM gets the same number of stages
 // whatever the group count (e.g. 224 groups on 132 SMs: 1.7 waves of work instead of 2). The segments of a group
 // are numbered by their block, so their partials are added in the same order on every run.
-// Q: the digit kernel, 1 for grids of more than 2 blocks an SM (launch bounds for 3 resident: 80 registers), 2 for
-// the others (2 resident: ~110-128 registers, which the compiler spends on deeper software pipelining; note 35).
-template <int K, int CB, int BT, int H, int Q = 0>
-__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (Q == 2 ? 2 : (BT == 1 ? 3 : 2))) exl3_fused_kernel(const FusedParams p) {
+// RES: the resident blocks an SM the 1-8-row kernels are built for -- 3 (80 registers) for grids of more than 2
+// blocks an SM, 2 (up to 128 registers, which the compiler spends on deeper software pipelining) for the others
+// (docs/kernels/exl3.md note 35). Q: the digit kernel.
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3>
+__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)) exl3_fused_kernel(const FusedParams p) {
     // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
     __shared__ int next;    // stream-K: the next unit of this block's range
@@ -827,7 +828,7 @@ bool res_cap() {
     return on;
 }
 
-template <int K, int CB, int BT, int H, int Q = 0>
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
     if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
@@ -838,13 +839,22 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
     }
     static const cudaError_t attr_err = cudaFuncSetAttribute(
-        exl3_fused_kernel<K, CB, BT, H, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
+        exl3_fused_kernel<K, CB, BT, H, Q, RES>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
     const dim3 grid = H == 2 && p.sk_blocks > 0
                           ? dim3(static_cast<unsigned>(p.sk_blocks))
                           : dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
-    return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q>, grid, dim3(kThreads * H), smem, s, p);
+    return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q, RES>, grid, dim3(kThreads * H), smem, s, p);
+}
+
+// EXL3_RES2=0: the fp16 1-8-row kernel always in its 3-resident build (lab A/B of the 2-resident one).
+bool res2_fp16() {
+    static const bool on = [] {
+        const char* e = std::getenv("EXL3_RES2");
+        return !(e && e[0] == '0');
+    }();
+    return on;
 }
 
 // Kernel shape by rows: BT column blocks of 8 rows, H warps per tile row.
@@ -858,13 +868,13 @@ FusedShape fused_shape(int rows) {
 template <int K, int CB>
 cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
     const FusedShape fs = fused_shape(p.rows);
+    const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
+    const bool few = blocks <= 2 * sms;  // <= 2 blocks an SM: the build for 2 resident
     if constexpr (CB == 2)
-        if (p.q8) {
-            const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
-            return blocks > 2 * sms ? launch_fused<K, 2, 1, 1, 1>(p, groups, s) : launch_fused<K, 2, 1, 1, 2>(p, groups, s);
-        }
+        if (p.q8) return few ? launch_fused<K, 2, 1, 1, true, 2>(p, groups, s) : launch_fused<K, 2, 1, 1, true, 3>(p, groups, s);
     if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
-    return fs.BT == 1 ? launch_fused<K, CB, 1, 1>(p, groups, s) : launch_fused<K, CB, 2, 1>(p, groups, s);
+    if (fs.BT == 2) return launch_fused<K, CB, 2, 1>(p, groups, s);
+    return few && res2_fp16() ? launch_fused<K, CB, 1, 1, false, 2>(p, groups, s) : launch_fused<K, CB, 1, 1, false, 3>(p, groups, s);
 }
 
 template <int K>
