@@ -276,6 +276,9 @@ TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
     EXPECT_EQ(cuda::qkv_heads(nullptr, nullptr, nullptr, nullptr, t(), 1, 1, 1, 64, nullptr, nullptr, 1e-6f, nullptr,
                               nullptr, 65, 1.0f, ctx->stream()),
               cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::qkv_heads(nullptr, nullptr, nullptr, nullptr, t(), 1, 1, 1, 512, nullptr, nullptr, 1e-6f, nullptr,
+                              nullptr, 64, 1.0f, ctx->stream()),
+              cudaErrorInvalidValue);  // head_dim > 256
 }
 
 TEST_P(OpsFixture, QkvHeadsIntoPagesMatchesKvAppend) {

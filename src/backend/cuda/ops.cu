@@ -188,7 +188,7 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
                                  const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ positions,
                                  const float* __restrict__ inv_freq, int rotary_dim, float scaling,
                                  const QkvPaged paged) {
-    EXL3_PDL_PROLOGUE();
+    EXL3_LAUNCH_DEPENDENTS();
     extern __shared__ float stage[];  // [warps][hd]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y * (blockDim.x >> 5) + warp;
@@ -210,6 +210,8 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
         nw = nullptr;
         rotate = false;
     }
+    // Everything that does not depend on the previous kernel (the step's plan, the RoPE angles, the norm weights)
+    // before the wait: the cache slot, cos / sin of this lane's pairs (hd <= 256: <= 4 a lane), its norm weights.
     if (head >= nq && paged.k_pages) {  // k or v: into the cache slot of token i
         const int64_t slot = cache_slot(static_cast<int>(i), paged.q_start, paged.seq_len, paged.page_table,
                                         paged.max_pages, paged.batch, paged.page_size);
@@ -217,6 +219,24 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
         T* pages = static_cast<T*>(is_k ? paged.k_pages : paged.v_pages);
         dst = pages + (slot * nkv + (is_k ? head - nq : head - nq - nkv)) * hd;
     }
+    constexpr int kMaxPairs = 4, kMaxVals = 8;  // a lane's rotary pairs (hd / 2 / 32) and values (hd / 32)
+    const int half = rotary_dim / 2;
+    float cs4[kMaxPairs], sn4[kMaxPairs], nw8[kMaxVals];
+    if (rotate) {
+        const float p = static_cast<float>(positions[i]);
+#pragma unroll
+        for (int t = 0; t < kMaxPairs; ++t) {
+            const int j = lane + 32 * t;
+            float sn = 0.0f, cs = 0.0f;
+            if (j < half) sincosf(p * inv_freq[j], &sn, &cs);  // fp32 product first, as the reference forms the angle
+            cs4[t] = cs * scaling;
+            sn4[t] = sn * scaling;
+        }
+    }
+    if (nw)
+#pragma unroll
+        for (int t = 0; t < kMaxVals; ++t) nw8[t] = lane + 32 * t < hd ? nw[lane + 32 * t] : 0.0f;
+    EXL3_GRID_DEPENDENCY_WAIT();
     float* x = stage + warp * hd;
     float ss = 0.0f;
     for (int j = lane; j < hd; j += 32) {
@@ -227,20 +247,19 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
     if (nw) {
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         const float inv = rsqrtf(ss / hd + eps);
-        for (int j = lane; j < hd; j += 32) x[j] = nw[j] * (x[j] * inv);
+#pragma unroll
+        for (int t = 0; t < kMaxVals; ++t)
+            if (lane + 32 * t < hd) x[lane + 32 * t] = nw8[t] * (x[lane + 32 * t] * inv);
     }
     __syncwarp();
     if (rotate) {
-        const int half = rotary_dim / 2;
-        const float p = static_cast<float>(positions[i]);
-        for (int j = lane; j < half; j += 32) {
-            float sn, cs;
-            sincosf(p * inv_freq[j], &sn, &cs);  // fp32 product first, as the reference forms the angle
-            cs *= scaling;
-            sn *= scaling;
+#pragma unroll
+        for (int t = 0; t < kMaxPairs; ++t) {
+            const int j = lane + 32 * t;
+            if (j >= half) break;
             const float a = x[j], b = x[j + half];
-            x[j] = a * cs - b * sn;
-            x[j + half] = b * cs + a * sn;
+            x[j] = a * cs4[t] - b * sn4[t];
+            x[j + half] = b * cs4[t] + a * sn4[t];
         }
         __syncwarp();
     }
@@ -391,7 +410,8 @@ cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
                       const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s, const QkvPaged& paged) {
     if (n == 0) return cudaSuccess;
-    if (head_dim <= 0 || rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2) return cudaErrorInvalidValue;
+    if (head_dim <= 0 || head_dim > 256 || rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2)
+        return cudaErrorInvalidValue;  // (the kernel keeps a lane's <= 8 values and <= 4 rotary pairs in registers)
     if (paged.k_pages && (!paged.v_pages || !paged.q_start || !paged.seq_len || !paged.page_table ||
                           paged.batch <= 0 || paged.page_size <= 0))
         return cudaErrorInvalidValue;

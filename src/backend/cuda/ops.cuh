@@ -32,7 +32,7 @@ cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_
 
 // The attention's inputs out of the fused projection qkv[n, (nq + 2 nkv) * head_dim] (act): q[n, nq * head_dim],
 // k and v [n, nkv * head_dim]; when q_norm / k_norm are given (Qwen3), each q / k head is RMS-normed with them;
-// then q and k are rotated as rope() does. One pass, one launch.
+// then q and k are rotated as rope() does. One pass, one launch; head_dim <= 256.
 // With `paged` (k_pages non-null), k and v go straight into their slots of a 16-bit paged KV cache instead of the
 // k and v buffers (the work of kv_append, paged_attention.cuh, without its launch).
 struct QkvPaged {

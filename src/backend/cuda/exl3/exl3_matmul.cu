@@ -979,23 +979,37 @@ struct RotateParts {
 __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k,
                                                            int k_pad, int rows, __half* xh, Exl3InFusion f) {
     EXL3_LAUNCH_DEPENDENTS();
-    EXL3_GRID_DEPENDENCY_WAIT();
     const int lane = threadIdx.x & 31;
     const int chunk = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int r = blockIdx.y, part = blockIdx.z;
+    // The scales do not depend on the previous kernel, and are read once a step (from DRAM, not L2): loaded before
+    // the wait, their latency is off the chain of dependent kernels.
+    const bool live = chunk * 128 < k_pad;
+    const int k0 = chunk * 128 + 4 * lane;
+    float su[4] = {0.0f, 0.0f, 0.0f, 0.0f}, nw[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) {
+        const float4 s4 = *reinterpret_cast<const float4*>(rp.suh[part] + k0);  // [k_pad], zero beyond k
+        su[0] = s4.x;
+        su[1] = s4.y;
+        su[2] = s4.z;
+        su[3] = s4.w;
+        if (f.norm_h)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) nw[i] = k0 + i < k ? f.norm_w[k0 + i] : 0.0f;
+    }
+    EXL3_GRID_DEPENDENCY_WAIT();
     const float* hrow = f.norm_h ? f.norm_h + static_cast<int64_t>(r) * k : nullptr;
     const float inv = hrow ? block_row_inv_rms(hrow, k, f.eps) : 0.0f;  // the whole block, before any exit
-    if (chunk * 128 >= k_pad) return;
-    const float* suh = rp.suh[part];
+    if (!live) return;
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        const int kk = chunk * 128 + 4 * lane + i;
+        const int kk = k0 + i;
         float a = 0.0f;
         if (kk < k) {
             const int64_t at = static_cast<int64_t>(r) * ldx + kk;
             if (hrow) {
-                a = round_act(f.norm_w[kk] * (hrow[kk] * inv), x_bf16);
+                a = round_act(nw[i] * (hrow[kk] * inv), x_bf16);
             } else if (f.glu_off > 0) {
                 const float g = load_act(x, at, x_bf16);
                 a = round_act(g / (1.0f + __expf(-g)) * load_act(x, at + f.glu_off, x_bf16), x_bf16);
@@ -1003,13 +1017,13 @@ __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const
                 a = load_act(x, at, x_bf16);
             }
         }
-        v[i] = kk < k ? round16(a * suh[kk]) : 0.0f;
+        v[i] = kk < k ? round16(a * su[i]) : 0.0f;
     }
     fwht128(v, lane);
     uint2 pk;
     pk.x = h2_bits(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
     pk.y = h2_bits(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
-    *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + chunk * 128 + 4 * lane) = pk;
+    *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + k0) = pk;
 }
 
 cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
