@@ -94,11 +94,22 @@ __global__ void __launch_bounds__(kCombineThreads)
     __shared__ float w[kMaxSplits];
     __shared__ float red[kGroups][D];
     __shared__ float inv_sum;
-    EXL3_LAUNCH_DEPENDENTS();     // the next kernel may start loading what it can (e.g. a GEMV its weights)
-    EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
+    EXL3_LAUNCH_DEPENDENTS();  // the next kernel may start loading what it can (e.g. a GEMV its weights)
     const int64_t row = blockIdx.x;
-    if (row >= static_cast<int64_t>(q_start[batch]) * n_heads) return;
+    const bool live = row < static_cast<int64_t>(q_start[batch]) * n_heads;  // the step's plan: before the wait
     const int tid = threadIdx.x;
+    const int d = tid % D, g = tid / D;
+    EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
+    if (!live) return;
+    // This thread's first kPre partial outputs are loaded with the split weights' inputs, not after them (the same
+    // sums in the same order as the loop below).
+    constexpr int kPre = 8;
+    float pre[kPre];
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+        const int sp = g + kGroups * i;
+        pre[i] = sp < splits ? part_o[(static_cast<int64_t>(sp) * rows_bound + row) * D + d] : 0.f;
+    }
     if (tid < 32) {
         float lse[kMaxSplits / 32];
         float mx = -INFINITY;
@@ -123,10 +134,12 @@ __global__ void __launch_bounds__(kCombineThreads)
         if (tid == 0) inv_sum = sum > 0.f ? 1.f / sum : 0.f;
     }
     __syncthreads();
-    const int d = tid % D, g = tid / D;
     float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPre; ++i)
+        if (g + kGroups * i < splits) acc += w[g + kGroups * i] * pre[i];
 #pragma unroll 8
-    for (int sp = g; sp < splits; sp += kGroups) {
+    for (int sp = g + kGroups * kPre; sp < splits; sp += kGroups) {
         const float ws = w[sp];  // 0 for an empty split, whose partial holds zeros: no branch needed
         acc += ws * part_o[(static_cast<int64_t>(sp) * rows_bound + row) * D + d];
     }
