@@ -409,9 +409,24 @@ public:
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         kv_appended_ = false;
         const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
-        return ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
-                                  s_.attn_ws.get(), st()),
-                  "attention");
+        // An EXL3 o projection of one fused call takes its input rotated by the kernel that merges the attention
+        // splits (when the plan splits): one kernel fewer in the chain of the step.
+        const DevLinear& o = layer(li).o;
+        cuda::AttnOutRotation rot;
+        const bool want = !o.exl3_parts.empty() && o.in == s_.cfg.num_heads * s_.cfg.head_dim &&
+                          cuda::exl3_takes_prerotated(o.exl3_parts.data(), static_cast<int>(o.exl3_parts.size()), T(),
+                                                      s_.opts.batch_invariant);
+        if (want) {
+            rot.suh = o.exl3_parts[0].w.suh;
+            rot.xh = cuda::exl3_prerotated_xh(s_.exl3_ws.get());
+        }
+        bool rotated = false;
+        EXL3_RETURN_IF_ERROR(
+            ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
+                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated),
+               "attention"));
+        attn_rotated_ = rotated;
+        return Status::ok();
     }
     Status logits(float eps, float*) {
         const int H = s_.cfg.hidden_size;
@@ -517,7 +532,11 @@ private:
         cuda::Exl3InFusion f;
         const void* x = slot(in);
         int ldx = l.in;
-        if (can && norm_.active && norm_.out == in && l.in % 4 == 0) {
+        const bool prerotated = attn_rotated_ && in == Slot::kAttn;
+        attn_rotated_ = false;
+        if (prerotated) {
+            f.prerotated = true;  // attention() wrote xh for this call: nothing is pending before it
+        } else if (can && norm_.active && norm_.out == in && l.in % 4 == 0) {
             norm_.active = false;
             f.norm_h = s_.h.as<float>();
             f.norm_w = norm_.w;
@@ -537,7 +556,7 @@ private:
             in_h_[static_cast<size_t>(residual)] = true;
         }
         return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), n, x, s_.act, ldx, T(), o, s_.exl3_ws.get(),
-                                 s_.exl3_ws.bytes(), f.norm_h || f.glu_off ? &f : nullptr);
+                                 s_.exl3_ws.bytes(), f.norm_h || f.glu_off || f.prerotated ? &f : nullptr);
     }
 
     static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
@@ -552,8 +571,9 @@ private:
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
     PendingGlu glu_;
-    const bool exl3_layers_;  // the layers' linears are EXL3 (their input rotation can take a recorded norm)
-    bool kv_appended_ = false;  // qkv_heads wrote this layer's k and v into the cache
+    const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
+    bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
+    bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
 };
 

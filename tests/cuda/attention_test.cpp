@@ -23,6 +23,7 @@
 #include "backend/cpu/kv_quant.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -366,6 +367,50 @@ void run_case(const Case& c, uint32_t seed) {
                 e.max_ref, e.max_abs, e.max_abs / e.max_ref);
     EXPECT_EQ(e.bad, 0u) << c.name << ": non-finite or unwritten outputs";
     EXPECT_LE(e.max_abs, 2e-2 * e.max_ref) << c.name;
+
+    // With the o projection's EXL3 input rotation (AttnOutRotation): where the plan merges splits, the merge kernel
+    // writes the same output bits and xh bit-identical to the EXL3 rotation kernel run on that output.
+    const int k = c.n_heads * c.head_dim;
+    if (k % 128 != 0) return;
+    std::mt19937 rng(seed ^ 0x5u);
+    std::uniform_real_distribution<float> U(-1.0f, 1.0f);
+    std::vector<float> suh(static_cast<size_t>(k));
+    for (auto& x : suh) x = U(rng) < 0 ? -1.0f - 0.25f * U(rng) : 1.0f + 0.25f * U(rng);  // signs and scales
+    DevBuf<float> dsuh(suh.size());
+    UPLOAD(dsuh.p, suh);
+    const size_t rows = s.q_bits.size() / static_cast<size_t>(k);
+    DevBuf<uint16_t> xh(rows * k), xh_ref(rows * k), out2(s.q_bits.size());
+    EXL3_CUDA_OK(cudaMemset(xh.p, 0xFF, rows * k * 2));
+    EXL3_CUDA_OK(cudaMemset(out2.p, 0xFF, s.q_bits.size() * 2));
+    cuda::AttnOutRotation rot;
+    rot.suh = dsuh.p;
+    rot.xh = xh.p;
+    bool rotated = false;
+    EXL3_CUDA_OK(
+        cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated));
+    EXPECT_EQ(rotated, splits > 1) << c.name;  // a merge kernel runs where the plan splits
+    cuda::Exl3DevWeights w;                    // only suh and the shape are read by the rotation kernel
+    w.trellis = reinterpret_cast<const uint16_t*>(dsuh.p);
+    w.suh = dsuh.p;
+    w.svh = dsuh.p;
+    w.k = w.k_pad = k;
+    w.n = w.n_pad = 128;
+    w.K = 4;
+    EXL3_CUDA_OK(cuda::exl3_rotate_in(w, out2.p,
+                                      c.dtype == AttnDType::kBF16 ? cuda::ActType::kBF16 : cuda::ActType::kF16, k,
+                                      static_cast<int>(rows), xh_ref.p, nullptr));
+    EXL3_CUDA_OK(cudaDeviceSynchronize());
+    std::vector<uint16_t> got2(s.q_bits.size()), gx(rows * k), wx(rows * k);
+    DOWNLOAD(got2, out2.p);
+    EXPECT_TRUE(got2 == got) << c.name << ": the output differs with the rotation";
+    if (!rotated) return;
+    DOWNLOAD(gx, xh.p);
+    DOWNLOAD(wx, xh_ref.p);
+    size_t diff = 0;
+    for (size_t i = 0; i < gx.size(); ++i) diff += gx[i] != wx[i];
+    std::printf("[attn] %-34s merge + rotation: %zu of %zu xh values differ from the EXL3 rotation kernel\n",
+                c.name.c_str(), diff, gx.size());
+    EXPECT_EQ(diff, 0u) << c.name;
 }
 
 const Case kCases[] = {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "backend/cuda/attention/paged_attention.cuh"
 #include "cuda_test_util.h"
 #include "exl3/model.h"
 #include "test_util.h"
@@ -75,6 +76,30 @@ TEST(CudaModel, TinyTargetExl3MatchesCpu) {
     EXL3_REQUIRE_GPU();
     EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
     compare_model(dir);
+}
+
+// The o projection's input rotation done by the attention merge (decode steps whose attention splits: contexts past
+// 128 tokens) gives the same logits, bit for bit, as the rotation kernel it replaces.
+TEST(CudaModel, Exl3RotationInTheAttentionMergeIsExact) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    auto gpu = load(dir, "cuda");
+    ASSERT_TRUE(gpu);
+    const int V = gpu->info().vocab_size;
+    const auto prompt = tokens(300, 5, V);
+    std::vector<std::vector<float>> runs[2];
+    for (int on = 0; on < 2; ++on) {
+        cuda::attention_lab_set_out_rotation(on != 0);
+        auto sq = gpu->new_sequence();
+        std::vector<float> l;
+        ASSERT_TRUE(gpu->forward(**sq, prompt, false, &l).is_ok());
+        for (int i = 0; i < 12; ++i) {
+            ASSERT_TRUE(gpu->forward(**sq, {prompt[static_cast<size_t>(i)]}, false, &l).is_ok());
+            runs[on].push_back(l);
+        }
+    }
+    cuda::attention_lab_set_out_rotation(true);
+    for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[0][i] == runs[1][i]) << "decode step " << i;
 }
 
 TEST(CudaModel, GreedyContinuationsIdentical) {

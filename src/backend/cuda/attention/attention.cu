@@ -1,10 +1,13 @@
 // attention(): plans the grid and the split-K chunking from the host-side bounds, launches the prefill or decode
 // instantiation, and merges split partials (attention_combine).
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backend/cuda/attention/attention_kernel.cuh"
 #include "backend/cuda/device.h"
+#include "backend/cuda/exl3/exl3_rotate.cuh"
 
 namespace exl3::cuda {
 namespace {
@@ -79,26 +82,56 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     return pl;
 }
 
-// Merges split partials: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). One CTA per output row
-// (a query head of a token): the split weights are computed once into shared memory, then each thread owns one
+template <typename T>
+__device__ __forceinline__ float act_to_float(T v) {
+    if constexpr (std::is_same_v<T, __half>)
+        return __half2float(v);
+    else
+        return __bfloat162float(v);
+}
+
+// Merges split partials: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). 256 threads per output
+// row (a query head of a token): the split weights are computed once into shared memory, then each thread owns one
 // dimension for a slice of the splits, so its loads are independent (v1 chained 2 x splits dependent loads per
 // thread on 2 CTAs: 20 us on its own at batch 1). Rows past the device-side total exit (grid from the host bound).
+// ROT: also the o projection's EXL3 input rotation (AttnOutRotation). A CTA then takes the R = 128 / D rows (heads
+// of one token) of one 128-column block of the o input (R = 1 for D >= 128), each summed as without ROT (the same
+// bits in `out`), and a warp per 128 columns rotates the rounded outputs as the EXL3 rotation kernel would have read
+// them: xh = fp16(H128(fp16(out * suh)) / sqrt(128)).
 constexpr int kCombineThreads = 256;
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kCombineThreads)
-    attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, int splits,
-                      int rows_bound, const int32_t* __restrict__ q_start, int batch, int n_heads,
-                      T* __restrict__ out) {
+template <int D, bool ROT>
+__host__ __device__ constexpr int combine_rows() {
+    return ROT && D < 128 ? 128 / D : 1;
+}
+
+template <typename T, int D, bool ROT>
+__global__ void __launch_bounds__(kCombineThreads* combine_rows<D, ROT>())
+    attention_combine(const float* __restrict__ part_o, const float* __restrict__ part_lse, int splits, int rows_bound,
+                      const int32_t* __restrict__ q_start, int batch, int n_heads, T* __restrict__ out,
+                      const float* __restrict__ suh, uint16_t* __restrict__ xh) {
+    constexpr int R = combine_rows<D, ROT>(), V = R * D, kChunks = ROT ? V / 128 : 0;
     constexpr int kGroups = kCombineThreads / D;  // split slices summed in parallel
-    __shared__ float w[kMaxSplits];
-    __shared__ float red[kGroups][D];
-    __shared__ float inv_sum;
+    __shared__ float w[R][kMaxSplits];
+    __shared__ float red[R][kGroups][D];
+    __shared__ float merged[ROT ? V : 1];
+    __shared__ float inv_sum[R];
     EXL3_LAUNCH_DEPENDENTS();  // the next kernel may start loading what it can (e.g. a GEMV its weights)
-    const int64_t row = blockIdx.x;
-    const bool live = row < static_cast<int64_t>(q_start[batch]) * n_heads;  // the step's plan: before the wait
-    const int tid = threadIdx.x;
+    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * R;
+    const bool live = row0 < static_cast<int64_t>(q_start[batch]) * n_heads;  // the plan: before the wait
+    const int r = threadIdx.x / kCombineThreads, tid = threadIdx.x % kCombineThreads;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int d = tid % D, g = tid / D;
+    const int64_t row = row0 + r;
+    const int col0 = static_cast<int>(row0 % n_heads) * D;  // ROT: the CTA's first column of the o input
+    float su[4] = {0.f, 0.f, 0.f, 0.f};                     // read once a step: before the wait
+    if (warp < kChunks) {
+        const float4 s4 = *reinterpret_cast<const float4*>(suh + col0 + 128 * warp + 4 * lane);
+        su[0] = s4.x;
+        su[1] = s4.y;
+        su[2] = s4.z;
+        su[3] = s4.w;
+    }
     EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
     if (!live) return;
     // This thread's first kPre partial outputs are loaded with the split weights' inputs, not after them (the same
@@ -126,30 +159,43 @@ __global__ void __launch_bounds__(kCombineThreads)
 #pragma unroll
         for (int i = 0; i < kMaxSplits / 32; ++i) {
             const float e = exp2f(lse[i] - ref);
-            if (tid + 32 * i < kMaxSplits) w[tid + 32 * i] = e;
+            if (tid + 32 * i < kMaxSplits) w[r][tid + 32 * i] = e;
             sum += e;
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (tid == 0) inv_sum = sum > 0.f ? 1.f / sum : 0.f;
+        if (tid == 0) inv_sum[r] = sum > 0.f ? 1.f / sum : 0.f;
     }
     __syncthreads();
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < kPre; ++i)
-        if (g + kGroups * i < splits) acc += w[g + kGroups * i] * pre[i];
+        if (g + kGroups * i < splits) acc += w[r][g + kGroups * i] * pre[i];
 #pragma unroll 8
     for (int sp = g + kGroups * kPre; sp < splits; sp += kGroups) {
-        const float ws = w[sp];  // 0 for an empty split, whose partial holds zeros: no branch needed
+        const float ws = w[r][sp];  // 0 for an empty split, whose partial holds zeros: no branch needed
         acc += ws * part_o[(static_cast<int64_t>(sp) * rows_bound + row) * D + d];
     }
-    red[g][d] = acc;
+    red[r][g][d] = acc;
     __syncthreads();
     if (g == 0) {
         float o = 0.f;
 #pragma unroll
-        for (int i = 0; i < kGroups; ++i) o += red[i][d];
-        out[row * D + d] = attn::MmaOp<T>::from_float(o * inv_sum);
+        for (int i = 0; i < kGroups; ++i) o += red[r][i][d];
+        const T t = attn::MmaOp<T>::from_float(o * inv_sum[r]);
+        out[row * D + d] = t;
+        if constexpr (ROT) merged[r * D + d] = act_to_float(t);
+    }
+    if constexpr (ROT) {
+        __syncthreads();
+        if (warp < kChunks) {
+            float v[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = exl3k::round16(merged[128 * warp + 4 * lane + i] * su[i]);
+            const int64_t token = row0 / n_heads;
+            *reinterpret_cast<uint2*>(xh + token * n_heads * D + col0 + 128 * warp + 4 * lane) =
+                exl3k::rotate128_pack(v, lane);
+        }
     }
 }
 
@@ -158,7 +204,7 @@ __global__ void __launch_bounds__(kCombineThreads)
 // combine merges. So a decode token takes the decode kernel's order whatever else is in the step.
 template <typename T, int D, int KB, int VB>
 cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int n_kv_heads, const AttentionBatch& b,
-                cudaStream_t s) {
+                const AttnOutRotation* rot, bool* rotated, cudaStream_t s) {
     if (dec) {
         attn::QuantKernelParams pd = p;
         pd.q_tiles = dec->q_tiles;
@@ -173,31 +219,59 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
     cudaError_t e = pl.decode ? attn::launch_decode<T, D, KB, VB>(p, grid, s)
                               : attn::launch_prefill<T, D, KB, VB>(p, grid, s);
     if (e != cudaSuccess || !pl.partials) return e;
-    return launch_pdl(attention_combine<T, D>, dim3(static_cast<unsigned>(p.total_rows_bound)), dim3(kCombineThreads),
-                      0, s, static_cast<const float*>(p.part_o), static_cast<const float*>(p.part_lse), pl.splits,
-                      p.total_rows_bound, b.q_start, b.batch, p.n_heads, static_cast<T*>(p.out));
+    const auto* po = static_cast<const float*>(p.part_o);
+    const auto* pl_lse = static_cast<const float*>(p.part_lse);
+    if (rot) {
+        constexpr int R = combine_rows<D, true>();
+        if (rotated) *rotated = true;
+        return launch_pdl(attention_combine<T, D, true>, dim3(static_cast<unsigned>(p.total_rows_bound / R)),
+                          dim3(kCombineThreads * R), 0, s, po, pl_lse, pl.splits, p.total_rows_bound, b.q_start,
+                          b.batch, p.n_heads, static_cast<T*>(p.out), rot->suh, rot->xh);
+    }
+    return launch_pdl(attention_combine<T, D, false>, dim3(static_cast<unsigned>(p.total_rows_bound)),
+                      dim3(kCombineThreads), 0, s, po, pl_lse, pl.splits, p.total_rows_bound, b.q_start, b.batch,
+                      p.n_heads, static_cast<T*>(p.out), static_cast<const float*>(nullptr),
+                      static_cast<uint16_t*>(nullptr));
 }
 
 template <typename T>
-cudaError_t run_dtype(const attn::QuantKernelParams& p, const Plan& pl, const Plan* dec, int n_kv_heads,
-                      int head_dim, int k_bits, int v_bits, const AttentionBatch& b, cudaStream_t s) {
+cudaError_t run_dtype(const attn::QuantKernelParams& p, const Plan& pl, const Plan* dec, int n_kv_heads, int head_dim,
+                      int k_bits, int v_bits, const AttentionBatch& b, const AttnOutRotation* rot, bool* rotated,
+                      cudaStream_t s) {
     return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
         constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
         switch (head_dim) {
-            case 64: return run<T, 64, KB, VB>(p, pl, dec, n_kv_heads, b, s);
-            case 128: return run<T, 128, KB, VB>(p, pl, dec, n_kv_heads, b, s);
-            case 256: return run<T, 256, KB, VB>(p, pl, dec, n_kv_heads, b, s);
-            default: return cudaErrorInvalidValue;
+            case 64:
+                return run<T, 64, KB, VB>(p, pl, dec, n_kv_heads, b, rot, rotated, s);
+            case 128:
+                return run<T, 128, KB, VB>(p, pl, dec, n_kv_heads, b, rot, rotated, s);
+            case 256:
+                return run<T, 256, KB, VB>(p, pl, dec, n_kv_heads, b, rot, rotated, s);
+            default:
+                return cudaErrorInvalidValue;
         }
     });
 }
 
 bool valid_head_dim(int d) { return d == 64 || d == 128 || d == 256; }
 
+// Kernel-lab switch: EXL3_ATTN_ROT=0 (or attention_lab_set_out_rotation(false)) leaves the o projection's input
+// rotation to its own kernel, for A/B runs and tests.
+std::atomic<int> g_out_rotation{[] {
+    const char* e = std::getenv("EXL3_ATTN_ROT");
+    return e && e[0] == '0' ? 0 : 1;
+}()};
+bool out_rotation_on() {
+    return g_out_rotation.load(std::memory_order_relaxed) != 0;
+}
+
 }  // namespace
 
-int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits,
-                         int v_bits) {
+void attention_lab_set_out_rotation(bool on) {
+    g_out_rotation.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits) {
     if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return 1;
     return make_plan(b, n_heads, n_kv_heads, head_dim, k_bits, v_bits).splits;
 }
@@ -217,8 +291,9 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
     return most;
 }
 
-cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window,
-                      float scale, void* out, void* workspace, cudaStream_t s) {
+cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
+                      void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot, bool* rotated) {
+    if (rotated) *rotated = false;
     if (kv.n_kv_heads <= 0 || n_heads <= 0 || n_heads % kv.n_kv_heads != 0 || !valid_head_dim(kv.head_dim) ||
         kv.page_size <= 0 || b.batch < 0 || !kv_bits_valid(kv.k_bits) || !kv_bits_valid(kv.v_bits) ||
         (kv.k_bits != 0 && kv.k_params == nullptr) || (kv.v_bits != 0 && kv.v_params == nullptr))
@@ -226,6 +301,10 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
     if (b.batch == 0 || b.total_q == 0) return cudaSuccess;
     const Plan pl = make_plan(b, n_heads, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits);
     if (pl.partials && workspace == nullptr) return cudaErrorInvalidValue;
+    if (rot && (!rot->suh || !rot->xh || (n_heads * kv.head_dim) % 128 != 0 ||
+                (reinterpret_cast<uintptr_t>(rot->suh) & 15) || (reinterpret_cast<uintptr_t>(rot->xh) & 7)))
+        return cudaErrorInvalidValue;
+    if (!pl.partials || !out_rotation_on()) rot = nullptr;  // no merge kernel to do it: the caller rotates
 
     attn::QuantKernelParams p{};
     p.q = q;
@@ -264,8 +343,9 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
     }
     const Plan* dp = split_kinds ? &dec : nullptr;
     if (kv.dtype == AttnDType::kBF16)
-        return run_dtype<__nv_bfloat16>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
-    return run_dtype<__half>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, s);
+        return run_dtype<__nv_bfloat16>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, rotated,
+                                        s);
+    return run_dtype<__half>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, rotated, s);
 }
 
 }  // namespace exl3::cuda

@@ -85,8 +85,23 @@ cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_
 // memory, so more CTAs fit and the plan may split more): pass the cache's k_bits / v_bits. One workspace serves every
 // layer of a step.
 size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim, int k_bits = 0, int v_bits = 0);
-cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window,
-                      float scale, void* out, void* workspace, cudaStream_t s);
+
+// The o projection's EXL3 input rotation, done by the kernel that merges the splits (it holds whole heads):
+// xh[token][n_heads * head_dim] (fp16 bits) = fp16(H128(fp16(out * suh)) / sqrt(128)) per 128 columns -- the bits
+// exl3_matmul's rotation kernel writes from `out` (exl3_matmul.cuh: Exl3InFusion::prerotated). suh [n_heads *
+// head_dim], 16-byte aligned; n_heads * head_dim a multiple of 128.
+struct AttnOutRotation {
+    const float* suh = nullptr;
+    uint16_t* xh = nullptr;
+};
+
+// rot (optional): also write the rotation when a merge kernel runs (the plan splits); *rotated says whether it did
+// (if not, `out` alone is written and the caller rotates). `out` is written either way, with the same bits.
+cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
+                      void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot = nullptr,
+                      bool* rotated = nullptr);
+// Kernel lab / tests: false leaves the rotation to the caller always (as EXL3_ATTN_ROT=0 in the environment).
+void attention_lab_set_out_rotation(bool on);
 
 // Split count the plan will use (the bench and tests report it); 1 means no workspace is needed.
 int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,

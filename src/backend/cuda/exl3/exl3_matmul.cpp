@@ -140,6 +140,9 @@ bool exl3_takes_glu(const Exl3Part*, int nparts, int rows) {
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
                    int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse) {
     if (rows <= 0) return Status::ok();
+    if (fuse && fuse->prerotated && !exl3_takes_prerotated(parts, nparts, rows, out.invariant))
+        return invalid_argument(
+            "exl3_matmul: a prerotated input needs one fused call of one part (exl3_takes_prerotated)");
     if (out.invariant || use_fused_passes(parts, nparts, rows))
         return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse);
     if (fuse && fuse->norm_h)

@@ -26,6 +26,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/exl3/exl3_rotate.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rms_row.cuh"
 
@@ -37,7 +38,6 @@ using namespace exl3k;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
-constexpr float kHadScale = 0.08838834764831845f;  // 1 / sqrt(128)
 constexpr int kRedStride = 132;                    // floats per reduction row
 
 // Ring depth by K: about EXL3_RING_BYTES of weights per block (more bytes in flight hide more memory latency),
@@ -145,24 +145,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// 128-point Walsh-Hadamard transform (unnormalised, Sylvester order) over a warp, lane l holding elements 4l..4l+3.
-__device__ __forceinline__ void fwht128(float (&v)[4], int lane) {
-    const float a = v[0] + v[1], b = v[0] - v[1], c = v[2] + v[3], d = v[2] - v[3];
-    v[0] = a + c;
-    v[1] = b + d;
-    v[2] = a - c;
-    v[3] = b - d;
-#pragma unroll
-    for (int m = 1; m < 32; m <<= 1) {
-        const bool upper = (lane & m) != 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const float o = __shfl_xor_sync(0xffffffffu, v[i], m);
-            v[i] = upper ? o - v[i] : v[i] + o;
-        }
-    }
-}
-
 __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
     if (bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
     return __half2float(static_cast<const __half*>(p)[i]);
@@ -170,10 +152,6 @@ __device__ __forceinline__ float load_act(const void* p, int64_t i, bool bf16) {
 
 __device__ __forceinline__ uint32_t bf2_bits(__nv_bfloat162 h) {
     return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float round16(float v) {
-    return __half2float(__float2half_rn(v));
 }
 
 // What the vector path of store_out reads besides the sums, loaded before the sums are complete (the last block's
@@ -972,11 +950,7 @@ __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, b
                 v[i] = kk < k ? round16(a * suh[kk]) : 0.0f;
             }
         }
-        fwht128(v, lane);
-        uint2 pk;
-        pk.x = h2_bits(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
-        pk.y = h2_bits(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
-        *reinterpret_cast<uint2*>(xh + static_cast<int64_t>(r0 + j) * k_pad + kk0) = pk;
+        *reinterpret_cast<uint2*>(xh + static_cast<int64_t>(r0 + j) * k_pad + kk0) = rotate128_pack(v, lane);
     }
 }
 
@@ -1030,11 +1004,7 @@ __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const
         }
         v[i] = kk < k ? round16(a * su[i]) : 0.0f;
     }
-    fwht128(v, lane);
-    uint2 pk;
-    pk.x = h2_bits(__floats2half2_rn(v[0] * kHadScale, v[1] * kHadScale));
-    pk.y = h2_bits(__floats2half2_rn(v[2] * kHadScale, v[3] * kHadScale));
-    *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + k0) = pk;
+    *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + k0) = rotate128_pack(v, lane);
 }
 
 cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
@@ -1405,6 +1375,15 @@ int exl3_fused_call_rows(bool invariant) {
     return invariant || !g_pair.load(std::memory_order_relaxed) ? kExl3FusedMaxRows : kExl3PairMaxRows;
 }
 
+bool exl3_takes_prerotated(const Exl3Part* parts, int nparts, int rows, bool invariant) {
+    return nparts == 1 && rows <= exl3_fused_call_rows(invariant) && fusable(parts, 1, rows) &&
+           parts[0].w.k == parts[0].w.k_pad;
+}
+
+uint16_t* exl3_prerotated_xh(void* ws) {
+    return reinterpret_cast<uint16_t*>(static_cast<char*>(ws) + kExl3CounterBytes);
+}
+
 void exl3_lab_set_trace(unsigned long long* buf) {
     g_trace.store(buf);
 }
@@ -1492,11 +1471,16 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     auto* xh = reinterpret_cast<__half*>(static_cast<char*>(ws) + kExl3CounterBytes);
     p.xh = xh;
     p.partials = reinterpret_cast<float*>(static_cast<char*>(ws) + kExl3CounterBytes + xhb);
-    RotateParts rp{};
-    for (int i = 0; i < nparts; ++i) rp.suh[i] = parts[i].w.suh;
-    if (cudaError_t e = launch_rotate_parts(rp, nparts, x, xt == ActType::kBF16, ldx, w0.k, w0.k_pad, rows, xh, fin, s);
-        e != cudaSuccess)
-        return e;
+    if (fin.prerotated) {  // xh is written already (exl3_takes_prerotated held for the caller)
+        if (nparts != 1 || w0.k != w0.k_pad) return cudaErrorInvalidValue;
+    } else {
+        RotateParts rp{};
+        for (int i = 0; i < nparts; ++i) rp.suh[i] = parts[i].w.suh;
+        if (cudaError_t e =
+                launch_rotate_parts(rp, nparts, x, xt == ActType::kBF16, ldx, w0.k, w0.k_pad, rows, xh, fin, s);
+            e != cudaSuccess)
+            return e;
+    }
     const int cb = static_cast<int>(w0.codebook);
     switch (w0.K) {
         case 1: return launch_fused_cb<1>(p, f.groups, cb, s);

@@ -89,14 +89,23 @@ struct Exl3Part {
 //   norm_h: x = act(norm_w * (h * rsqrt(mean(h^2) + eps))) from the fp32 rows h [rows, k] -- bit for bit what
 //           cuda::add_rms_norm writes (rms_row.cuh); k % 4 == 0, h and norm_w 16-byte aligned;
 //   glu_off > 0: x = act(silu(g) * u) with g = x[r, j], u = x[r, glu_off + j] -- what cuda::silu_mul writes.
+//   prerotated: the previous kernel on the stream already wrote xh where this call reads it (exl3_prerotated_xh of
+//           the workspace, [rows][k_pad] fp16 bits, the same bits the rotation kernel would write from x: the
+//           attention merge does it for the o projection, cuda::AttnOutRotation); x is not read. Only where
+//           exl3_takes_prerotated says so.
 struct Exl3InFusion {
     const float* norm_h = nullptr;
     const float* norm_w = nullptr;
     float eps = 0.0f;
     int glu_off = 0;
+    bool prerotated = false;
 };
 bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant = false);
 bool exl3_takes_glu(const Exl3Part* parts, int nparts, int rows);
+// One part, one fused call (rows <= exl3_fused_call_rows(invariant)) and k = k_pad: the call can take xh written
+// by someone else (Exl3InFusion::prerotated), at exl3_prerotated_xh(ws).
+bool exl3_takes_prerotated(const Exl3Part* parts, int nparts, int rows, bool invariant);
+uint16_t* exl3_prerotated_xh(void* ws);
 
 // Scratch the matmul needs for `rows` rows of x. It starts with a fixed region of split-K counters (one per column
 // group of 128) that must start zeroed (exl3_workspace_init); every call leaves them zeroed again, so one workspace
