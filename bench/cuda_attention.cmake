@@ -14,3 +14,6 @@ set_target_properties(bench_cuda_int_lab PROPERTIES CUDA_STANDARD 17)
 add_executable(bench_cuda_decode_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_decode_lab.cu)
 set_target_properties(bench_cuda_decode_lab PROPERTIES CUDA_STANDARD 17)
 target_include_directories(bench_cuda_decode_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)
+
+add_executable(bench_cuda_hop_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_hop_lab.cu)
+set_target_properties(bench_cuda_hop_lab PROPERTIES CUDA_STANDARD 17)
