@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
-#include <type_traits>
 
 #include "backend/cuda/attention/attention_kernel.cuh"
 #include "backend/cuda/device.h"
@@ -80,14 +79,6 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     pl.splits = (max_seq + chunk - 1) / chunk;
     pl.partials = pl.splits > 1;
     return pl;
-}
-
-template <typename T>
-__device__ __forceinline__ float act_to_float(T v) {
-    if constexpr (std::is_same_v<T, __half>)
-        return __half2float(v);
-    else
-        return __bfloat162float(v);
 }
 
 // Merges split partials: out = sum_s w_s o_s / sum_s w_s with w_s = 2^(lse_s - max lse). 256 threads per output
@@ -184,7 +175,7 @@ __global__ void __launch_bounds__(kCombineThreads* combine_rows<D, ROT>())
         for (int i = 0; i < kGroups; ++i) o += red[r][i][d];
         const T t = attn::MmaOp<T>::from_float(o * inv_sum[r]);
         out[row * D + d] = t;
-        if constexpr (ROT) merged[r * D + d] = act_to_float(t);
+        if constexpr (ROT) merged[r * D + d] = attn::MmaOp<T>::to_float(t);
     }
     if constexpr (ROT) {
         __syncthreads();

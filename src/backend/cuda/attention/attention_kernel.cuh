@@ -98,6 +98,7 @@ struct MmaOp<__nv_bfloat16> {
         return __bfloat1622float2(h);
     }
     __device__ static inline __nv_bfloat16 from_float(float f) { return __float2bfloat16_rn(f); }
+    __device__ static inline float to_float(__nv_bfloat16 h) { return __bfloat162float(h); }
 };
 
 template <>
@@ -118,6 +119,7 @@ struct MmaOp<__half> {
         return __half22float2(h);
     }
     __device__ static inline __half from_float(float f) { return __float2half_rn(f); }
+    __device__ static inline float to_float(__half h) { return __half2float(h); }
 };
 
 __device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
