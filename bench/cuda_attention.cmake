@@ -17,3 +17,4 @@ target_include_directories(bench_cuda_decode_lab PRIVATE ${PROJECT_SOURCE_DIR}/s
 
 add_executable(bench_cuda_hop_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_hop_lab.cu)
 set_target_properties(bench_cuda_hop_lab PROPERTIES CUDA_STANDARD 17)
+target_include_directories(bench_cuda_hop_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)

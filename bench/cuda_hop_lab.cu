@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "backend/cuda/pdl.cuh"  // the griddepcontrol hooks (nothing below sm_90)
+
 namespace {
 
 __device__ __forceinline__ unsigned long long now_ns() {
@@ -28,11 +30,11 @@ enum Mode { kPlain = 0, kPdl = 1, kFlag = 2 };
 template <int MODE>
 __global__ void __launch_bounds__(256) hop(const unsigned* prev, unsigned* cur, const unsigned* prev_count,
                                            unsigned* count, int prev_blocks, int work_ns) {
-    if constexpr (MODE != kPlain) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    if constexpr (MODE != kPlain) EXL3_LAUNCH_DEPENDENTS();
     __shared__ unsigned v;
     if (threadIdx.x == 0) {
         if (prev) {
-            if constexpr (MODE == kPdl) asm volatile("griddepcontrol.wait;" ::: "memory");
+            if constexpr (MODE == kPdl) EXL3_GRID_DEPENDENCY_WAIT();
             if constexpr (MODE == kFlag) {
                 unsigned c;
                 do {
@@ -59,7 +61,7 @@ __global__ void __launch_bounds__(256) hop(const unsigned* prev, unsigned* cur, 
         }
     }
     if constexpr (MODE == kPdl)
-        if (!prev) asm volatile("griddepcontrol.wait;" ::: "memory");  // (keeps the chain's transitivity)
+        if (!prev) EXL3_GRID_DEPENDENCY_WAIT();  // (keeps the chain's transitivity)
 }
 
 template <int MODE>
