@@ -83,13 +83,13 @@ TEST(CudaModel, TinyTargetExl3MatchesCpu) {
 TEST(CudaModel, Exl3RotationInTheAttentionMergeIsExact) {
     EXL3_REQUIRE_GPU();
     EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
-    auto gpu = load(dir, "cuda");
-    ASSERT_TRUE(gpu);
-    const int V = gpu->info().vocab_size;
-    const auto prompt = tokens(300, 5, V);
     std::vector<std::vector<float>> runs[2];
     for (int on = 0; on < 2; ++on) {
         cuda::attention_lab_set_out_rotation(on != 0);
+        auto gpu = load(dir, "cuda");  // a model per setting: its decode graphs are captured under that setting
+        ASSERT_TRUE(gpu);
+        const auto prompt = tokens(300, 5, gpu->info().vocab_size);
+        const long long before = cuda::attention_lab_out_rotations();
         auto sq = gpu->new_sequence();
         std::vector<float> l;
         ASSERT_TRUE(gpu->forward(**sq, prompt, false, &l).is_ok());
@@ -97,6 +97,11 @@ TEST(CudaModel, Exl3RotationInTheAttentionMergeIsExact) {
             ASSERT_TRUE(gpu->forward(**sq, {prompt[static_cast<size_t>(i)]}, false, &l).is_ok());
             runs[on].push_back(l);
         }
+        // The comparison means something only if the decode steps took the fused path (and the others did not).
+        if (on)
+            EXPECT_GT(cuda::attention_lab_out_rotations(), before);
+        else
+            EXPECT_EQ(cuda::attention_lab_out_rotations(), before);
     }
     cuda::attention_lab_set_out_rotation(true);
     for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[0][i] == runs[1][i]) << "decode step " << i;

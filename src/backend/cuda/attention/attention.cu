@@ -252,6 +252,7 @@ std::atomic<int> g_out_rotation{[] {
     const char* e = std::getenv("EXL3_ATTN_ROT");
     return e && e[0] == '0' ? 0 : 1;
 }()};
+std::atomic<long long> g_out_rotations{0};  // merge kernels launched with the rotation (attention_lab_out_rotations)
 bool out_rotation_on() {
     return g_out_rotation.load(std::memory_order_relaxed) != 0;
 }
@@ -260,6 +261,10 @@ bool out_rotation_on() {
 
 void attention_lab_set_out_rotation(bool on) {
     g_out_rotation.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+long long attention_lab_out_rotations() {
+    return g_out_rotations.load(std::memory_order_relaxed);
 }
 
 int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits) {
@@ -333,10 +338,16 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
         if (dec.splits != pl.splits || dec.split_keys != pl.split_keys) return cudaErrorInvalidValue;  // by design equal
     }
     const Plan* dp = split_kinds ? &dec : nullptr;
-    if (kv.dtype == AttnDType::kBF16)
-        return run_dtype<__nv_bfloat16>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, rotated,
-                                        s);
-    return run_dtype<__half>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, rotated, s);
+    bool did = false;
+    const cudaError_t e =
+        kv.dtype == AttnDType::kBF16
+            ? run_dtype<__nv_bfloat16>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, &did, s)
+            : run_dtype<__half>(p, pl, dp, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, b, rot, &did, s);
+    if (e == cudaSuccess && did) {
+        if (rotated) *rotated = true;
+        g_out_rotations.fetch_add(1, std::memory_order_relaxed);
+    }
+    return e;
 }
 
 }  // namespace exl3::cuda

@@ -100,8 +100,12 @@ struct AttnOutRotation {
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
                       void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot = nullptr,
                       bool* rotated = nullptr);
-// Kernel lab / tests: false leaves the rotation to the caller always (as EXL3_ATTN_ROT=0 in the environment).
+// Kernel lab / tests: false leaves the rotation to the caller always (as EXL3_ATTN_ROT=0 in the environment). A
+// CUDA graph keeps what was launched when it was captured: the setting reaches the graphs captured after the call.
 void attention_lab_set_out_rotation(bool on);
+// Tests: how many merge kernels were launched with the rotation so far in this process (host-side launches: a CUDA
+// graph counts when it is captured, not when it is replayed).
+long long attention_lab_out_rotations();
 
 // Split count the plan will use (the bench and tests report it); 1 means no workspace is needed.
 int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
