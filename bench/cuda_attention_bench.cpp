@@ -238,7 +238,8 @@ int main(int argc, char** argv) {
     const size_t l2 = static_cast<size_t>(prop.l2CacheSize);
 
     // Decode: one new token per sequence over ctx tokens of cache.
-    for (int ctx : {4096, 16384}) {
+    // Short contexts (512, 2048) are latency-bound: a decode step's attention and merge in a chain of graph kernels.
+    for (int ctx : {512, 2048, 4096, 16384}) {
         for (int batch : {1, 8, 32}) {
             const std::string name = "decode ctx " + std::to_string(ctx) + " batch " + std::to_string(batch);
             if (!want(name)) continue;

@@ -4,6 +4,8 @@
 // weight bandwidth k*n*K/8 / time, and the speedup over the reference's time.
 //
 // Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N] [--batch-sweep]   (--shapes 5: the 8B rows only)
+//        bench_cuda_exl3 --trace SHAPE K ROWS [--kn K_IN N_OUT]   (per-block timelines; --kn: another shape, e.g.
+//                                                                  4096 28672 for a Llama-3-8B layer's fused gate|up)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -277,6 +279,7 @@ int main(int argc, char** argv) {
     int n_shapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
     int only_shape = -1, only_k = 0;  // --only SHAPE_INDEX K: one cell (for profilers)
     int trace_shape = -1, trace_k = 4, trace_rows = 1;  // --trace SHAPE_INDEX K ROWS: block timelines, no table
+    int trace_kn[2] = {0, 0};                           // --kn K N: that shape instead (e.g. a fused gate|up)
     bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
     for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -289,6 +292,12 @@ int main(int argc, char** argv) {
             trace_k = std::atoi(argv[i + 2]);
             trace_rows = std::atoi(argv[i + 3]);
             i += 2;
+            continue;
+        }
+        if (!std::strcmp(argv[i], "--kn") && i + 2 < argc) {  // --trace's shape: k and n instead of the table's
+            trace_kn[0] = std::atoi(argv[i + 1]);
+            trace_kn[1] = std::atoi(argv[i + 2]);
+            ++i;
             continue;
         }
         if (!std::strcmp(argv[i], "--only") && i + 2 < argc) {
@@ -312,7 +321,17 @@ int main(int argc, char** argv) {
     if (trace_shape >= 0 && trace_shape < n_shapes) {
         std::vector<uint64_t> noise((size_t{128} << 20) / 8);
         fill_random(noise);
-        const Shape& sh = kShapes[trace_shape];
+        Shape sh = kShapes[trace_shape];
+        if (trace_kn[0] || trace_kn[1]) {
+            if (trace_kn[0] <= 0 || trace_kn[1] <= 0 || trace_kn[0] % 128 || trace_kn[1] % 128 || trace_kn[0] > 65536 ||
+                trace_kn[1] > 262144) {
+                std::fprintf(stderr, "--kn: k and n must be positive multiples of 128 (k <= 65536, n <= 262144)\n");
+                return 1;
+            }
+            sh.name = "custom";
+            sh.k = trace_kn[0];
+            sh.n = trace_kn[1];
+        }
         Layer l;
         DeviceBuffer x, y, ws;
         std::vector<uint16_t> xh(static_cast<size_t>(trace_rows) * sh.k);
@@ -323,8 +342,8 @@ int main(int argc, char** argv) {
         const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], trace_rows), kExl3CounterBytes);
         if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
             return 1;
-        std::printf("trace %s K%d rows %d: %.1f us a call (graph of 20)\n", sh.name, trace_k, trace_rows,
-                    time_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes()));
+        std::printf("trace %s (%d->%d) K%d rows %d: %.1f us a call (graph of 20)\n", sh.name, sh.k, sh.n, trace_k,
+                    trace_rows, time_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes()));
         return trace_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes());
     }
     const double bw = measure_copy_bandwidth(0);
