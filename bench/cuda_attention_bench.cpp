@@ -250,8 +250,9 @@ int main(int argc, char** argv) {
             const Timing t = time_calls(per_graph, 20, copies, [&](int c, cudaStream_t st) {
                 CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st));
             });
-            rows.push_back({name, t,
-                            kv_bytes / t.graph_us * 1e-3, kRoofGBs, "GB/s",
+            // The planner's decode shape: "8w" marks the wide one (8 warps; EXL3_ATTN_DECODE_WARPS=4|8 forces one).
+            const bool wide = attention_decode_warps(s.plan, sh.n_heads, sh.n_kv, sh.head_dim) == 8;
+            rows.push_back({name + (wide ? " 8w" : ""), t, kv_bytes / t.graph_us * 1e-3, kRoofGBs, "GB/s",
                             attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim)});
         }
     }

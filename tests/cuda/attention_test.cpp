@@ -363,8 +363,9 @@ void run_case(const Case& c, uint32_t seed) {
     DOWNLOAD(got, d.out.p);
     const auto ref = s.reference(scale);
     const ErrStats e = compare(got, ref, c.dtype);
-    std::printf("[attn] %-34s splits %3d  max|ref| %.3f  max abs err %.3e  rel %.3e\n", c.name.c_str(), splits,
-                e.max_ref, e.max_abs, e.max_abs / e.max_ref);
+    const int warps = cuda::attention_decode_warps(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits);
+    std::printf("[attn] %-34s splits %3d  warps %d  max|ref| %.3f  max abs err %.3e  rel %.3e\n", c.name.c_str(),
+                splits, warps, e.max_ref, e.max_abs, e.max_abs / e.max_ref);
     EXPECT_EQ(e.bad, 0u) << c.name << ": non-finite or unwritten outputs";
     EXPECT_LE(e.max_abs, 2e-2 * e.max_ref) << c.name;
 
@@ -456,6 +457,20 @@ TEST_P(PagedAttention, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, PagedAttention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const ::testing::TestParamInfo<int>& i) { return kCases[i.param].name; });
 
+// Both decode shapes on every single-token case of an unquantized cache: DecodeShape (4 warps of 16-key slices) and
+// DecodeWideShape (8 warps of 8-key slices), forced whatever the planner would choose, with the plan's own splits.
+TEST_P(PagedAttention, BothDecodeShapes) {
+    EXL3_REQUIRE_GPU();
+    const Case& c = kCases[GetParam()];
+    const bool one_token = std::all_of(c.seqs.begin(), c.seqs.end(), [](const auto& q) { return q.q_len == 1; });
+    if (!one_token || c.k_bits != 0 || c.v_bits != 0) GTEST_SKIP() << "not a decode step of an unquantized cache";
+    for (int warps : {4, 8}) {
+        cuda::attention_lab_set_decode_warps(warps);
+        run_case(c, 4321u + static_cast<uint32_t>(GetParam()));
+        cuda::attention_lab_set_decode_warps(0);
+    }
+}
+
 // A CUDA graph captured at one step must replay correctly at a later step with longer device-side lengths, as
 // long as they stay inside the host-side bounds it was captured with.
 void run_graph_replay(bool decode) {
@@ -544,6 +559,13 @@ void run_graph_replay(bool decode) {
 
 TEST(PagedAttentionGraph, DecodeReplaysWithLongerLengths) { run_graph_replay(true); }
 TEST(PagedAttentionGraph, PrefillReplaysWithLongerLengths) { run_graph_replay(false); }
+TEST(PagedAttentionGraph, BothDecodeShapesReplay) {
+    for (int warps : {4, 8}) {
+        cuda::attention_lab_set_decode_warps(warps);
+        run_graph_replay(true);
+        cuda::attention_lab_set_decode_warps(0);
+    }
+}
 
 // The batch-invariant plan (AttentionBatch::fixed_split_keys): every sequence's output rows are the same bits in a
 // mixed step (prompt chunks beside decode tokens), in a batch of its own, and -- for the decode tokens -- in a step

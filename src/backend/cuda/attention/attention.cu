@@ -17,11 +17,19 @@ constexpr int kMaxSplits = 128;
 
 struct Plan {
     bool decode;
+    bool wide;  // decode in DecodeWideShape (8 warps) rather than DecodeShape
     int q_tiles;
     int splits;
     int split_keys;
     bool partials;  // write split partials and merge them (splits > 1, or a fixed split length)
 };
+
+// The wide decode shape is taken where each CTA's share stays short: at most this many keys a split (8 tiles).
+// Measured end to end (lab note 41): ahead at 128-256 keys a split, level at 1024, behind where a step is bound by
+// bytes (long contexts, big batches), where the 4-warp shape's extra resident CTAs win.
+constexpr int kWideMaxSplitKeys = 512;
+
+bool unquantized(int bits) { return bits != 4 && bits != 6 && bits != 8; }  // as attn::with_kv_bits
 
 int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
     // Same for fp16 and bf16 (same registers and shared memory), so the bf16 instance answers for both.
@@ -39,28 +47,30 @@ int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
     });
 }
 
-// Split-K plan. The CTAs of a decode step all do the same amount of work, so the best grid is one full wave:
-// splits = floor(resident slots / base CTAs). A partial second wave (e.g. 320 CTAs on 264 slots) would double the
-// time of its stragglers' share.
-Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits) {
-    Plan pl{};
-    pl.decode = b.max_q_len <= 1;
-    const int group = n_heads / n_kv_heads;
-    const int bm = pl.decode ? attn::DecodeShape::kBM : attn::PrefillShape::kBM;
-    const int bn = pl.decode ? attn::DecodeShape::bn(head_dim) : attn::PrefillShape::bn(head_dim);
-    pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
-    const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
-    const int64_t slots =
-        static_cast<int64_t>(std::max(occupancy(pl.decode, head_dim, k_bits, v_bits), 1)) * current_device_sm_count();
-    const int max_seq = std::max(b.max_seq_len, 1);
-    if (b.fixed_split_keys > 0) {
-        // A multiple of 64, the key tile of both shapes (bn is 32 or 64): a step that runs both kernels (below)
-        // gives them the same splits, and a split of either kernel covers the same keys.
-        pl.split_keys = (b.fixed_split_keys + 63) / 64 * 64;
-        pl.splits = (max_seq + pl.split_keys - 1) / pl.split_keys;
-        pl.partials = true;
-        return pl;
+int occupancy_wide(int head_dim) {
+    using BF = __nv_bfloat16;
+    switch (head_dim) {
+        case 64:
+            return attn::occupancy_decode_wide<BF, 64>();
+        case 256:
+            return attn::occupancy_decode_wide<BF, 256>();
+        default:
+            return attn::occupancy_decode_wide<BF, 128>();
     }
+}
+
+// Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape
+// (the wide one for unquantized caches only). EXL3_ATTN_DECODE_WARPS=4|8 in the environment sets it at start.
+std::atomic<int> g_decode_warps{[] {
+    const char* e = std::getenv("EXL3_ATTN_DECODE_WARPS");
+    const int w = e ? std::atoi(e) : 0;
+    return w == 4 || w == 8 ? w : 0;
+}()};
+
+// Split-K of `base` CTAs with `occ` resident an SM: one full wave, splits = floor(resident slots / base CTAs). A
+// partial second wave (e.g. 320 CTAs on 264 slots) would double the time of its stragglers' share.
+void plan_splits(Plan& pl, int64_t base, int occ, int max_seq, int bn) {
+    const int64_t slots = static_cast<int64_t>(std::max(occ, 1)) * current_device_sm_count();
     int splits = 1;
     if (base < slots) {
         splits = static_cast<int>(slots / base);
@@ -78,6 +88,42 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     pl.split_keys = chunk;
     pl.splits = (max_seq + chunk - 1) / chunk;
     pl.partials = pl.splits > 1;
+}
+
+// warps: 0 = the planner's choice of decode shape (g_decode_warps unless forced there), 4 / 8 = that shape.
+Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits,
+               int warps = 0) {
+    Plan pl{};
+    pl.decode = b.max_q_len <= 1;
+    const int group = n_heads / n_kv_heads;
+    const int bm = pl.decode ? attn::DecodeShape::kBM : attn::PrefillShape::kBM;
+    const int bn = pl.decode ? attn::DecodeShape::bn(head_dim) : attn::PrefillShape::bn(head_dim);
+    static_assert(attn::DecodeWideShape::kBM == attn::DecodeShape::kBM &&
+                      attn::DecodeWideShape::bn(128) == attn::DecodeShape::bn(128),
+                  "both decode shapes tile the same way");
+    pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
+    const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
+    const int max_seq = std::max(b.max_seq_len, 1);
+    if (b.fixed_split_keys > 0) {
+        // A multiple of 64, the key tile of both shapes (bn is 32 or 64): a step that runs both kernels (below)
+        // gives them the same splits, and a split of either kernel covers the same keys. Always the 4-warp decode
+        // shape: which shape runs must not depend on the batch either.
+        pl.split_keys = (b.fixed_split_keys + 63) / 64 * 64;
+        pl.splits = (max_seq + pl.split_keys - 1) / pl.split_keys;
+        pl.partials = true;
+        return pl;
+    }
+    plan_splits(pl, base, occupancy(pl.decode, head_dim, k_bits, v_bits), max_seq, bn);
+    if (!pl.decode || !unquantized(k_bits) || !unquantized(v_bits)) return pl;
+    if (warps == 0) warps = g_decode_warps.load(std::memory_order_relaxed);
+    if (warps == 4) return pl;
+    // The wide shape, where its plan needs one wave and gives each CTA a short share (latency-bound), or forced.
+    Plan w = pl;
+    w.wide = true;
+    const int occ = occupancy_wide(head_dim);
+    plan_splits(w, base, occ, max_seq, bn);
+    const int64_t slots = static_cast<int64_t>(std::max(occ, 1)) * current_device_sm_count();
+    if (warps == 8 || (base <= slots && w.split_keys <= kWideMaxSplitKeys)) return w;
     return pl;
 }
 
@@ -207,8 +253,14 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
     }
     const dim3 grid(static_cast<unsigned>(b.batch * pl.q_tiles), static_cast<unsigned>(n_kv_heads),
                     static_cast<unsigned>(pl.splits));
-    cudaError_t e = pl.decode ? attn::launch_decode<T, D, KB, VB>(p, grid, s)
-                              : attn::launch_prefill<T, D, KB, VB>(p, grid, s);
+    cudaError_t e = cudaErrorInvalidValue;
+    if (!pl.decode) {
+        e = attn::launch_prefill<T, D, KB, VB>(p, grid, s);
+    } else if (!pl.wide) {
+        e = attn::launch_decode<T, D, KB, VB>(p, grid, s);
+    } else if constexpr (KB == 16 && VB == 16) {
+        e = attn::launch_decode_wide<T, D>(p, grid, s);
+    }
     if (e != cudaSuccess || !pl.partials) return e;
     const auto* po = static_cast<const float*>(p.part_o);
     const auto* pl_lse = static_cast<const float*>(p.part_lse);
@@ -263,6 +315,16 @@ void attention_lab_set_out_rotation(bool on) {
     g_out_rotation.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
+void attention_lab_set_decode_warps(int warps) {
+    g_decode_warps.store(warps == 4 || warps == 8 ? warps : 0, std::memory_order_relaxed);
+}
+
+int attention_decode_warps(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits, int v_bits) {
+    if (n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return 0;
+    const Plan pl = make_plan(b, n_heads, n_kv_heads, head_dim, k_bits, v_bits);
+    return !pl.decode ? 0 : pl.wide ? attn::DecodeWideShape::kWarpsN : attn::DecodeShape::kWarpsN;
+}
+
 long long attention_lab_out_rotations() {
     return g_out_rotations.load(std::memory_order_relaxed);
 }
@@ -278,11 +340,12 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
     size_t most = 0;
     for (int kv = 1; kv <= n_heads; ++kv) {
         if (n_heads % kv != 0) continue;
-        const Plan pl = make_plan(b, n_heads, kv, head_dim, k_bits, v_bits);
-        const int splits = pl.splits;
-        if (!pl.partials) continue;
-        const size_t rows = static_cast<size_t>(b.total_q) * n_heads;
-        most = std::max(most, static_cast<size_t>(splits) * rows * (static_cast<size_t>(head_dim) + 1) * 4);
+        for (int warps : {4, 8}) {  // either decode shape, whichever the planner or a lab setting picks
+            const Plan pl = make_plan(b, n_heads, kv, head_dim, k_bits, v_bits, warps);
+            if (!pl.partials) continue;
+            const size_t rows = static_cast<size_t>(b.total_q) * n_heads;
+            most = std::max(most, static_cast<size_t>(pl.splits) * rows * (static_cast<size_t>(head_dim) + 1) * 4);
+        }
     }
     return most;
 }

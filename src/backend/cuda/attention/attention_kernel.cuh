@@ -89,6 +89,12 @@ struct MmaOp<__nv_bfloat16> {
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
     }
+    // m16n8k8: a = 2 registers (rows g / g + 8, k 2t..2t+1), b = 1 register.
+    __device__ static inline void mma_k8(float* c, const uint32_t* a, uint32_t b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    }
     __device__ static inline uint32_t pack(float lo, float hi) {
         __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
         return *reinterpret_cast<uint32_t*>(&h);
@@ -109,6 +115,12 @@ struct MmaOp<__half> {
             "{%0,%1,%2,%3};\n"
             : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    }
+    // m16n8k8: a = 2 registers (rows g / g + 8, k 2t..2t+1), b = 1 register.
+    __device__ static inline void mma_k8(float* c, const uint32_t* a, uint32_t b) {
+        asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
     }
     __device__ static inline uint32_t pack(float lo, float hi) {
         __half2 h = __floats2half2_rn(lo, hi);
@@ -143,6 +155,12 @@ __device__ inline void ldmatrix_x4(uint32_t* r, uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
+}
+__device__ inline void ldmatrix_x2(uint32_t* r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+__device__ inline void ldmatrix_x2_trans(uint32_t* r, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];\n" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
 }
 __device__ inline void ldmatrix_x4_trans(uint32_t* r, uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -191,7 +209,7 @@ struct Config {
     static constexpr int kEpiBytes = WARPS_N * BM * kEpiStride * 4 + WARPS_N * BM * 2 * 4;
     static constexpr int kSmemBytes = kPipeBytes > kEpiBytes ? kPipeBytes : kEpiBytes;
     static_assert(BM == 16 * WARPS_M, "each row warp owns 16 rows");
-    static_assert(kWarpKeys % 16 == 0, "a warp's key slice is a whole number of mma k-steps");
+    static_assert(kWarpKeys % 16 == 0 || kWarpKeys == 8, "a warp's key slice: whole mma k-steps, or 8 keys");
     static_assert(kThreads % kChunks == 0, "tile loads cover whole rows per pass");
     static_assert((KB == 16 || KB == 4 || KB == 6 || KB == 8) && (VB == 16 || VB == 4 || VB == 6 || VB == 8),
                   "KV bits: 4, 6, 8 or 16 (unquantized)");
@@ -507,6 +525,12 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             } else {
                 ldmatrix_x4(qtmp, smem_addr(sq + swz<D>(wm * 16 + (lane % 16), kk * 2 + lane / 16) * 16));
             }
+            if constexpr (C::kWarpKeys == 8) {  // 8 keys: their k-halves of this k-step (lanes 0..15 address)
+                uint32_t kf[2];
+                const int r = key0 + (lane % 8), c = kk * 2 + (lane / 8) % 2;
+                ldmatrix_x2(kf, smem_addr(sk + swz<D>(r, c) * 16));
+                Op::mma(s[0], qa, kf);
+            }
 #pragma unroll
             for (int n2 = 0; n2 < C::kWarpKeys / 16; ++n2) {
                 uint32_t kf[4];
@@ -572,6 +596,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         }
 
         // O += P V: P's accumulator layout for two adjacent 8-key tiles is exactly the A layout of one k-step.
+        if constexpr (C::kWarpKeys == 8) {  // one 8-key k-step (m16n8k8): A = P's accumulator rows g, g + 8
+            const uint32_t pa[2] = {Op::pack(s[0][0], s[0][1]), Op::pack(s[0][2], s[0][3])};
+#pragma unroll
+            for (int n2 = 0; n2 < D / 16; ++n2) {
+                uint32_t vf[2];  // keys 0..7 x dims 16 n2 .. + 7 and 16 n2 + 8 .. + 15, transposed to B fragments
+                const int r = key0 + (lane % 8), c = n2 * 2 + (lane / 8) % 2;
+                ldmatrix_x2_trans(vf, smem_addr(sv + swz<D>(r, c) * 16));
+                Op::mma_k8(acc[2 * n2], pa, vf[0]);
+                Op::mma_k8(acc[2 * n2 + 1], pa, vf[1]);
+            }
+        }
 #pragma unroll
         for (int kk = 0; kk < C::kWarpKeys / 16; ++kk) {
             uint32_t pa[4];
@@ -707,6 +742,15 @@ struct DecodeShape {
     static constexpr int bn(int d) { return 64; }
     static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
 };
+// Decode, wide: the same tile with 8 warps of 8-key slices (Q K^T one m16n8k16 a k-step, P V m16n8k8), unquantized
+// caches only. At batch 1 a 64-key tile is latency-bound tensor-core work (16-row mmas for a 4-row GQA group, one
+// warp a sub-partition): twice the warps halve each one's chain (lab note 40h: -2.5 % a Llama-3-8B step). Its
+// 256-thread CTAs fit fewer to an SM, so the planner takes it only where that costs no split (attention.cu).
+struct DecodeWideShape {
+    static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 8;
+    static constexpr int bn(int d) { return 64; }
+    static constexpr int stages(int d) { return DecodeShape::stages(d); }
+};
 
 // KB, VB: bits of the K and V codes, 16 for an unquantized side (instantiated for 16, 8, 6 and 4 each).
 template <typename T, int D, int KB, int VB>
@@ -718,6 +762,11 @@ template <typename T, int D, int KB, int VB>
 int occupancy_prefill();
 template <typename T, int D, int KB, int VB>
 int occupancy_decode();
+// DecodeWideShape (decode_wide.cu): unquantized K and V only.
+template <typename T, int D>
+cudaError_t launch_decode_wide(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
+template <typename T, int D>
+int occupancy_decode_wide();
 
 // Calls f(std::integral_constant<int, KB>, std::integral_constant<int, VB>) for the runtime bits (0 -> 16).
 template <typename F>
