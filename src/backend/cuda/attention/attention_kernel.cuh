@@ -643,10 +643,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
     {
         const int rbase = wm * 16 + lane / 4;
         float* eo = epi + (wn * BM + rbase) * C::kEpiStride + (lane % 4) * 2;
+        // Only rows that hold queries are read back (decode: the GQA group, e.g. 4 of 16); at G <= 8 a warp skips
+        // its second half of stores altogether.
+        const int nrows = row_end - row0;
+        if (rbase < nrows) {
 #pragma unroll
-        for (int n = 0; n < D / 8; ++n) {
-            *reinterpret_cast<float2*>(eo + n * 8) = make_float2(acc[n][0], acc[n][1]);
-            *reinterpret_cast<float2*>(eo + 8 * C::kEpiStride + n * 8) = make_float2(acc[n][2], acc[n][3]);
+            for (int n = 0; n < D / 8; ++n) *reinterpret_cast<float2*>(eo + n * 8) = make_float2(acc[n][0], acc[n][1]);
+        }
+        if (rbase + 8 < nrows) {
+#pragma unroll
+            for (int n = 0; n < D / 8; ++n)
+                *reinterpret_cast<float2*>(eo + 8 * C::kEpiStride + n * 8) = make_float2(acc[n][2], acc[n][3]);
         }
         if (lane % 4 == 0) {
 #pragma unroll
