@@ -29,8 +29,6 @@ struct Plan {
 // bytes (long contexts, big batches), where the 4-warp shape's extra resident CTAs win.
 constexpr int kWideMaxSplitKeys = 512;
 
-bool unquantized(int bits) { return bits != 4 && bits != 6 && bits != 8; }  // as attn::with_kv_bits
-
 int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
     // Same for fp16 and bf16 (same registers and shared memory), so the bf16 instance answers for both.
     using BF = __nv_bfloat16;
@@ -47,20 +45,22 @@ int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
     });
 }
 
-int occupancy_wide(int head_dim) {
+int occupancy_wide(int head_dim, int k_bits, int v_bits) {
     using BF = __nv_bfloat16;
-    switch (head_dim) {
-        case 64:
-            return attn::occupancy_decode_wide<BF, 64>();
-        case 256:
-            return attn::occupancy_decode_wide<BF, 256>();
-        default:
-            return attn::occupancy_decode_wide<BF, 128>();
-    }
+    return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
+        constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
+        switch (head_dim) {
+            case 64:
+                return attn::occupancy_decode_wide<BF, 64, KB, VB>();
+            case 256:
+                return attn::occupancy_decode_wide<BF, 256, KB, VB>();
+            default:
+                return attn::occupancy_decode_wide<BF, 128, KB, VB>();
+        }
+    });
 }
 
-// Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape
-// (the wide one for unquantized caches only). EXL3_ATTN_DECODE_WARPS=4|8 in the environment sets it at start.
+// Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape. EXL3_ATTN_DECODE_WARPS=4|8 in the environment sets it at start.
 std::atomic<int> g_decode_warps{[] {
     const char* e = std::getenv("EXL3_ATTN_DECODE_WARPS");
     const int w = e ? std::atoi(e) : 0;
@@ -114,16 +114,23 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
         return pl;
     }
     plan_splits(pl, base, occupancy(pl.decode, head_dim, k_bits, v_bits), max_seq, bn);
-    if (!pl.decode || !unquantized(k_bits) || !unquantized(v_bits)) return pl;
+    if (!pl.decode) return pl;
     if (warps == 0) warps = g_decode_warps.load(std::memory_order_relaxed);
     if (warps == 4) return pl;
-    // The wide shape, where its plan needs one wave and gives each CTA a short share (latency-bound), or forced.
+    // The wide shape, where its plan needs one wave and gives each CTA a short share (latency-bound), or forced. A
+    // quantized cache (more work a tile: the dequantization) takes it for one sequence only: measured at batch 1
+    // it gained at contexts 512 and 2048, at batch 8 and context 512 it lost 1-3 % (note 41e), where the 16-bit
+    // cache still gained.
     Plan w = pl;
     w.wide = true;
-    const int occ = occupancy_wide(head_dim);
+    const int occ = occupancy_wide(head_dim, k_bits, v_bits);
     plan_splits(w, base, occ, max_seq, bn);
     const int64_t slots = static_cast<int64_t>(std::max(occ, 1)) * current_device_sm_count();
-    if (warps == 8 || (base <= slots && w.split_keys <= kWideMaxSplitKeys)) return w;
+    const bool quantized = attn::with_kv_bits(k_bits, v_bits, [](auto kb, auto vb) {
+        return decltype(kb)::value != 16 || decltype(vb)::value != 16;
+    });
+    if (warps == 8 || (base <= slots && w.split_keys <= kWideMaxSplitKeys && (!quantized || b.batch == 1)))
+        return w;
     return pl;
 }
 
@@ -258,8 +265,8 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
         e = attn::launch_prefill<T, D, KB, VB>(p, grid, s);
     } else if (!pl.wide) {
         e = attn::launch_decode<T, D, KB, VB>(p, grid, s);
-    } else if constexpr (KB == 16 && VB == 16) {
-        e = attn::launch_decode_wide<T, D>(p, grid, s);
+    } else {
+        e = attn::launch_decode_wide<T, D, KB, VB>(p, grid, s);
     }
     if (e != cudaSuccess || !pl.partials) return e;
     const auto* po = static_cast<const float*>(p.part_o);

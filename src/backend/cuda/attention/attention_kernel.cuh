@@ -749,8 +749,7 @@ struct DecodeShape {
     static constexpr int bn(int d) { return 64; }
     static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
 };
-// Decode, wide: the same tile with 8 warps of 8-key slices (Q K^T one m16n8k16 a k-step, P V m16n8k8), unquantized
-// caches only. At batch 1 a 64-key tile is latency-bound tensor-core work (16-row mmas for a 4-row GQA group, one
+// Decode, wide: the same tile with 8 warps of 8-key slices (Q K^T one m16n8k16 a k-step, P V m16n8k8). At batch 1 a 64-key tile is latency-bound tensor-core work (16-row mmas for a 4-row GQA group, one
 // warp a sub-partition): twice the warps halve each one's chain (lab note 40h: -2.5 % a Llama-3-8B step). Its
 // 256-thread CTAs fit fewer to an SM, so the planner takes it only where that costs no split (attention.cu).
 struct DecodeWideShape {
@@ -769,10 +768,10 @@ template <typename T, int D, int KB, int VB>
 int occupancy_prefill();
 template <typename T, int D, int KB, int VB>
 int occupancy_decode();
-// DecodeWideShape (decode_wide.cu): unquantized K and V only.
-template <typename T, int D>
+// DecodeWideShape (decode_wide.cu), the same bits.
+template <typename T, int D, int KB, int VB>
 cudaError_t launch_decode_wide(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
-template <typename T, int D>
+template <typename T, int D, int KB, int VB>
 int occupancy_decode_wide();
 
 // Calls f(std::integral_constant<int, KB>, std::integral_constant<int, VB>) for the runtime bits (0 -> 16).

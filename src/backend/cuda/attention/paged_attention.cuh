@@ -110,13 +110,13 @@ long long attention_lab_out_rotations();
 // Split count the plan will use (the bench and tests report it); 1 means no workspace is needed.
 int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
                          int v_bits = 0);
-// Warps of the decode kernel the plan will launch: 4 (DecodeShape), 8 (DecodeWideShape: unquantized caches, where a
-// step is latency-bound), 0 for a step with prompt rows (the bench and tests report it).
+// Warps of the decode kernel the plan will launch: 4 (DecodeShape), 8 (DecodeWideShape, where a step is
+// latency-bound), 0 for a step with prompt rows (the bench and tests report it).
 int attention_decode_warps(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
                            int v_bits = 0);
-// Kernel lab / tests: 4 or 8 forces that decode shape (8 only where the cache is unquantized), 0 gives the choice
-// back to the planner (as EXL3_ATTN_DECODE_WARPS=4|8 in the environment). Like the rotation setting, it reaches
-// the graphs captured after the call.
+// Kernel lab / tests: 4 or 8 forces that decode shape, 0 gives the choice back to the planner (as
+// EXL3_ATTN_DECODE_WARPS=4|8 in the environment). Like the rotation setting, it reaches the graphs captured after
+// the call.
 void attention_lab_set_decode_warps(int warps);
 
 }  // namespace exl3::cuda
