@@ -457,8 +457,9 @@ TEST_P(PagedAttention, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, PagedAttention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const ::testing::TestParamInfo<int>& i) { return kCases[i.param].name; });
 
-// Both decode shapes on every single-token case (16-bit and quantized caches): DecodeShape (4 warps of 16-key slices) and
-// DecodeWideShape (8 warps of 8-key slices), forced whatever the planner would choose, with the plan's own splits.
+// Both decode shapes on every single-token case (16-bit and quantized caches): DecodeShape (4 warps of 16-key
+// slices) and DecodeWideShape (8 warps of 8-key slices), forced whatever the planner would choose, with the plan's
+// own splits.
 TEST_P(PagedAttention, BothDecodeShapes) {
     EXL3_REQUIRE_GPU();
     const Case& c = kCases[GetParam()];

@@ -60,7 +60,8 @@ int occupancy_wide(int head_dim, int k_bits, int v_bits) {
     });
 }
 
-// Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape. EXL3_ATTN_DECODE_WARPS=4|8 in the environment sets it at start.
+// Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape.
+// EXL3_ATTN_DECODE_WARPS=4|8 in the environment sets it at start.
 std::atomic<int> g_decode_warps{[] {
     const char* e = std::getenv("EXL3_ATTN_DECODE_WARPS");
     const int w = e ? std::atoi(e) : 0;

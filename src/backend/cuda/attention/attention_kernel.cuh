@@ -749,9 +749,10 @@ struct DecodeShape {
     static constexpr int bn(int d) { return 64; }
     static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
 };
-// Decode, wide: the same tile with 8 warps of 8-key slices (Q K^T one m16n8k16 a k-step, P V m16n8k8). At batch 1 a 64-key tile is latency-bound tensor-core work (16-row mmas for a 4-row GQA group, one
-// warp a sub-partition): twice the warps halve each one's chain (lab note 40h: -2.5 % a Llama-3-8B step). Its
-// 256-thread CTAs fit fewer to an SM, so the planner takes it only where that costs no split (attention.cu).
+// Decode, wide: the same tile with 8 warps of 8-key slices (Q K^T one m16n8k16 a k-step, P V m16n8k8). At batch 1
+// a 64-key tile is latency-bound tensor-core work (16-row mmas for a 4-row GQA group, one warp a sub-partition):
+// twice the warps halve each one's chain (lab note 41: -2 to -3 % a Llama-3-8B step). Its 256-thread CTAs fit
+// fewer to an SM, so the planner takes it only where its plan fits one wave with short splits (attention.cu).
 struct DecodeWideShape {
     static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 8;
     static constexpr int bn(int d) { return 64; }
