@@ -238,6 +238,88 @@ TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
     }
 }
 
+// The digit kernel's split-K sums added inside a thread-block cluster (distributed shared memory, sm_90) give the
+// global path's bits: the same adds in the same split order. Splits 2..8, 1-2 rows (the digit kernel's default
+// rows), bias, 16-bit and fp32 outputs, accumulation into y; then against the CPU as every other case.
+std::vector<uint8_t> fused_output(const cuda::CudaContext& ctx, const DevLayer& d, const std::vector<uint16_t>& x16,
+                                  int in, int out, int rows, bool f32, bool acc, const float* bias) {
+    DeviceBuffer dx, dy, ws;
+    EXPECT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+    const size_t ysz = f32 ? 4 : 2;
+    std::vector<uint8_t> y(static_cast<size_t>(rows) * out * ysz);
+    for (size_t i = 0; i < y.size(); ++i) y[i] = static_cast<uint8_t>(i * 37 % 61);  // old outputs (accumulation)
+    EXPECT_TRUE(dy.upload(y.data(), y.size()).is_ok());
+    const cuda::Exl3Part part{d.w, 0, bias};
+    size_t wsb = 0;
+    make_workspace(&part, 1, rows, ctx.stream(), &ws, &wsb);
+    cuda::Exl3Out o;
+    o.y = dy.get();
+    o.f32 = f32;
+    o.accumulate = acc;
+    o.act = ActType::kF16;
+    o.ldy = out;
+    o.bias = bias;
+    for (int rep = 0; rep < 2 - acc; ++rep) {  // twice (where y is not accumulated): the call must be repeatable
+        const Status st = cuda::exl3_matmul(ctx, d.w, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb);
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+    }
+    EXPECT_EQ(cudaStreamSynchronize(ctx.stream()), cudaSuccess);
+    EXPECT_EQ(cudaMemcpy(y.data(), dy.get(), y.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+    return y;
+}
+
+TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    cuda::exl3_lab_set_q8(1);  // the digit kernel for every split (its default wants >= 6 stages a block)
+    struct Restore {
+        ~Restore() {
+            cuda::exl3_lab_set_cluster(-1);
+            cuda::exl3_lab_set_q8(-1);
+        }
+    } restore;
+    // (in, out): q|k|v-like (48 groups x 2 splits), few groups (2 x 8), 8B q|o (32 x 4), down-like (32 x 4). The
+    // first two take the cluster kernel on any sm_90 GPU; the others where their 32 clusters of 4 fit at once.
+    const MatmulCase cases[] = {{4096, 6144, 6, quant::Codebook::kMul1, true},
+                                {3000, 200, 3, quant::Codebook::kMul1, false},
+                                {4096, 4096, 4, quant::Codebook::kMul1, false},
+                                {14336, 4096, 2, quant::Codebook::kMul1, true}};
+    uint32_t seed = 9100;
+    for (const auto& c : cases) {
+        const bool must_take = &c - cases < 2;
+        auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed++);
+        DevLayer d;
+        upload(s.layer, &d);
+        const cuda::Exl3Part part{d.w, 0, nullptr};
+        for (int rows = 1; rows <= 2; ++rows) {
+            const int splits = cuda::exl3_fused_splits(&part, 1, rows);
+            std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * c.in, seed++, 1.0f);
+            std::vector<uint16_t> x16(x.size());
+            for (size_t i = 0; i < x.size(); ++i) x16[i] = f32_to_f16(x[i]);
+            for (int mode = 0; mode < 3; ++mode) {  // 16-bit out, fp32 out, fp32 accumulated
+                const bool f32 = mode > 0, acc = mode == 2;
+                const float* bias = c.bias ? d.bias.as<float>() : nullptr;
+                cuda::exl3_lab_set_cluster(0);
+                const auto off = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias);
+                cuda::exl3_lab_set_cluster(1);
+                const long long before = cuda::exl3_lab_cluster_launches();
+                const auto on = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias);
+                const bool taken = cuda::exl3_lab_cluster_launches() > before;
+                if (must_take) EXPECT_TRUE(taken) << "in " << c.in << " out " << c.out << ": cluster kernel not taken";
+                if (mode == 0)
+                    std::printf("  in %5d out %5d K %d rows %d splits %d: %s\n", c.in, c.out, c.K, rows, splits,
+                                taken ? "cluster kernel" : "global path (the clusters do not fit at once)");
+                if (HasFatalFailure()) return;
+                EXPECT_TRUE(off == on) << "in " << c.in << " out " << c.out << " K " << c.K << " rows " << rows
+                                       << " splits " << splits << " mode " << mode;
+            }
+            check_matmul(**ctx, c, rows, ActType::kF16, rows == 1, seed++);  // cluster still on
+            if (HasFatalFailure()) return;
+        }
+    }
+}
+
 // A NaN among a row's activations makes that row's outputs NaN and leaves the other rows alone, in the digit
 // kernel (whose per-block scale must not drop it) as in the fp16 kernel; an infinity gives non-finite outputs too.
 TEST(Exl3Cuda, NonFiniteActivationsReachTheOutputOfTheirRowOnly) {

@@ -21,7 +21,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_codec.cuh"
@@ -76,6 +80,7 @@ struct FusedParams {
     bool y_f32, y_bf16, y_acc;
     bool vec_out;        // y, ldy, every part's col0, svh and bias allow 16-byte (fp32) / 8-byte accesses of 4 columns
     int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
+    int cluster;         // > 1: the splits of a group form one thread-block cluster of that many (exl3_fused_kernel CL)
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
     bool q8;                    // MUL1, <= 4 rows: activations as int8 digits on the IMMA (exl3_fused_kernel Q)
     unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
@@ -105,6 +110,45 @@ __device__ __forceinline__ void trace_end(const FusedParams& p, bool last, int n
         t[1] = global_ns();
         t[7] = smid() | static_cast<unsigned long long>(last) << 16 | static_cast<unsigned long long>(nst) << 20;
     }
+}
+
+// Thread-block clusters (sm_90; the CL kernels are launched only where the cluster occupancy query succeeds, so
+// older GPUs never reach these): rank 0's shared-memory address of a local one, a 16-byte store through distributed
+// shared memory, the cluster barrier.
+__device__ __forceinline__ uint32_t cluster_rank0_addr(const void* local) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    uint32_t r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, 0;\n"
+                 : "=r"(r)
+                 : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(local))));
+    return r;
+#else
+    __trap();
+    return 0;
+#endif
+}
+__device__ __forceinline__ void cluster_store4(uint32_t at, const float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(at), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w)
+                 : "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_arrive_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+#else
+    __trap();
+#endif
 }
 
 __device__ __forceinline__ void prefetch_l2(const void* p) {
@@ -262,6 +306,54 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
     }
 }
 
+// Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
+// (q: the int8-digit path's planes too, 2 rows x (xs_stride / 4 + 2) words a row.)
+__host__ __device__ inline size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride, bool q = false) {
+    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2 +
+           (q ? static_cast<size_t>(rows) * (2 * xs_stride + 16) : 0);
+}
+// CL: after that, the cluster's receive buffer in its first block (rank 0): the other splits' sums, [split - 1][row]
+// [128] floats (16-byte aligned).
+__host__ __device__ inline size_t cluster_buf_offset(int K, int BT, int H, int rows, int xs_stride, bool q) {
+    return (fused_smem_bytes(K, BT, H, rows, xs_stride, q) + 15) / 16 * 16;
+}
+__host__ __device__ inline size_t cluster_buf_bytes(int splits, int rows) {
+    return static_cast<size_t>(splits > 1 ? splits - 1 : 0) * rows * 128 * 4;
+}
+
+// The split-K exchange of the CL kernels (fused_segment): ranks > 0 store their sums (red, rows x 128) into rank 0's
+// buffer and arrive; rank 0 waits and adds them after its own in split order, into red. Returns whether this block
+// is rank 0.
+__device__ __forceinline__ bool cluster_exchange(float* red, const float* cbuf, int rows, int split, int nseg, int nt) {
+    const int tid = threadIdx.x;
+    if (split > 0) {
+        const uint32_t remote = cluster_rank0_addr(cbuf);
+        for (int e = tid; e < rows * 32; e += nt) {
+            const int r = e >> 5, c = (e & 31) * 4;
+            cluster_store4(remote + static_cast<uint32_t>((((split - 1) * rows + r) * 128 + c) * 4),
+                           *reinterpret_cast<const float4*>(red + r * kRedStride + c));
+        }
+        cluster_arrive_release();
+        return false;
+    }
+    cluster_arrive_wait();
+    for (int e = tid; e < rows * 32; e += nt) {
+        const int r = e >> 5, c = (e & 31) * 4;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        auto add = [&](const float4 v) {
+            sum.x += v.x;
+            sum.y += v.y;
+            sum.z += v.z;
+            sum.w += v.w;
+        };
+        add(*reinterpret_cast<const float4*>(red + r * kRedStride + c));
+        for (int sp = 1; sp < nseg; ++sp) add(*reinterpret_cast<const float4*>(cbuf + ((sp - 1) * rows + r) * 128 + c));
+        *reinterpret_cast<float4*>(red + r * kRedStride + c) = sum;
+    }
+    __syncthreads();
+    return true;
+}
+
 // BT: mma column blocks of 8 activation rows per warp. H: warps per tile row. H = 1: 8 warps, warp w decodes and
 // multiplies the 8 tiles of tile row w (rows <= 8 * BT). H = 2 (17..32 rows, BT = 2): 16 warps; warps w and w + 8
 // share tile row w, each decodes 4 of its tiles, they swap the fragments through shared memory, and each multiplies
@@ -270,7 +362,7 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H, bool Q>
+template <int K, int CB, int BT, int H, bool Q, bool CL>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
@@ -679,7 +771,22 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     __syncthreads();
     if (unsigned long long* t = trace_slot(p)) t[8] = clock64();
 
-    if (nseg > 1) {
+    if constexpr (CL) {
+        // The splits of the group are one cluster, rank = split (grid (groups, splits), cluster (1, splits)): the
+        // others store their sums into rank 0's buffer through distributed shared memory and leave; rank 0 waits for
+        // them at the cluster barrier (a thread that has exited counts as arrived) and adds them in split order, as
+        // the global path does: the same bits, without the partials' round trips through L2, the fences and the
+        // counter.
+        if (nseg > 1) {
+            float* cbuf = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) +
+                                                   cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q));
+            if (!cluster_exchange(red, cbuf, rows, split, nseg, NT)) {
+                trace_end(p, false, nst);
+                return;
+            }
+            if (unsigned long long* t = trace_slot(p)) t[10] = clock64();
+        }
+    } else if (nseg > 1) {
         // 16 bytes a thread per access, and the last block's loads of every split issued before its adds (added in
         // split order as before: the same bits), so a few memory round trips instead of one per value and split.
         const int64_t col = static_cast<int64_t>(g) * 128;  // in the concatenated columns of all parts
@@ -749,7 +856,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // RES: the resident blocks an SM the 1-8-row kernels are built for -- 3 (80 registers) for grids of more than 2
 // blocks an SM, 2 (up to 128 registers, which the compiler spends on deeper software pipelining) for the others
 // (docs/kernels/exl3.md note 35). Q: the digit kernel.
-template <int K, int CB, int BT, int H, bool Q = false, int RES = 3>
+// CL: the splits of a group form one cluster and add their sums through distributed shared memory (fused_segment).
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false>
 __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)) exl3_fused_kernel(const FusedParams p) {
     // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
@@ -786,16 +894,9 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)
         __syncthreads();
         const int g = seg[0], split = seg[1], st0 = seg[2], nst = seg[3], nseg = seg[4];
         if (nst <= 0) return;
-        fused_segment<K, CB, BT, H, Q>(p, g, split, st0, nst, nseg);
+        fused_segment<K, CB, BT, H, Q, CL>(p, g, split, st0, nst, nseg);
         __syncthreads();  // the segment's reduction (aliasing the ring) and its reads of seg are done
     }
-}
-
-// Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
-// (q: the int8-digit path's planes too, 2 rows x (xs_stride / 4 + 2) words a row.)
-size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride, bool q = false) {
-    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2 +
-           (q ? static_cast<size_t>(rows) * (2 * xs_stride + 16) : 0);
 }
 
 constexpr size_t kMaxSmem = 200 * 1024;
@@ -817,9 +918,45 @@ bool res_cap() {
     return on;
 }
 
-template <int K, int CB, int BT, int H, bool Q = false, int RES = 3>
+// Whether `clusters` clusters of the CL kernel fit on the GPU at once (cudaOccupancyMaxActiveClusters, cached per
+// kernel, shared memory and cluster size): a cluster is placed whole inside one GPC, so a grid that needs a second
+// wave of clusters takes the global path instead; so does a GPU without cluster launch (before sm_90) or a failed
+// query (not cached). EXL3_CLUSTER_VERBOSE=1 prints each answer (kernel lab).
+std::atomic<long long> g_cluster_launches{0};  // exl3_lab_cluster_launches
+
+bool clusters_fit(const void* fn, const cudaLaunchConfig_t& cfg, int clusters) {
+    static const bool supported = [] {  // queried once per process, as current_device_sm_count
+        int d = 0, v = 0;
+        const bool ok = cudaGetDevice(&d) == cudaSuccess &&
+                        cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, d) == cudaSuccess && v != 0;
+        (void)cudaGetLastError();
+        return ok;
+    }();
+    if (!supported) return false;
+    static std::mutex mu;
+    static std::map<std::tuple<const void*, size_t, unsigned>, int> cache;
+    const auto key = std::make_tuple(fn, cfg.dynamicSmemBytes, cfg.attrs[0].val.clusterDim.y);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) {
+        int n = 0;
+        if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return false;
+        }
+        it = cache.emplace(key, n).first;
+        if (const char* e = std::getenv("EXL3_CLUSTER_VERBOSE"); e && e[0] == '1')
+            std::fprintf(stderr, "[exl3] cluster %u x %zu B: %d clusters fit at once\n", cfg.attrs[0].val.clusterDim.y,
+                         cfg.dynamicSmemBytes, n);
+    }
+    return clusters <= it->second;
+}
+
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
+    static_assert(!CL || H == 1, "the cluster exchange is built for the 1-16-row kernels");
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
+    if (CL) smem = cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q) + cluster_buf_bytes(p.splits, p.rows);
     if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
         // cap + 1 blocks (each with its 1 KB of reserved shared memory) must not fit on one SM.
         const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
@@ -827,14 +964,38 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         const size_t want = static_cast<size_t>(current_device_smem_per_sm()) / static_cast<size_t>(cap + 1) + 128;
         if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
     }
-    static const cudaError_t attr_err = cudaFuncSetAttribute(
-        exl3_fused_kernel<K, CB, BT, H, Q, RES>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kMaxSmem));
+    static const cudaError_t attr_err = cudaFuncSetAttribute(exl3_fused_kernel<K, CB, BT, H, Q, RES, CL>,
+                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(kMaxSmem));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > kMaxSmem) return cudaErrorInvalidValue;
     const dim3 grid = H == 2 && p.sk_blocks > 0
                           ? dim3(static_cast<unsigned>(p.sk_blocks))
                           : dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
-    return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q, RES>, grid, dim3(kThreads * H), smem, s, p);
+    if constexpr (CL) {
+        cudaLaunchConfig_t cfg{};
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(kThreads * H);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        cudaLaunchAttribute attr[2];
+        attr[0].id = cudaLaunchAttributeClusterDimension;
+        attr[0].val.clusterDim.x = 1;
+        attr[0].val.clusterDim.y = static_cast<unsigned>(p.splits);
+        attr[0].val.clusterDim.z = 1;
+        attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[1].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = 2;
+        if (p.splits > 1 && p.splits <= 8 && p.sk_blocks == 0 &&
+            clusters_fit(reinterpret_cast<const void*>(exl3_fused_kernel<K, CB, BT, H, Q, RES, true>), cfg, groups)) {
+            g_cluster_launches.fetch_add(1, std::memory_order_relaxed);
+            return cudaLaunchKernelEx(&cfg, exl3_fused_kernel<K, CB, BT, H, Q, RES, true>, p);
+        }
+        return launch_fused<K, CB, BT, H, Q, RES, false>(p, groups, s);
+    } else {
+        return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q, RES>, grid, dim3(kThreads * H), smem, s, p);
+    }
 }
 
 // EXL3_RES2=0: the fp16 1-8-row kernel always in its 3-resident build (lab A/B of the 2-resident one).
@@ -860,7 +1021,13 @@ cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) 
     const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
     const bool few = blocks <= 2 * sms;  // <= 2 blocks an SM: the build for 2 resident
     if constexpr (CB == 2)
-        if (p.q8) return few ? launch_fused<K, 2, 1, 1, true, 2>(p, groups, s) : launch_fused<K, 2, 1, 1, true, 3>(p, groups, s);
+        if (p.q8) {
+            if constexpr (K <= 6)
+                if (p.cluster > 1)
+                    return few ? launch_fused<K, 2, 1, 1, true, 2, true>(p, groups, s)
+                               : launch_fused<K, 2, 1, 1, true, 3, true>(p, groups, s);
+            return few ? launch_fused<K, 2, 1, 1, true, 2>(p, groups, s) : launch_fused<K, 2, 1, 1, true, 3>(p, groups, s);
+        }
     if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
     if (fs.BT == 2) return launch_fused<K, CB, 2, 1>(p, groups, s);
     return few && res2_fp16() ? launch_fused<K, CB, 1, 1, false, 2>(p, groups, s) : launch_fused<K, CB, 1, 1, false, 3>(p, groups, s);
@@ -1269,6 +1436,19 @@ bool q8_path(const Exl3Part* parts, int rows, bool invariant) {
     return on && !invariant && rows <= max_rows && parts[0].w.K <= max_k &&
            parts[0].w.codebook == Exl3Codebook::kMul1;
 }
+// The split-K exchange through a thread-block cluster (exl3_fused_kernel CL, the digit kernel; docs/kernels/exl3.md
+// note 42): by default for K = 2, 4, 6, whose CL builds measured faster; K = 3 and 5 lost 3-4 us on 70B.down (their
+// CL builds get ~90 registers against 114 / 128 and a slower main loop). EXL3_CLUSTER=0 / 1 at start-up and
+// exl3_lab_set_cluster: never / every K the digit kernel takes (lab A/B, tests).
+std::atomic<int> g_cluster{[] {
+    const char* e = std::getenv("EXL3_CLUSTER");
+    return e && *e ? (e[0] == '0' ? 0 : 1) : -1;
+}()};
+bool cluster_exchange_for(int K) {
+    const int mode = g_cluster.load(std::memory_order_relaxed);
+    return mode < 0 ? K == 2 || K == 4 || K == 6 : mode == 1;
+}
+
 int q8_min_stages() {
     static const int v = q8_knob("EXL3_Q8_STAGES", 6, 1, 1 << 20);
     return g_q8_force.load(std::memory_order_relaxed) == 1 ? 1 : v;
@@ -1392,6 +1572,14 @@ void exl3_lab_set_q8(int mode) {
     g_q8_force.store(mode < 0 ? -1 : (mode ? 1 : 0), std::memory_order_relaxed);
 }
 
+void exl3_lab_set_cluster(int mode) {
+    g_cluster.store(mode < 0 ? -1 : (mode ? 1 : 0), std::memory_order_relaxed);
+}
+
+long long exl3_lab_cluster_launches() {
+    return g_cluster_launches.load(std::memory_order_relaxed);
+}
+
 void exl3_lab_set_pair(bool on) {
     g_pair.store(on, std::memory_order_relaxed);
 }
@@ -1464,6 +1652,9 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
     p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
+    p.cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.splits > 1 && f.splits <= 8
+                    ? f.splits
+                    : 0;
     const size_t xhb = xh_bytes(parts, nparts, rows);
     const size_t need = kExl3CounterBytes + xhb + static_cast<size_t>(p.splits) * rows * f.total_n_pad * 4;
     if (!ws || ws_bytes < need) return cudaErrorInvalidValue;
