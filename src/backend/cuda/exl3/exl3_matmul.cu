@@ -1030,6 +1030,10 @@ cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) 
         }
     if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
     if (fs.BT == 2) return launch_fused<K, CB, 2, 1>(p, groups, s);
+    if constexpr (CB == 2 && (K == 2 || K == 4 || K == 6))  // MUL1 3-8 rows: the cluster exchange too (note 42)
+        if (p.cluster > 1)
+            return few && res2_fp16() ? launch_fused<K, CB, 1, 1, false, 2, true>(p, groups, s)
+                                      : launch_fused<K, CB, 1, 1, false, 3, true>(p, groups, s);
     return few && res2_fp16() ? launch_fused<K, CB, 1, 1, false, 2>(p, groups, s) : launch_fused<K, CB, 1, 1, false, 3>(p, groups, s);
 }
 
