@@ -29,35 +29,31 @@ struct Plan {
 // bytes (long contexts, big batches), where the 4-warp shape's extra resident CTAs win.
 constexpr int kWideMaxSplitKeys = 512;
 
-int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
-    // Same for fp16 and bf16 (same registers and shared memory), so the bf16 instance answers for both.
+// Resident CTAs an SM of shape S at this head_dim and K / V bits. Same for fp16 and bf16 (same registers and shared
+// memory), so the bf16 instance answers for both.
+template <typename S>
+int shape_occupancy(int head_dim, int k_bits, int v_bits) {
     using BF = __nv_bfloat16;
     return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
         constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
         switch (head_dim) {
             case 64:
-                return decode ? attn::occupancy_decode<BF, 64, KB, VB>() : attn::occupancy_prefill<BF, 64, KB, VB>();
+                return attn::shape_occupancy<S, BF, 64, KB, VB>();
             case 256:
-                return decode ? attn::occupancy_decode<BF, 256, KB, VB>() : attn::occupancy_prefill<BF, 256, KB, VB>();
+                return attn::shape_occupancy<S, BF, 256, KB, VB>();
             default:
-                return decode ? attn::occupancy_decode<BF, 128, KB, VB>() : attn::occupancy_prefill<BF, 128, KB, VB>();
+                return attn::shape_occupancy<S, BF, 128, KB, VB>();
         }
     });
 }
 
+int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
+    return decode ? shape_occupancy<attn::DecodeShape>(head_dim, k_bits, v_bits)
+                  : shape_occupancy<attn::PrefillShape>(head_dim, k_bits, v_bits);
+}
+
 int occupancy_wide(int head_dim, int k_bits, int v_bits) {
-    using BF = __nv_bfloat16;
-    return attn::with_kv_bits(k_bits, v_bits, [&](auto kb, auto vb) {
-        constexpr int KB = decltype(kb)::value, VB = decltype(vb)::value;
-        switch (head_dim) {
-            case 64:
-                return attn::occupancy_decode_wide<BF, 64, KB, VB>();
-            case 256:
-                return attn::occupancy_decode_wide<BF, 256, KB, VB>();
-            default:
-                return attn::occupancy_decode_wide<BF, 128, KB, VB>();
-        }
-    });
+    return shape_occupancy<attn::DecodeWideShape>(head_dim, k_bits, v_bits);
 }
 
 // Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape.
@@ -256,18 +252,18 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
         pd.seq_filter = 1;
         const dim3 gd(static_cast<unsigned>(b.batch * dec->q_tiles), static_cast<unsigned>(n_kv_heads),
                       static_cast<unsigned>(dec->splits));
-        if (cudaError_t e = attn::launch_decode<T, D, KB, VB>(pd, gd, s); e != cudaSuccess) return e;
+        if (cudaError_t e = attn::launch_shape<attn::DecodeShape, T, D, KB, VB>(pd, gd, s); e != cudaSuccess) return e;
         p.seq_filter = -1;
     }
     const dim3 grid(static_cast<unsigned>(b.batch * pl.q_tiles), static_cast<unsigned>(n_kv_heads),
                     static_cast<unsigned>(pl.splits));
     cudaError_t e = cudaErrorInvalidValue;
     if (!pl.decode) {
-        e = attn::launch_prefill<T, D, KB, VB>(p, grid, s);
+        e = attn::launch_shape<attn::PrefillShape, T, D, KB, VB>(p, grid, s);
     } else if (!pl.wide) {
-        e = attn::launch_decode<T, D, KB, VB>(p, grid, s);
+        e = attn::launch_shape<attn::DecodeShape, T, D, KB, VB>(p, grid, s);
     } else {
-        e = attn::launch_decode_wide<T, D, KB, VB>(p, grid, s);
+        e = attn::launch_shape<attn::DecodeWideShape, T, D, KB, VB>(p, grid, s);
     }
     if (e != cudaSuccess || !pl.partials) return e;
     const auto* po = static_cast<const float*>(p.part_o);

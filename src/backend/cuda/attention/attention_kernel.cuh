@@ -741,11 +741,12 @@ cudaError_t launch_instance(const QuantKernelParams& p, dim3 grid, cudaStream_t 
 // (80 KB of shared memory at D = 128: two CTAs per SM). Decode: one 16-row tile, 4 warps over 64-key tiles, 3 stages
 // (100 KB at D = 128: two CTAs and four tiles in flight per SM, about 128 KB of loads outstanding).
 struct PrefillShape {
-    static constexpr int kBM = 64, kWarpsM = 4, kWarpsN = 1, kStages = 2;
+    static constexpr int kBM = 64, kWarpsM = 4, kWarpsN = 1;
     static constexpr int bn(int d) { return d > 128 ? 32 : 64; }
+    static constexpr int stages(int d) { return 2; }
 };
 struct DecodeShape {
-    static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 4, kStages = 3;
+    static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 4;
     static constexpr int bn(int d) { return 64; }
     static constexpr int stages(int d) { return d > 128 ? 2 : 3; }
 };
@@ -759,21 +760,15 @@ struct DecodeWideShape {
     static constexpr int stages(int d) { return DecodeShape::stages(d); }
 };
 
-// KB, VB: bits of the K and V codes, 16 for an unquantized side (instantiated for 16, 8, 6 and 4 each).
-template <typename T, int D, int KB, int VB>
-cudaError_t launch_prefill(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
-template <typename T, int D, int KB, int VB>
-cudaError_t launch_decode(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
-// Resident CTAs per SM of each instantiation (the split planner fills exactly one wave with them).
-template <typename T, int D, int KB, int VB>
-int occupancy_prefill();
-template <typename T, int D, int KB, int VB>
-int occupancy_decode();
-// DecodeWideShape (decode_wide.cu), the same bits.
-template <typename T, int D, int KB, int VB>
-cudaError_t launch_decode_wide(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
-template <typename T, int D, int KB, int VB>
-int occupancy_decode_wide();
+// The kernel of shape S (PrefillShape, DecodeShape, DecodeWideShape) for dtype T and head_dim D; KB, VB: bits of the
+// K and V codes, 16 for an unquantized side. Defined in attention_shape.cuh and instantiated for every dtype,
+// head_dim and pair of K / V bits (16, 8, 6, 4 each) in one translation unit per shape: prefill.cu, decode.cu,
+// decode_wide.cu.
+template <typename S, typename T, int D, int KB, int VB>
+cudaError_t launch_shape(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
+// Resident CTAs per SM of that instantiation (the split planner fills exactly one wave with them).
+template <typename S, typename T, int D, int KB, int VB>
+int shape_occupancy();
 
 // Calls f(std::integral_constant<int, KB>, std::integral_constant<int, VB>) for the runtime bits (0 -> 16).
 template <typename F>
