@@ -771,12 +771,13 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     __syncthreads();
     if (unsigned long long* t = trace_slot(p)) t[8] = clock64();
 
-    if constexpr (CL) {
+    if (CL && p.cluster > 1) {
         // The splits of the group are one cluster, rank = split (grid (groups, splits), cluster (1, splits)): the
         // others store their sums into rank 0's buffer through distributed shared memory and leave; rank 0 waits for
         // them at the cluster barrier (a thread that has exited counts as arrived) and adds them in split order, as
         // the global path does: the same bits, without the partials' round trips through L2, the fences and the
-        // counter.
+        // counter. (A CL kernel runs only with p.cluster > 1, but keeps the global path below compiled in: without
+        // it the K3 / K5 builds get ~90 registers instead of 114 / 128 and a slower main loop, note 42.)
         if (nseg > 1) {
             float* cbuf = reinterpret_cast<float*>(reinterpret_cast<char*>(smem) +
                                                    cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q));
@@ -1440,17 +1441,16 @@ bool q8_path(const Exl3Part* parts, int rows, bool invariant) {
     return on && !invariant && rows <= max_rows && parts[0].w.K <= max_k &&
            parts[0].w.codebook == Exl3Codebook::kMul1;
 }
-// The split-K exchange through a thread-block cluster (exl3_fused_kernel CL, the digit kernel; docs/kernels/exl3.md
-// note 42): by default for K = 2, 4, 6, whose CL builds measured faster; K = 3 and 5 lost 3-4 us on 70B.down (their
-// CL builds get ~90 registers against 114 / 128 and a slower main loop). EXL3_CLUSTER=0 / 1 at start-up and
-// exl3_lab_set_cluster: never / every K the digit kernel takes (lab A/B, tests).
+// The split-K exchange through a thread-block cluster (exl3_fused_kernel CL; docs/kernels/exl3.md note 42): by
+// default for K = 2, 4, 5, 6, where it measured faster; K = 3 lost 4 us on 70B.down (not understood), K = 1, 7, 8 are
+// not measured. EXL3_CLUSTER=0 / 1 at start-up and exl3_lab_set_cluster: never / every K (lab A/B, tests).
 std::atomic<int> g_cluster{[] {
     const char* e = std::getenv("EXL3_CLUSTER");
     return e && *e ? (e[0] == '0' ? 0 : 1) : -1;
 }()};
 bool cluster_exchange_for(int K) {
     const int mode = g_cluster.load(std::memory_order_relaxed);
-    return mode < 0 ? K == 2 || K == 4 || K == 6 : mode == 1;
+    return mode < 0 ? K == 2 || K == 4 || K == 5 || K == 6 : mode == 1;
 }
 
 int q8_min_stages() {

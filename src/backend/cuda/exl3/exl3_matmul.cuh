@@ -45,7 +45,7 @@ void exl3_lab_set_pair(bool on);
 void exl3_lab_set_q8(int mode);
 // Kernel lab / tests: the digit kernel's split-K sums added inside a thread-block cluster through distributed shared
 // memory (sm_90; where the splits of a group are 2..8 and their clusters fit at once) instead of through global
-// memory. Mode 1 for every K, 0 never, -1 (default; EXL3_CLUSTER in the environment sets 0 or 1) for K = 2, 4, 6.
+// memory. Mode 1 for every K, 0 never, -1 (default; EXL3_CLUSTER in the environment sets 0 or 1) for K = 2, 4-6.
 void exl3_lab_set_cluster(int mode);
 // How many fused calls took the cluster kernels so far in this process (tests: the path ran).
 long long exl3_lab_cluster_launches();
