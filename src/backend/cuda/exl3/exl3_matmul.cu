@@ -988,7 +988,7 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         attr[1].val.programmaticStreamSerializationAllowed = 1;
         cfg.attrs = attr;
         cfg.numAttrs = 2;
-        if (p.splits > 1 && p.splits <= 8 && p.sk_blocks == 0 &&
+        if (p.cluster == p.splits &&  // 2..8 splits, no stream-K (exl3_fused sets p.cluster only then)
             clusters_fit(reinterpret_cast<const void*>(exl3_fused_kernel<K, CB, BT, H, Q, RES, true>), cfg, groups)) {
             g_cluster_launches.fetch_add(1, std::memory_order_relaxed);
             return cudaLaunchKernelEx(&cfg, exl3_fused_kernel<K, CB, BT, H, Q, RES, true>, p);

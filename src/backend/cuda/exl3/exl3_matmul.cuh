@@ -43,9 +43,10 @@ void exl3_lab_set_pair(bool on);
 // Kernel lab / tests: the int8-digit kernel for MUL1 at 1-4 rows (docs/kernels/exl3.md note 34): mode 1 wherever it
 // can run (any K, any split), 0 never, -1 (default) where it measured faster (exl3_matmul.cu: q8_path).
 void exl3_lab_set_q8(int mode);
-// Kernel lab / tests: the digit kernel's split-K sums added inside a thread-block cluster through distributed shared
-// memory (sm_90; where the splits of a group are 2..8 and their clusters fit at once) instead of through global
-// memory. Mode 1 for every K, 0 never, -1 (default; EXL3_CLUSTER in the environment sets 0 or 1) for K = 2, 4-6.
+// Kernel lab / tests: the 1-8-row kernels' split-K sums added inside a thread-block cluster through distributed
+// shared memory (sm_90; the digit kernel at K <= 6, the fp16 one for MUL1 at K = 2, 4, 6; where the splits of a group
+// are 2..8 and their clusters fit at once) instead of through global memory. Mode 1 for every such K, 0 never, -1
+// (default; EXL3_CLUSTER in the environment sets 0 or 1) for K = 2, 4-6.
 void exl3_lab_set_cluster(int mode);
 // How many fused calls took the cluster kernels so far in this process (tests: the path ran).
 long long exl3_lab_cluster_launches();
