@@ -142,6 +142,23 @@ __device__ __forceinline__ void cluster_arrive_release() {
     __trap();
 #endif
 }
+// Phase 0 of a CL kernel's cluster barrier: every thread arrives at the kernel's start, and cluster_exchange waits
+// on it before any access to another block's shared memory -- the CUDA model's rule that a block must have started
+// before its distributed shared memory is touched (compute-sanitizer racecheck flags the stores without it).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait;\n" ::: "memory");
+#else
+    __trap();
+#endif
+}
 __device__ __forceinline__ void cluster_arrive_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.relaxed;\n" ::: "memory");
@@ -326,6 +343,7 @@ __host__ __device__ inline size_t cluster_buf_bytes(int splits, int rows) {
 // is rank 0.
 __device__ __forceinline__ bool cluster_exchange(float* red, const float* cbuf, int rows, int split, int nseg, int nt) {
     const int tid = threadIdx.x;
+    cluster_wait();  // phase 0 (arrived at the kernel's start): every block of the cluster has started
     if (split > 0) {
         const uint32_t remote = cluster_rank0_addr(cbuf);
         for (int e = tid; e < rows * 32; e += nt) {
@@ -864,6 +882,8 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)
     __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
     __shared__ int next;    // stream-K: the next unit of this block's range
     const bool sk = H == 2 && p.sk_blocks > 0;
+    if constexpr (CL)
+        if (p.cluster > 1) cluster_arrive_relaxed();  // phase 0 of the cluster barrier (cluster_exchange waits on it)
     if (unsigned long long* t = trace_slot(p)) {
         t[0] = global_ns();
         t[3] = clock64();
