@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "backend/cuda/context.h"
+#include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/ops.cuh"
 #include "core/dtype.h"
@@ -318,6 +319,93 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
             }
             check_matmul(**ctx, c, rows, ActType::kF16, rows % 2 == 1, seed++);  // cluster still on
             if (HasFatalFailure()) return;
+        }
+    }
+}
+
+// The dual grid for 1-8-row calls of between 1 and 2 column groups an SM (one block of two 8-warp halves an SM: half
+// 0 a whole column group, half 1 an equal share of the groups beyond the SM count, their partials added in range
+// order): within the CPU tolerance, the same bits on a repeated call (the split counters back at zero), and taken
+// where it must be. Shapes are sized from this GPU's SM count: one matrix (k = 1024 and a ragged 3000) and a
+// gate|up-like pair of parts.
+TEST(Exl3Cuda, DualGridMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    struct Restore {
+        ~Restore() { cuda::exl3_lab_set_dual(true); }
+    } restore;
+    cuda::exl3_lab_set_dual(true);
+    const int sms = cuda::current_device_sm_count();
+    const int out = 128 * (sms + sms / 2) - 40;  // 1.5 groups an SM, the last one ragged
+    uint32_t seed = 9700;
+    const MatmulCase cases[] = {{1024, out, 4, quant::Codebook::kMul1, true},
+                                {3000, out, 2, quant::Codebook::kMul1, false},
+                                {1024, out, 5, quant::Codebook::k3Inst, false},
+                                {1024, out, 6, quant::Codebook::kMul1, false}};
+    for (const auto& c : cases)
+        for (int rows : {1, 2, 5, 8}) {
+            const long long before = cuda::exl3_lab_dual_launches();
+            check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 2, seed++);
+            if (HasFatalFailure()) return;
+            EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "in " << c.in << " K " << c.K << " rows " << rows;
+        }
+
+    // Two parts side by side in y (gate|up): 0.75 groups an SM each.
+    const int n = 128 * ((3 * sms + 3) / 4), in = 2048, K = 4;
+    auto l0 = quant::test::make_synthetic_layer(in, n, K, quant::Codebook::kMul1, false, seed++);
+    auto l1 = quant::test::make_synthetic_layer(in, n, K, quant::Codebook::kMul1, true, seed++);
+    DevLayer d0, d1;
+    upload(l0.layer, &d0);
+    upload(l1.layer, &d1);
+    for (int rows : {1, 3}) {
+        std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, seed++, 1.0f);
+        std::vector<uint16_t> x16(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+            x16[i] = f32_to_f16(x[i]);
+            x[i] = f16_to_f32(x16[i]);
+        }
+        std::vector<float> r0(static_cast<size_t>(rows) * n), r1(r0.size());
+        ThreadPool pool(2);
+        quant::exl3_matmul(x.data(), rows, l0.layer, r0.data(), pool, true);
+        quant::exl3_matmul(x.data(), rows, l1.layer, r1.data(), pool, true);
+        const cuda::Exl3Part parts[2] = {{d0.w, 0, nullptr}, {d1.w, n, d1.bias.as<float>()}};
+        DeviceBuffer dx, dy, ws;
+        ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+        ASSERT_TRUE(dy.reserve(static_cast<size_t>(rows) * 2 * n * 4).is_ok());
+        size_t wsb = 0;
+        make_workspace(parts, 2, rows, (*ctx)->stream(), &ws, &wsb);
+        cuda::Exl3Out o;
+        o.y = dy.get();
+        o.f32 = true;
+        o.act = ActType::kF16;
+        o.ldy = 2 * n;
+        std::vector<float> first;
+        for (int rep = 0; rep < 2; ++rep) {
+            const long long before = cuda::exl3_lab_dual_launches();
+            const Status st =
+                cuda::exl3_matmul(**ctx, parts, 2, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb);
+            ASSERT_TRUE(st.is_ok()) << st.to_string();
+            EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "gate|up-like, rows " << rows;
+            std::vector<float> y(static_cast<size_t>(rows) * 2 * n);
+            EXL3_CUDA_OK(cudaStreamSynchronize((*ctx)->stream()));
+            EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+            if (rep == 1) {
+                EXPECT_TRUE(y == first) << "a repeated call changed the output bits";
+                break;
+            }
+            first = y;
+            double ss = 0;
+            for (float v : r0) ss += static_cast<double>(v) * v;
+            for (float v : r1) ss += static_cast<double>(v) * v;
+            const float rms = static_cast<float>(std::sqrt(ss / (2.0 * r0.size())));
+            for (int r = 0; r < rows; ++r)
+                for (int j = 0; j < 2 * n; ++j) {
+                    const float ref =
+                        j < n ? r0[static_cast<size_t>(r) * n + j] : r1[static_cast<size_t>(r) * n + j - n];
+                    ASSERT_LE(std::fabs(y[static_cast<size_t>(r) * 2 * n + j] - ref), 2e-3f * rms)
+                        << "row " << r << " col " << j << " rows " << rows;
+                }
         }
     }
 }

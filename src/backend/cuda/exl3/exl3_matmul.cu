@@ -83,6 +83,7 @@ struct FusedParams {
     int cluster;         // > 1: the splits of a group form one thread-block cluster of that many (exl3_fused_kernel CL)
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
     bool q8;                    // MUL1, <= 4 rows: activations as int8 digits on the IMMA (exl3_fused_kernel Q)
+    int dual_words;             // > 0: the dual grid (exl3_fused_kernel DU), each half's shared memory in words
     unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
 };
 
@@ -337,6 +338,10 @@ __host__ __device__ inline size_t cluster_buf_offset(int K, int BT, int H, int r
 __host__ __device__ inline size_t cluster_buf_bytes(int splits, int rows) {
     return static_cast<size_t>(splits > 1 ? splits - 1 : 0) * rows * 128 * 4;
 }
+// DU: the shared memory of one half of a dual-grid block (BT = 1, H = 1), 16-byte aligned.
+__host__ __device__ inline size_t dual_half_bytes(int K, int rows, int xs_stride, bool q) {
+    return (fused_smem_bytes(K, 1, 1, rows, xs_stride, q) + 15) / 16 * 16;
+}
 
 // The split-K exchange of the CL kernels (fused_segment): ranks > 0 store their sums (red, rows x 128) into rank 0's
 // buffer and arrive; rank 0 waits and adds them after its own in split order, into red. Returns whether this block
@@ -380,7 +385,7 @@ __device__ __forceinline__ bool cluster_exchange(float* red, const float* cbuf, 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H, bool Q, bool CL>
+template <int K, int CB, int BT, int H, bool Q, bool CL, bool DU>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
     constexpr int P = ring_stages(K, H);
@@ -389,20 +394,32 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     constexpr int ROWS = 8 * BT * H;
     constexpr int NT = kThreads * H;
     constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));
-    extern __shared__ __align__(16) uint32_t smem[];
+    static_assert(!DU || (H == 1 && BT == 1 && !CL), "the dual grid is built for the 1-8-row kernels");
+    extern __shared__ __align__(16) uint32_t smem_all[];
+    // DU: two independent halves of 8 warps (exl3_fused_kernel): each has its own shared memory, static arrays and
+    // barrier; elsewhere hb = 0 and these are the block's.
+    const int hb = DU ? static_cast<int>(threadIdx.x >> 8) : 0;
+    uint32_t* const smem = DU ? smem_all + hb * p.dual_words : smem_all;
+    auto block_sync = [&] {
+        if constexpr (DU) named_barrier(9 + hb, kThreads);
+        else __syncthreads();
+    };
     uint32_t* ring = smem;                                                 // [P][SLOT]; the reduction aliases it
     uint32_t* xchg = smem + ring_words(K, H);                              // H = 2: [kXchgWords]
     __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));  // H = 1: [rows][xs_stride], the k range
-    __shared__ bool last_block;
+    __shared__ bool last_block_h[DU ? 2 : 1];
+    bool& last_block = last_block_h[hb];
     static_assert(!Q || (CB == 2 && BT == 1 && H == 1), "the int8-digit path is MUL1's, 1-4 rows");
     // Q: the digit planes after xs, plane 2r + d = row r's digit d, qps words a plane (= 4 mod 32: the B loads of a
     // warp hit 32 banks), word s * 32 + 4 w + q = the digits of k = 16 w + 2q, 2q + 1, 2q + 8, 2q + 9 of stage s.
     const int qps = p.xs_stride / 4 + 2;
     uint32_t* planes = reinterpret_cast<uint32_t*>(xs + (Q ? p.rows * p.xs_stride : 0));
-    __shared__ unsigned qwmax[8][4];  // Q: per warp and row, the largest |x| (float bits) of the block's slice
-    __shared__ int qwsum[8][4];       //    per warp and row, the sum of q
+    __shared__ unsigned qwmax_h[DU ? 2 : 1][8][4];  // Q: per warp and row, the largest |x| (float bits) of the slice
+    __shared__ int qwsum_h[DU ? 2 : 1][8][4];       //    per warp and row, the sum of q
+    auto& qwmax = qwmax_h[hb];
+    auto& qwsum = qwsum_h[hb];
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
+    const int tid = DU ? static_cast<int>(threadIdx.x & (kThreads - 1)) : static_cast<int>(threadIdx.x), lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
     int pi = 0;
     if (p.nparts > 1 && g >= p.part[1].group0) pi = 1;
     if (p.nparts > 2 && g >= p.part[2].group0) pi = 2;
@@ -508,7 +525,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                 if (lane == 0) qwmax[warp][i] = mw;
             }
         }
-        __syncthreads();  // xs complete (the only block barrier before the reduction)
+        block_sync();  // xs complete (the only block barrier before the reduction)
         if constexpr (Q) {
             // Quantise the slice into the digit planes: a thread per (row, stage, warp, q) word.
             float inv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -555,7 +572,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                 const int t = __reduce_add_sync(0xFFFFFFFFu, qsum[i]);
                 if (lane == 0) qwsum[warp][i] = t;
             }
-            __syncthreads();  // the planes complete
+            block_sync();  // the planes complete
         }
     }
 
@@ -703,8 +720,10 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     if (unsigned long long* t = trace_slot(p)) t[5] = clock64();
 
     // MUL1 multiplied raw (1024 + byte sum) values: the affine map needs each row's sum of this block's activations.
-    __shared__ float xsum[ROWS];
-    __shared__ float qscale[Q ? 4 : 1];  // Q: the block's scale a row (max|x| / 32000)
+    __shared__ float xsum_h[DU ? 2 : 1][ROWS];
+    __shared__ float qscale_h[DU ? 2 : 1][Q ? 4 : 1];  // Q: the block's scale a row (max|x| / 32000)
+    auto& xsum = xsum_h[hb];
+    auto& qscale = qscale_h[hb];
     if constexpr (Q) {
         if (tid < rows) {
             unsigned m = 0u;  // bits, as above: a NaN wins
@@ -719,14 +738,15 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             xsum[tid] = sc * static_cast<float>(t);
         }
     } else if constexpr (CB == 2) {
-        __shared__ float xpart[8][ROWS];  // [tile row][row]: D = ones . B holds row 8b + 2q (+1) in d0 (d1), any gq
+        __shared__ float xpart_h[DU ? 2 : 1][8][ROWS];  // [tile row][row]: D = ones . B holds row 8b + 2q (+1) in
+        auto& xpart = xpart_h[hb];                       // d0 (d1), any gq
         if (gq == 0)
 #pragma unroll
             for (int b = 0; b < BT; ++b) {
                 xpart[warp][16 * h + 8 * b + 2 * q] = xacc[b][0];
                 xpart[warp][16 * h + 8 * b + 2 * q + 1] = xacc[b][1];
             }
-        __syncthreads();
+        block_sync();
         if (tid < rows) {
             float t = 0.0f;
 #pragma unroll
@@ -734,7 +754,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             xsum[tid] = t;
         }
     }
-    __syncthreads();
+    block_sync();
 
     // Partial sums of the warps: red[slice][row][col], a slice per warp (H = 2: tile rows 4..7 write slices 0..3,
     // then tile rows 0..3 add theirs).
@@ -764,10 +784,10 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         put(warp, false);
     } else {
         if (warp >= 4) put(warp - 4, false);
-        __syncthreads();
+        block_sync();
         if (warp < 4) put(warp, true);
     }
-    __syncthreads();
+    block_sync();
     for (int e = tid; e < rows * 128; e += NT) {
         const int r = e >> 7, c = e & 127;
         float sum = 0.0f;
@@ -786,7 +806,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     // The output scales and (accumulating) the old outputs of each warp's first row, in flight during the exchange.
     const int r_first = tid >> 5;
     const OutPre pre = r_first < rows ? out_pre(p, pp, r_first, gl, lane) : OutPre{};
-    __syncthreads();
+    block_sync();
     if (unsigned long long* t = trace_slot(p)) t[8] = clock64();
 
     if (CL && p.cluster > 1) {
@@ -817,14 +837,14 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                 *reinterpret_cast<const float4*>(red + r * kRedStride + c);
         }
         // Release (the barrier orders the block's partial stores before thread 0's fence) and acquire by one thread.
-        __syncthreads();
+        block_sync();
         if (tid == 0) {
             __threadfence();
             last_block = atomicAdd(&p.counters[g], 1u) == static_cast<uint32_t>(nseg - 1);
             __threadfence();
             if (p.trace) p.trace[kTraceWords * (blockIdx.y * gridDim.x + blockIdx.x) + 9] = clock64();
         }
-        __syncthreads();
+        block_sync();
         if (!last_block) {
             trace_end(p, false, nst);
             return;
@@ -854,7 +874,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             *reinterpret_cast<float4*>(red + r * kRedStride + c) = sum;
         }
         if (tid == 0) p.counters[g] = 0;
-        __syncthreads();
+        block_sync();
         if (unsigned long long* t = trace_slot(p)) t[10] = clock64();
     }
 
@@ -876,12 +896,29 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // blocks an SM, 2 (up to 128 registers, which the compiler spends on deeper software pipelining) for the others
 // (docs/kernels/exl3.md note 35). Q: the digit kernel.
 // CL: the splits of a group form one cluster and add their sums through distributed shared memory (fused_segment).
-template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false>
-__global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)) exl3_fused_kernel(const FusedParams p) {
-    // Thread 0 plans the next segment into shared memory (the loop state stays out of the body's registers).
-    __shared__ int seg[5];  // g, split, st0, nst (0: no more), nseg
-    __shared__ int next;    // stream-K: the next unit of this block's range
+//
+// DU (the dual grid, 1-8 rows, where the plan leaves between 1 and 2 column groups an SM; exl3_fused sets
+// p.dual_words): one block of two independent 8-warp halves an SM (512 threads, 1 resident: the 2-resident build's
+// registers). Half 0 of block b takes column group b whole; half 1 takes an equal contiguous range (stream-K) of the
+// remaining groups x stages. So every SM carries the same work whatever the hardware's block placement (the two
+// halves of one block share an SM by construction), where a grid of one block a group leaves some SMs two groups and
+// others one (224 groups on 132 SMs: 85 % of an even load). The segments of a remaining group are numbered by their
+// range, so the partials are added in the same order on every run.
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false, bool DU = false>
+__global__ void __launch_bounds__(kThreads * H * (DU ? 2 : 1), DU || H == 2 ? 1 : (BT == 1 ? RES : 2))
+    exl3_fused_kernel(const FusedParams p) {
+    // Thread 0 (of each half) plans the next segment into shared memory (the loop state stays out of the body's
+    // registers).
+    __shared__ int seg_h[DU ? 2 : 1][5];  // g, split, st0, nst (0: no more), nseg
+    __shared__ int next_h[DU ? 2 : 1];    // stream-K: the next unit of this block's (half's) range
+    const int hb = DU ? static_cast<int>(threadIdx.x >> 8) : 0;
+    int* const seg = seg_h[hb];
+    int& next = next_h[hb];
     const bool sk = H == 2 && p.sk_blocks > 0;
+    auto sync = [&] {
+        if constexpr (DU) named_barrier(9 + hb, kThreads);
+        else __syncthreads();
+    };
     if constexpr (CL)
         if (p.cluster > 1) cluster_arrive_relaxed();  // phase 0 of the cluster barrier (cluster_exchange waits on it)
     if (unsigned long long* t = trace_slot(p)) {
@@ -889,9 +926,30 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)
         t[3] = clock64();
     }
     for (int it = 0;; ++it) {
-        if (threadIdx.x == 0) {
+        if ((DU ? (threadIdx.x & (kThreads - 1)) : threadIdx.x) == 0) {
             const int S = p.k_pad / 128;
-            if (!sk) {
+            // DU: B whole groups (half 0 of each block), then B ranges of the units (group-major) of the groups
+            // after them (half 1).
+            const int B = static_cast<int>(gridDim.x), b = static_cast<int>(blockIdx.x);
+            if (DU && hb == 0) {
+                seg[0] = b;
+                seg[1] = 0;
+                seg[2] = 0;
+                seg[3] = it == 0 ? S : 0;
+                seg[4] = 1;
+            } else if (DU) {
+                // Units [b U / B, (b + 1) U / B) of the remaining groups x stages are range b.
+                const int U = (p.total_n_pad / 128 - B) * S;
+                auto blk = [&](int u) { return ((u + 1) * B + U - 1) / U - 1; };  // the range holding unit u
+                const int u = it == 0 ? b * U / B : next, end = (b + 1) * U / B;
+                const int g = u / S, st0 = u - g * S, nst = u < end ? min(S - st0, end - u) : 0;
+                seg[0] = B + g;
+                seg[1] = b - blk(g * S);
+                seg[2] = st0;
+                seg[3] = nst;
+                seg[4] = blk(g * S + S - 1) - blk(g * S) + 1;
+                next = u + nst;
+            } else if (!sk) {
                 const int st0 = static_cast<int>(blockIdx.y) * p.stages_per_split;
                 seg[0] = static_cast<int>(blockIdx.x);
                 seg[1] = static_cast<int>(blockIdx.y);
@@ -912,11 +970,11 @@ __global__ void __launch_bounds__(kThreads * H, H == 2 ? 1 : (BT == 1 ? RES : 2)
                 next = u + nst;
             }
         }
-        __syncthreads();
+        sync();
         const int g = seg[0], split = seg[1], st0 = seg[2], nst = seg[3], nseg = seg[4];
         if (nst <= 0) return;
-        fused_segment<K, CB, BT, H, Q, CL>(p, g, split, st0, nst, nseg);
-        __syncthreads();  // the segment's reduction (aliasing the ring) and its reads of seg are done
+        fused_segment<K, CB, BT, H, Q, CL, DU>(p, g, split, st0, nst, nseg);
+        sync();  // the segment's reduction (aliasing the ring) and its reads of seg are done
     }
 }
 
@@ -944,6 +1002,14 @@ bool res_cap() {
 // wave of clusters takes the global path instead; so does a GPU without cluster launch (before sm_90) or a failed
 // query (not cached). EXL3_CLUSTER_VERBOSE=1 prints each answer (kernel lab).
 std::atomic<long long> g_cluster_launches{0};  // exl3_lab_cluster_launches
+
+// The dual grid (exl3_fused_kernel DU) where a 1-8-row plan of one split leaves between 1 and 2 column groups an SM.
+// EXL3_DUAL=0 / 1 at start-up and exl3_lab_set_dual: never / the rule (lab A/B, tests).
+std::atomic<bool> g_dual{[] {
+    const char* e = std::getenv("EXL3_DUAL");
+    return !(e && e[0] == '0');
+}()};
+std::atomic<long long> g_dual_launches{0};  // exl3_lab_dual_launches
 
 bool clusters_fit(const void* fn, const cudaLaunchConfig_t& cfg, int clusters) {
     static const bool supported = [] {  // queried once per process, as current_device_sm_count
@@ -1036,8 +1102,28 @@ FusedShape fused_shape(int rows) {
     return rows <= 8 ? FusedShape{1, 1} : rows <= kExl3FusedMaxRows ? FusedShape{2, 1} : FusedShape{2, 2};
 }
 
+// The dual grid (exl3_fused_kernel DU): one block of 512 threads an SM, each half with its own shared memory
+// (p.dual_words words).
+template <int K, int CB, bool Q>
+cudaError_t launch_fused_dual(const FusedParams& p, int blocks, cudaStream_t s) {
+    const size_t smem = static_cast<size_t>(p.dual_words) * 4 * 2;
+    static const cudaError_t attr_err = cudaFuncSetAttribute(exl3_fused_kernel<K, CB, 1, 1, Q, 2, false, true>,
+                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(kMaxSmem));
+    if (attr_err != cudaSuccess) return attr_err;
+    if (smem > kMaxSmem) return cudaErrorInvalidValue;
+    g_dual_launches.fetch_add(1, std::memory_order_relaxed);
+    return launch_pdl(exl3_fused_kernel<K, CB, 1, 1, Q, 2, false, true>, dim3(static_cast<unsigned>(blocks)),
+                      dim3(2 * kThreads), smem, s, p);
+}
+
 template <int K, int CB>
 cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) {
+    if (p.dual_words > 0) {  // the grid size travels in sk_blocks (read by the host only: H = 1)
+        if constexpr (CB == 2)
+            if (p.q8) return launch_fused_dual<K, CB, true>(p, p.sk_blocks, s);
+        return launch_fused_dual<K, CB, false>(p, p.sk_blocks, s);
+    }
     const FusedShape fs = fused_shape(p.rows);
     const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
     const bool few = blocks <= 2 * sms;  // <= 2 blocks an SM: the build for 2 resident
@@ -1418,7 +1504,9 @@ int split_over() {
 struct FusedPlan {
     int groups = 0, total_n_pad = 0, splits = 1, per = 1, xs_stride = 0;
     int sk_blocks = 0;  // stream-K (H = 2): blocks of the 1-D grid; then `splits` is the most segments of a group
+    int dual_blocks = 0;  // the dual grid (1-8 rows): its blocks (one an SM); then `splits` is the most segments
 };
+
 
 // EXL3_STREAMK=0 / 1: the paired kernel's stream-K grid off / always (kernel lab); default (unset or empty): by the
 // cost model, whose cost of a block's each further group segment is EXL3_SK_SEG stage-times (default: half the
@@ -1549,6 +1637,28 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         f.xs_stride = f.per * 128 + 8;
         if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride, q8) <= kMaxSmem || f.per == 1) break;
     }
+    // The dual grid: one block an SM, half 0 a whole group, half 1 an equal share of the groups beyond the SM count
+    // (exl3_fused_kernel DU). Each half needs the whole k range's activations in its shared memory.
+    // Taken where its makespan (an SM carries groups x stages / SMs stage-times, two segments' fixed costs) beats the
+    // plan's by the same model (ceil(blocks / SMs) x (stages a block + fixed cost)).
+    const int sms = current_device_sm_count();
+    const int64_t U = static_cast<int64_t>(f.groups - sms) * stages;
+    const int over = std::max(split_over(), 0);
+    const int64_t plan_cost = (static_cast<int64_t>(f.groups) * f.splits + sms - 1) / sms * (f.per + over);
+    const int64_t dual_cost = (static_cast<int64_t>(f.groups) * stages + sms - 1) / sms + 2 * over;
+    const int dual_xs = stages * 128 + 8;
+    if (!invariant && fs.BT == 1 && fs.H == 1 && g_dual.load(std::memory_order_relaxed) && f.groups > sms &&
+        f.groups < 2 * sms && U >= sms && U * sms < (int64_t{1} << 31) && dual_cost < plan_cost &&
+        2 * dual_half_bytes(K, rows, dual_xs, q8) <= kMaxSmem) {
+        f.dual_blocks = sms;
+        f.per = stages;
+        f.xs_stride = dual_xs;
+        auto blk = [&](int64_t u) { return ((u + 1) * sms + U - 1) / U - 1; };
+        int most = 1;
+        for (int64_t g = 0; g < f.groups - sms; ++g)
+            most = std::max(most, static_cast<int>(blk(g * stages + stages - 1) - blk(g * stages) + 1));
+        f.splits = most;
+    }
     return f;
 }
 
@@ -1602,6 +1712,14 @@ void exl3_lab_set_cluster(int mode) {
 
 long long exl3_lab_cluster_launches() {
     return g_cluster_launches.load(std::memory_order_relaxed);
+}
+
+void exl3_lab_set_dual(bool on) {
+    g_dual.store(on, std::memory_order_relaxed);
+}
+
+long long exl3_lab_dual_launches() {
+    return g_dual_launches.load(std::memory_order_relaxed);
 }
 
 void exl3_lab_set_pair(bool on) {
@@ -1676,9 +1794,14 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
     p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
-    p.cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.splits > 1 && f.splits <= 8
+    p.cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.dual_blocks == 0 && f.splits > 1 &&
+                        f.splits <= 8
                     ? f.splits
                     : 0;
+    if (f.dual_blocks > 0) {
+        p.sk_blocks = f.dual_blocks;
+        p.dual_words = static_cast<int>(dual_half_bytes(w0.K, rows, f.xs_stride, p.q8) / 4);
+    }
     const size_t xhb = xh_bytes(parts, nparts, rows);
     const size_t need = kExl3CounterBytes + xhb + static_cast<size_t>(p.splits) * rows * f.total_n_pad * 4;
     if (!ws || ws_bytes < need) return cudaErrorInvalidValue;

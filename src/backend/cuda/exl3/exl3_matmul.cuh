@@ -50,6 +50,12 @@ void exl3_lab_set_q8(int mode);
 void exl3_lab_set_cluster(int mode);
 // How many fused calls took the cluster kernels so far in this process (tests: the path ran).
 long long exl3_lab_cluster_launches();
+// Kernel lab / tests: the 1-8-row dual grid for calls of between 1 and 2 column groups an SM (e.g. a fused gate|up;
+// docs/kernels/exl3.md note 43): one block of two 8-warp halves an SM, half 0 a whole group, half 1 an equal share of
+// the groups beyond the SM count. On by default where its makespan model wins (EXL3_DUAL=0 turns it off).
+void exl3_lab_set_dual(bool on);
+// How many fused calls took the dual grid so far in this process (tests: the path ran).
+long long exl3_lab_dual_launches();
 // Kernel lab: the next exl3_fused launch records a timeline of every block into buf (8 words a block, at 8 x the
 // linear block index: global ns at entry / end / after the grid-dependency wait, SM clocks at entry / activations
 // ready / main loop done / end, SM id | last block << 16 | stages << 20); buf must be zeroed and large enough.
