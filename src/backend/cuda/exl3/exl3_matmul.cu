@@ -419,7 +419,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
     auto& qwmax = qwmax_h[hb];
     auto& qwsum = qwsum_h[hb];
 
-    const int tid = DU ? static_cast<int>(threadIdx.x & (kThreads - 1)) : static_cast<int>(threadIdx.x), lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
+    const int tid = DU ? static_cast<int>(threadIdx.x & (kThreads - 1)) : static_cast<int>(threadIdx.x);
+    const int lane = tid & 31, warp = (tid >> 5) & 7, h = H == 2 ? tid >> 8 : 0;
     int pi = 0;
     if (p.nparts > 1 && g >= p.part[1].group0) pi = 1;
     if (p.nparts > 2 && g >= p.part[2].group0) pi = 2;
@@ -903,7 +904,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // remaining groups x stages. So every SM carries the same work whatever the hardware's block placement (the two
 // halves of one block share an SM by construction), where a grid of one block a group leaves some SMs two groups and
 // others one (224 groups on 132 SMs: 85 % of an even load). The segments of a remaining group are numbered by their
-// range, so the partials are added in the same order on every run.
+// range, so the partials are added in the same order on every run. (The kernel-lab timeline, exl3_lab_set_trace,
+// records half 0's thread 0 only.)
 template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false, bool DU = false>
 __global__ void __launch_bounds__(kThreads * H * (DU ? 2 : 1), DU || H == 2 ? 1 : (BT == 1 ? RES : 2))
     exl3_fused_kernel(const FusedParams p) {
@@ -1507,7 +1509,6 @@ struct FusedPlan {
     int dual_blocks = 0;  // the dual grid (1-8 rows): its blocks (one an SM); then `splits` is the most segments
 };
 
-
 // EXL3_STREAMK=0 / 1: the paired kernel's stream-K grid off / always (kernel lab); default (unset or empty): by the
 // cost model, whose cost of a block's each further group segment is EXL3_SK_SEG stage-times (default: half the
 // block's fixed cost).
@@ -1794,10 +1795,9 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
     p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
-    p.cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.dual_blocks == 0 && f.splits > 1 &&
-                        f.splits <= 8
-                    ? f.splits
-                    : 0;
+    const bool cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.dual_blocks == 0 && f.splits > 1 &&
+                         f.splits <= 8;
+    p.cluster = cluster ? f.splits : 0;
     if (f.dual_blocks > 0) {
         p.sk_blocks = f.dual_blocks;
         p.dual_words = static_cast<int>(dual_half_bytes(w0.K, rows, f.xs_stride, p.q8) / 4);
