@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -36,6 +37,7 @@
 
 #include "backend/cuda/device.h"
 #include "backend/cuda/sampler.cuh"
+#include "backend/cuda/step_trace.h"
 #endif
 
 namespace exl3::cli {
@@ -525,6 +527,14 @@ int bench(const BenchOptions& o) {
                 return m.forward_batch(items, &logits);
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
+#ifdef EXL3_HAVE_CUDA
+            // Kernel lab (a build with EXL3_STEP_TRACE): the timed steps' kernel timeline to
+            // $EXL3_STEP_TRACE_OUT.b<batch>.c<context> (tools/bench/step_trace.py reads it).
+            const char* trace_out = m.on_cuda() && cuda::step_trace_compiled() ? std::getenv("EXL3_STEP_TRACE_OUT")
+                                                                                 : nullptr;
+            if (trace_out && cuda::step_trace_start(1u << 21) != cudaSuccess)
+                return fail("bench", "step trace: could not arm");
+#endif
             auto t0 = std::chrono::steady_clock::now();
             for (int g = 1; g < o.gen; ++g) {
 #ifdef EXL3_HAVE_CUDA
@@ -540,6 +550,11 @@ int bench(const BenchOptions& o) {
                 if (!s.is_ok()) return fail("bench", s.to_string());
             }
             const double per_step = seconds_since(t0) / (o.gen - 1);
+#ifdef EXL3_HAVE_CUDA
+            if (trace_out &&
+                cuda::step_trace_stop(fmt::format("{}.b{}.c{}", trace_out, B, C)) != cudaSuccess)
+                return fail("bench", "step trace: could not write");
+#endif
             const double avg_ctx = C + o.gen / 2.0;
             out["decode"].push_back({{"batch", B},
                                      {"context", C},

@@ -9,7 +9,14 @@
 
 #include <utility>
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef EXL3_STEP_TRACE
+#include "backend/cuda/step_trace.cuh"  // kernel lab: the wait also records a step timeline (step_trace.h)
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(EXL3_STEP_TRACE)
+#define EXL3_GRID_DEPENDENCY_WAIT() EXL3_STEP_TRACE_WAIT()
+#define EXL3_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define EXL3_GRID_DEPENDENCY_WAIT() asm volatile("griddepcontrol.wait;\n" ::: "memory")
 #define EXL3_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory")
 #else

@@ -1,0 +1,67 @@
+// Device side of the step timeline (step_trace.h), included by pdl.cuh in a build with EXL3_STEP_TRACE only: each
+// translation unit holds its own copy of the buffer's address (no relocatable device code) and registers a setter.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backend/cuda/step_trace.h"
+
+namespace exl3::cuda {
+
+// FNV-1a of a path's file name: the records' file id (tools/bench/step_trace.py hashes the sources' names alike).
+__host__ __device__ constexpr unsigned int step_trace_file_id(const char* path) {
+    const char* b = path;
+    for (const char* p = path; *p; ++p)
+        if (*p == '/') b = p + 1;
+    unsigned int h = 2166136261u;
+    for (; *b; ++b) h = (h ^ static_cast<unsigned char>(*b)) * 16777619u;
+    return h;
+}
+
+namespace step_trace_detail {
+static __device__ StepTraceBuf g_buf;
+static cudaError_t set_buf(const StepTraceBuf& b) {
+    return cudaMemcpyToSymbol(g_buf, &b, sizeof b);
+}
+static const bool registered = step_trace_register(&set_buf);
+}  // namespace step_trace_detail
+
+__device__ __forceinline__ unsigned long long step_trace_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void step_trace_wait(unsigned int file, unsigned int line) {
+    const unsigned long long t0 = step_trace_now();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+    const unsigned long long t1 = step_trace_now();
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+        const StepTraceBuf b = step_trace_detail::g_buf;
+        if (b.rec) {
+            const unsigned int i = atomicAdd(b.n, 1u);
+            if (i < b.cap) {
+                unsigned int sm;
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+                const unsigned long long threads = blockDim.x * blockDim.y * blockDim.z;
+                const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
+                const unsigned long long block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+                unsigned long long* r = b.rec + 4ull * i;
+                r[0] = t0;
+                r[1] = t1;
+                r[2] = static_cast<unsigned long long>(file) << 32 | static_cast<unsigned long long>(line) << 16 | sm;
+                r[3] = threads << 48 | grid << 24 | block;
+            }
+        }
+    }
+}
+
+}  // namespace exl3::cuda
+
+#define EXL3_STEP_TRACE_WAIT()                                                                    \
+    do {                                                                                          \
+        constexpr unsigned int exl3_step_trace_file = ::exl3::cuda::step_trace_file_id(__FILE__); \
+        ::exl3::cuda::step_trace_wait(exl3_step_trace_file, __LINE__);                            \
+    } while (0)
