@@ -407,6 +407,22 @@ TEST(Exl3Cuda, DualGridMatchesCpu) {
                         << "row " << r << " col " << j << " rows " << rows;
                 }
         }
+        // A workspace sized while the dual grid was off still serves the dual grid when it is switched on (the
+        // size covers both plans): the call runs it and gives the same bits.
+        cuda::exl3_lab_set_dual(false);
+        DeviceBuffer ws_off;
+        size_t wsb_off = 0;
+        make_workspace(parts, 2, rows, (*ctx)->stream(), &ws_off, &wsb_off);
+        cuda::exl3_lab_set_dual(true);
+        const long long before = cuda::exl3_lab_dual_launches();
+        const Status st =
+            cuda::exl3_matmul(**ctx, parts, 2, dx.get(), ActType::kF16, in, rows, o, ws_off.get(), wsb_off);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "workspace sized with the dual grid off, rows " << rows;
+        std::vector<float> y(static_cast<size_t>(rows) * 2 * n);
+        EXL3_CUDA_OK(cudaStreamSynchronize((*ctx)->stream()));
+        EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(y == first) << "rows " << rows;
     }
 }
 

@@ -1567,7 +1567,9 @@ int q8_min_stages() {
     return g_q8_force.load(std::memory_order_relaxed) == 1 ? 1 : v;
 }
 
-FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant = false) {
+// dual: -1 follows the lab setting (g_dual), 0 never takes the dual grid, 1 takes it wherever it applies (the workspace
+// size covers both).
+FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant = false, int dual = -1) {
     const bool q8 = q8_path(parts, rows, invariant);
     if (invariant) rows = kExl3FusedMaxRows;  // the split that 16 rows need, for every row count
     FusedPlan f;
@@ -1648,7 +1650,8 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     const int64_t plan_cost = (static_cast<int64_t>(f.groups) * f.splits + sms - 1) / sms * (f.per + over);
     const int64_t dual_cost = (static_cast<int64_t>(f.groups) * stages + sms - 1) / sms + 2 * over;
     const int dual_xs = stages * 128 + 8;
-    if (!invariant && fs.BT == 1 && fs.H == 1 && g_dual.load(std::memory_order_relaxed) && f.groups > sms &&
+    const bool dual_on = dual < 0 ? g_dual.load(std::memory_order_relaxed) : dual > 0;
+    if (!invariant && fs.BT == 1 && fs.H == 1 && dual_on && f.groups > sms &&
         f.groups < 2 * sms && U >= sms && U * sms < (int64_t{1} << 31) && dual_cost < plan_cost &&
         2 * dual_half_bytes(K, rows, dual_xs, q8) <= kMaxSmem) {
         f.dual_blocks = sms;
@@ -1735,11 +1738,13 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
         for (int i = 0; i < nparts; ++i) m = std::max(m, exl3_fused_workspace_bytes(&parts[i], 1, rows));
         return m;
     }
-    // The larger of the plan for these rows and the invariant plan (the one for 16 rows) applied to them.
+    // The largest of the plans for these rows with and without the dual grid (so that the lab setting may change
+    // after the workspace is sized) and the invariant plan (the one for 16 rows) applied to them.
     // (Invariant calls have <= 16 rows; the bound is loose for more.)
-    const FusedPlan f = plan_fused(parts, nparts, rows), fi = plan_fused(parts, nparts, rows, true);
+    const FusedPlan f = plan_fused(parts, nparts, rows, false, 0), fd = plan_fused(parts, nparts, rows, false, 1),
+                    fi = plan_fused(parts, nparts, rows, true);
     return kExl3CounterBytes + xh_bytes(parts, nparts, rows) +
-           static_cast<size_t>(std::max(f.splits, fi.splits)) * rows * f.total_n_pad * 4;
+           static_cast<size_t>(std::max({f.splits, fd.splits, fi.splits})) * rows * f.total_n_pad * 4;
 }
 
 cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx, int rows,
