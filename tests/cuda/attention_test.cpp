@@ -368,6 +368,17 @@ void run_case(const Case& c, uint32_t seed) {
                 splits, warps, e.max_ref, e.max_abs, e.max_abs / e.max_ref);
     EXPECT_EQ(e.bad, 0u) << c.name << ": non-finite or unwritten outputs";
     EXPECT_LE(e.max_abs, 2e-2 * e.max_ref) << c.name;
+    if (splits > 1) {  // both merge kernels (a warp per 128 columns, the default; a block per row): the same bits
+        cuda::attention_lab_set_combine_warp(false);
+        EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));
+        const cudaError_t ce = cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr);
+        cuda::attention_lab_set_combine_warp(true);
+        EXL3_CUDA_OK(ce);
+        EXL3_CUDA_OK(cudaDeviceSynchronize());
+        std::vector<uint16_t> blk(s.q_bits.size());
+        DOWNLOAD(blk, d.out.p);
+        EXPECT_TRUE(blk == got) << c.name << ": the two merge kernels differ";
+    }
 
     // With the o projection's EXL3 input rotation (AttnOutRotation): where the plan merges splits, the merge kernel
     // writes the same output bits and xh bit-identical to the EXL3 rotation kernel run on that output.

@@ -64,6 +64,16 @@ std::atomic<int> g_decode_warps{[] {
     return w == 4 || w == 8 ? w : 0;
 }()};
 
+// Kernel lab / tests: which kernel merges the splits, attention_combine_warp (1, the default) or attention_combine
+// (0; EXL3_ATTN_COMBINE=0 in the environment at start). Both write the same bits.
+std::atomic<int> g_combine_warp{[] {
+    const char* e = std::getenv("EXL3_ATTN_COMBINE");
+    return e && e[0] == '0' ? 0 : 1;
+}()};
+bool combine_warp_on() {
+    return g_combine_warp.load(std::memory_order_relaxed) != 0;
+}
+
 // Split-K of `base` CTAs with `occ` resident an SM: one full wave, splits = floor(resident slots / base CTAs). A
 // partial second wave (e.g. 320 CTAs on 264 slots) would double the time of its stragglers' share.
 void plan_splits(Plan& pl, int64_t base, int occ, int max_seq, int bn) {
@@ -240,6 +250,137 @@ __global__ void __launch_bounds__(kCombineThreads* combine_rows<D, ROT>())
     }
 }
 
+// The same merge with a warp per 128 columns of the output (the heads of a token side by side: 128 / D heads, or
+// 1 / (D / 128) of one) and a lane per 4 dimensions: no block barrier and one round of loads after the wait, where
+// attention_combine takes three barriers (session 17 step timeline: its launch held 3.1 us of a 2.58 ms step's 80
+// us layer, against 2.1-2.3 for the other small kernels; docs/kernels/exl3.md note 44). The same bits: each row's
+// split weights come from 32 lanes holding splits l, l + 32, .. reduced by the same butterflies, and each dimension
+// sums attention_combine's kGroups = 256 / D interleaved slices of the splits apart, in split order, then adds them.
+// ROT: the lane's 4 rounded outputs are the 4 columns it rotates (exl3_rotate.cuh's layout), so it writes xh too.
+// Needs n_heads x D a multiple of 128 (a warp's columns one token's, at a 128-column boundary).
+constexpr int kCombineWarps = 4;
+template <typename T, int D, bool ROT>
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    attention_combine_warp(const float* __restrict__ part_o, const float* __restrict__ part_lse, int splits,
+                           int rows_bound, const int32_t* __restrict__ q_start, int batch, int n_heads,
+                           T* __restrict__ out, const float* __restrict__ suh, uint16_t* __restrict__ xh) {
+    constexpr int kGroups = kCombineThreads / D;  // attention_combine's slices of the splits
+    constexpr int kHeads = D < 128 ? 128 / D : 1;  // rows a warp covers
+    constexpr int kLse = kMaxSplits / 32;
+    EXL3_LAUNCH_DEPENDENTS();
+    const int lane = threadIdx.x & 31;
+    const int64_t col = (static_cast<int64_t>(blockIdx.x) * kCombineWarps + (threadIdx.x >> 5)) * 128;
+    const int64_t row0 = col / D;                  // the warp's first row
+    const int64_t row = (col + 4 * lane) / D;      // this lane's
+    const int d0 = static_cast<int>((col + 4 * lane) % D);
+    const int64_t live_rows = static_cast<int64_t>(q_start[batch]) * n_heads;  // the plan: before the wait
+    const int64_t token = row0 / n_heads;
+    const int tcol = static_cast<int>((row % n_heads) * D + d0);  // the lane's column of its token's o input
+    float su[4] = {0.f, 0.f, 0.f, 0.f};                             // read once a step: before the wait
+    if (ROT && row0 < live_rows) {
+        const float4 s4 = *reinterpret_cast<const float4*>(suh + tcol);
+        su[0] = s4.x;
+        su[1] = s4.y;
+        su[2] = s4.z;
+        su[3] = s4.w;
+    }
+    EXL3_GRID_DEPENDENCY_WAIT();  // launched early (PDL): wait for the partials
+    if (row0 >= live_rows) return;  // warp-uniform (rows of one token: live_rows is a multiple of n_heads)
+    // Every load at once: each row's split lse values (lane l: splits l + 32 i) and the lane's first kPre partials.
+    float lse[kHeads][kLse];
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h)
+#pragma unroll
+        for (int i = 0; i < kLse; ++i) {
+            const int sp = lane + 32 * i;
+            lse[h][i] = sp < splits ? part_lse[static_cast<int64_t>(sp) * rows_bound + row0 + h] : -INFINITY;
+        }
+    constexpr int kPre = 8;
+    float4 pre[kPre];
+#pragma unroll
+    for (int i = 0; i < kPre; ++i)
+        pre[i] = i < splits
+                     ? *reinterpret_cast<const float4*>(part_o + (static_cast<int64_t>(i) * rows_bound + row) * D + d0)
+                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    // The split weights e (lane l holds splits l + 32 i) and 1 / sum of each row, as attention_combine's warp 0.
+    float e[kHeads][kLse], inv = 0.f;
+#pragma unroll
+    for (int h = 0; h < kHeads; ++h) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kLse; ++i) mx = fmaxf(mx, lse[h][i]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float ref = mx == -INFINITY ? 0.f : mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int i = 0; i < kLse; ++i) {
+            e[h][i] = exp2f(lse[h][i] - ref);
+            sum += e[h][i];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (row - row0 == h) inv = sum > 0.f ? 1.f / sum : 0.f;
+    }
+    // The weight of split sp for this lane's row.
+    auto weight = [&](int sp) {
+        float w = 0.f;
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+            float eh = e[h][0];
+#pragma unroll
+            for (int i = 1; i < kLse; ++i)
+                if (sp >> 5 == i) eh = e[h][i];
+            const float v = __shfl_sync(0xffffffffu, eh, sp & 31);
+            if (row - row0 == h) w = v;
+        }
+        return w;
+    };
+    float acc[kGroups][4];
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[g][j] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPre; ++i) {
+        if (i >= splits) break;  // warp-uniform
+        const float w = weight(i);
+        float* a = acc[i % kGroups];
+        a[0] += w * pre[i].x;
+        a[1] += w * pre[i].y;
+        a[2] += w * pre[i].z;
+        a[3] += w * pre[i].w;
+    }
+    for (int sp = kPre; sp < splits; ++sp) {
+        const float w = weight(sp);
+        const float4 v =
+            *reinterpret_cast<const float4*>(part_o + (static_cast<int64_t>(sp) * rows_bound + row) * D + d0);
+        float* a = acc[sp % kGroups];
+        a[0] += w * v.x;
+        a[1] += w * v.y;
+        a[2] += w * v.z;
+        a[3] += w * v.w;
+    }
+    T t[4];
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        float o = 0.f;
+#pragma unroll
+        for (int g = 0; g < kGroups; ++g) o += acc[g][j];
+        t[j] = attn::MmaOp<T>::from_float(o * inv);
+        if constexpr (ROT) v[j] = exl3k::round16(attn::MmaOp<T>::to_float(t[j]) * su[j]);
+    }
+    uint2 packed;
+    packed.x = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&t[0])) |
+               static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&t[1])) << 16;
+    packed.y = static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&t[2])) |
+               static_cast<uint32_t>(*reinterpret_cast<const uint16_t*>(&t[3])) << 16;
+    *reinterpret_cast<uint2*>(out + row * D + d0) = packed;
+    if constexpr (ROT)
+        *reinterpret_cast<uint2*>(xh + token * n_heads * D + tcol) = exl3k::rotate128_pack(v, lane);
+}
+
 // dec (the batch-invariant plan of a step with prompt chunks): first the decode kernel for the sequences of one
 // new token (plan dec), then the prefill kernel for the others; both write partials of the same splits, which one
 // combine merges. So a decode token takes the decode kernel's order whatever else is in the step.
@@ -268,6 +409,20 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
     if (e != cudaSuccess || !pl.partials) return e;
     const auto* po = static_cast<const float*>(p.part_o);
     const auto* pl_lse = static_cast<const float*>(p.part_lse);
+    // The warp merge where a warp's 128 columns stay in one token (always with the rotation: attention() checks).
+    const bool warp_merge = combine_warp_on() && (p.n_heads * D) % 128 == 0;
+    const unsigned warp_blocks = static_cast<unsigned>(
+        (static_cast<int64_t>(p.total_rows_bound) * D / 128 + kCombineWarps - 1) / kCombineWarps);
+    if (warp_merge) {
+        if (rot && rotated) *rotated = true;
+        return rot ? launch_pdl(attention_combine_warp<T, D, true>, dim3(warp_blocks), dim3(32 * kCombineWarps), 0, s,
+                                po, pl_lse, pl.splits, p.total_rows_bound, b.q_start, b.batch, p.n_heads,
+                                static_cast<T*>(p.out), rot->suh, rot->xh)
+                   : launch_pdl(attention_combine_warp<T, D, false>, dim3(warp_blocks), dim3(32 * kCombineWarps), 0,
+                                s, po, pl_lse, pl.splits, p.total_rows_bound, b.q_start, b.batch, p.n_heads,
+                                static_cast<T*>(p.out), static_cast<const float*>(nullptr),
+                                static_cast<uint16_t*>(nullptr));
+    }
     if (rot) {
         constexpr int R = combine_rows<D, true>();
         if (rotated) *rotated = true;
@@ -317,6 +472,10 @@ bool out_rotation_on() {
 
 void attention_lab_set_out_rotation(bool on) {
     g_out_rotation.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+void attention_lab_set_combine_warp(bool on) {
+    g_combine_warp.store(on ? 1 : 0, std::memory_order_relaxed);
 }
 
 void attention_lab_set_decode_warps(int warps) {
