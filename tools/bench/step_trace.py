@@ -11,6 +11,7 @@ Usage: EXL3_STEP_TRACE_OUT=/tmp/st exl3 bench -m MODEL -d cuda -p 16 -b 1 -c 512
 """
 import argparse
 import array
+import bisect
 import os
 import re
 import statistics
@@ -63,7 +64,11 @@ def load(path):
 def launches(recs, sites):
     out = []
     cur = None
+    ends = []
     for t1, t0, fid, line, sm, threads, grid, block in recs:
+        if line & 0x8000:  # a block's end (EXL3_STEP_TRACE_END): attached below
+            ends.append((t1, grid, threads))
+            continue
         key = (fid, line, grid, threads)
         if cur is None or cur["key"] != key or block in cur["blocks"]:
             cur = {"key": key, "name": sites.get((fid, line), f"{fid:08x}:{line}"), "grid": grid,
@@ -72,6 +77,12 @@ def launches(recs, sites):
         cur["blocks"].add(block)
         cur["t0"].append(t0)
         cur["t1"].append(t1)
+    # A block ends before the next launch is released: it belongs to the last launch released before it.
+    firsts = [l["t1"][0] for l in out]
+    for t, grid, threads in ends:
+        i = bisect.bisect_right(firsts, t) - 1
+        if i >= 0 and out[i]["grid"] == grid and out[i]["threads"] == threads:
+            out[i]["end"] = max(out[i].get("end", 0), t)
     return out
 
 
@@ -106,10 +117,15 @@ def main():
         early = statistics.median(statistics.median(t1 - t0 for t0, t1 in zip(s[i]["t0"], s[i]["t1"])) / 1e3
                                   for s in steps)
         l = steps[0][i]
-        rows.append((l["name"], l["grid"], l["threads"], len(l["blocks"]), share, spread, early))
+        # With end records: release -> the last block's end (run), and that end -> the next release (handoff).
+        runs = [(s[i]["end"] - s[i]["t1"][0]) / 1e3 for s in steps if "end" in s[i]]
+        hand = [(s[i + 1]["t1"][0] - s[i]["end"]) / 1e3 for s in steps if "end" in s[i]]
+        run = statistics.median(runs) if runs else None
+        handoff = statistics.median(hand) if hand else None
+        rows.append((l["name"], l["grid"], l["threads"], len(l["blocks"]), share, spread, early, run, handoff))
 
     by = {}
-    for name, grid, threads, nb, share, _, _ in rows:
+    for name, grid, threads, nb, share, *_ in rows:
         k = (name, grid, threads)
         c, t = by.get(k, (0, 0.0))
         by[k] = (c + 1, t + share)
@@ -127,10 +143,12 @@ def main():
     if li + 1 < len(marks):
         lo, hi = marks[li], marks[li + 1]
         print(f"\nlayer {li} (launches {lo}..{hi - 1}): share = first release to the next launch's first release; "
-              f"spread = last release - first; wait = median block's time in the wait")
-        print("  share     spread   wait    blocks  kernel")
-        for name, grid, threads, nb, share, spread, early in rows[lo:hi]:
-            print(f"  {share:7.2f}  {spread:7.2f}  {early:7.2f}  {nb:5d}x{threads:<4d} {name}")
+              f"spread = last release - first; wait = median block's time in the wait; run = first release to the "
+              f"last block's end, handoff = that end to the next release (kernels with EXL3_STEP_TRACE_END)")
+        print("  share     spread   wait     run      handoff  blocks  kernel")
+        f = lambda v: f"{v:7.2f}" if v is not None else "      -"
+        for name, grid, threads, nb, share, spread, early, run, handoff in rows[lo:hi]:
+            print(f"  {share:7.2f}  {spread:7.2f}  {early:7.2f}  {f(run)}  {f(handoff)}  {nb:5d}x{threads:<4d} {name}")
         print(f"  {sum(r[4] for r in rows[lo:hi]):7.2f}  (the layer)")
 
 

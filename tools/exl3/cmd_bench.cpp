@@ -513,12 +513,15 @@ int bench(const BenchOptions& o) {
             if (m.on_cuda() && sampler.init(B, info.vocab_size) != cudaSuccess)
                 return fail("bench", "GPU sampler workspace");
 #endif
+            double host_enqueue_s = 0;  // the host's time in forward_batch_device (plan, uploads, graph launch)
             auto step = [&]() -> Status {
                 for (auto& it : items) it.tokens.assign(1, tok(rng));
 #ifdef EXL3_HAVE_CUDA
                 if (m.on_cuda()) {
                     Model::DeviceLogits dl;
+                    const auto h0 = std::chrono::steady_clock::now();
                     EXL3_RETURN_IF_ERROR(m.forward_batch_device(items, &dl));
+                    host_enqueue_s += seconds_since(h0);
                     const cudaError_t e = sampler.sample(dl.data, dl.vocab, rows, false, &picked,
                                                          static_cast<cudaStream_t>(dl.stream));
                     return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
@@ -535,6 +538,7 @@ int bench(const BenchOptions& o) {
             if (trace_out && cuda::step_trace_start(1u << 21) != cudaSuccess)
                 return fail("bench", "step trace: could not arm");
 #endif
+            host_enqueue_s = 0;
             auto t0 = std::chrono::steady_clock::now();
             for (int g = 1; g < o.gen; ++g) {
 #ifdef EXL3_HAVE_CUDA
@@ -550,6 +554,9 @@ int bench(const BenchOptions& o) {
                 if (!s.is_ok()) return fail("bench", s.to_string());
             }
             const double per_step = seconds_since(t0) / (o.gen - 1);
+            if (const char* e = std::getenv("EXL3_BENCH_HOST"); e && e[0] == '1')
+                std::fprintf(stderr, "[bench] batch %d context %d: host enqueue %.1f us a step of %.1f us\n", B, C,
+                             host_enqueue_s / (o.gen - 1) * 1e6, per_step * 1e6);
 #ifdef EXL3_HAVE_CUDA
             if (trace_out &&
                 cuda::step_trace_stop(fmt::format("{}.b{}.c{}", trace_out, B, C)) != cudaSuccess)

@@ -264,6 +264,7 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
         __syncwarp();
     }
     for (int j = lane; j < hd; j += 32) dst[j] = from_f<T>(x[j]);
+    EXL3_STEP_TRACE_END();
 }
 
 template <typename T>

@@ -27,6 +27,14 @@
     do {                         \
     } while (0)
 #endif
+// Kernel lab: the end of a block in a step timeline (a trace build only; nothing elsewhere).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(EXL3_STEP_TRACE)
+#define EXL3_STEP_TRACE_END() EXL3_STEP_TRACE_END_RECORD()
+#else
+#define EXL3_STEP_TRACE_END() \
+    do {                      \
+    } while (0)
+#endif
 
 namespace exl3::cuda {
 

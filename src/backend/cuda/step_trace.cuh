@@ -58,10 +58,41 @@ __device__ __forceinline__ void step_trace_wait(unsigned int file, unsigned int 
     }
 }
 
+// The end of a block (EXL3_STEP_TRACE_END at the end of a kernel; the small kernels of a layer and the attention):
+// one record with both times equal and bit 15 of the line set.
+__device__ __forceinline__ void step_trace_end(unsigned int file, unsigned int line) {
+    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+        const StepTraceBuf b = step_trace_detail::g_buf;
+        if (b.rec) {
+            const unsigned long long t = step_trace_now();
+            const unsigned int i = atomicAdd(b.n, 1u);
+            if (i < b.cap) {
+                unsigned int sm;
+                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+                const unsigned long long threads = blockDim.x * blockDim.y * blockDim.z;
+                const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
+                const unsigned long long block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+                unsigned long long* r = b.rec + 4ull * i;
+                r[0] = t;
+                r[1] = t;
+                r[2] = static_cast<unsigned long long>(file) << 32 |
+                       static_cast<unsigned long long>(line | 0x8000u) << 16 | sm;
+                r[3] = threads << 48 | grid << 24 | block;
+            }
+        }
+    }
+}
+
 }  // namespace exl3::cuda
 
 #define EXL3_STEP_TRACE_WAIT()                                                                    \
     do {                                                                                          \
         constexpr unsigned int exl3_step_trace_file = ::exl3::cuda::step_trace_file_id(__FILE__); \
         ::exl3::cuda::step_trace_wait(exl3_step_trace_file, __LINE__);                            \
+    } while (0)
+
+#define EXL3_STEP_TRACE_END_RECORD()                                                              \
+    do {                                                                                          \
+        constexpr unsigned int exl3_step_trace_file = ::exl3::cuda::step_trace_file_id(__FILE__); \
+        ::exl3::cuda::step_trace_end(exl3_step_trace_file, __LINE__);                             \
     } while (0)

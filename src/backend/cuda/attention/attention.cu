@@ -248,6 +248,7 @@ __global__ void __launch_bounds__(kCombineThreads* combine_rows<D, ROT>())
                 exl3k::rotate128_pack(v, lane);
         }
     }
+    EXL3_STEP_TRACE_END();
 }
 
 // The same merge with a warp per 128 columns of the output (the heads of a token side by side: 128 / D heads, or
@@ -379,6 +380,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps)
     *reinterpret_cast<uint2*>(out + row * D + d0) = packed;
     if constexpr (ROT)
         *reinterpret_cast<uint2*>(xh + token * n_heads * D + tcol) = exl3k::rotate128_pack(v, lane);
+    EXL3_STEP_TRACE_END();
 }
 
 // dec (the batch-invariant plan of a step with prompt chunks): first the decode kernel for the sequences of one

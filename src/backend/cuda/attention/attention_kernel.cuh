@@ -701,6 +701,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             if (c == 0) p.part_lse[prow] = l_tot > 0.f ? m_tot + log2f(l_tot) : -INFINITY;
         }
     }
+    EXL3_STEP_TRACE_END();
 }
 
 // Host side. The dynamic shared-memory limit is raised once per instantiation (before any graph capture: the

@@ -1285,6 +1285,7 @@ __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const
         v[i] = kk < k ? round16(a * su[i]) : 0.0f;
     }
     *reinterpret_cast<uint2*>(xh + (static_cast<int64_t>(part) * rows + r) * k_pad + k0) = rotate128_pack(v, lane);
+    EXL3_STEP_TRACE_END();
 }
 
 cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x, bool x_bf16, int ldx, int k,
