@@ -32,55 +32,39 @@ __device__ __forceinline__ unsigned long long step_trace_now() {
     return t;
 }
 
+// One record by thread 0 of the block (step_trace.h's layout), if the buffer is armed and not full.
+__device__ __forceinline__ void step_trace_record(unsigned long long t0, unsigned long long t1, unsigned int file,
+                                                  unsigned int line) {
+    if (threadIdx.x != 0 || threadIdx.y != 0 || threadIdx.z != 0) return;
+    const StepTraceBuf b = step_trace_detail::g_buf;
+    if (!b.rec) return;
+    const unsigned int i = atomicAdd(b.n, 1u);
+    if (i >= b.cap) return;
+    unsigned int sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long threads = blockDim.x * blockDim.y * blockDim.z;
+    const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
+    const unsigned long long block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+    unsigned long long* r = b.rec + 4ull * i;
+    r[0] = t0;
+    r[1] = t1;
+    r[2] = static_cast<unsigned long long>(file) << 32 | static_cast<unsigned long long>(line) << 16 | sm;
+    r[3] = threads << 48 | grid << 24 | block;
+}
+
 __device__ __forceinline__ void step_trace_wait(unsigned int file, unsigned int line) {
     const unsigned long long t0 = step_trace_now();
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
-    const unsigned long long t1 = step_trace_now();
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        const StepTraceBuf b = step_trace_detail::g_buf;
-        if (b.rec) {
-            const unsigned int i = atomicAdd(b.n, 1u);
-            if (i < b.cap) {
-                unsigned int sm;
-                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-                const unsigned long long threads = blockDim.x * blockDim.y * blockDim.z;
-                const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
-                const unsigned long long block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-                unsigned long long* r = b.rec + 4ull * i;
-                r[0] = t0;
-                r[1] = t1;
-                r[2] = static_cast<unsigned long long>(file) << 32 | static_cast<unsigned long long>(line) << 16 | sm;
-                r[3] = threads << 48 | grid << 24 | block;
-            }
-        }
-    }
+    step_trace_record(t0, step_trace_now(), file, line);
 }
 
 // The end of a block (EXL3_STEP_TRACE_END at the end of a kernel; the small kernels of a layer and the attention):
 // one record with both times equal and bit 15 of the line set.
 __device__ __forceinline__ void step_trace_end(unsigned int file, unsigned int line) {
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        const StepTraceBuf b = step_trace_detail::g_buf;
-        if (b.rec) {
-            const unsigned long long t = step_trace_now();
-            const unsigned int i = atomicAdd(b.n, 1u);
-            if (i < b.cap) {
-                unsigned int sm;
-                asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-                const unsigned long long threads = blockDim.x * blockDim.y * blockDim.z;
-                const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
-                const unsigned long long block = (blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
-                unsigned long long* r = b.rec + 4ull * i;
-                r[0] = t;
-                r[1] = t;
-                r[2] = static_cast<unsigned long long>(file) << 32 |
-                       static_cast<unsigned long long>(line | 0x8000u) << 16 | sm;
-                r[3] = threads << 48 | grid << 24 | block;
-            }
-        }
-    }
+    const unsigned long long t = step_trace_now();
+    step_trace_record(t, t, file, line | 0x8000u);
 }
 
 }  // namespace exl3::cuda
