@@ -37,8 +37,13 @@ cudaError_t step_trace_start(unsigned int records) {
     if (!step_trace_compiled() || g_host.rec) return cudaErrorInvalidValue;
     StepTraceBuf b{};
     if (cudaError_t e = cudaMalloc(&b.rec, 32ull * records); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaMalloc(&b.n, sizeof(unsigned int)); e != cudaSuccess) return e;
-    if (cudaError_t e = cudaMemset(b.n, 0, sizeof(unsigned int)); e != cudaSuccess) return e;
+    cudaError_t e = cudaMalloc(&b.n, sizeof(unsigned int));
+    if (e == cudaSuccess) e = cudaMemset(b.n, 0, sizeof(unsigned int));
+    if (e != cudaSuccess) {  // nothing stays allocated on a failed start
+        cudaFree(b.n);
+        cudaFree(b.rec);
+        return e;
+    }
     b.cap = records;
     g_host = b;
     return arm(b);
