@@ -514,6 +514,14 @@ int bench(const BenchOptions& o) {
                 return fail("bench", "GPU sampler workspace");
 #endif
             double host_enqueue_s = 0;  // the host's time in forward_batch_device (plan, uploads, graph launch)
+            // Kernel lab: EXL3_BENCH_NOSYNC=1 enqueues every step and its argmax without waiting for the token ids
+            // (one sync after the timed steps): the step's time without the host's round trip, an upper bound for
+            // feeding the sampled ids to the next step on the device. The inputs stay random ids either way.
+            const bool nosync = [] {
+                const char* e = std::getenv("EXL3_BENCH_NOSYNC");
+                return e && e[0] == '1';
+            }();
+            void* last_stream = nullptr;
             auto step = [&]() -> Status {
                 for (auto& it : items) it.tokens.assign(1, tok(rng));
 #ifdef EXL3_HAVE_CUDA
@@ -522,14 +530,21 @@ int bench(const BenchOptions& o) {
                     const auto h0 = std::chrono::steady_clock::now();
                     EXL3_RETURN_IF_ERROR(m.forward_batch_device(items, &dl));
                     host_enqueue_s += seconds_since(h0);
-                    const cudaError_t e = sampler.sample(dl.data, dl.vocab, rows, false, &picked,
-                                                         static_cast<cudaStream_t>(dl.stream));
+                    last_stream = dl.stream;
+                    const cudaError_t e =
+                        nosync ? sampler.enqueue_greedy(dl.data, dl.vocab, B, static_cast<cudaStream_t>(dl.stream))
+                               : sampler.sample(dl.data, dl.vocab, rows, false, &picked,
+                                                static_cast<cudaStream_t>(dl.stream));
                     return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
                 }
 #endif
                 return m.forward_batch(items, &logits);
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
+#ifdef EXL3_HAVE_CUDA
+            if (nosync && last_stream && cudaStreamSynchronize(static_cast<cudaStream_t>(last_stream)) != cudaSuccess)
+                return fail("bench", "warm-up sync");
+#endif
 #ifdef EXL3_HAVE_CUDA
             // Kernel lab (a build with EXL3_STEP_TRACE): the timed steps' kernel timeline to
             // $EXL3_STEP_TRACE_OUT.b<batch>.c<context> (tools/bench/step_trace.py reads it).
@@ -553,10 +568,18 @@ int bench(const BenchOptions& o) {
 #endif
                 if (!s.is_ok()) return fail("bench", s.to_string());
             }
+            const double enqueued_s = seconds_since(t0);  // with EXL3_BENCH_NOSYNC: the host's loop alone
+#ifdef EXL3_HAVE_CUDA
+            if (nosync && last_stream && cudaStreamSynchronize(static_cast<cudaStream_t>(last_stream)) != cudaSuccess)
+                return fail("bench", "step sync");
+#endif
             const double per_step = seconds_since(t0) / (o.gen - 1);
             if (const char* e = std::getenv("EXL3_BENCH_HOST"); e && e[0] == '1')
-                std::fprintf(stderr, "[bench] batch %d context %d: host enqueue %.1f us a step of %.1f us\n", B, C,
-                             host_enqueue_s / (o.gen - 1) * 1e6, per_step * 1e6);
+                std::fprintf(stderr,
+                             "[bench] batch %d context %d: host enqueue %.1f us a step of %.1f us; the host's loop "
+                             "ended at %.0f %% of the time\n",
+                             B, C, host_enqueue_s / (o.gen - 1) * 1e6, per_step * 1e6,
+                             100.0 * enqueued_s / (per_step * (o.gen - 1)));
 #ifdef EXL3_HAVE_CUDA
             if (trace_out &&
                 cuda::step_trace_stop(fmt::format("{}.b{}.c{}", trace_out, B, C)) != cudaSuccess)

@@ -618,6 +618,11 @@ cudaError_t DeviceSampler::init(int max_rows, int vocab) {
     return cudaMalloc(&d_top_logprobs_, sizeof(float) * max_rows * kSamplerMaxTopN);
 }
 
+cudaError_t DeviceSampler::enqueue_greedy(const float* logits, int64_t stride, int rows, cudaStream_t stream) {
+    if (rows < 1 || rows > max_rows_ || stride < vocab_) return cudaErrorInvalidValue;
+    return sample_greedy(logits, stride, rows, vocab_, ws_, d_tokens_, stream);
+}
+
 cudaError_t DeviceSampler::sample(const float* logits, int64_t stride, const std::vector<Row>& rows,
                                   bool want_logprobs, std::vector<Result>* out, cudaStream_t stream, float* probs) {
     const int n = static_cast<int>(rows.size());

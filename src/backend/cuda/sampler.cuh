@@ -117,6 +117,9 @@ public:
     // device [rows, vocab] output (see SamplerBatch::probs). Synchronises the stream.
     cudaError_t sample(const float* logits, int64_t stride, const std::vector<Row>& rows, bool want_logprobs,
                        std::vector<Result>* out, cudaStream_t stream, float* probs = nullptr);
+    // The greedy argmax of `rows` rows into the device's token buffer, enqueued only: no download and no sync
+    // (kernel lab: exl3 bench's EXL3_BENCH_NOSYNC, the step time without the host's round trip).
+    cudaError_t enqueue_greedy(const float* logits, int64_t stride, int rows, cudaStream_t stream);
 
 private:
     void release();
