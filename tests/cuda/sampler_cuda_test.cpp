@@ -320,7 +320,8 @@ TEST(CudaSampler, GreedyEqualsCpuArgmax) {
 }
 
 // (3b) Plain greedy rows (no edits, no logprobs) take the multi-block argmax: the CPU argmax, ties to the lowest id,
-// -inf entries included, for vocabularies smaller and larger than its 64 parts.
+// -inf entries included, for vocabularies smaller and larger than its 64 parts. enqueue_greedy (no download) leaves
+// the same ids in the device's token buffer and refuses bad shapes.
 TEST(CudaSampler, PlainGreedyFastPathEqualsCpuArgmax) {
     EXL3_REQUIRE_GPU();
     for (int vocab : {7, 1000, 128256}) {
@@ -350,6 +351,16 @@ TEST(CudaSampler, PlainGreedyFastPathEqualsCpuArgmax) {
                 const int32_t want = static_cast<int32_t>(std::max_element(row, row + vocab) - row);  // first max
                 EXPECT_EQ(out[static_cast<size_t>(r)].token, want) << "vocab " << vocab << " row " << r;
             }
+            // The same argmax enqueued without a download (enqueue_greedy), read from the device's token buffer.
+            EXL3_CUDA_OK(cudaMemset(const_cast<int32_t*>(ds.device_tokens()), 0xFF, sizeof(int32_t) * rows));
+            EXL3_CUDA_OK(ds.enqueue_greedy(d_logits.p, vocab, rows, nullptr));
+            std::vector<int32_t> ids(static_cast<size_t>(rows));
+            EXL3_CUDA_OK(cudaMemcpy(ids.data(), ds.device_tokens(), sizeof(int32_t) * rows, cudaMemcpyDeviceToHost));
+            for (int r = 0; r < rows; ++r)
+                EXPECT_EQ(ids[static_cast<size_t>(r)], out[static_cast<size_t>(r)].token)
+                    << "enqueue_greedy, vocab " << vocab << " row " << r;
+            EXPECT_EQ(ds.enqueue_greedy(d_logits.p, vocab, rows + 1, nullptr), cudaErrorInvalidValue);
+            EXPECT_EQ(ds.enqueue_greedy(d_logits.p, vocab - 1, rows, nullptr), cudaErrorInvalidValue);
         }
     }
 }

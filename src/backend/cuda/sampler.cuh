@@ -120,6 +120,8 @@ public:
     // The greedy argmax of `rows` rows into the device's token buffer, enqueued only: no download and no sync
     // (kernel lab: exl3 bench's EXL3_BENCH_NOSYNC, the step time without the host's round trip).
     cudaError_t enqueue_greedy(const float* logits, int64_t stride, int rows, cudaStream_t stream);
+    // Device [max_rows]: the token ids of the last sample() or enqueue_greedy() (valid once its stream reaches them).
+    const int32_t* device_tokens() const { return d_tokens_; }
 
 private:
     void release();
