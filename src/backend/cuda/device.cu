@@ -113,4 +113,9 @@ int current_device_smem_per_sm() {
     return n;
 }
 
+int current_device_smem_per_block() {
+    static const int n = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    return n;
+}
+
 }  // namespace exl3::cuda

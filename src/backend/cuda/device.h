@@ -32,5 +32,8 @@ Status self_test(int device);
 int current_device_sm_count();
 // Shared memory of one SM of the current device in bytes, queried once per process (0 if the query fails).
 int current_device_smem_per_sm();
+// Dynamic shared memory one block may opt in to on the current device in bytes (227 KB on sm_90, 163 KB on sm_80,
+// 99 KB on sm_86 / sm_89), queried once per process (0 if the query fails).
+int current_device_smem_per_block();
 
 }  // namespace exl3::cuda

@@ -101,7 +101,7 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
     // Passes share the workspace safely: each pass's rotation kernel waits for the previous matmul grid to complete
     // (programmatic dependent launch lets it start early, not run ahead of that).
     const size_t y_size = out.f32 ? 4 : 2;
-    const int step = exl3_fused_call_rows(out.invariant);
+    const int step = exl3_fused_call_rows(out.invariant, parts[0].w.K);
     for (int r0 = 0; r0 < rows; r0 += step) {
         const int nr = std::min(step, rows - r0);
         Exl3Out o = out;
@@ -122,7 +122,7 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
 // 99.6; 14336x4096 76.9 / 86.2 / 128.9 against 90.3 / 91.3 / 96.3; 4096x4096 43.0 / 42.9 against 27.8 / 28.0. So:
 // passes up to 64 rows for matrices of >= 32 M weights; up to 32 rows (one call) every matrix is fused.
 static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
-    if (rows <= exl3_fused_call_rows(false)) return true;
+    if (rows <= exl3_fused_call_rows(false, parts[0].w.K)) return true;
     if (rows > kExl3FusedPassMaxRows) return false;
     int64_t weights = 0;
     for (int i = 0; i < nparts; ++i) weights += static_cast<int64_t>(parts[i].w.k_pad) * parts[i].w.n_pad;

@@ -981,6 +981,31 @@ __global__ void __launch_bounds__(kThreads * H * (DU ? 2 : 1), DU || H == 2 ? 1 
 }
 
 constexpr size_t kMaxSmem = 200 * 1024;
+// What a launch may ask of the device (the kernels' shared-memory attribute): kMaxSmem, or less where the GPU allows
+// less (sm_80: 163 KB, sm_86 / sm_89: 99 KB).
+size_t smem_device_cap() {
+    const int optin = current_device_smem_per_block();
+    return optin > 0 ? std::min(kMaxSmem, static_cast<size_t>(optin)) : kMaxSmem;
+}
+// What the plans may use: the device's cap, lowered by EXL3_SMEM_LIMIT (bytes) or exl3_lab_set_smem_limit -- to run
+// the plans of a smaller GPU on this one (tests).
+std::atomic<long long> g_smem_limit{-1};
+size_t smem_limit() {
+    static const size_t env = [] {
+        const char* e = std::getenv("EXL3_SMEM_LIMIT");
+        const long long v = e && *e ? std::atoll(e) : 0;
+        return v > 0 ? static_cast<size_t>(v) : kMaxSmem;
+    }();
+    size_t v = std::min(smem_device_cap(), env);
+    const long long lab = g_smem_limit.load(std::memory_order_relaxed);
+    if (lab > 0) v = std::min(v, static_cast<size_t>(lab));
+    return v;
+}
+// The paired kernel (17..32 rows) needs its ring and exchange in one block; where they do not fit, rows beyond 16 take
+// passes of 16.
+bool pair_fits(int K) {
+    return K >= 1 && K <= 8 && static_cast<size_t>(main_words(K, 2, 2)) * 4 <= smem_limit();
+}
 constexpr bool pair_smem_fits() {  // the paired kernel's shared memory does not depend on the call
     for (int K = 1; K <= 8; ++K)
         if (static_cast<size_t>(main_words(K, 2, 2)) * 4 > kMaxSmem) return false;
@@ -1045,19 +1070,22 @@ template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = f
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     static_assert(!CL || H == 1, "the cluster exchange is built for the 1-16-row kernels");
     size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
-    if (CL) smem = cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q) + cluster_buf_bytes(p.splits, p.rows);
+    if constexpr (CL) {
+        smem = cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q) + cluster_buf_bytes(p.splits, p.rows);
+        if (smem > smem_limit()) return launch_fused<K, CB, BT, H, Q, RES, false>(p, groups, s);  // no room: global
+    }
     if (H == 1 && res_cap() && current_device_smem_per_sm() > 0) {
         // cap + 1 blocks (each with its 1 KB of reserved shared memory) must not fit on one SM.
         const int64_t blocks = static_cast<int64_t>(groups) * p.splits, sms = current_device_sm_count();
         const int64_t cap = (blocks + sms - 1) / sms;
         const size_t want = static_cast<size_t>(current_device_smem_per_sm()) / static_cast<size_t>(cap + 1) + 128;
-        if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, kMaxSmem));
+        if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, smem_limit()));
     }
-    static const cudaError_t attr_err = cudaFuncSetAttribute(exl3_fused_kernel<K, CB, BT, H, Q, RES, CL>,
-                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                             static_cast<int>(kMaxSmem));
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(exl3_fused_kernel<K, CB, BT, H, Q, RES, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(smem_device_cap()));
     if (attr_err != cudaSuccess) return attr_err;
-    if (smem > kMaxSmem) return cudaErrorInvalidValue;
+    if (smem > smem_limit()) return cudaErrorInvalidValue;
     const dim3 grid = H == 2 && p.sk_blocks > 0
                           ? dim3(static_cast<unsigned>(p.sk_blocks))
                           : dim3(static_cast<unsigned>(groups), static_cast<unsigned>(p.splits));
@@ -1109,11 +1137,11 @@ FusedShape fused_shape(int rows) {
 template <int K, int CB, bool Q>
 cudaError_t launch_fused_dual(const FusedParams& p, int blocks, cudaStream_t s) {
     const size_t smem = static_cast<size_t>(p.dual_words) * 4 * 2;
-    static const cudaError_t attr_err = cudaFuncSetAttribute(exl3_fused_kernel<K, CB, 1, 1, Q, 2, false, true>,
-                                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                             static_cast<int>(kMaxSmem));
+    static const cudaError_t attr_err =
+        cudaFuncSetAttribute(exl3_fused_kernel<K, CB, 1, 1, Q, 2, false, true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_device_cap()));
     if (attr_err != cudaSuccess) return attr_err;
-    if (smem > kMaxSmem) return cudaErrorInvalidValue;
+    if (smem > smem_limit()) return cudaErrorInvalidValue;
     g_dual_launches.fetch_add(1, std::memory_order_relaxed);
     return launch_pdl(exl3_fused_kernel<K, CB, 1, 1, Q, 2, false, true>, dim3(static_cast<unsigned>(blocks)),
                       dim3(2 * kThreads), smem, s, p);
@@ -1464,7 +1492,7 @@ bool fusable(const Exl3Part* parts, int nparts, int rows) {
         const Exl3DevWeights& b = parts[0].w;
         if (!valid(a) || a.K != b.K || a.codebook != b.codebook || a.k != b.k || a.k_pad != b.k_pad) return false;
     }
-    return true;
+    return rows <= kExl3FusedMaxRows || pair_fits(parts[0].w.K);
 }
 
 // The old split rule (EXL3_SPLIT_OVER < 0): blocks per SM the fused path aims for (more blocks: more warps to hide
@@ -1626,7 +1654,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         for (int sp = 1; sp <= std::max(1, stages / kMinStagesPerBlock); ++sp) {
             const int per = (stages + sp - 1) / sp;
             if ((stages + per - 1) / per != sp) continue;
-            if (fused_smem_bytes(K, fs.BT, fs.H, rows, per * 128 + 8, q8) > kMaxSmem && per > 1) continue;
+            if (fused_smem_bytes(K, fs.BT, fs.H, rows, per * 128 + 8, q8) > smem_limit() && per > 1) continue;
             const int64_t rounds = (static_cast<int64_t>(f.groups) * sp + sms - 1) / sms;
             const int64_t cost = rounds * (per + over);
             if (best < 0 || cost < best) {
@@ -1639,7 +1667,7 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
         f.per = (stages + splits - 1) / splits;
         f.splits = (stages + f.per - 1) / f.per;
         f.xs_stride = f.per * 128 + 8;
-        if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride, q8) <= kMaxSmem || f.per == 1) break;
+        if (fused_smem_bytes(K, fs.BT, fs.H, rows, f.xs_stride, q8) <= smem_limit() || f.per == 1) break;
     }
     // The dual grid: one block an SM, half 0 a whole group, half 1 an equal share of the groups beyond the SM count
     // (exl3_fused_kernel DU). Each half needs the whole k range's activations in its shared memory.
@@ -1652,9 +1680,9 @@ FusedPlan plan_fused(const Exl3Part* parts, int nparts, int rows, bool invariant
     const int64_t dual_cost = (static_cast<int64_t>(f.groups) * stages + sms - 1) / sms + 2 * over;
     const int dual_xs = stages * 128 + 8;
     const bool dual_on = dual < 0 ? g_dual.load(std::memory_order_relaxed) : dual > 0;
-    if (!invariant && fs.BT == 1 && fs.H == 1 && dual_on && f.groups > sms &&
-        f.groups < 2 * sms && U >= sms && U * sms < (int64_t{1} << 31) && dual_cost < plan_cost &&
-        2 * dual_half_bytes(K, rows, dual_xs, q8) <= kMaxSmem) {
+    if (!invariant && fs.BT == 1 && fs.H == 1 && dual_on && f.groups > sms && f.groups < 2 * sms && U >= sms &&
+        U * sms < (int64_t{1} << 31) && dual_cost < plan_cost &&
+        2 * dual_half_bytes(K, rows, dual_xs, q8) <= smem_limit()) {
         f.dual_blocks = sms;
         f.per = stages;
         f.xs_stride = dual_xs;
@@ -1690,12 +1718,20 @@ std::atomic<bool> g_pair{[] {
     return !(e && e[0] == '0');
 }()};
 
-int exl3_fused_call_rows(bool invariant) {
-    return invariant || !g_pair.load(std::memory_order_relaxed) ? kExl3FusedMaxRows : kExl3PairMaxRows;
+int exl3_fused_call_rows(bool invariant, int K) {
+    return invariant || !g_pair.load(std::memory_order_relaxed) || !pair_fits(K) ? kExl3FusedMaxRows : kExl3PairMaxRows;
+}
+
+size_t exl3_smem_limit() {
+    return smem_limit();
+}
+
+void exl3_lab_set_smem_limit(long long bytes) {
+    g_smem_limit.store(bytes > 0 ? bytes : -1, std::memory_order_relaxed);
 }
 
 bool exl3_takes_prerotated(const Exl3Part* parts, int nparts, int rows, bool invariant) {
-    return nparts == 1 && rows <= exl3_fused_call_rows(invariant) && fusable(parts, 1, rows) &&
+    return nparts == 1 && rows <= exl3_fused_call_rows(invariant, parts[0].w.K) && fusable(parts, 1, rows) &&
            parts[0].w.k == parts[0].w.k_pad;
 }
 

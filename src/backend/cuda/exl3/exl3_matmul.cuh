@@ -36,10 +36,17 @@ enum class Exl3Codebook : int { k3Inst = 0, kMcg = 1, kMul1 = 2 };
 inline constexpr int kExl3FusedMaxRows = 16;      // one warp per tile row
 inline constexpr int kExl3PairMaxRows = 32;       // two warps per tile row (not in the batch-invariant mode)
 inline constexpr int kExl3FusedPassMaxRows = 64;  // bench_cuda_exl3 --batch-sweep (exl3_matmul.cpp)
-// Rows per fused call: kExl3PairMaxRows, or kExl3FusedMaxRows in the batch-invariant mode (its 16-row plan) and
-// when a benchmark turns the paired kernel off (exl3_lab_set_pair, or EXL3_PAIR=0 in the environment: A/B runs).
-int exl3_fused_call_rows(bool invariant);
+// Rows per fused call at K bits a weight: kExl3PairMaxRows, or kExl3FusedMaxRows in the batch-invariant mode (its
+// 16-row plan), where the paired kernel's shared memory exceeds the GPU's (sm_86 / sm_89: 99 KB a block) and when a
+// benchmark turns the paired kernel off (exl3_lab_set_pair, or EXL3_PAIR=0 in the environment: A/B runs).
+int exl3_fused_call_rows(bool invariant, int K);
 void exl3_lab_set_pair(bool on);
+// Tests: plan every fused call within `bytes` of shared memory a block, as on a GPU that allows no more (e.g. 101376
+// for sm_86 / sm_89, 166912 for sm_80); <= 0 restores the device's own limit. EXL3_SMEM_LIMIT=bytes does the same
+// at start-up.
+void exl3_lab_set_smem_limit(long long bytes);
+// The shared memory a block the plans use now, in bytes (200 KB on sm_90).
+size_t exl3_smem_limit();
 // Kernel lab / tests: the int8-digit kernel for MUL1 at 1-4 rows (docs/kernels/exl3.md note 34): mode 1 wherever it
 // can run (any K, any split), 0 never, -1 (default) where it measured faster (exl3_matmul.cu: q8_path).
 void exl3_lab_set_q8(int mode);
