@@ -1,5 +1,7 @@
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <vector>
 
 #include "backend/cuda/device.h"
@@ -114,7 +116,13 @@ int current_device_smem_per_sm() {
 }
 
 int current_device_smem_per_block() {
-    static const int n = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    static const int n = [] {
+        int v = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+        const char* e = std::getenv("EXL3_SMEM_LIMIT");
+        const long long lim = e && *e ? std::atoll(e) : 0;
+        if (lim > 0 && (v <= 0 || lim < v)) v = static_cast<int>(std::min<long long>(lim, 1 << 30));
+        return v;
+    }();
     return n;
 }
 

@@ -18,6 +18,7 @@ constexpr int kMaxSplits = 128;
 struct Plan {
     bool decode;
     bool wide;  // decode in DecodeWideShape (8 warps) rather than DecodeShape
+    bool lean;  // decode in DecodeLeanShape: DecodeShape does not fit this GPU's shared memory (sm_86 / sm_89)
     int q_tiles;
     int splits;
     int split_keys;
@@ -54,6 +55,10 @@ int occupancy(bool decode, int head_dim, int k_bits, int v_bits) {
 
 int occupancy_wide(int head_dim, int k_bits, int v_bits) {
     return shape_occupancy<attn::DecodeWideShape>(head_dim, k_bits, v_bits);
+}
+
+int occupancy_lean(int head_dim, int k_bits, int v_bits) {
+    return shape_occupancy<attn::DecodeLeanShape>(head_dim, k_bits, v_bits);
 }
 
 // Kernel lab / tests: 0 lets the planner choose the decode shape, 4 or 8 forces DecodeShape or DecodeWideShape.
@@ -102,12 +107,18 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
                int warps = 0) {
     Plan pl{};
     pl.decode = b.max_q_len <= 1;
+    // Batch-invariant steps may run the decode kernel beside the prefill one (b.fixed_split_keys): decide for
+    // every step, so that the decode side's shape is known.
+    pl.lean = occupancy(true, head_dim, k_bits, v_bits) <= 0;
     const int group = n_heads / n_kv_heads;
     const int bm = pl.decode ? attn::DecodeShape::kBM : attn::PrefillShape::kBM;
-    const int bn = pl.decode ? attn::DecodeShape::bn(head_dim) : attn::PrefillShape::bn(head_dim);
+    const int bn = !pl.decode ? attn::PrefillShape::bn(head_dim)
+                   : pl.lean  ? attn::DecodeLeanShape::bn(head_dim)
+                              : attn::DecodeShape::bn(head_dim);
     static_assert(attn::DecodeWideShape::kBM == attn::DecodeShape::kBM &&
-                      attn::DecodeWideShape::bn(128) == attn::DecodeShape::bn(128),
-                  "both decode shapes tile the same way");
+                      attn::DecodeWideShape::bn(128) == attn::DecodeShape::bn(128) &&
+                      attn::DecodeLeanShape::kBM == attn::DecodeShape::kBM,
+                  "the decode shapes tile the same way");
     pl.q_tiles = std::max(1, (std::max(b.max_q_len, 1) * group + bm - 1) / bm);
     const int64_t base = static_cast<int64_t>(std::max(b.batch, 1)) * pl.q_tiles * n_kv_heads;
     const int max_seq = std::max(b.max_seq_len, 1);
@@ -120,8 +131,11 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
         pl.partials = true;
         return pl;
     }
-    plan_splits(pl, base, occupancy(pl.decode, head_dim, k_bits, v_bits), max_seq, bn);
-    if (!pl.decode) return pl;
+    plan_splits(pl, base,
+                pl.decode && pl.lean ? occupancy_lean(head_dim, k_bits, v_bits)
+                                     : occupancy(pl.decode, head_dim, k_bits, v_bits),
+                max_seq, bn);
+    if (!pl.decode || pl.lean) return pl;
     if (warps == 0) warps = g_decode_warps.load(std::memory_order_relaxed);
     if (warps == 4) return pl;
     // The wide shape, where its plan needs one wave and gives each CTA a short share (latency-bound), or forced. A
@@ -395,7 +409,9 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
         pd.seq_filter = 1;
         const dim3 gd(static_cast<unsigned>(b.batch * dec->q_tiles), static_cast<unsigned>(n_kv_heads),
                       static_cast<unsigned>(dec->splits));
-        if (cudaError_t e = attn::launch_shape<attn::DecodeShape, T, D, KB, VB>(pd, gd, s); e != cudaSuccess) return e;
+        const cudaError_t e = dec->lean ? attn::launch_shape<attn::DecodeLeanShape, T, D, KB, VB>(pd, gd, s)
+                                        : attn::launch_shape<attn::DecodeShape, T, D, KB, VB>(pd, gd, s);
+        if (e != cudaSuccess) return e;
         p.seq_filter = -1;
     }
     const dim3 grid(static_cast<unsigned>(b.batch * pl.q_tiles), static_cast<unsigned>(n_kv_heads),
@@ -403,6 +419,8 @@ cudaError_t run(attn::QuantKernelParams p, const Plan& pl, const Plan* dec, int 
     cudaError_t e = cudaErrorInvalidValue;
     if (!pl.decode) {
         e = attn::launch_shape<attn::PrefillShape, T, D, KB, VB>(p, grid, s);
+    } else if (pl.lean) {
+        e = attn::launch_shape<attn::DecodeLeanShape, T, D, KB, VB>(p, grid, s);
     } else if (!pl.wide) {
         e = attn::launch_shape<attn::DecodeShape, T, D, KB, VB>(p, grid, s);
     } else {

@@ -36,6 +36,7 @@
 #include <type_traits>
 
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/device.h"
 #include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda::attn {
@@ -712,6 +713,9 @@ int instance_occupancy() {
     static const int occ = [] {
         auto kern = paged_attention_kernel<T, D, BM, BN, WARPS_M, WARPS_N, STAGES, KB, VB>;
         int n = 0;
+        // More than a block may have on this GPU (sm_86 / sm_89: 99 KB): not runnable, the planner takes a leaner
+        // shape.
+        if (const int cap = current_device_smem_per_block(); cap > 0 && C::kSmemBytes > cap) return 0;
         // Maximum shared-memory carve-out up front, so the SM's L1/shared split need not change between this
         // kernel and its neighbours in the stream.
         if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, C::kSmemBytes) != cudaSuccess ||
@@ -760,11 +764,19 @@ struct DecodeWideShape {
     static constexpr int bn(int d) { return 64; }
     static constexpr int stages(int d) { return DecodeShape::stages(d); }
 };
+// Decode, lean: for GPUs whose blocks have less shared memory than DecodeShape takes (sm_86 / sm_89: 99 KB a block,
+// against 100 KB at D = 128 and 136 KB at D = 256): 2 stages, 32-key tiles at D = 256 (68 / 72 KB). The planner takes
+// it only where DecodeShape cannot run.
+struct DecodeLeanShape {
+    static constexpr int kBM = 16, kWarpsM = 1, kWarpsN = 4;
+    static constexpr int bn(int d) { return d > 128 ? 32 : 64; }
+    static constexpr int stages(int d) { return 2; }
+};
 
-// The kernel of shape S (PrefillShape, DecodeShape, DecodeWideShape) for dtype T and head_dim D; KB, VB: bits of the
-// K and V codes, 16 for an unquantized side. Defined in attention_shape.cuh and instantiated for every dtype,
-// head_dim and pair of K / V bits (16, 8, 6, 4 each) in one translation unit per shape: prefill.cu, decode.cu,
-// decode_wide.cu.
+// The kernel of shape S (PrefillShape, DecodeShape, DecodeWideShape, DecodeLeanShape) for dtype T and head_dim D; KB,
+// VB: bits of the K and V codes, 16 for an unquantized side. Defined in attention_shape.cuh and instantiated for every
+// dtype, head_dim and pair of K / V bits (16, 8, 6, 4 each) in one translation unit per shape: prefill.cu, decode.cu,
+// decode_wide.cu, decode_lean.cu.
 template <typename S, typename T, int D, int KB, int VB>
 cudaError_t launch_shape(const QuantKernelParams& p, dim3 grid, cudaStream_t s);
 // Resident CTAs per SM of that instantiation (the split planner fills exactly one wave with them).

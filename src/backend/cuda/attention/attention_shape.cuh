@@ -1,6 +1,6 @@
 // The definitions behind launch_shape / shape_occupancy (attention_kernel.cuh) and the macro that instantiates them
 // for one shape over every dtype, head_dim and pair of K / V bits. Included only by the translation unit of each
-// shape (prefill.cu, decode.cu, decode_wide.cu), so that attention.cu compiles none of the kernels.
+// shape (prefill.cu, decode.cu, decode_wide.cu, decode_lean.cu), so that attention.cu compiles none of the kernels.
 #pragma once
 
 #include "backend/cuda/attention/attention_kernel.cuh"

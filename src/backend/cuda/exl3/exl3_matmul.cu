@@ -987,16 +987,11 @@ size_t smem_device_cap() {
     const int optin = current_device_smem_per_block();
     return optin > 0 ? std::min(kMaxSmem, static_cast<size_t>(optin)) : kMaxSmem;
 }
-// What the plans may use: the device's cap, lowered by EXL3_SMEM_LIMIT (bytes) or exl3_lab_set_smem_limit -- to run
-// the plans of a smaller GPU on this one (tests).
+// What the plans may use: the device's cap (EXL3_SMEM_LIMIT lowers it: current_device_smem_per_block), lowered further
+// by exl3_lab_set_smem_limit -- to run the plans of a smaller GPU on this one (tests).
 std::atomic<long long> g_smem_limit{-1};
 size_t smem_limit() {
-    static const size_t env = [] {
-        const char* e = std::getenv("EXL3_SMEM_LIMIT");
-        const long long v = e && *e ? std::atoll(e) : 0;
-        return v > 0 ? static_cast<size_t>(v) : kMaxSmem;
-    }();
-    size_t v = std::min(smem_device_cap(), env);
+    size_t v = smem_device_cap();
     const long long lab = g_smem_limit.load(std::memory_order_relaxed);
     if (lab > 0) v = std::min(v, static_cast<size_t>(lab));
     return v;
