@@ -124,6 +124,10 @@ class RunTest(unittest.TestCase):
         rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
         self.assertEqual(rc, 0, err)
         self.assertEqual(err, "")
+        # The program's options after the command as well.
+        rc, out, err = exl3("run", "-q", "-m", DRAFT, "-p", "Hello", "-n", "4")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(err, "")
 
 
 class ChatTest(unittest.TestCase):

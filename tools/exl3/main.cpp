@@ -49,6 +49,9 @@ int main(int argc, char** argv) {
     bool verbose = false, quiet = false;
     app.add_flag("-v,--verbose", verbose, "debug logging on stderr");
     app.add_flag("-q,--quiet", quiet, "no logging on stderr, errors only");
+    // -q / -v after the command too (`exl3 run -q ...`): the subcommands, added below, inherit this and hand options
+    // they do not know to the program.
+    app.fallthrough();
 
     std::map<CLI::App*, Runner> runners;
     auto reg = [&](CLI::App* sub, Runner r) { runners[sub] = std::move(r); };
