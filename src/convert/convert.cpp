@@ -380,7 +380,16 @@ Result<ConvertReport> run(const ConvertOptions& opt, const std::string& tmp, Thr
     std::unique_ptr<cuda::ViterbiEncoder> gpu;
     if (opt.device == ConvertDevice::kCuda) {
         EXL3_ASSIGN_OR_RETURN(gpu, cuda::ViterbiEncoder::create(0));
-        if (opt.progress) fmt::print(stderr, "exl3 convert: Viterbi on {}\n", gpu->device_name());
+        gpu->set_cpu_pool(&pool);
+        if (opt.progress) {
+            fmt::print(stderr, "exl3 convert: Viterbi on {}\n", gpu->device_name());
+            for (int K = 1; K <= 8; ++K)
+                if (!gpu->on_gpu(K))
+                    fmt::print(stderr,
+                               "exl3 convert: K = {}: its Viterbi block exceeds this GPU's shared memory, "
+                               "encoded on the CPU\n",
+                               K);
+        }
         encoder = [&gpu](const float* t, int n, int K, quant::Codebook cb, uint16_t* states) {
             return gpu->encode(t, n, K, cb, states);
         };

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -90,6 +91,37 @@ TEST(ViterbiCuda, IdenticalToCpuForEveryKAndCodebook) {
                 EXPECT_TRUE(quant::tile_states_consistent(gpu.data() + static_cast<size_t>(i) * 256, K));
             }
         }
+    }
+}
+
+// On a GPU whose blocks cannot hold the K-bit kernel's shared memory (K = 1-2 need 128 KB; sm_86 / sm_89 have 99 KB,
+// emulated here by EXL3_SMEM_LIMIT, which the encoder reads per call) the encoder gives the same states and costs from
+// the CPU's encode_tile, on its pool.
+TEST(ViterbiCuda, SmallerGpusEncodeTheKernelsTheyCannotHoldOnTheCpu) {
+    EXL3_REQUIRE_GPU();
+    auto enc = ViterbiEncoder::create(0);
+    ASSERT_TRUE(enc.is_ok()) << enc.status().message();
+    ThreadPool pool(2);
+    (*enc)->set_cpu_pool(&pool);
+    struct Restore {
+        ~Restore() { unsetenv("EXL3_SMEM_LIMIT"); }
+    } restore;
+    setenv("EXL3_SMEM_LIMIT", "101376", 1);
+    const int n = 4;
+    for (int K : {1, 2, 3}) {
+        EXPECT_EQ((*enc)->on_gpu(K), K >= 3) << "K=" << K;
+        const Codebook cb = Codebook::kMul1;
+        const std::vector<float> t = make_tiles(n, K, cb, 700u + K);
+        std::vector<uint16_t> got(static_cast<size_t>(n) * 256), want(got.size());
+        std::vector<float> gcost(n);
+        ASSERT_TRUE((*enc)->encode(t.data(), n, K, cb, got.data(), gcost.data()).is_ok());
+        for (int i = 0; i < n; ++i) {
+            quant::TileEncoderScratch sc;
+            const double c = quant::encode_tile(t.data() + static_cast<size_t>(i) * 256, K, quant::codebook_lut(cb),
+                                                want.data() + static_cast<size_t>(i) * 256, sc);
+            EXPECT_EQ(static_cast<double>(gcost[static_cast<size_t>(i)]), c) << "K=" << K << " tile " << i;
+        }
+        EXPECT_EQ(got, want) << "K=" << K;
     }
 }
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 
 #include "convert/cuda/viterbi.cuh"
+#include "core/thread_pool.h"
+#include "quant/encoder.h"
 
 namespace exl3::convert::cuda {
 
@@ -92,10 +94,29 @@ Status ViterbiEncoder::reserve(int n, int K) {
     return Status::ok();
 }
 
+bool ViterbiEncoder::on_gpu(int K) const {
+    return viterbi_fits(K, device_);
+}
+
 Status ViterbiEncoder::encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states,
                               float* costs) {
     if (K < 1 || K > 8) return invalid_argument(fmt::format("CUDA Viterbi: K = {} (1..8)", K));
     if (n <= 0) return Status::ok();
+    if (!on_gpu(K)) {
+        const float* lut = quant::codebook_lut(cb);
+        auto tiles = [&](size_t b, size_t e) {
+            thread_local quant::TileEncoderScratch sc;
+            for (size_t i = b; i < e; ++i) {
+                const double c = quant::encode_tile(targets + i * 256, K, lut, states + i * 256, sc);
+                if (costs) costs[i] = static_cast<float>(c);
+            }
+        };
+        if (cpu_pool_)
+            cpu_pool_->parallel_for(static_cast<size_t>(n), 1, tiles);
+        else
+            tiles(0, static_cast<size_t>(n));
+        return Status::ok();
+    }
     EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(reserve(n, K));
     const int resident = viterbi_resident_blocks(K, device_);

@@ -19,7 +19,9 @@
 //    (viterbi_codebook_values lets the tests check all 65536 states).
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cfloat>
+#include <cstdlib>
 
 #include "convert/cuda/viterbi.cuh"
 
@@ -270,6 +272,19 @@ int resident_k(int device) {
 }
 
 }  // namespace
+
+bool viterbi_fits(int K, int device) {
+    if (K < 1 || K > 8) return false;
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return true;  // unknown: let the launch report
+    }
+    const char* e = std::getenv("EXL3_SMEM_LIMIT");
+    const long long lim = e && *e ? std::atoll(e) : 0;
+    const long long cap = lim > 0 ? std::min<long long>(lim, optin) : optin;
+    return static_cast<long long>(smem_bytes(K)) <= cap;
+}
 
 int viterbi_resident_blocks(int K, int device) {
     switch (K) {

@@ -10,6 +10,10 @@
 #include "exl3/status.h"
 #include "quant/codebook.h"
 
+namespace exl3 {
+class ThreadPool;
+}
+
 namespace exl3::convert::cuda {
 
 // CUDA devices usable by this process; 0 without a driver or a GPU (never an error).
@@ -23,7 +27,12 @@ public:
     ViterbiEncoder& operator=(const ViterbiEncoder&) = delete;
 
     // targets [n, 256] (sequence order) -> states [n, 256]; costs [n] (the path's squared error) when not null.
+    // Where the K-bit kernel's block does not fit the GPU's shared memory (K = 1-2 on sm_86 / sm_89), the tiles are
+    // encoded by quant::encode_tile instead (the same states and costs), on the pool set below or this thread.
     Status encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states, float* costs = nullptr);
+    // Whether encode runs K on the GPU (else on the CPU, above).
+    bool on_gpu(int K) const;
+    void set_cpu_pool(ThreadPool* pool) { cpu_pool_ = pool; }
 
     // The codebook as the kernel computes it, [65536] (tests compare it with quant::codebook_lut).
     Status codebook_values(quant::Codebook cb, float* out);
@@ -43,6 +52,7 @@ private:
     uint8_t* d_back_ = nullptr;
     int cap_tiles_ = 0;
     size_t back_bytes_ = 0;
+    ThreadPool* cpu_pool_ = nullptr;
 };
 
 }  // namespace exl3::convert::cuda
