@@ -468,9 +468,10 @@ TEST_P(PagedAttention, MatchesCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, PagedAttention, ::testing::Range(0, static_cast<int>(std::size(kCases))),
                          [](const ::testing::TestParamInfo<int>& i) { return kCases[i.param].name; });
 
-// Both decode shapes on every single-token case (16-bit and quantized caches): DecodeShape (4 warps of 16-key
-// slices) and DecodeWideShape (8 warps of 8-key slices), forced whatever the planner would choose, with the plan's
-// own splits.
+// Every decode shape on every single-token case (16-bit and quantized caches): DecodeShape (4 warps of 16-key
+// slices), DecodeWideShape (8 warps of 8-key slices) and DecodeLeanShape (2 stages; 32-key tiles at head_dim 256: the
+// shape of GPUs with less shared memory a block), forced whatever the planner would choose, with the plan's own
+// splits.
 TEST_P(PagedAttention, BothDecodeShapes) {
     EXL3_REQUIRE_GPU();
     const Case& c = kCases[GetParam()];
@@ -481,6 +482,9 @@ TEST_P(PagedAttention, BothDecodeShapes) {
         run_case(c, 4321u + static_cast<uint32_t>(GetParam()));
         cuda::attention_lab_set_decode_warps(0);
     }
+    cuda::attention_lab_set_decode_lean(true);
+    run_case(c, 4321u + static_cast<uint32_t>(GetParam()));
+    cuda::attention_lab_set_decode_lean(false);
 }
 
 // A CUDA graph captured at one step must replay correctly at a later step with longer device-side lengths, as

@@ -69,6 +69,10 @@ std::atomic<int> g_decode_warps{[] {
     return w == 4 || w == 8 ? w : 0;
 }()};
 
+// Tests: DecodeLeanShape for every decode step (attention_lab_set_decode_lean), as on a GPU where DecodeShape does
+// not fit; otherwise only there.
+std::atomic<bool> g_force_lean{false};
+
 // Kernel lab / tests: which kernel merges the splits, attention_combine_warp (1, the default) or attention_combine
 // (0; EXL3_ATTN_COMBINE=0 in the environment at start). Both write the same bits.
 std::atomic<int> g_combine_warp{[] {
@@ -109,7 +113,7 @@ Plan make_plan(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_di
     pl.decode = b.max_q_len <= 1;
     // Batch-invariant steps may run the decode kernel beside the prefill one (b.fixed_split_keys): decide for
     // every step, so that the decode side's shape is known.
-    pl.lean = occupancy(true, head_dim, k_bits, v_bits) <= 0;
+    pl.lean = g_force_lean.load(std::memory_order_relaxed) || occupancy(true, head_dim, k_bits, v_bits) <= 0;
     const int group = n_heads / n_kv_heads;
     const int bm = pl.decode ? attn::DecodeShape::kBM : attn::PrefillShape::kBM;
     const int bn = !pl.decode ? attn::PrefillShape::bn(head_dim)
@@ -496,6 +500,10 @@ void attention_lab_set_out_rotation(bool on) {
 
 void attention_lab_set_combine_warp(bool on) {
     g_combine_warp.store(on ? 1 : 0, std::memory_order_relaxed);
+}
+
+void attention_lab_set_decode_lean(bool on) {
+    g_force_lean.store(on, std::memory_order_relaxed);
 }
 
 void attention_lab_set_decode_warps(int warps) {

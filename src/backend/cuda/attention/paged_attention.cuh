@@ -118,6 +118,9 @@ int attention_decode_warps(const AttentionBatch& b, int n_heads, int n_kv_heads,
 // EXL3_ATTN_DECODE_WARPS=4|8 in the environment). Like the rotation setting, it reaches the graphs captured after
 // the call.
 void attention_lab_set_decode_warps(int warps);
+// Tests: true runs every decode step in the 2-stage shape that GPUs with less shared memory a block take where the
+// default one does not fit (sm_86 / sm_89), false (the default) only there.
+void attention_lab_set_decode_lean(bool on);
 // Kernel lab / tests: true (the default; EXL3_ATTN_COMBINE=0 sets false at start) merges split partials with a warp
 // per 128 output columns, false with the block-per-row kernel; the same bits either way.
 void attention_lab_set_combine_warp(bool on);
