@@ -381,8 +381,9 @@ TEST(Exl3Cuda, DualGridMatchesCpu) {
             const long long before = cuda::exl3_lab_dual_launches();
             check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 2, seed++);
             if (HasFatalFailure()) return;
-            if (cuda::exl3_smem_limit() >= kH200Plans)  // (a smaller GPU's shared memory may not hold two halves)
+            if (cuda::exl3_smem_limit() >= kH200Plans) {  // (a smaller GPU's shared memory may not hold two halves)
                 EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "in " << c.in << " K " << c.K << " rows " << rows;
+            }
         }
 
     // Two parts side by side in y (gate|up): 0.75 groups an SM each.
