@@ -2,12 +2,24 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <system_error>
+
+#include "core/log.h"
 
 namespace exl3 {
 
 ThreadPool::ThreadPool(int n_threads) {
     if (n_threads <= 0) n_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    for (int i = 1; i < n_threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+    n_threads = std::min(n_threads, kMaxThreads);
+    for (int i = 1; i < n_threads; ++i) {
+        try {
+            workers_.emplace_back([this, i] { worker_loop(i); });
+        } catch (const std::system_error& e) {
+            log_warn("thread pool: the system refused thread {} of {} ({}); running on {}", i + 1, n_threads, e.what(),
+                     i);
+            break;
+        }
+    }
 }
 
 ThreadPool::~ThreadPool() {
@@ -21,7 +33,7 @@ ThreadPool::~ThreadPool() {
 
 ThreadPool& ThreadPool::global() {
     static ThreadPool pool([] {
-        const char* env = std::getenv("EXL3_THREADS");
+        const char* env = std::getenv("EXL3_THREADS");  // garbage or <= 0: all hardware threads
         return env ? std::atoi(env) : 0;
     }());
     return pool;

@@ -11,9 +11,13 @@
 
 namespace exl3 {
 
+// The most threads a pool takes (LoadOptions::threads, -t, EXL3_THREADS): more is a mistake, not a machine.
+inline constexpr int kMaxThreads = 1024;
+
 class ThreadPool {
 public:
-    // n_threads = 0: one per hardware thread.
+    // n_threads = 0: one per hardware thread; above kMaxThreads: kMaxThreads. Where the system refuses a thread (a
+    // process or container limit) the pool keeps the threads it got and says so on stderr, instead of aborting.
     explicit ThreadPool(int n_threads = 0);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;

@@ -198,6 +198,9 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     std::unique_ptr<Model> m(new Model());
     Impl& im = *m->impl_;
     if (options.context_length < 0) return invalid_argument("context_length must not be negative");
+    if (options.threads < 0 || options.threads > kMaxThreads)
+        return invalid_argument(
+            fmt::format("threads must be in [0, {}] (0: all hardware threads), got {}", kMaxThreads, options.threads));
     // Checked before the weights load, so that a bad setting costs nothing.
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", options.kv_bits_k));
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_v", options.kv_bits_v));

@@ -708,7 +708,12 @@ Server::~Server() {
 Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_ptr<const Tokenizer> tokenizer,
                                                const ServerOptions& options, const GeneratorOptions& gen) {
     if (!tokenizer) return invalid_argument("the server needs the model's tokenizer");
-    if (options.max_queue < 1) return invalid_argument("--max-queue must be >= 1");
+    if (options.max_queue < 1 || options.max_queue > kMaxServerQueue)
+        return invalid_argument(
+            fmt::format("--max-queue must be in [1, {}], got {}", kMaxServerQueue, options.max_queue));
+    if (options.http_threads < 0 || options.http_threads > kMaxServerQueue + 16)
+        return invalid_argument(fmt::format("http_threads must be in [0, {}] (0: max_queue + 16), got {}",
+                                            kMaxServerQueue + 16, options.http_threads));
     auto impl = std::make_unique<Impl>(model, tokenizer, options);
     impl->context = model.info().context_length;
     impl->vocab = model.info().vocab_size;

@@ -18,6 +18,10 @@ class Tokenizer;
 
 namespace exl3::server {
 
+// The most jobs queued or running at once: each streaming client holds an HTTP thread for its whole reply, and a
+// process cannot start tens of thousands of threads.
+inline constexpr int kMaxServerQueue = 4096;
+
 struct ServerOptions {
     std::string host = "127.0.0.1";  // loopback unless asked: the server has no TLS
     int port = 8000;                 // 0: any free port (see on_listening)
@@ -25,8 +29,9 @@ struct ServerOptions {
     std::string api_key;             // empty: no auth; else every route but /health needs "Bearer <key>"
     bool cors = false;               // answer browsers' preflight requests and allow any origin
     size_t max_body_bytes = size_t(8) << 20;  // larger bodies get 413
-    int max_queue = 64;              // jobs queued or running at once; more get 429
-    int http_threads = 0;            // 0: max_queue + 16 (a streaming client holds a thread for its whole reply)
+    int max_queue = 64;              // jobs queued or running at once (1..kMaxServerQueue); more get 429
+    int http_threads = 0;            // 0: max_queue + 16 (a streaming client holds a thread for its whole reply);
+                                     //   at most kMaxServerQueue + 16
     int default_max_tokens = 0;      // when a request gives none; 0: as many as the context leaves
     std::string chat_template;       // template source replacing the model's (empty: the model's)
     std::string tool_format = "auto";  // auto (from the template's markers), hermes, llama3, mistral, mistral-args

@@ -283,6 +283,14 @@ class ErrorTest(unittest.TestCase):
         self.fails("run", "-m", DRAFT, "-p", "hi", "--top-p", "abc", expect="top-p")
         self.fails("run", "-m", DRAFT, "-p", "hi", "-n", "-1", expect="-n")
 
+    def test_absurd_thread_and_queue_counts(self):
+        # Each once aborted the process (std::system_error from thread creation) instead of saying what is wrong.
+        for cmd in (("run", "-p", "hi"), ("chat",), ("ppl", "-f", SAMPLE), ("bench", "-p", "8", "-b", "1")):
+            for n in ("100000", "-2"):
+                self.fails(cmd[0], "-m", DRAFT, *cmd[1:], "-t", n, expect="--threads")
+        self.fails("serve", "-m", DRAFT, "--port", "0", "--max-queue", "200000", expect="--max-queue")
+        self.fails("serve", "-m", DRAFT, "--port", "0", "--max-body-mb", "99999999999", expect="--max-body-mb")
+
     def test_non_utf8_prompt(self):
         self.fails(b"run", b"-m", DRAFT.encode(), b"-p", b"caf\xe9 \xff", expect="UTF-8")
 

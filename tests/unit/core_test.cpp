@@ -55,6 +55,19 @@ TEST(DType, BFloat16RoundTripsAndRounds) {
     EXPECT_EQ(f32_to_bf16(1.0f + 3.0f / 256), 0x3f82);
 }
 
+// More threads than kMaxThreads is a mistake: the pool takes kMaxThreads (and, where the system refuses threads, the
+// ones it got) and still covers every index.
+TEST(ThreadPool, AbsurdSizesAreCapped) {
+    ThreadPool pool(kMaxThreads + 1000);
+    EXPECT_GE(pool.size(), 1);
+    EXPECT_LE(pool.size(), kMaxThreads);
+    std::vector<std::atomic<int>> hits(5000);
+    pool.parallel_for(hits.size(), 1, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) hits[i]++;
+    });
+    for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << i;
+}
+
 TEST(ThreadPool, CoversEveryIndexOnce) {
     ThreadPool pool(4);
     for (size_t n : {1u, 3u, 17u, 1000u, 12345u}) {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/thread_pool.h"
 #include "exl3/model.h"
 #include "test_util.h"
 
@@ -122,6 +123,17 @@ TEST(ModelLoad, UnknownArchitecture) {
     BrokenModel b;
     b.edit_config([](json& c) { c["architectures"] = {"MambaForCausalLM"}; });
     EXPECT_NE(b.load_error().find("'MambaForCausalLM' is not supported"), std::string::npos);
+}
+
+TEST(ModelLoad, AbsurdThreadCountsAreErrors) {
+    for (int threads : {-1, kMaxThreads + 1, 1 << 30}) {
+        LoadOptions o;
+        o.threads = threads;
+        auto m = Model::load(test::repo_path("tests/models/tiny-draft"), o);
+        ASSERT_FALSE(m.is_ok()) << threads;
+        EXPECT_NE(m.status().message().find("threads must be in [0, 1024]"), std::string::npos)
+            << m.status().to_string();
+    }
 }
 
 TEST(ModelLoad, MissingDirectory) {

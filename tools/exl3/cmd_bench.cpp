@@ -641,7 +641,7 @@ Runner add_bench(CLI::App& app) {
         ->capture_default_str();
     app.add_option("-g,--gen", o->gen, "decode steps timed")->capture_default_str();
     app.add_option("-r,--reps", o->reps, "prefill repetitions (median)")->capture_default_str();
-    app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--json", o->json, "print one JSON object");
     app.add_option("--jobs", o->jobs,

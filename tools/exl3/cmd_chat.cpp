@@ -210,7 +210,7 @@ Runner add_chat(CLI::App& app) {
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens per reply")->capture_default_str();
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,

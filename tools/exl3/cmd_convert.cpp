@@ -40,7 +40,7 @@ Runner add_convert(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, or cuda: the Viterbi encoder on GPU 0 (identical output)")
         ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
-    app.add_option("-t,--threads", o->threads, "CPU threads (0: all)");
+    add_threads_option(app, o->threads);
     return [o]() {
         if (o->device == "cpu") {
             o->c.device = convert::ConvertDevice::kCpu;

@@ -182,7 +182,7 @@ Runner add_ppl(CLI::App& app) {
     app.add_option("--max-tokens", o->max_tokens, "score only the first N tokens of the file (0 = all)")
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--no-bos", o->no_bos, "never prepend BOS to a window");
     app.add_flag("--json", o->json, "print one JSON object (perplexity, nll, tokens, ctx, stride, windows, ...)");

@@ -54,7 +54,8 @@ Result<std::vector<int32_t>> parse_ids(const std::string& s) {
 int run(const RunOptions& o) {
     if (Status s = validate(o.sampling); !s.is_ok()) return fail("run", s.message());
     if (o.max_tokens < 0) return fail("run", "-n must be >= 0");
-    if (o.prompt.empty() == o.tokens.empty()) return fail("run", "give exactly one of -p TEXT or --tokens IDS");
+    if (o.prompt.empty() == o.tokens.empty())
+        return fail("run", "give exactly one of -p TEXT or --tokens IDS, not empty");
     LoadOptions lo;
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
@@ -164,7 +165,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens")->capture_default_str();
     add_sampling_options(app, o->sampling, /*full_chain=*/true);
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-t,--threads", o->threads, "CPU threads (0 = all)");
+    add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");

@@ -35,8 +35,8 @@ struct ServeOptions {
 
 int serve(ServeOptions& o) {
     if (o.server.port < 0 || o.server.port > 65535) return fail("serve", "--port must be in [0, 65535]");
-    if (o.server.max_queue < 1) return fail("serve", "--max-queue must be >= 1");
-    if (o.max_body_mb < 1) return fail("serve", "--max-body-mb must be >= 1");
+    if (o.max_body_mb < 1 || o.max_body_mb > (size_t{1} << 20))
+        return fail("serve", "--max-body-mb must be in [1, 1048576]");
     o.server.max_body_bytes = o.max_body_mb << 20;
     if (o.server.model_name.empty()) {
         std::filesystem::path p(o.model);
@@ -107,7 +107,8 @@ Runner add_serve(CLI::App& app) {
     app.add_flag("--cors", o->server.cors, "allow browsers from any origin (CORS headers, preflight)");
     app.add_option("--max-body-mb", o->max_body_mb, "largest request body in MiB (413 beyond)")->capture_default_str();
     app.add_option("--max-queue", o->server.max_queue, "jobs queued or running at once (429 beyond)")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(CLI::Range(1, server::kMaxServerQueue));
     app.add_option("--max-batch", o->gen.max_active_jobs, "jobs decoded together in one step")->capture_default_str();
     app.add_option("--max-batch-tokens", o->gen.max_batch_tokens, "tokens per forward pass (decode + prefill)")
         ->capture_default_str();
@@ -121,7 +122,7 @@ Runner add_serve(CLI::App& app) {
                    "hermes, llama3, mistral, mistral-args")
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
-    app.add_option("-t,--threads", o->threads, "CPU threads for the model (0 = all)");
+    add_threads_option(app, o->threads, "CPU threads for the model (0 = all)");
     app.add_option("-c,--context", o->context, "context length of one request (0 = the model's)");
     add_kv_bits_options(app, o->kv_bits, true);
     return [o] { return serve(*o); };

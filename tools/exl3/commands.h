@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "core/thread_pool.h"
 #include "exl3/model.h"
 #include "runtime/sampler.h"
 
@@ -56,6 +57,11 @@ inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens
                        "tokens the shared KV cache holds, all sequences together (0 = the context length; CUDA "
                        "allocates it at load)")
             ->check(CLI::NonNegativeNumber);
+}
+
+// -t / --threads, shared by every command that runs on the CPU: 0 (all hardware threads) to kMaxThreads.
+inline void add_threads_option(CLI::App& app, int& threads, const std::string& what = "CPU threads (0 = all)") {
+    app.add_option("-t,--threads", threads, what)->check(CLI::Range(0, kMaxThreads));
 }
 
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
