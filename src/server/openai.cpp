@@ -301,6 +301,19 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
         EXL3_TRY(parse_prompt(b, out));
         EXL3_TRY(read_bool(b, "echo", &out->echo));
     }
+    // Output constrained to JSON (response_format json_object / json_schema) is not built: a client asking for it gets
+    // a clear error instead of unconstrained text it would take for JSON.
+    if (auto rf = b.find("response_format"); rf != b.end() && !rf->is_null()) {
+        if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
+            return bad_request("'response_format' must be an object with a string 'type'", "response_format",
+                               "invalid_type");
+        const std::string type = (*rf)["type"].get<std::string>();
+        if (type != "text")
+            return bad_request(fmt::format("response_format type '{}' is not supported: this server does not "
+                                           "constrain its output to JSON (only 'text')",
+                                           type),
+                               "response_format", "unsupported_value");
+    }
     GenerationRequest& g = out->gen;
     SamplerSettings& s = g.sampling;
     // OpenAI's defaults: temperature 1 and top_p 1 (the Generator's own default is greedy).

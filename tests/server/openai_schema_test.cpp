@@ -26,6 +26,28 @@ TEST(OpenAiSchema, ParsesAChatRequest) {
     EXPECT_EQ(r.messages[0]["content"], "ab");  // text parts joined
 }
 
+// JSON-constrained output is not built: asking for it is a 400 naming response_format, not text that merely looks
+// like an answer; "text" (the default) and null are accepted, on both routes.
+TEST(OpenAiSchema, ResponseFormatOtherThanTextIsRefused) {
+    for (bool chat : {true, false}) {
+        const std::string head = chat ? R"({"messages": [{"role": "user", "content": "a"}], )" : R"({"prompt": "a", )";
+        for (const char* rf :
+             {R"({"type": "json_object"})", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})",
+              R"({"type": "grammar"})", R"("json")", R"({"kind": "text"})"}) {
+            ParsedRequest r;
+            auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
+            ASSERT_TRUE(err.has_value()) << rf;
+            EXPECT_EQ(err->http_status, 400) << rf;
+            EXPECT_EQ(err->param, "response_format") << rf << ": " << err->message;
+        }
+        for (const char* rf : {R"({"type": "text"})", "null"}) {
+            ParsedRequest r;
+            auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
+            EXPECT_FALSE(err.has_value()) << rf << ": " << err->message;
+        }
+    }
+}
+
 TEST(OpenAiSchema, WrongTypesNameTheField) {
     struct Case {
         const char* body;
