@@ -251,7 +251,9 @@ class BenchTest(unittest.TestCase):
     def test_bad_values(self):
         for args, expect in ((("--jobs", "1,x"), "--jobs"), (("--jobs", "0"), "--jobs"),
                              (("--jobs", "4", "--job-batch-tokens", "4"), "--job-batch-tokens"),
-                             (("--jobs", "1", "--job-gen", "0"), "--job-gen")):
+                             (("--jobs", "1", "--job-gen", "0"), "--job-gen"),
+                             (("-b", "1000", "-c", "10000000"), "too large"),
+                             (("--jobs", "1", "--job-prompt", "2000000000", "--job-gen", "2000000000"), "too large")):
             rc, _, err = exl3("bench", "-m", DRAFT, *args)
             self.assertGreater(rc, 0, args)
             self.assertIn(expect, err, args)

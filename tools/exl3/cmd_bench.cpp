@@ -303,6 +303,8 @@ int bench_jobs(const BenchOptions& o) {
                                          "job decodes a token each step",
                                          o.job_batch_tokens, max_jobs));
     const bool gpu = o.device != "cpu";
+    if (int64_t{o.job_prompt} + o.job_gen > std::numeric_limits<int>::max() / 2)
+        return fail("bench", "--job-prompt + --job-gen is too large for one sequence");
     const int seq_len = o.job_prompt + o.job_gen;
     LoadOptions lo;
     lo.threads = o.threads;
@@ -425,15 +427,17 @@ int bench(const BenchOptions& o) {
         if (!r->is_ok()) return fail("bench", r->status().message());
     if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
     const bool gpu = o.device != "cpu";
-    const int max_ctx = std::max(*std::max_element(prompts->begin(), prompts->end()),
-                                 *std::max_element(contexts->begin(), contexts->end()) + o.gen);
+    const int64_t max_ctx = std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
+                                              int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen);
     const int max_batch = *std::max_element(batches->begin(), batches->end());
+    if ((max_ctx + 64) * max_batch > std::numeric_limits<int>::max())
+        return fail("bench", "--batch x (--context + --gen) is too large for one KV cache");
     LoadOptions lo;
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
-    lo.context_length = max_ctx + 64;
-    lo.cache_tokens = std::max(max_batch * (max_ctx + 64), max_ctx + 64);
+    lo.context_length = static_cast<int>(max_ctx + 64);
+    lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
     lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
     double load_s = 0.0;
     auto model = load_timed(o.model, lo, &load_s);
