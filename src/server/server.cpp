@@ -289,7 +289,9 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
     const int64_t created = std::time(nullptr);
     const std::string object = chat ? "chat.completion" : "text_completion";
-    const std::string echo = !chat && p.echo ? tok->decode(prompt) : std::string();
+    // echo: the prompt as the client gave it (a string as it is; ids decoded), not the BOS the server added.
+    const std::string echo =
+        !chat && p.echo ? (p.prompt_ids.empty() ? p.prompt : tok->decode(p.prompt_ids)) : std::string();
     std::vector<Choice> choices(p.n);
     if (tools_on)
         for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
@@ -662,6 +664,11 @@ void Server::Impl::setup_routes() {
         for (const auto& t : *it) {
             if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
                 return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+            // An id past the vocabulary would decode to nothing, silently.
+            if (t.get<int64_t>() >= vocab)
+                return send_error(
+                    res, bad_request(fmt::format("token id {} is outside the vocabulary ({})", t.get<int64_t>(), vocab),
+                                     "tokens", "invalid_value"));
             ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
         }
         res.set_content(json{{"prompt", tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),

@@ -278,6 +278,17 @@ const tests = {
         const d = await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }));
         assert.equal(d.status, 200);
         assert.ok(d.json.prompt.includes("hello world"));
+        // An id past the vocabulary is an error, not a token silently left out.
+        expectError(await raw("POST", "/detokenize", JSON.stringify({ tokens: [t.json.tokens[0], 99999999] })), 400,
+                    "detokenize id out of vocab");
+    },
+    async echo() {
+        // echo returns the prompt as given (no BOS text the server added), then the reply.
+        const r = await client.completions.create({ model: MODEL, prompt: "Once upon a time", max_tokens: 4,
+                                                   temperature: 0, echo: true });
+        const plain = await client.completions.create({ model: MODEL, prompt: "Once upon a time", max_tokens: 4,
+                                                       temperature: 0 });
+        assert.equal(r.choices[0].text, "Once upon a time" + plain.choices[0].text);
     },
     async errors() {
         const chat = (body) => raw("POST", "/v1/chat/completions", typeof body === "string" ? body : JSON.stringify(body));
