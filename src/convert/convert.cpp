@@ -670,7 +670,7 @@ Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool)
     Result<ConvertReport> r = run(opt, tmp, pool);
     if (!r.is_ok()) {
         fs::remove_all(tmp, ec);  // never a half-written output
-        return r.status().with_context("exl3 convert " + opt.input_dir);
+        return r.status().with_context("converting " + opt.input_dir);
     }
     if (fs::exists(opt.output_dir, ec)) fs::remove(opt.output_dir, ec);  // the empty directory checked above
     fs::rename(tmp, opt.output_dir, ec);
