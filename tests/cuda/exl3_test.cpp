@@ -328,9 +328,11 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
 }
 
 // On a GPU with less shared memory a block (sm_80: 163 KB, sm_86 / sm_89: 99 KB) every plan must fit it: the splits
-// grow until a block's activations fit, the dual grid and the paired kernel are left out where theirs do not (rows
-// beyond 16 then take passes of 16), and nothing asks the device for more than it has. Emulated here by the plans'
-// limit (exl3_lab_set_smem_limit): K 1 / 4 / 8, 1-48 rows, long and short k, against the CPU.
+// grow until a block's activations fit, the dual grid is left out where its halves do not fit, the paired kernel
+// (17-32 rows) takes its lean build (2-stage ring, one exchange stage) where the default one does not fit, and nothing
+// asks the device for more than it has. Emulated here by the plans' limit (exl3_lab_set_smem_limit): K 1 / 4 / 8,
+// 1-48 rows, long and short k, against the CPU; at 99 KB every paired call (17-32 rows) takes the lean build, at
+// 163 KB none of these K do.
 TEST(Exl3Cuda, PlansFitTheSharedMemoryOfSmallerGpus) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
@@ -349,8 +351,14 @@ TEST(Exl3Cuda, PlansFitTheSharedMemoryOfSmallerGpus) {
             for (const auto& c : cases)
                 for (int rows : {1, 2, 8, 16, 24, 32, 48}) {
                     if (rows > 16 && c.in < 10000 && K != 4) continue;
+                    const long long lean = cuda::exl3_lab_pair_lean_launches();
                     check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 2, seed++);
                     if (HasFatalFailure()) return;
+                    // 48 rows are past the paired kernel (passes of 32 + 16 or dequantize + cuBLAS, by crossover).
+                    if (rows > 32) continue;
+                    const bool want = cuda::exl3_smem_limit() < 160000 && rows > 16;  // EXL3_SMEM_LIMIT may be lower
+                    EXPECT_EQ(cuda::exl3_lab_pair_lean_launches() > lean, want)
+                        << "limit " << limit << " in " << c.in << " K " << K << " rows " << rows;
                 }
         }
     }

@@ -49,8 +49,10 @@ constexpr int kRedStride = 132;                    // floats per reduction row
 #ifndef EXL3_RING_BYTES
 #define EXL3_RING_BYTES 32768
 #endif
-// (H = 2, whose slots also hold activations: at most 8 stages.)
-__host__ __device__ constexpr int ring_stages(int K, int H = 1) {
+// (H = 2, whose slots also hold activations: at most 8 stages. LN, the paired kernel's build for GPUs of less shared
+// memory a block: 2 stages whatever K.)
+__host__ __device__ constexpr int ring_stages(int K, int H = 1, bool LN = false) {
+    if (LN) return 2;
     const int s = EXL3_RING_BYTES / (2048 * K), cap = H == 2 ? 8 : 16;
     return s < 2 ? 2 : (s > cap ? cap : s);
 }
@@ -288,18 +290,21 @@ constexpr int kActWords = 32 * kActStride / 2;
 __host__ __device__ constexpr int slot_words(int K, int H) {
     return stage_words(K) + (H == 2 ? kActWords : 0);
 }
-__host__ __device__ constexpr int ring_words(int K, int H = 1) {
-    return ring_stages(K, H) * slot_words(K, H);
+__host__ __device__ constexpr int ring_words(int K, int H = 1, bool LN = false) {
+    return ring_stages(K, H, LN) * slot_words(K, H);
 }
 // With H = 2 two warps share a tile row and swap decoded fragments through shared memory: [2 stages][8 tile rows]
-// [8 tiles][32 lanes][4 words].
-constexpr int kXchgWords = 2 * 8 * 8 * 128;
+// [8 tiles][32 lanes][4 words]; LN: one stage (the pair waits once more a stage before overwriting it).
+constexpr int kXchgStageWords = 8 * 8 * 128;
+__host__ __device__ constexpr int xchg_words(int H, bool LN) {
+    return H == 2 ? (LN ? 1 : 2) * kXchgStageWords : 0;
+}
 // Reduction slices: one per warp (H = 1), or 4 (H = 2: the warps of tile rows 4..7 write, those of 0..3 add).
 __host__ __device__ constexpr int red_slices(int H) {
     return H == 1 ? kWarps : 4;
 }
-__host__ __device__ constexpr int main_words(int K, int BT, int H) {
-    const int ring = ring_words(K, H) + (H == 2 ? kXchgWords : 0), red = red_slices(H) * 8 * BT * H * kRedStride;
+__host__ __device__ constexpr int main_words(int K, int BT, int H, bool LN = false) {
+    const int ring = ring_words(K, H, LN) + xchg_words(H, LN), red = red_slices(H) * 8 * BT * H * kRedStride;
     return ring > red ? ring : red;
 }
 
@@ -326,8 +331,9 @@ __device__ __forceinline__ void pair_fragment(const uint32_t (&st)[8], uint32_t 
 
 // Shared memory of one block: the ring (or the reduction, whichever is larger) and the rotated activations.
 // (q: the int8-digit path's planes too, 2 rows x (xs_stride / 4 + 2) words a row.)
-__host__ __device__ inline size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride, bool q = false) {
-    return static_cast<size_t>(main_words(K, BT, H)) * 4 + static_cast<size_t>(rows) * xs_stride * 2 +
+__host__ __device__ inline size_t fused_smem_bytes(int K, int BT, int H, int rows, int xs_stride, bool q = false,
+                                                   bool LN = false) {
+    return static_cast<size_t>(main_words(K, BT, H, LN)) * 4 + static_cast<size_t>(rows) * xs_stride * 2 +
            (q ? static_cast<size_t>(rows) * (2 * xs_stride + 16) : 0);
 }
 // CL: after that, the cluster's receive buffer in its first block (rank 0): the other splits' sums, [split - 1][row]
@@ -385,16 +391,19 @@ __device__ __forceinline__ bool cluster_exchange(float* red, const float* cbuf, 
 // not bounded by shared memory, and MUL1's row sums come from one more mma a stage (A = ones).
 // One block's work on column group g: stages [st0, st0 + nst) of k, partial slot `split` of the nseg that cover
 // the group (nseg = 1: no partials; the last of them to finish adds the slots in order and writes the output).
-template <int K, int CB, int BT, int H, bool Q, bool CL, bool DU>
+// LN (H = 2 only): the build for GPUs of less shared memory a block (sm_86 / sm_89: 99 KB) -- a 2-stage ring and
+// one exchange stage.
+template <int K, int CB, int BT, int H, bool Q, bool CL, bool DU, bool LN>
 __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g, const int split, const int st0,
                                               const int nst, const int nseg) {
-    constexpr int P = ring_stages(K, H);
+    constexpr int P = ring_stages(K, H, LN);
     constexpr int SW = stage_words(K);
     constexpr int SLOT = slot_words(K, H);
     constexpr int ROWS = 8 * BT * H;
     constexpr int NT = kThreads * H;
     constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));
     static_assert(!DU || (H == 1 && BT == 1 && !CL), "the dual grid is built for the 1-8-row kernels");
+    static_assert(!LN || H == 2, "the lean build is the paired kernel's");
     extern __shared__ __align__(16) uint32_t smem_all[];
     // DU: two independent halves of 8 warps (exl3_fused_kernel): each has its own shared memory, static arrays and
     // barrier; elsewhere hb = 0 and these are the block's.
@@ -405,8 +414,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         else __syncthreads();
     };
     uint32_t* ring = smem;                                                 // [P][SLOT]; the reduction aliases it
-    uint32_t* xchg = smem + ring_words(K, H);                              // H = 2: [kXchgWords]
-    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H));  // H = 1: [rows][xs_stride], the k range
+    uint32_t* xchg = smem + ring_words(K, H, LN);                          // H = 2: [xchg_words]
+    __half* xs = reinterpret_cast<__half*>(smem + main_words(K, BT, H, LN));  // H = 1: [rows][xs_stride], the k range
     __shared__ bool last_block_h[DU ? 2 : 1];
     bool& last_block = last_block_h[hb];
     static_assert(!Q || (CB == 2 && BT == 1 && H == 1), "the int8-digit path is MUL1's, 1-4 rows");
@@ -652,7 +661,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         }
         if constexpr (H == 2) {
             // acc[0..3]: this warp's tiles 4h..4h+3, acc[4..7]: the partner's 4(1-h)..
-            uint32_t* xc = xchg + ((s & 1) * 64 + warp * 8) * 128 + lane * 4;
+            uint32_t* xc = xchg + ((LN ? 0 : s & 1) * 64 + warp * 8) * 128 + lane * 4;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 uint32_t st[8], a[4];
@@ -670,6 +679,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
                 for (int b = 0; b < BT; ++b) mma16816(acc[4 + i][b], a, bf[b][0], bf[b][1]);
             }
+            // LN: one exchange stage -- the partner has read this warp's fragments before the next stage's overwrite.
+            if constexpr (LN) named_barrier(1 + warp, 64);
             return;
         }
 #pragma unroll
@@ -906,7 +917,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 // others one (224 groups on 132 SMs: 85 % of an even load). The segments of a remaining group are numbered by their
 // range, so the partials are added in the same order on every run. (The kernel-lab timeline, exl3_lab_set_trace,
 // records half 0's thread 0 only.)
-template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false, bool DU = false>
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false, bool DU = false, bool LN = false>
 __global__ void __launch_bounds__(kThreads * H * (DU ? 2 : 1), DU || H == 2 ? 1 : (BT == 1 ? RES : 2))
     exl3_fused_kernel(const FusedParams p) {
     // Thread 0 (of each half) plans the next segment into shared memory (the loop state stays out of the body's
@@ -975,7 +986,7 @@ __global__ void __launch_bounds__(kThreads * H * (DU ? 2 : 1), DU || H == 2 ? 1 
         sync();
         const int g = seg[0], split = seg[1], st0 = seg[2], nst = seg[3], nseg = seg[4];
         if (nst <= 0) return;
-        fused_segment<K, CB, BT, H, Q, CL, DU>(p, g, split, st0, nst, nseg);
+        fused_segment<K, CB, BT, H, Q, CL, DU, LN>(p, g, split, st0, nst, nseg);
         sync();  // the segment's reduction (aliasing the ring) and its reads of seg are done
     }
 }
@@ -996,17 +1007,23 @@ size_t smem_limit() {
     if (lab > 0) v = std::min(v, static_cast<size_t>(lab));
     return v;
 }
-// The paired kernel (17..32 rows) needs its ring and exchange in one block; where they do not fit, rows beyond 16 take
-// passes of 16.
-bool pair_fits(int K) {
+// The paired kernel (17..32 rows) needs its ring and exchange in one block: the default build where they fit, else the
+// lean one (a 2-stage ring, one exchange stage: <= 81 KB); where neither fits, rows beyond 16 take passes of 16.
+bool pair_full_fits(int K) {
     return K >= 1 && K <= 8 && static_cast<size_t>(main_words(K, 2, 2)) * 4 <= smem_limit();
 }
-constexpr bool pair_smem_fits() {  // the paired kernel's shared memory does not depend on the call
+bool pair_fits(int K) {
+    return K >= 1 && K <= 8 && static_cast<size_t>(main_words(K, 2, 2, true)) * 4 <= smem_limit();
+}
+// The paired kernel's shared memory does not depend on the call.
+constexpr bool pair_smem_fits(size_t limit, bool lean) {
     for (int K = 1; K <= 8; ++K)
-        if (static_cast<size_t>(main_words(K, 2, 2)) * 4 > kMaxSmem) return false;
+        if (static_cast<size_t>(main_words(K, 2, 2, lean)) * 4 > limit) return false;
     return true;
 }
-static_assert(pair_smem_fits(), "the paired kernel's ring and exchange exceed the shared memory a block may use");
+static_assert(pair_smem_fits(kMaxSmem, false), "the paired kernel's ring and exchange exceed kMaxSmem");
+// sm_86 / sm_89 allow 99 KB a block; the kernel's static arrays take < 1 KB of the rest.
+static_assert(pair_smem_fits(99 * 1024 - 2048, true), "the lean paired kernel must fit the GPUs of 99 KB a block");
 
 // A 1-16-row grid of at most 2 blocks an SM requests enough shared memory that no SM can hold more than
 // ceil(blocks / SMs) of them: the blocks spread evenly instead of stacking 3 on the SMs that free up first (docs/
@@ -1032,6 +1049,7 @@ std::atomic<bool> g_dual{[] {
     return !(e && e[0] == '0');
 }()};
 std::atomic<long long> g_dual_launches{0};  // exl3_lab_dual_launches
+std::atomic<long long> g_pair_lean_launches{0};  // exl3_lab_pair_lean_launches
 
 bool clusters_fit(const void* fn, const cudaLaunchConfig_t& cfg, int clusters) {
     static const bool supported = [] {  // queried once per process, as current_device_sm_count
@@ -1061,10 +1079,10 @@ bool clusters_fit(const void* fn, const cudaLaunchConfig_t& cfg, int clusters) {
     return clusters <= it->second;
 }
 
-template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false>
+template <int K, int CB, int BT, int H, bool Q = false, int RES = 3, bool CL = false, bool LN = false>
 cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
     static_assert(!CL || H == 1, "the cluster exchange is built for the 1-16-row kernels");
-    size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q);
+    size_t smem = fused_smem_bytes(K, BT, H, p.rows, p.xs_stride, Q, LN);
     if constexpr (CL) {
         smem = cluster_buf_offset(K, BT, H, p.rows, p.xs_stride, Q) + cluster_buf_bytes(p.splits, p.rows);
         if (smem > smem_limit()) return launch_fused<K, CB, BT, H, Q, RES, false>(p, groups, s);  // no room: global
@@ -1077,8 +1095,8 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         if (cap <= 2 && want > 1024) smem = std::max(smem, std::min(want - 1024, smem_limit()));
     }
     static const cudaError_t attr_err =
-        cudaFuncSetAttribute(exl3_fused_kernel<K, CB, BT, H, Q, RES, CL>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem_device_cap()));
+        cudaFuncSetAttribute(exl3_fused_kernel<K, CB, BT, H, Q, RES, CL, false, LN>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem_device_cap()));
     if (attr_err != cudaSuccess) return attr_err;
     if (smem > smem_limit()) return cudaErrorInvalidValue;
     const dim3 grid = H == 2 && p.sk_blocks > 0
@@ -1106,7 +1124,9 @@ cudaError_t launch_fused(const FusedParams& p, int groups, cudaStream_t s) {
         }
         return launch_fused<K, CB, BT, H, Q, RES, false>(p, groups, s);
     } else {
-        return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q, RES>, grid, dim3(kThreads * H), smem, s, p);
+        if constexpr (LN) g_pair_lean_launches.fetch_add(1, std::memory_order_relaxed);
+        return launch_pdl(exl3_fused_kernel<K, CB, BT, H, Q, RES, false, false, LN>, grid, dim3(kThreads * H), smem, s,
+                          p);
     }
 }
 
@@ -1160,7 +1180,9 @@ cudaError_t launch_fused_rows(const FusedParams& p, int groups, cudaStream_t s) 
                                : launch_fused<K, 2, 1, 1, true, 3, true>(p, groups, s);
             return few ? launch_fused<K, 2, 1, 1, true, 2>(p, groups, s) : launch_fused<K, 2, 1, 1, true, 3>(p, groups, s);
         }
-    if (fs.H == 2) return launch_fused<K, CB, 2, 2>(p, groups, s);
+    if (fs.H == 2)
+        return pair_full_fits(K) ? launch_fused<K, CB, 2, 2>(p, groups, s)
+                                 : launch_fused<K, CB, 2, 2, false, 3, false, true>(p, groups, s);
     if (fs.BT == 2) return launch_fused<K, CB, 2, 1>(p, groups, s);
     if constexpr (CB == 2 && (K == 2 || K == 4 || K == 6))  // MUL1 3-8 rows: the cluster exchange too (note 42)
         if (p.cluster > 1)
@@ -1756,6 +1778,9 @@ void exl3_lab_set_dual(bool on) {
 
 long long exl3_lab_dual_launches() {
     return g_dual_launches.load(std::memory_order_relaxed);
+}
+long long exl3_lab_pair_lean_launches() {
+    return g_pair_lean_launches.load(std::memory_order_relaxed);
 }
 
 void exl3_lab_set_pair(bool on) {

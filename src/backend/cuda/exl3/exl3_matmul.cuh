@@ -63,6 +63,9 @@ long long exl3_lab_cluster_launches();
 void exl3_lab_set_dual(bool on);
 // How many fused calls took the dual grid so far in this process (tests: the path ran).
 long long exl3_lab_dual_launches();
+// Tests: launches of the paired kernel's lean build (a 2-stage ring and one exchange stage: 17-32 rows on GPUs of
+// less shared memory a block, sm_86 / sm_89) so far in this process.
+long long exl3_lab_pair_lean_launches();
 // Kernel lab: the next exl3_fused launch records a timeline of every block into buf (8 words a block, at 8 x the
 // linear block index: global ns at entry / end / after the grid-dependency wait, SM clocks at entry / activations
 // ready / main loop done / end, SM id | last block << 16 | stages << 20); buf must be zeroed and large enough.
