@@ -1,0 +1,628 @@
+// The Python module's native part (`exl3._exl3`): pybind11 bindings over the public headers (include/exl3) only.
+// python/exl3/__init__.py builds the user-facing package on top (Generator.generate / stream / chat, Completion).
+//
+// Errors: a failed Status becomes an exception of the class for its code (exl3.InvalidArgumentError is also a
+// ValueError, NotFoundError a LookupError, IoError an OSError; all are exl3.Error). Long calls (loading, forward,
+// generation steps) release the GIL, so other Python threads run meanwhile.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "exl3/chat_template.h"
+#include "exl3/generator.h"
+#include "exl3/model.h"
+#include "exl3/status.h"
+#include "exl3/tokenizer.h"
+
+namespace py = pybind11;
+
+namespace exl3::python {
+namespace {
+
+// The exception classes, created at import (make_errors).
+struct Errors {
+    PyObject* base = nullptr;
+    PyObject* invalid_argument = nullptr;
+    PyObject* not_found = nullptr;
+    PyObject* unsupported = nullptr;
+    PyObject* io = nullptr;
+    PyObject* out_of_range = nullptr;
+    PyObject* internal = nullptr;
+};
+Errors g_errors;
+
+PyObject* error_class(const Status& s) {
+    PyObject* cls = g_errors.internal;
+    switch (s.code()) {
+        case StatusCode::kInvalidArgument:
+            cls = g_errors.invalid_argument;
+            break;
+        case StatusCode::kNotFound:
+            cls = g_errors.not_found;
+            break;
+        case StatusCode::kUnsupported:
+            cls = g_errors.unsupported;
+            break;
+        case StatusCode::kIoError:
+            cls = g_errors.io;
+            break;
+        case StatusCode::kOutOfRange:
+            cls = g_errors.out_of_range;
+            break;
+        default:
+            break;
+    }
+    return cls;
+}
+
+[[noreturn]] void raise(const Status& s) {
+    PyErr_SetString(error_class(s), s.message().c_str());
+    throw py::error_already_set();
+}
+
+void check(const Status& s) {
+    if (!s.is_ok()) raise(s);
+}
+
+template <typename T>
+T take(Result<T> r) {
+    if (!r.is_ok()) raise(r.status());
+    return std::move(*r);
+}
+
+PyObject* new_error(py::module_& m, const char* name, PyObject* base, PyObject* also, const char* doc) {
+    py::tuple bases = also ? py::make_tuple(py::handle(base), py::handle(also)) : py::make_tuple(py::handle(base));
+    const std::string qualified = std::string("exl3.") + name;
+    PyObject* cls = PyErr_NewExceptionWithDoc(qualified.c_str(), doc, bases.ptr(), nullptr);
+    if (!cls) throw py::error_already_set();
+    m.attr(name) = py::handle(cls);
+    return cls;
+}
+
+void make_errors(py::module_& m) {
+    g_errors.base = PyErr_NewExceptionWithDoc("exl3.Error", "An exl3 call failed; the message says what and where.",
+                                              PyExc_Exception, nullptr);
+    if (!g_errors.base) throw py::error_already_set();
+    m.attr("Error") = py::handle(g_errors.base);
+    g_errors.invalid_argument =
+        new_error(m, "InvalidArgumentError", g_errors.base, PyExc_ValueError,
+                  "Bad input from the caller or a file: malformed, inconsistent, out of range.");
+    g_errors.not_found = new_error(m, "NotFoundError", g_errors.base, PyExc_LookupError,
+                                   "A file, tensor, key or job that should exist does not.");
+    g_errors.unsupported = new_error(m, "UnsupportedError", g_errors.base, nullptr,
+                                     "Well-formed but not handled (an unknown architecture, RoPE type or dtype).");
+    g_errors.io = new_error(m, "IoError", g_errors.base, PyExc_OSError, "The operating system refused a file.");
+    g_errors.out_of_range = new_error(m, "OutOfRangeError", g_errors.base, nullptr,
+                                      "A request exceeds a limit (the context length, the KV cache).");
+    g_errors.internal = new_error(m, "InternalError", g_errors.base, nullptr, "A bug in exl3: please report it.");
+}
+
+// Python owns these wrappers; the C++ objects inside are what the library hands out.
+struct PyTokenizer {
+    std::shared_ptr<const Tokenizer> tok;
+};
+
+struct PyModel {
+    std::unique_ptr<Model> model;
+    const Model& get() const { return *model; }
+};
+
+struct PySequence {
+    std::shared_ptr<PyModel> owner;  // the model outlives its sequences
+    std::unique_ptr<Sequence> seq;
+};
+
+// Logits rows [rows, vocab] as fp32, readable through the buffer protocol (memoryview, numpy.asarray) or as lists.
+struct Logits {
+    std::vector<float> data;
+    py::ssize_t rows = 0;
+    py::ssize_t vocab = 0;
+
+    py::ssize_t row_index(py::ssize_t i) const {
+        if (i < 0) i += rows;
+        if (i < 0 || i >= rows)
+            throw py::index_error("logits row " + std::to_string(i) + " of " + std::to_string(rows));
+        return i;
+    }
+    std::vector<float> row(py::ssize_t i) const {
+        const float* p = data.data() + row_index(i) * vocab;
+        return {p, p + vocab};
+    }
+    int argmax(py::ssize_t i) const {
+        const float* p = data.data() + row_index(i) * vocab;
+        int best = 0;
+        for (py::ssize_t j = 1; j < vocab; ++j)
+            if (p[j] > p[best]) best = static_cast<int>(j);
+        return best;
+    }
+};
+
+// Token ids from Python: each must fit int32 (the library checks them against the vocabulary).
+std::vector<int32_t> to_ids(const std::vector<int64_t>& v, const char* what) {
+    std::vector<int32_t> out;
+    out.reserve(v.size());
+    for (int64_t x : v) {
+        if (x < std::numeric_limits<int32_t>::min() || x > std::numeric_limits<int32_t>::max())
+            raise(invalid_argument(std::string(what) + ": token id " + std::to_string(x) + " is out of range"));
+        out.push_back(static_cast<int32_t>(x));
+    }
+    return out;
+}
+
+// A str as UTF-8; a lone surrogate (not encodable) raises UnicodeEncodeError instead of a cast error.
+std::string utf8(py::handle h, const char* what) {
+    if (!py::isinstance<py::str>(h))
+        throw py::type_error(std::string("exl3: ") + what + " must be a str, not " +
+                             std::string(py::str(py::type::of(h))));
+    Py_ssize_t n = 0;
+    const char* p = PyUnicode_AsUTF8AndSize(h.ptr(), &n);
+    if (!p) throw py::error_already_set();
+    return {p, static_cast<size_t>(n)};
+}
+
+// generate / submit keyword arguments: the request's own fields and every SamplerSettings field, by name.
+using Setter = std::function<void(GenerationRequest&, py::handle)>;
+
+template <typename T>
+T cast_arg(py::handle h, const std::string& name) {
+    try {
+        return h.cast<T>();
+    } catch (const py::cast_error&) {
+        throw py::type_error("exl3: '" + name + "' has the wrong type (" + std::string(py::str(py::type::of(h))) + ")");
+    }
+}
+
+const std::unordered_map<std::string, Setter>& request_setters() {
+    static const auto* table = [] {
+        auto* t = new std::unordered_map<std::string, Setter>;
+        auto& s = *t;
+#define EXL3_SAMPLER_FIELD(field)                                           \
+    s[#field] = [](GenerationRequest& r, py::handle h) {                    \
+        r.sampling.field = cast_arg<decltype(r.sampling.field)>(h, #field); \
+    }
+        EXL3_SAMPLER_FIELD(temperature);
+        EXL3_SAMPLER_FIELD(top_k);
+        EXL3_SAMPLER_FIELD(top_p);
+        EXL3_SAMPLER_FIELD(min_p);
+        EXL3_SAMPLER_FIELD(typical_p);
+        EXL3_SAMPLER_FIELD(repetition_penalty);
+        EXL3_SAMPLER_FIELD(presence_penalty);
+        EXL3_SAMPLER_FIELD(frequency_penalty);
+        EXL3_SAMPLER_FIELD(penalty_window);
+        EXL3_SAMPLER_FIELD(dry_multiplier);
+        EXL3_SAMPLER_FIELD(dry_base);
+        EXL3_SAMPLER_FIELD(dry_allowed_length);
+        EXL3_SAMPLER_FIELD(dry_penalty_window);
+        EXL3_SAMPLER_FIELD(dry_sequence_breakers);
+        EXL3_SAMPLER_FIELD(xtc_threshold);
+        EXL3_SAMPLER_FIELD(xtc_probability);
+#undef EXL3_SAMPLER_FIELD
+        s["seed"] = [](GenerationRequest& r, py::handle h) {
+            const auto v = cast_arg<int64_t>(h, "seed");
+            if (v < 0) raise(invalid_argument("seed must be >= 0"));
+            r.sampling.seed = static_cast<uint64_t>(v);
+        };
+        s["banned_tokens"] = [](GenerationRequest& r, py::handle h) {
+            r.sampling.banned_tokens = to_ids(cast_arg<std::vector<int64_t>>(h, "banned_tokens"), "banned_tokens");
+        };
+        s["logit_bias"] = [](GenerationRequest& r, py::handle h) {  // {token: bias}
+            const auto d = cast_arg<std::unordered_map<int64_t, float>>(h, "logit_bias");
+            r.sampling.logit_bias.clear();
+            for (const auto& [id, bias] : d) r.sampling.logit_bias.emplace_back(to_ids({id}, "logit_bias")[0], bias);
+        };
+        s["max_new_tokens"] = [](GenerationRequest& r, py::handle h) {
+            r.max_new_tokens = cast_arg<int>(h, "max_new_tokens");
+        };
+        s["stop"] = [](GenerationRequest& r, py::handle h) {  // a string or a list of strings
+            if (py::isinstance<py::str>(h))
+                r.stop_strings = {h.cast<std::string>()};
+            else
+                r.stop_strings = cast_arg<std::vector<std::string>>(h, "stop");
+        };
+        s["stop_ids"] = [](GenerationRequest& r, py::handle h) {
+            r.stop_ids = to_ids(cast_arg<std::vector<int64_t>>(h, "stop_ids"), "stop_ids");
+        };
+        s["ignore_eos"] = [](GenerationRequest& r, py::handle h) { r.ignore_eos = cast_arg<bool>(h, "ignore_eos"); };
+        s["skip_special_tokens"] = [](GenerationRequest& r, py::handle h) {
+            r.skip_special_tokens = cast_arg<bool>(h, "skip_special_tokens");
+        };
+        s["logprobs"] = [](GenerationRequest& r, py::handle h) {  // None: off; 0: the chosen token's; n: top n too
+            r.logprobs = h.is_none() ? -1 : cast_arg<int>(h, "logprobs");
+            if (r.logprobs < -1) raise(invalid_argument("logprobs must be None or >= 0"));
+        };
+        s["add_special_tokens"] = [](GenerationRequest& r, py::handle h) {
+            r.add_special_tokens = cast_arg<bool>(h, "add_special_tokens");
+        };
+        return t;
+    }();
+    return *table;
+}
+
+GenerationRequest make_request(py::handle prompt, const py::kwargs& kw) {
+    GenerationRequest r;
+    if (py::isinstance<py::str>(prompt))
+        r.prompt_text = utf8(prompt, "prompt");
+    else if (py::isinstance<py::bytes>(prompt))
+        throw py::type_error("exl3: the prompt is text (str) or token ids (a list of int), not bytes");
+    else
+        r.prompt_ids = to_ids(cast_arg<std::vector<int64_t>>(prompt, "prompt"), "prompt");
+    const auto& setters = request_setters();
+    for (const auto& [key, value] : kw) {
+        const std::string name = py::str(key);
+        auto it = setters.find(name);
+        if (it == setters.end()) throw py::type_error("exl3: unexpected keyword argument '" + name + "'");
+        if (value.is_none() && name != "logprobs") continue;  // None: the default
+        it->second(r, value);
+    }
+    return r;
+}
+
+py::object finish_name(FinishReason f) {
+    if (f == FinishReason::kNone) return py::none();
+    return py::str(finish_reason_name(f));
+}
+
+py::dict model_info_dict(const ModelInfo& i) {
+    py::dict d;
+    d["architecture"] = i.architecture;
+    d["dtype"] = i.dtype;
+    d["rope_type"] = i.rope_type;
+    d["vocab_size"] = i.vocab_size;
+    d["hidden_size"] = i.hidden_size;
+    d["intermediate_size"] = i.intermediate_size;
+    d["num_layers"] = i.num_layers;
+    d["num_heads"] = i.num_heads;
+    d["num_kv_heads"] = i.num_kv_heads;
+    d["head_dim"] = i.head_dim;
+    d["context_length"] = i.context_length;
+    d["bos_token_id"] = i.bos_token_id;
+    d["eos_token_ids"] = i.eos_token_ids;
+    d["num_parameters"] = i.num_parameters;
+    d["tied_embeddings"] = i.tied_embeddings;
+    d["weight_bytes"] = i.weight_bytes;
+    d["quantization"] = i.quantization;
+    d["kv_bits_k"] = i.kv_bits_k;
+    d["kv_bits_v"] = i.kv_bits_v;
+    d["kv_bytes_per_token"] = i.kv_bytes_per_token;
+    return d;
+}
+
+py::dict cache_stats_dict(const CacheStats& c) {
+    py::dict d;
+    d["page_size"] = c.page_size;
+    d["pages"] = c.pages;
+    d["pages_in_use"] = c.pages_in_use;
+    d["pages_cached"] = c.pages_cached;
+    d["pages_free"] = c.pages_free;
+    d["pages_evicted"] = c.pages_evicted;
+    d["tokens_computed"] = c.tokens_computed;
+    d["tokens_reused"] = c.tokens_reused;
+    return d;
+}
+
+struct PyGenerator {
+    std::shared_ptr<PyModel> model;  // kept alive while the generator lives
+    std::shared_ptr<PyTokenizer> tokenizer;
+    std::unique_ptr<Generator> gen;
+};
+
+}  // namespace
+}  // namespace exl3::python
+
+using namespace exl3;
+using namespace exl3::python;
+
+PYBIND11_MODULE(_exl3, m) {
+    m.doc() = "exl3.cpp: EXL3 and Hugging Face models on the CPU or CUDA (native part; import exl3)";
+    make_errors(m);
+
+    py::class_<PyTokenizer, std::shared_ptr<PyTokenizer>>(m, "Tokenizer",
+                                                          "A Hugging Face tokenizer.json with the model directory's "
+                                                          "tokenizer_config.json and generation_config.json.")
+        .def(py::init([](const std::string& path) {
+                 std::shared_ptr<const Tokenizer> t;
+                 {
+                     py::gil_scoped_release nogil;
+                     auto r = Tokenizer::load(path);
+                     if (!r.is_ok()) {
+                         py::gil_scoped_acquire gil;
+                         raise(r.status());
+                     }
+                     t = std::move(*r);
+                 }
+                 return std::make_shared<PyTokenizer>(PyTokenizer{std::move(t)});
+             }),
+             py::arg("path"), "Loads a model directory's tokenizer, or a tokenizer.json file.")
+        .def(
+            "encode",
+            [](const PyTokenizer& t, py::handle text, bool add_special_tokens, bool parse_special) {
+                return take(t.tok->encode(utf8(text, "text"), add_special_tokens, parse_special));
+            },
+            py::arg("text"), py::arg("add_special_tokens") = true, py::arg("parse_special") = true,
+            "Text to token ids. add_special_tokens: BOS/EOS as tokenizer_config.json asks; parse_special: special "
+            "tokens written in the text become their ids.")
+        .def(
+            "decode",
+            [](const PyTokenizer& t, const std::vector<int64_t>& ids, bool skip_special_tokens) {
+                const auto v = to_ids(ids, "decode");
+                return t.tok->decode(v, skip_special_tokens);
+            },
+            py::arg("ids"), py::arg("skip_special_tokens") = false,
+            "Token ids to text (unknown ids are skipped; invalid byte sequences become U+FFFD).")
+        .def(
+            "token_to_id",
+            [](const PyTokenizer& t, const std::string& s) -> std::optional<int32_t> { return t.tok->token_to_id(s); },
+            py::arg("token"))
+        .def(
+            "id_to_token",
+            [](const PyTokenizer& t, int64_t id) -> std::optional<std::string> {
+                if (id < 0 || id > std::numeric_limits<int32_t>::max()) return std::nullopt;
+                return t.tok->id_to_token(static_cast<int32_t>(id));
+            },
+            py::arg("id"))
+        .def(
+            "is_special", [](const PyTokenizer& t, int32_t id) { return t.tok->is_special(id); }, py::arg("id"))
+        .def_property_readonly("vocab_size", [](const PyTokenizer& t) { return t.tok->vocab_size(); })
+        .def_property_readonly("bos_id",
+                               [](const PyTokenizer& t) -> std::optional<int32_t> {
+                                   const int32_t id = t.tok->bos_id();
+                                   return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+                               })
+        .def_property_readonly("eos_id",
+                               [](const PyTokenizer& t) -> std::optional<int32_t> {
+                                   const int32_t id = t.tok->eos_id();
+                                   return id < 0 ? std::nullopt : std::optional<int32_t>(id);
+                               })
+        .def_property_readonly("eos_ids", [](const PyTokenizer& t) { return t.tok->eos_ids(); })
+        .def_property_readonly("bos_token", [](const PyTokenizer& t) { return t.tok->bos_token(); })
+        .def_property_readonly("eos_token", [](const PyTokenizer& t) { return t.tok->eos_token(); })
+        .def(
+            "chat_template",
+            [](const PyTokenizer& t, const std::string& name) -> std::optional<std::string> {
+                const std::string* s = t.tok->chat_template(name);
+                return s ? std::optional<std::string>(*s) : std::nullopt;
+            },
+            py::arg("name") = "default", "The chat template of that name, or None.")
+        .def_property_readonly("chat_template_names",
+                               [](const PyTokenizer& t) {
+                                   std::vector<std::string> names;
+                                   for (const auto& c : t.tok->chat_templates()) names.push_back(c.name);
+                                   return names;
+                               })
+        .def(
+            "_render_chat",
+            [](const PyTokenizer& t, const std::string& context_json, const std::string& name) {
+                const std::string* source = t.tok->chat_template(name);
+                if (!source)
+                    raise(not_found(name == "default" ? std::string("this tokenizer has no chat template")
+                                                      : "this tokenizer has no chat template named '" + name + "'"));
+                nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(context_json, nullptr, false);
+                if (ctx.is_discarded() || !ctx.is_object())
+                    raise(invalid_argument("the chat context is not a JSON object"));
+                ctx["bos_token"] = t.tok->bos_token();
+                ctx["eos_token"] = t.tok->eos_token();
+                auto tmpl = take(ChatTemplate::parse(*source));
+                auto text = tmpl.render(ctx);
+                if (!text.is_ok()) raise(text.status().with_context("rendering the chat template"));
+                return std::move(*text);
+            },
+            py::arg("context_json"), py::arg("name") = "default");
+
+    py::class_<Logits>(
+        m, "Logits", py::buffer_protocol(),
+        "fp32 logits [rows, vocab]: memoryview(l), numpy.asarray(l), l[i] (a row as a list), l.tolist().")
+        .def_buffer([](Logits& l) {
+            return py::buffer_info(
+                l.data.data(), sizeof(float), py::format_descriptor<float>::format(), 2, {l.rows, l.vocab},
+                {static_cast<py::ssize_t>(sizeof(float)) * l.vocab, static_cast<py::ssize_t>(sizeof(float))},
+                /*readonly=*/true);
+        })
+        .def_property_readonly("shape", [](const Logits& l) { return py::make_tuple(l.rows, l.vocab); })
+        .def("__len__", [](const Logits& l) { return l.rows; })
+        .def("__getitem__", &Logits::row, py::arg("row"))
+        .def("tolist",
+             [](const Logits& l) {
+                 std::vector<std::vector<float>> out;
+                 for (py::ssize_t i = 0; i < l.rows; ++i) out.push_back(l.row(i));
+                 return out;
+             })
+        .def("argmax", &Logits::argmax, py::arg("row") = -1, "The most likely token id of a row (the last by default).")
+        .def("__repr__", [](const Logits& l) {
+            return "<exl3.Logits rows=" + std::to_string(l.rows) + " vocab=" + std::to_string(l.vocab) + ">";
+        });
+
+    py::class_<PySequence, std::shared_ptr<PySequence>>(m, "Sequence",
+                                                        "One sequence's state in a model: its KV cache and length.")
+        .def_property_readonly("length", [](const PySequence& s) { return s.seq->length(); })
+        .def_property_readonly("max_length", [](const PySequence& s) { return s.seq->max_length(); })
+        .def("__len__", [](const PySequence& s) { return s.seq->length(); })
+        .def(
+            "reset", [](PySequence& s) { s.seq->reset(); }, "Empties the sequence (its pages go back to the cache).");
+
+    py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
+        .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
+                         int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
+                         std::optional<int> kv_bits_v, bool batch_invariant) {
+                 LoadOptions o;
+                 o.device = device;
+                 o.threads = threads;
+                 o.context_length = context_length;
+                 o.cache_tokens = cache_tokens;
+                 o.page_size = page_size;
+                 o.prefix_cache = prefix_cache;
+                 o.kv_bits_k = kv_bits_k.value_or(kv_bits);
+                 o.kv_bits_v = kv_bits_v.value_or(kv_bits);
+                 o.batch_invariant = batch_invariant;
+                 auto pm = std::make_shared<PyModel>();
+                 Status failed;
+                 {
+                     py::gil_scoped_release nogil;
+                     auto r = Model::load(path, o);
+                     if (r.is_ok())
+                         pm->model = std::move(*r);
+                     else
+                         failed = r.status();
+                 }
+                 check(failed);
+                 return pm;
+             }),
+             py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
+             py::arg("context_length") = 0, py::arg("cache_tokens") = 0, py::arg("page_size") = 0,
+             py::arg("prefix_cache") = true, py::arg("kv_bits") = 0, py::arg("kv_bits_k") = py::none(),
+             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false,
+             "Loads a model directory. device: 'cpu', 'cuda' or 'cuda:N'; threads: CPU threads (0: EXL3_THREADS or "
+             "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: the "
+             "context length); kv_bits (or kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache.")
+        .def_property_readonly(
+            "info", [](const PyModel& pm) { return model_info_dict(pm.get().info()); },
+            "The model's shape and configuration, as a dict.")
+        .def_property_readonly("device", [](const PyModel& pm) { return pm.get().device(); })
+        .def_property_readonly("vocab_size", [](const PyModel& pm) { return pm.get().info().vocab_size; })
+        .def_property_readonly("context_length", [](const PyModel& pm) { return pm.get().info().context_length; })
+        .def(
+            "new_sequence",
+            [](const std::shared_ptr<PyModel>& pm, int max_length) {
+                auto seq = take(pm->get().new_sequence(max_length));
+                return std::make_shared<PySequence>(PySequence{pm, std::move(seq)});
+            },
+            py::arg("max_length") = 0, "A new empty sequence of up to max_length tokens (0: the context length).")
+        .def(
+            "forward",
+            [](const PyModel& pm, PySequence& s, const std::vector<int64_t>& tokens, bool all_logits) {
+                if (s.owner.get() != &pm) raise(invalid_argument("the sequence belongs to another model"));
+                const auto ids = to_ids(tokens, "forward");
+                Logits l;
+                Status st;
+                {
+                    py::gil_scoped_release nogil;
+                    st = pm.get().forward(*s.seq, ids, all_logits, &l.data);
+                }
+                check(st);
+                l.vocab = pm.get().info().vocab_size;
+                l.rows = l.vocab ? static_cast<py::ssize_t>(l.data.size()) / l.vocab : 0;
+                return l;
+            },
+            py::arg("sequence"), py::arg("tokens"), py::arg("all_logits") = false,
+            "Appends tokens to the sequence; returns the logits of every new position (all_logits) or of the last.")
+        .def(
+            "generate_greedy",
+            [](const PyModel& pm, const std::vector<int64_t>& prompt, int max_new_tokens,
+               const std::vector<int64_t>& stop_ids) {
+                const auto ids = to_ids(prompt, "prompt");
+                const auto stops32 = to_ids(stop_ids, "stop_ids");
+                const std::vector<int> stops(stops32.begin(), stops32.end());
+                Result<std::vector<int32_t>> r = internal_error("not run");
+                {
+                    py::gil_scoped_release nogil;
+                    r = pm.get().generate_greedy(ids, max_new_tokens, stops);
+                }
+                return take(std::move(r));
+            },
+            py::arg("prompt"), py::arg("max_new_tokens"), py::arg("stop_ids") = std::vector<int64_t>{},
+            "Greedy continuation of token ids (no sampler, no tokenizer): the new ids.")
+        .def(
+            "cache_stats", [](const PyModel& pm) { return cache_stats_dict(pm.get().cache_stats()); },
+            "The paged KV cache and what prefix caching saved, as a dict.")
+        .def("__repr__", [](const PyModel& pm) {
+            const auto& i = pm.get().info();
+            return "<exl3.Model " + i.architecture + " " + std::to_string(i.num_layers) + " layers" +
+                   (i.quantization.empty() ? std::string() : ", " + i.quantization) + " on " + pm.get().device() + ">";
+        });
+
+    py::class_<JobUpdate>(m, "JobUpdate", "What one generation step produced for one job.")
+        .def_readonly("job", &JobUpdate::job)
+        .def_readonly("text", &JobUpdate::text, "New text (stop strings are held back and never emitted).")
+        .def_readonly("tokens", &JobUpdate::tokens)
+        .def_readonly("logprobs", &JobUpdate::logprobs)
+        .def_property_readonly("top_logprobs",
+                               [](const JobUpdate& u) {
+                                   py::list out;
+                                   for (const auto& alts : u.top_logprobs) {
+                                       py::list l;
+                                       for (const auto& a : alts) l.append(py::make_tuple(a.id, a.logprob));
+                                       out.append(l);
+                                   }
+                                   return out;
+                               })
+        .def_property_readonly(
+            "finish_reason", [](const JobUpdate& u) { return finish_name(u.finish); },
+            "None while running; then 'stop', 'length', 'eos', 'cancelled' or 'error'.")
+        .def_property_readonly("error",
+                               [](const JobUpdate& u) -> py::object {
+                                   if (u.finish != FinishReason::kError) return py::none();
+                                   return py::str(u.error.to_string());
+                               })
+        .def_property_readonly(
+            "exception",
+            [](const JobUpdate& u) -> py::object {
+                if (u.finish != FinishReason::kError) return py::none();
+                return py::handle(error_class(u.error))(u.error.message());
+            },
+            "For a failed job, its error as the exl3.Error subclass to raise; else None.")
+        .def_readonly("prompt_tokens", &JobUpdate::prompt_tokens)
+        .def_readonly("cached_tokens", &JobUpdate::cached_tokens)
+        .def_readonly("generated_tokens", &JobUpdate::generated_tokens)
+        .def("__repr__", [](const JobUpdate& u) {
+            return "<exl3.JobUpdate job=" + std::to_string(u.job) + " tokens=" + std::to_string(u.tokens.size()) +
+                   (u.finish == FinishReason::kNone ? std::string()
+                                                    : std::string(" finish=") + finish_reason_name(u.finish)) +
+                   ">";
+        });
+
+    py::class_<PyGenerator, std::shared_ptr<PyGenerator>>(m, "_Generator")
+        .def(py::init([](std::shared_ptr<PyModel> model, std::shared_ptr<PyTokenizer> tokenizer, int max_batch_tokens,
+                         int prefill_chunk, int max_active_jobs, bool cap_to_context, bool device_sampling) {
+                 if (!model) throw py::type_error("exl3: Generator needs a Model");
+                 GeneratorOptions o;
+                 o.max_batch_tokens = max_batch_tokens;
+                 o.prefill_chunk = prefill_chunk;
+                 o.max_active_jobs = max_active_jobs;
+                 o.cap_to_context = cap_to_context;
+                 o.device_sampling = device_sampling;
+                 auto g = std::make_shared<PyGenerator>();
+                 g->model = std::move(model);
+                 g->tokenizer = std::move(tokenizer);
+                 g->gen = take(Generator::create(g->model->get(), g->tokenizer ? g->tokenizer->tok : nullptr, o));
+                 return g;
+             }),
+             py::arg("model"), py::arg("tokenizer") = py::none(), py::kw_only(), py::arg("max_batch_tokens") = 256,
+             py::arg("prefill_chunk") = 128, py::arg("max_active_jobs") = 32, py::arg("cap_to_context") = true,
+             py::arg("device_sampling") = true)
+        .def(
+            "submit",
+            [](PyGenerator& g, py::handle prompt, const py::kwargs& kw) {
+                return take(g.gen->submit(make_request(prompt, kw)));
+            },
+            py::arg("prompt"))
+        .def(
+            "cancel", [](PyGenerator& g, uint64_t job) { check(g.gen->cancel(job)); }, py::arg("job"))
+        .def("step",
+             [](PyGenerator& g) {
+                 std::vector<JobUpdate> updates;
+                 Status st;
+                 {
+                     py::gil_scoped_release nogil;
+                     st = g.gen->step(&updates);
+                 }
+                 check(st);
+                 return updates;
+             })
+        .def_property_readonly("has_work", [](const PyGenerator& g) { return g.gen->has_work(); })
+        .def_property_readonly("live_sequences", [](const PyGenerator& g) { return g.gen->live_sequences(); });
+
+    m.def("_request_keywords", [] {
+        std::vector<std::string> names;
+        for (const auto& [k, v] : request_setters()) names.push_back(k);
+        return names;
+    });
+}

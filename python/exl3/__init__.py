@@ -1,0 +1,237 @@
+"""exl3.cpp from Python: load EXL3 and Hugging Face models, tokenize, run them and generate text.
+
+    import exl3
+    model = exl3.Model("tests/models/tiny-draft")              # device="cuda" on a GPU
+    tok = exl3.Tokenizer("tests/models/tiny-draft")
+    gen = exl3.Generator(model, tok)
+    print(gen.generate("The capital of France is", max_new_tokens=16).text)
+
+The engine is the same one the `exl3` program and server run: the Generator batches every job submitted to it
+(continuous batching, prefix caching), samples with the full chain (temperature, top-k/p, min-p, typical, XTC,
+penalties, DRY, logit bias, seed) and streams text. Every failure raises an exl3.Error subclass with a message
+that says what and where.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Optional, Sequence as _Seq, Union
+
+from . import _exl3
+from ._exl3 import (
+    Error,
+    InternalError,
+    InvalidArgumentError,
+    IoError,
+    JobUpdate,
+    Logits,
+    Model,
+    NotFoundError,
+    OutOfRangeError,
+    Sequence,
+    Tokenizer,
+    UnsupportedError,
+)
+
+__all__ = [
+    "Completion",
+    "Error",
+    "Generator",
+    "InternalError",
+    "InvalidArgumentError",
+    "IoError",
+    "JobUpdate",
+    "Logits",
+    "Model",
+    "NotFoundError",
+    "OutOfRangeError",
+    "Sequence",
+    "Tokenizer",
+    "UnsupportedError",
+    "apply_chat_template",
+]
+
+Prompt = Union[str, _Seq[int]]
+
+
+def apply_chat_template(
+    tokenizer: Tokenizer,
+    messages: list,
+    *,
+    add_generation_prompt: bool = True,
+    tools: Optional[list] = None,
+    documents: Optional[list] = None,
+    template: str = "default",
+    **kwargs,
+) -> str:
+    """Renders messages with the tokenizer's chat template, as transformers' apply_chat_template(tokenize=False)
+    does (the same Jinja semantics, byte for byte). Extra keyword arguments (enable_thinking=False, ...) become
+    template variables. Tokenize the result with add_special_tokens=False."""
+    ctx = {
+        "messages": messages,
+        "tools": tools,
+        "documents": documents,
+        "add_generation_prompt": add_generation_prompt,
+    }
+    ctx.update(kwargs)
+    return tokenizer._render_chat(json.dumps(ctx, ensure_ascii=False), template)
+
+
+Tokenizer.apply_chat_template = (  # type: ignore[attr-defined]
+    lambda self, messages, **kw: apply_chat_template(self, messages, **kw)
+)
+
+
+@dataclass
+class Completion:
+    """One finished job: its text and tokens, why it ended, and (when asked) the logprobs of each token."""
+
+    text: str = ""
+    tokens: list = field(default_factory=list)
+    finish_reason: Optional[str] = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    logprobs: list = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)
+
+
+class Generator:
+    """Continuous batching over one model: submit jobs at any time, step, read each job's updates.
+
+    Keyword arguments of submit / generate / stream: max_new_tokens, stop (a string or a list), stop_ids,
+    ignore_eos, skip_special_tokens, logprobs (None, 0 for the chosen token's, n for the top n as well),
+    add_special_tokens (for text prompts), and the sampler's fields: temperature (0: greedy), top_k, top_p, min_p,
+    typical_p, repetition_penalty, presence_penalty, frequency_penalty, penalty_window, dry_multiplier, dry_base,
+    dry_allowed_length, dry_penalty_window, dry_sequence_breakers, xtc_threshold, xtc_probability, logit_bias
+    ({token: bias}), banned_tokens, seed.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        tokenizer: Optional[Tokenizer] = None,
+        *,
+        max_batch_tokens: int = 256,
+        prefill_chunk: int = 128,
+        max_active_jobs: int = 32,
+        cap_to_context: bool = True,
+        device_sampling: bool = True,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self._g = _exl3._Generator(
+            model,
+            tokenizer,
+            max_batch_tokens=max_batch_tokens,
+            prefill_chunk=prefill_chunk,
+            max_active_jobs=max_active_jobs,
+            cap_to_context=cap_to_context,
+            device_sampling=device_sampling,
+        )
+        self._held: list = []  # updates stepped while waiting on other jobs, for the next step()
+
+    def submit(self, prompt: Prompt, **kwargs) -> int:
+        """Queues a job (text, or token ids); returns its id."""
+        return self._g.submit(prompt, **kwargs)
+
+    def cancel(self, job: int) -> None:
+        """The job ends with finish_reason 'cancelled' at the next step."""
+        self._g.cancel(job)
+
+    def step(self) -> list:
+        """One batched forward pass over every running job; the updates it produced (JobUpdate)."""
+        held, self._held = self._held, []
+        return held + self._g.step()
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._held) or self._g.has_work
+
+    def _updates_of(self, jobs: set) -> Iterator[JobUpdate]:
+        # Steps until every job in `jobs` has finished; other jobs' updates wait for the next step().
+        left = set(jobs)
+        while left:
+            mine = []
+            held = []
+            for u in self.step():
+                (mine if u.job in left else held).append(u)
+            self._held.extend(held)
+            for u in mine:
+                if u.finish_reason is not None:
+                    left.discard(u.job)
+                yield u
+
+    def _cancel(self, jobs: set) -> None:
+        # Cancels the jobs of a generate() / stream() that ends early and steps until they are gone, so that
+        # nothing of theirs is left behind (their updates are dropped; other jobs' wait for the next step()).
+        left = set()
+        for j in jobs:
+            try:
+                self._g.cancel(j)
+                left.add(j)
+            except NotFoundError:
+                pass
+        for _ in self._updates_of(left):
+            pass
+
+    def stream(self, prompt: Prompt, **kwargs) -> Iterator[JobUpdate]:
+        """Submits one job and yields its updates as they come (u.text is the new text). Breaking out of the loop
+        cancels the job."""
+        job = self.submit(prompt, **kwargs)
+        finished = False
+        try:
+            for u in self._updates_of({job}):
+                finished = u.finish_reason is not None
+                yield u
+        finally:
+            if not finished:
+                self._cancel({job})
+
+    def generate(self, prompt: Union[Prompt, list], **kwargs) -> Union[Completion, list]:
+        """Runs a prompt to the end and returns its Completion; a list of prompts runs as one batch and returns a
+        list. A job that fails raises its error."""
+        many = isinstance(prompt, list) and (len(prompt) == 0 or not isinstance(prompt[0], int))
+        prompts = prompt if many else [prompt]
+        jobs = [self.submit(p, **kwargs) for p in prompts]
+        done = {j: Completion() for j in jobs}
+        try:
+            for u in self._updates_of(set(jobs)):
+                c = done[u.job]
+                c.text += u.text
+                c.tokens += u.tokens
+                c.logprobs += u.logprobs
+                c.top_logprobs += u.top_logprobs
+                c.prompt_tokens = u.prompt_tokens
+                c.cached_tokens = u.cached_tokens
+                c.generated_tokens = u.generated_tokens
+                if u.finish_reason is not None:
+                    c.finish_reason = u.finish_reason
+                    if u.finish_reason == "error":
+                        raise u.exception
+        except BaseException:
+            self._cancel({j for j in jobs if done[j].finish_reason is None})
+            raise
+        out = [done[j] for j in jobs]
+        return out if many else out[0]
+
+    def chat(self, messages: list, *, tools: Optional[list] = None, template_kwargs: Optional[dict] = None,
+             **kwargs) -> Completion:
+        """Renders the conversation with the tokenizer's chat template (add_generation_prompt) and generates the
+        assistant's reply."""
+        if self.tokenizer is None:
+            raise InvalidArgumentError("Generator.chat needs the Generator to have a tokenizer")
+        text = apply_chat_template(self.tokenizer, messages, tools=tools, **(template_kwargs or {}))
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        return self.generate(ids, **kwargs)
+
+    def __iter__(self) -> Iterator[JobUpdate]:
+        """Steps until no job is left, yielding every update."""
+        while self.has_work:
+            yield from self.step()
+
+
+def request_keywords() -> Iterable[str]:
+    """The keyword arguments submit / generate / stream accept."""
+    return sorted(_exl3._request_keywords())

@@ -1,0 +1,374 @@
+"""The Python module (import exl3) on the committed tiny-draft model: tokenizer, model logits against the
+transformers fixture, generation through the Generator (greedy, batched, streamed, sampled, stopped, cancelled),
+chat templates, and errors. Standard library only; run with PYTHONPATH=<build>/python (ctest sets it).
+
+    PYTHONPATH=build/release/python python3 tests/python/test_exl3.py [-k pattern]
+"""
+
+import array
+import gc
+import json
+import os
+import struct
+import tempfile
+import threading
+import unittest
+
+import exl3
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "tests", "models", "tiny-draft")
+GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden", "tiny_draft.safetensors")
+DEVICE = os.environ.get("EXL3_TEST_DEVICE", "cpu")  # "cuda" on a GPU machine
+
+
+def read_safetensors(path):
+    """{name: (shape, flat list)} for the F32 / I32 tensors of a safetensors file."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8 : 8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a = array.array({"F32": "f", "I32": "i"}[t["dtype"]])
+        begin, end = t["data_offsets"]
+        a.frombytes(blob[8 + n + begin : 8 + n + end])
+        out[name] = (t["shape"], a.tolist())
+    return out
+
+
+_model = None
+_tok = None
+
+
+def model():
+    global _model
+    if _model is None:
+        # On CUDA a batch's rows only equal each row alone with batch-invariant kernels (the CPU always is).
+        _model = exl3.Model(MODEL, device=DEVICE, threads=int(os.environ.get("EXL3_THREADS", "2")),
+                            batch_invariant=DEVICE != "cpu")
+    return _model
+
+
+def tokenizer():
+    global _tok
+    if _tok is None:
+        _tok = exl3.Tokenizer(MODEL)
+    return _tok
+
+
+class TokenizerTest(unittest.TestCase):
+    def test_round_trip_and_specials(self):
+        tok = tokenizer()
+        text = "Hello, world! Ünïcödé and emoji \U0001f600 too."
+        ids = tok.encode(text)
+        self.assertEqual(ids[0], tok.bos_id)  # tokenizer_config.json asks for BOS
+        self.assertEqual(tok.decode(ids, skip_special_tokens=True), text)
+        self.assertEqual(tok.encode(text, add_special_tokens=False), ids[1:])
+        self.assertEqual(tok.bos_token, "<|begin_of_text|>")
+        self.assertEqual(tok.token_to_id(tok.bos_token), tok.bos_id)
+        self.assertEqual(tok.id_to_token(tok.bos_id), tok.bos_token)
+        self.assertIsNone(tok.token_to_id("no such token, surely"))
+        self.assertIsNone(tok.id_to_token(10**9))
+        self.assertTrue(tok.is_special(tok.bos_id))
+        self.assertIn(tok.eos_id, tok.eos_ids)
+        # Special tokens written in the text: parsed by default, plain text when parse_special is off.
+        im_end = tok.token_to_id("<|im_end|>")
+        self.assertEqual(tok.encode("<|im_end|>", add_special_tokens=False), [im_end])
+        self.assertNotEqual(tok.encode("<|im_end|>", add_special_tokens=False, parse_special=False), [im_end])
+        self.assertGreater(tok.vocab_size, 1000)
+
+    def test_chat_template(self):
+        tok = tokenizer()
+        self.assertIn("default", tok.chat_template_names)
+        self.assertIn("im_start", tok.chat_template())
+        text = tok.apply_chat_template([{"role": "user", "content": "Hi"}])
+        self.assertEqual(
+            text,
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n",
+        )
+        text = exl3.apply_chat_template(
+            tok, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            add_generation_prompt=False)
+        self.assertEqual(text, "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n")
+        with self.assertRaises(exl3.NotFoundError):
+            tok.apply_chat_template([{"role": "user", "content": "Hi"}], template="no-such-template")
+
+    def test_errors(self):
+        with self.assertRaises(exl3.Error) as e:
+            exl3.Tokenizer("/nonexistent/dir")
+        self.assertIn("/nonexistent/dir", str(e.exception))
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "tokenizer.json"), "w") as f:
+                f.write("{not json")
+            with self.assertRaises(exl3.InvalidArgumentError) as e:
+                exl3.Tokenizer(d)
+            self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(UnicodeEncodeError):  # a lone surrogate is not UTF-8
+            tokenizer().encode("bad \ud800 text")
+        with self.assertRaises(exl3.InvalidArgumentError):
+            tokenizer().decode([2**40])
+
+
+class ModelTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.golden = read_safetensors(GOLDEN)
+
+    def test_info(self):
+        m = model()
+        info = m.info
+        self.assertEqual(info["architecture"], "LlamaForCausalLM")
+        self.assertEqual(info["num_layers"], 4)
+        self.assertEqual(info["hidden_size"], 256)
+        self.assertEqual(m.vocab_size, info["vocab_size"])
+        self.assertEqual(m.context_length, 2048)
+        self.assertTrue(m.device.startswith(DEVICE))
+        self.assertIn("LlamaForCausalLM", repr(m))
+
+    def check_logits(self, seq_name):
+        m = model()
+        _, tokens = self.golden[seq_name + ".tokens"]
+        (kept, vocab), ref = self.golden[seq_name + ".logits"]
+        seq = m.new_sequence()
+        logits = m.forward(seq, tokens, all_logits=True)
+        self.assertEqual(logits.shape, (len(tokens), vocab))
+        self.assertEqual(len(seq), len(tokens))
+        view = memoryview(logits)
+        self.assertEqual(view.shape, (len(tokens), vocab))
+        self.assertEqual(view.format, "f")
+        self.assertTrue(view.readonly)
+        worst = 0.0
+        for r in range(kept):
+            ours = logits[len(tokens) - kept + r]
+            want = ref[r * vocab : (r + 1) * vocab]
+            max_ref = max(abs(x) for x in want)
+            max_diff = max(abs(a - b) for a, b in zip(ours, want))
+            worst = max(worst, max_diff / max_ref)
+        tol = 1e-4 if DEVICE == "cpu" else 2e-2
+        self.assertLessEqual(worst, tol, f"{seq_name}: worst relative logit error {worst:.2e}")
+
+    def test_logits_match_transformers(self):
+        self.check_logits("seq0")
+        self.check_logits("seq1")
+
+    def test_forward_in_pieces_equals_whole(self):
+        m = model()
+        _, tokens = self.golden["seq0.tokens"]
+        whole = m.forward(m.new_sequence(), tokens)
+        seq = m.new_sequence()
+        m.forward(seq, tokens[:10])
+        last = m.forward(seq, tokens[10:])
+        self.assertEqual(last.shape, (1, m.vocab_size))
+        self.assertEqual(last.argmax(), whole.argmax())
+        diff = max(abs(a - b) for a, b in zip(last[0], whole[-1]))
+        self.assertLess(diff, 1e-3)
+        seq.reset()
+        self.assertEqual(seq.length, 0)
+
+    def test_greedy_matches_transformers(self):
+        _, prompt = self.golden["greedy.prompt"]
+        _, want = self.golden["greedy.tokens"]
+        self.assertEqual(model().generate_greedy(prompt, len(want)), want)
+
+    def test_errors(self):
+        m = model()
+        with self.assertRaises(exl3.Error) as e:
+            exl3.Model("/nonexistent/model")
+        self.assertIn("/nonexistent/model", str(e.exception))
+        with self.assertRaises(exl3.InvalidArgumentError):
+            m.forward(m.new_sequence(), [m.vocab_size + 5])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            m.forward(m.new_sequence(), [-1])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            m.forward(m.new_sequence(), [2**40])
+        with self.assertRaises(exl3.OutOfRangeError):
+            m.forward(m.new_sequence(max_length=4), [1, 2, 3, 4, 5])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Model(MODEL, threads=100000)
+        with self.assertRaises(TypeError):
+            exl3.Model(MODEL, "cpu")  # options are keywords
+        with tempfile.TemporaryDirectory() as d:  # a truncated checkpoint
+            for name in os.listdir(MODEL):
+                src = os.path.join(MODEL, name)
+                with open(src, "rb") as f:
+                    data = f.read()
+                if name.endswith(".safetensors"):
+                    data = data[: len(data) // 2]
+                with open(os.path.join(d, name), "wb") as f:
+                    f.write(data)
+            with self.assertRaises(exl3.InvalidArgumentError) as e:
+                exl3.Model(d)
+            self.assertIn("safetensors", str(e.exception))
+
+    def test_sequences_keep_their_model_alive(self):
+        m = exl3.Model(MODEL, device=DEVICE, threads=2)
+        seq = m.new_sequence()
+        del m
+        gc.collect()
+        self.assertEqual(seq.length, 0)  # still usable: the model lives while its sequence does
+
+    def test_threads_run_while_the_model_does(self):
+        # forward releases the GIL: two Python threads run two sequences at once and get what one alone gets.
+        m = model()
+        _, tokens = self.golden["seq1.tokens"]
+        alone = m.forward(m.new_sequence(), tokens).argmax()
+        results = []
+
+        def work():
+            results.append(m.forward(m.new_sequence(), tokens).argmax())
+
+        threads = [threading.Thread(target=work) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(results, [alone, alone])
+
+
+class GeneratorTest(unittest.TestCase):
+    def gen(self, **kw):
+        return exl3.Generator(model(), tokenizer(), **kw)
+
+    def test_greedy_equals_the_model_and_text_decodes_tokens(self):
+        g = self.gen()
+        prompt = tokenizer().encode("Once upon a time")
+        c = g.generate(prompt, max_new_tokens=24, ignore_eos=True)
+        self.assertEqual(c.tokens, model().generate_greedy(prompt, 24))
+        self.assertEqual(c.text, tokenizer().decode(c.tokens, skip_special_tokens=True))
+        self.assertEqual(c.finish_reason, "length")
+        self.assertEqual(c.generated_tokens, 24)
+        self.assertEqual(c.prompt_tokens, len(prompt))
+        # A text prompt is tokenized as encode() does (BOS added).
+        self.assertEqual(g.generate("Once upon a time", max_new_tokens=24, ignore_eos=True).tokens, c.tokens)
+
+    def test_a_batch_equals_each_alone(self):
+        prompts = ["The cat", "In the beginning there was", "1, 2, 3,"]
+        alone = [self.gen().generate(p, max_new_tokens=16, ignore_eos=True).text for p in prompts]
+        together = self.gen().generate(prompts, max_new_tokens=16, ignore_eos=True)
+        self.assertEqual([c.text for c in together], alone)
+        self.assertEqual(self.gen().generate([], max_new_tokens=4), [])
+
+    def test_stream_concatenates_to_generate(self):
+        g = self.gen()
+        prompt = "The sun rose over the hills, and the birds began to sing. " * 6  # a few full KV pages
+        whole = g.generate(prompt, max_new_tokens=20, ignore_eos=True)
+        parts = list(g.stream(prompt, max_new_tokens=20, ignore_eos=True))
+        self.assertEqual("".join(u.text for u in parts), whole.text)
+        self.assertEqual(parts[-1].finish_reason, "length")
+        self.assertTrue(all(u.finish_reason is None for u in parts[:-1]))
+        self.assertGreater(parts[-1].cached_tokens, 0)  # the second run's prompt came from the prefix cache
+        self.assertFalse(g.has_work)
+
+    def test_sampling_is_seeded(self):
+        g = self.gen()
+        kw = dict(max_new_tokens=24, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01, seed=1234, ignore_eos=True)
+        a = g.generate("Tell me", **kw).tokens
+        b = g.generate("Tell me", **kw).tokens
+        self.assertEqual(a, b)
+        others = [g.generate("Tell me", **dict(kw, seed=s)).tokens for s in (1, 2, 3)]
+        self.assertTrue(any(o != a for o in others))
+        # The rest of the chain accepts its settings.
+        c = g.generate("Tell me", max_new_tokens=8, temperature=0.7, repetition_penalty=1.1, presence_penalty=0.5,
+                       frequency_penalty=0.5, dry_multiplier=0.8, xtc_probability=0.5, typical_p=0.9,
+                       logit_bias={5: -100.0}, banned_tokens=[6, 7], seed=7)
+        self.assertNotIn(6, c.tokens)
+        self.assertNotIn(7, c.tokens)
+
+    def test_stop_strings_and_ids(self):
+        g = self.gen()
+        free = g.generate("Once upon a time", max_new_tokens=32, ignore_eos=True)
+        self.assertGreater(len(free.text), 4)
+        stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 3]
+        c = g.generate("Once upon a time", max_new_tokens=32, ignore_eos=True, stop=stop)
+        self.assertEqual(c.finish_reason, "stop")
+        self.assertEqual(c.text, free.text[: free.text.index(stop)])
+        c = g.generate("Once upon a time", max_new_tokens=32, ignore_eos=True, stop_ids=[free.tokens[3]])
+        self.assertEqual(c.finish_reason, "stop")
+        self.assertEqual(c.tokens, free.tokens[: free.tokens.index(free.tokens[3])])
+
+    def test_logprobs(self):
+        c = self.gen().generate("The", max_new_tokens=6, ignore_eos=True, logprobs=3)
+        self.assertEqual(len(c.logprobs), 6)
+        self.assertEqual(len(c.top_logprobs), 6)
+        for tok, lp, top in zip(c.tokens, c.logprobs, c.top_logprobs):
+            self.assertEqual(len(top), 3)
+            self.assertEqual(top[0][0], tok)  # greedy: the chosen token is the most likely
+            self.assertAlmostEqual(top[0][1], lp, places=5)
+            self.assertLessEqual(lp, 0.0)
+
+    def test_breaking_a_stream_cancels_it(self):
+        g = self.gen()
+        other = g.submit("Another job", max_new_tokens=3, ignore_eos=True)
+        for u in g.stream("Once", max_new_tokens=500, ignore_eos=True):
+            break
+        # The stream's job is gone; the other job's updates wait for step().
+        updates = []
+        while g.has_work:
+            updates += g.step()
+        self.assertEqual({u.job for u in updates}, {other})
+        self.assertEqual(sum(len(u.tokens) for u in updates), 3)
+        self.assertEqual(g._g.live_sequences, 0)
+
+    def test_step_interleaves_jobs(self):
+        g = self.gen()
+        a = g.submit("First", max_new_tokens=5, ignore_eos=True)
+        b = g.submit(tokenizer().encode("Second"), max_new_tokens=7, ignore_eos=True)
+        counts = {a: 0, b: 0}
+        finished = {}
+        for u in g:
+            counts[u.job] += len(u.tokens)
+            if u.finish_reason:
+                finished[u.job] = u.finish_reason
+        self.assertEqual(counts, {a: 5, b: 7})
+        self.assertEqual(finished, {a: "length", b: "length"})
+        with self.assertRaises(exl3.NotFoundError):
+            g.cancel(a)  # already finished
+
+    def test_chat(self):
+        g = self.gen()
+        c = g.chat([{"role": "user", "content": "Hi"}], max_new_tokens=8)
+        self.assertIn(c.finish_reason, ("eos", "length"))
+        text = tokenizer().apply_chat_template([{"role": "user", "content": "Hi"}])
+        ids = tokenizer().encode(text, add_special_tokens=False)
+        self.assertEqual(c.tokens, g.generate(ids, max_new_tokens=8).tokens)
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Generator(model()).chat([{"role": "user", "content": "Hi"}])
+
+    def test_a_failed_job_raises_its_error(self):
+        # A KV cache of one 128-token sequence: two jobs of ~105 tokens each overflow it, and the newest one fails.
+        small = exl3.Model(MODEL, device=DEVICE, threads=2, context_length=128, cache_tokens=128)
+        g = exl3.Generator(small, tokenizer())
+        with self.assertRaises(exl3.OutOfRangeError) as e:
+            g.generate(["Once upon a time", "In a land far away"], max_new_tokens=100, ignore_eos=True)
+        self.assertIn("KV cache", str(e.exception))
+        self.assertFalse(g.has_work)
+
+    def test_bad_requests(self):
+        g = self.gen()
+        with self.assertRaises(TypeError):
+            g.submit("x", no_such_option=1)
+        with self.assertRaises(TypeError):
+            g.submit("x", temperature="hot")
+        with self.assertRaises(TypeError):
+            g.submit(b"bytes")
+        for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=float("nan")), dict(max_new_tokens=0),
+                    dict(logit_bias={10**7: 1.0}), dict(logprobs=1000), dict(seed=-1)):
+            with self.assertRaises(exl3.InvalidArgumentError, msg=str(bad)) as e:
+                g.submit("x", **bad)
+            self.assertIsInstance(e.exception, ValueError)
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit([])
+        with self.assertRaises(exl3.Error):  # longer than the context
+            g.submit([5] * 5000)
+        with self.assertRaises(exl3.InvalidArgumentError):  # no tokenizer: ids only
+            exl3.Generator(model()).submit("text")
+        self.assertFalse(g.has_work)
+        self.assertIn("temperature", exl3.request_keywords())
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
