@@ -110,6 +110,8 @@ void make_errors(py::module_& m) {
 // Python owns these wrappers; the C++ objects inside are what the library hands out.
 struct PyTokenizer {
     std::shared_ptr<const Tokenizer> tok;
+    // Chat templates parsed on first use, by name (touched with the GIL held only).
+    std::unordered_map<std::string, std::shared_ptr<const ChatTemplate>> templates;
 };
 
 struct PyModel {
@@ -340,7 +342,9 @@ PYBIND11_MODULE(_exl3, m) {
                      }
                      t = std::move(*r);
                  }
-                 return std::make_shared<PyTokenizer>(PyTokenizer{std::move(t)});
+                 auto pt = std::make_shared<PyTokenizer>();
+                 pt->tok = std::move(t);
+                 return pt;
              }),
              py::arg("path"), "Loads a model directory's tokenizer, or a tokenizer.json file.")
         .def(
@@ -401,7 +405,7 @@ PYBIND11_MODULE(_exl3, m) {
                                })
         .def(
             "_render_chat",
-            [](const PyTokenizer& t, const std::string& context_json, const std::string& name) {
+            [](PyTokenizer& t, const std::string& context_json, const std::string& name) {
                 const std::string* source = t.tok->chat_template(name);
                 if (!source)
                     raise(not_found(name == "default" ? std::string("this tokenizer has no chat template")
@@ -411,8 +415,9 @@ PYBIND11_MODULE(_exl3, m) {
                     raise(invalid_argument("the chat context is not a JSON object"));
                 ctx["bos_token"] = t.tok->bos_token();
                 ctx["eos_token"] = t.tok->eos_token();
-                auto tmpl = take(ChatTemplate::parse(*source));
-                auto text = tmpl.render(ctx);
+                auto& tmpl = t.templates[name];
+                if (!tmpl) tmpl = std::make_shared<const ChatTemplate>(take(ChatTemplate::parse(*source)));
+                auto text = tmpl->render(ctx);
                 if (!text.is_ok()) raise(text.status().with_context("rendering the chat template"));
                 return std::move(*text);
             },
