@@ -10,8 +10,16 @@
 // KV cache: every running job holds a Sequence, whose pages come from the model's paged cache. With prefix caching
 // (LoadOptions::prefix_cache, on by default) a job starts from the cached pages of the longest prefix its prompt
 // shares with earlier or running jobs (a system prompt, a conversation's previous turns) and prefills only the
-// rest; JobUpdate::cached_tokens says how much it saved. Not here yet: KV-cache quantization. Speculative decoding:
-// see Generator::step().
+// rest; JobUpdate::cached_tokens says how much it saved.
+//
+// Speculative decoding (GeneratorOptions::draft_tokens): a decoding job proposes a few tokens a step -- a draft
+// model's greedy continuation, or the tokens that followed the latest earlier occurrence of its last few tokens
+// (n-gram "prompt lookup") -- and the model scores them all in that step's forward. The job's own sampler then draws
+// row by row as in plain decoding (same chain, seed and step counter); while a draw equals the next proposal the job
+// goes on to the next row, and the first draw that differs is kept and ends the step. So every kept token is the
+// model's own draw (the output distribution is plain decoding's, and greedy and seeded jobs give plain decoding's
+// tokens up to the rounding differences between one-token and multi-token steps); a step yields 1..draft_tokens + 1
+// tokens, and the rejected tail leaves the KV cache (Model::truncate).
 #pragma once
 
 #include <chrono>
@@ -119,6 +127,8 @@ struct JobUpdate {
     int prompt_tokens = 0;
     int cached_tokens = 0;     // prompt tokens taken from the prefix cache (not computed)
     int generated_tokens = 0;  // so far, EOS/stop ids included
+    int draft_tokens = 0;      // speculative decoding, so far: tokens proposed for this job
+    int accepted_tokens = 0;   //   and of them, kept (each one a step's forward saved)
 };
 
 struct GeneratorOptions {
@@ -132,6 +142,16 @@ struct GeneratorOptions {
     // never leave the device). The draws come from another random stream than the CPU sampler's, so a seeded job
     // gives other (equally distributed) tokens than on the CPU; greedy jobs give the same ones.
     bool device_sampling = true;
+
+    // Speculative decoding (see the top of this file): proposals a step for each decoding job, at most; 0: off.
+    // A job's proposals also stop short of its max_new_tokens, and share the step's max_batch_tokens with prompts.
+    int draft_tokens = 0;
+    // Where proposals come from: a draft model (greedy; it must use the main model's tokenizer, and must outlive the
+    // Generator), else n-gram lookup in the job's own prompt and output: the longest suffix of ngram_max down to
+    // ngram_min tokens that occurred before proposes what followed it then.
+    const Model* draft_model = nullptr;
+    int ngram_min = 1;
+    int ngram_max = 3;
 };
 
 class Generator {
@@ -158,9 +178,7 @@ public:
     // When the KV cache is full (forward_batch says kOutOfRange; the CUDA backend's pages ran out), prompts wait and
     // running jobs go on; if even those do not fit, the newest running job ends with kError, freeing its pages, and
     // the others go on unharmed.
-    // Speculative decoding seam: a job's batch item may carry several tokens with all logits; the sampling loop
-    // already walks logit rows per job, so a verifier accepts a prefix of draft tokens there (and would need the
-    // Sequence to drop the rejected tail, which Model does not offer yet).
+    // With speculative decoding a job may get several tokens from one step (all in its one update).
     Status step(std::vector<JobUpdate>* updates);
     // Steps until no job is left, handing every update to `on_update` (on this thread).
     Status run_until_idle(const std::function<void(const JobUpdate&)>& on_update);

@@ -120,6 +120,9 @@ public:
         Sequence* seq = nullptr;
         std::vector<int32_t> tokens;
         bool all_logits = false;
+        // The last `tentative` tokens may be dropped again by truncate() (speculative decoding's drafts): pages
+        // holding them are offered to the prefix cache only once a later step has kept them.
+        int tentative = 0;
     };
     Status forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const;
 
@@ -143,6 +146,11 @@ public:
     // feeds tokens from that position on. forward() and forward_batch() do this by themselves when an empty sequence
     // receives tokens without all_logits; a caller that feeds a prompt in chunks calls this first with all of it.
     int reuse_prefix(Sequence& seq, const std::vector<int32_t>& tokens) const;
+    // Drops the sequence's positions from `length` on (0 <= length <= seq.length()): their pages go back to the pool
+    // and the next forward continues at `length`. A page that keeps some positions and was offered to the prefix
+    // cache is withdrawn from it; if another sequence shares that page, kUnsupported (nothing changes). Items
+    // fed with BatchItem::tentative covering the dropped positions never hit that.
+    Status truncate(Sequence& seq, int length) const;
     CacheStats cache_stats() const;
 
     // Greedy continuation: up to max_new_tokens, stopping after any of stop_ids.

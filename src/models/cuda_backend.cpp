@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
@@ -27,6 +30,9 @@ using cuda::check_cuda;
 using cuda::DeviceBuffer;
 
 namespace {
+
+// Tokens a sequence may have in a captured step (1 + the Generator's most proposals).
+constexpr int kMaxGraphTokens = 33;
 
 // One EXL3 part of a linear in device memory: its columns are [col0, col0 + w.n) of the linear's output.
 struct DevExl3Part {
@@ -165,9 +171,27 @@ struct CudaModel::State {
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
     RopeFrequencies rope;
 
-    std::map<std::pair<int, int>, cudaGraphExec_t> graphs;  // decode steps by (batch size, attention bound)
+    // Captured steps by (sequences, tokens each, attention bound): decode steps (one token each) and the uniform
+    // steps of speculative decoding (each sequence the same few tokens, every row's logits).
+    std::map<std::tuple<int, int, int>, cudaGraphExec_t> graphs;
+
+    // Kernel lab (EXL3_FORWARD_TIMING=1): the host's time in forward() by phase, printed when the model goes.
+    struct HostTiming {
+        bool on = false;
+        int64_t calls = 0, captures = 0;
+        double phase[5] = {0, 0, 0, 0, 0};  // checks + reserve, plan buffer wait, uploads, workspace, kernels / graph
+    } host_timing;
 
     ~State() {
+        if (host_timing.on && host_timing.calls > 0) {
+            const double us = 1e6 / static_cast<double>(host_timing.calls);
+            std::fprintf(stderr,
+                         "[cuda forward] %lld calls, %lld graph captures; us a call: checks + reserve %.1f, plan "
+                         "buffer wait %.1f, uploads %.1f, workspace %.1f, kernels / graph %.1f\n",
+                         static_cast<long long>(host_timing.calls), static_cast<long long>(host_timing.captures),
+                         host_timing.phase[0] * us, host_timing.phase[1] * us, host_timing.phase[2] * us,
+                         host_timing.phase[3] * us, host_timing.phase[4] * us);
+        }
         for (auto& [b, g] : graphs) cudaGraphExecDestroy(g);
         if (plan_copied) {
             cudaEventSynchronize(plan_copied);
@@ -596,6 +620,7 @@ Result<std::unique_ptr<CudaModel>> CudaModel::create(const ModelConfig& cfg, con
     s->cfg = cfg;
     s->opts = opts;
     if (const char* e = std::getenv("EXL3_NO_GRAPHS"); e && std::string(e) == "1") s->opts.graphs = false;
+    if (const char* e = std::getenv("EXL3_FORWARD_TIMING"); e && e[0] == '1') s->host_timing.on = true;
     if (opts.page_size <= 0 || opts.page_size % 16)
         return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", opts.page_size));
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
@@ -661,6 +686,15 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     State& s = *s_;
     const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
+    using Clock = std::chrono::steady_clock;
+    auto t_mark = Clock::now();
+    auto phase = [&](int i) {
+        if (!s.host_timing.on) return;
+        const auto now = Clock::now();
+        s.host_timing.phase[i] += std::chrono::duration<double>(now - t_mark).count();
+        t_mark = now;
+    };
+    if (s.host_timing.on) ++s.host_timing.calls;
 
     // Pages: Model::forward_batch gave every sequence the pages of this step from the model's page pool (shared
     // prefix pages included); check that they lie in this cache before any kernel writes to them.
@@ -682,7 +716,9 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
     // up: the arrays up to the last sequence's pages, and the output rows (at a context of 128k tokens a page-table
     // row is 2048 entries, most of them unused).
     EXL3_RETURN_IF_ERROR(s.reserve(T, B, n_out));
+    phase(0);
     EXL3_RETURN_IF_ERROR(s.plan_host_free());
+    phase(1);
     int32_t* hp = s.plan_host;
     std::copy(plan.tokens.begin(), plan.tokens.end(), hp + s.off_tokens);
     std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
@@ -714,8 +750,16 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
         s.inv_freq_uploaded = s.rope.inv_freq;
     }
 
-    const bool decode = T == B && n_out == T;
-    const bool use_graph = s.opts.graphs && decode;
+    // A step of the same r tokens for every sequence and every row's logits replays a graph captured for (B, r,
+    // attention bound): decode (r = 1) and speculative decoding's checks of r - 1 proposals. The kernels read the
+    // positions, lengths and page tables from the plan arrays; only their grids come from the host, and those follow
+    // B, r and the bound.
+    const int r = T / B;
+    bool uniform = n_out == T && T == r * B && r <= kMaxGraphTokens;
+    for (int b = 0; b < B && uniform; ++b)
+        uniform = plan.q_start[static_cast<size_t>(b) + 1] - plan.q_start[static_cast<size_t>(b)] == r;
+    const bool use_graph = s.opts.graphs && uniform;
+    phase(2);
     const cuda::AttentionBatch ab = s.attention_batch(plan, use_graph);
     const void* old_ws = s.attn_ws.get();
     // Sized for the whole context at once: growing it would drop every captured graph.
@@ -727,11 +771,12 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
         for (auto& [b, g] : s.graphs) cudaGraphExecDestroy(g);
         s.graphs.clear();
     }
+    phase(3);
     CudaOps ops(s, ab);
     if (!use_graph) {
         EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));
     } else {
-        const std::pair<int, int> key{B, ab.max_seq_len};
+        const std::tuple<int, int, int> key{B, r, ab.max_seq_len};
         auto it = s.graphs.find(key);
         if (it == s.graphs.end()) {
             cudaGraph_t g = nullptr;
@@ -745,9 +790,11 @@ Status CudaModel::forward(const StepPlan& plan, const std::vector<Sequence::Impl
             cudaGraphDestroy(g);
             EXL3_RETURN_IF_ERROR(check_cuda(ce, "graph instantiate"));
             it = s.graphs.emplace(key, exec).first;
+            if (s.host_timing.on) ++s.host_timing.captures;
         }
         EXL3_RETURN_IF_ERROR(check_cuda(cudaGraphLaunch(it->second, st), "graph launch"));
     }
+    phase(4);
     if (!logits_out) return Status::ok();  // they stay on the device (a sampler there reads them on this stream)
     EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),
                                                     static_cast<size_t>(n_out) * s.cfg.vocab_size * sizeof(float),

@@ -170,11 +170,12 @@ struct Model::Impl {
             }
     }
 
-    // Publishes the pages a step filled, for sequences after them to reuse.
-    void publish_full_pages(Sequence::Impl& seq) const {
+    // Publishes the pages a step filled, for sequences after them to reuse: those whose positions all lie below
+    // `end` (the length less the step's tentative tokens).
+    void publish_full_pages(Sequence::Impl& seq, int end) const {
         if (!pages->prefix_cache()) return;
         const int ps = pages->page_size();
-        while ((seq.published + 1) * ps <= seq.length) {
+        while ((seq.published + 1) * ps <= std::min(end, seq.length)) {
             const auto first = seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.published) * ps;
             seq.chain = pages->publish(seq.pages[static_cast<size_t>(seq.published)], seq.chain,
                                        std::span<const int32_t>(&*first, static_cast<size_t>(ps)));
@@ -395,7 +396,40 @@ Status Model::forward_batch_to(const std::vector<BatchItem>& items, std::vector<
         Sequence::Impl& q = *seqs[i];
         q.tokens.insert(q.tokens.end(), items[i].tokens.begin() + skip[i], items[i].tokens.end());
         q.length = plan.seq_len[i];
-        im.publish_full_pages(q);
+        im.publish_full_pages(q, q.length - std::max(0, items[i].tentative));
+    }
+    return Status::ok();
+}
+
+Status Model::truncate(Sequence& seq, int length) const {
+    Impl& im = *impl_;
+    std::lock_guard<std::mutex> lock(im.mu);
+    Sequence::Impl& q = *seq.impl_;
+    if (q.pool != im.pages) return invalid_argument("truncate: a sequence of another model");
+    if (length < 0 || length > q.length)
+        return invalid_argument(
+            fmt::format("truncate: length {} outside [0, {}] (the sequence's length)", length, q.length));
+    const int ps = im.pages->page_size();
+    const int keep = (length + ps - 1) / ps;  // pages still holding positions
+    // A partial last page is written again by the next step: it must not stay in the prefix index, nor be shared.
+    if (length % ps != 0 && keep - 1 < q.published && !im.pages->unpublish(q.pages[static_cast<size_t>(keep - 1)]))
+        return unsupported(
+            fmt::format("truncate: positions {}..{} lie in a KV page another sequence shares through the prefix cache",
+                        length, std::min(q.length, keep * ps) - 1));
+    while (static_cast<int>(q.pages.size()) > keep) {
+        im.pages->release(q.pages.back());
+        q.pages.pop_back();
+    }
+    q.tokens.resize(static_cast<size_t>(length));
+    q.length = length;
+    const int published = std::min(q.published, length / ps);
+    if (published != q.published) {  // the chain hash after the pages that stay published
+        q.published = published;
+        q.chain = PagePool::kChainStart;
+        for (int i = 0; i < published; ++i)
+            q.chain = PagePool::chain_hash(
+                q.chain,
+                std::span<const int32_t>(q.tokens.data() + static_cast<size_t>(i) * ps, static_cast<size_t>(ps)));
     }
     return Status::ok();
 }

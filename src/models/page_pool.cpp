@@ -190,6 +190,16 @@ uint64_t PagePool::publish(int32_t page, uint64_t prev, std::span<const int32_t>
     return h;
 }
 
+bool PagePool::unpublish(int32_t page) {
+    std::lock_guard<std::mutex> lock(mu_);
+    check_id(page);
+    Page& p = pages_[static_cast<size_t>(page)];
+    if (!p.indexed) return true;
+    if (p.refs != 1) return false;
+    unindex(page);
+    return true;
+}
+
 PagePoolStats PagePool::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     PagePoolStats s;

@@ -75,6 +75,9 @@ public:
     // When an equal page is already published (two sequences computed the same prefix), that one stays the one
     // match() finds and this page stays private: it becomes free once released.
     uint64_t publish(int32_t page, uint64_t prev, std::span<const int32_t> tokens);
+    // Withdraws a published page that only its caller holds (refs 1) from the index, so that the caller may write it
+    // again; true when the page is now private (also when it was not published), false when others share it.
+    bool unpublish(int32_t page);
 
     PagePoolStats stats() const;
     // Checks every invariant (reference counts, lists, index); for tests.

@@ -1,7 +1,8 @@
 // What a Sequence holds: the ids of its KV pages in the model's page pool (page i holds positions
 // [i * page_size, (i + 1) * page_size)), on either backend; the backend owns the memory behind the ids (CPU: a host
 // arena per layer; CUDA: device pages). Full pages may be shared with other sequences (prefix caching): they are
-// never written again, since a sequence only grows.
+// never written again (Model::truncate withdraws a published page before its sequence writes it again, and refuses
+// when the page is shared).
 #pragma once
 
 #include <cstdint>

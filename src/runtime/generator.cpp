@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "exl3/model.h"
@@ -38,6 +41,8 @@ const char* finish_reason_name(FinishReason r) {
 namespace {
 
 constexpr int kMaxTopLogprobs = 100;
+constexpr int kMaxDraftTokens = 32;
+constexpr int kMaxNgram = 16;
 
 struct Job {
     uint64_t id = 0;
@@ -55,6 +60,27 @@ struct Job {
 #ifdef EXL3_HAVE_TOKENIZER
     std::unique_ptr<IncrementalDetokenizer> detok;
 #endif
+    // Speculative decoding: this step's proposals, the draft model's cache of a prefix of `tokens`, the counts, and
+    // the n-gram index (for n = 1..ngram_max, the latest end position of every n-gram ending before ngram_end).
+    std::vector<int32_t> drafts;
+    std::unique_ptr<Sequence> draft_seq;
+    int drafted = 0, accepted = 0;
+    std::vector<std::unordered_map<uint64_t, int32_t>> ngram_last;
+    int ngram_end = 0;
+};
+
+// A hash of n token ids (the n-gram index's key; matches are verified against the tokens).
+uint64_t ngram_hash(const int32_t* t, int n) {
+    uint64_t h = 0xcbf29ce484222325ull ^ static_cast<uint64_t>(n);
+    for (int i = 0; i < n; ++i) h = (h ^ static_cast<uint32_t>(t[i])) * 0x100000001b3ull;
+    return h ^ (h >> 29);
+}
+
+// A logit row the step samples: the job, and how many of its proposals the row assumes kept (its history then holds
+// them, and its draw is the job's draw number generated + ahead).
+struct RowRef {
+    Job* job = nullptr;  // null: a row no job samples (mid-prompt)
+    int ahead = 0;
 };
 
 }  // namespace
@@ -82,21 +108,58 @@ struct Generator::Impl {
     std::map<std::vector<std::string>, std::vector<int32_t>> breaker_cache;
 
     Impl(const Model& m, std::shared_ptr<const Tokenizer> t, const GeneratorOptions& o)
-        : model(m), tok(std::move(t)), opt(o) {}
+        : model(m), tok(std::move(t)), opt(o) {
+        const char* e = std::getenv("EXL3_GENERATOR_TIMING");
+        timing.on = e && e[0] == '1';
+    }
+    // EXL3_GENERATOR_TIMING=1: where the stepping thread's time went in steps without prompt tokens (decode only),
+    // printed to stderr when the Generator goes. The forward's share is the host's enqueue; the GPU's work shows
+    // up where the host first waits for it (sampling on the device, a CUDA draft model's picks).
+    struct Timing {
+        bool on = false;
+        int64_t steps = 0, tokens = 0;
+        double propose = 0, forward = 0, sample = 0, total = 0;
+        double step_propose = 0, step_forward = 0, step_sample = 0;  // of the step under way
+        // A draft model's rounds: the host's enqueue and its wait for the picks, round 0 (the catch-up) and later.
+        double draft_enqueue[2] = {0, 0}, draft_wait[2] = {0, 0};
+        int64_t draft_rounds[2] = {0, 0};
+    } timing;
+    ~Impl() {
+        if (!timing.on || timing.steps == 0) return;
+        const double us = 1e6 / static_cast<double>(timing.steps);
+        std::fprintf(stderr,
+                     "[generator] %lld decode steps, %.2f tokens a step: %.1f us a step -- proposals %.1f, forward "
+                     "%.1f, sampling %.1f, the rest %.1f\n",
+                     static_cast<long long>(timing.steps), static_cast<double>(timing.tokens) / timing.steps,
+                     timing.total * us, timing.propose * us, timing.forward * us, timing.sample * us,
+                     (timing.total - timing.propose - timing.forward - timing.sample) * us);
+        for (int i = 0; i < 2; ++i)
+            if (timing.draft_rounds[i] > 0)
+                std::fprintf(stderr, "[generator] draft rounds %s: %lld, %.1f us enqueue + %.1f us waiting each\n",
+                             i == 0 ? "0 (catch-up)" : ">= 1", static_cast<long long>(timing.draft_rounds[i]),
+                             1e6 * timing.draft_enqueue[i] / timing.draft_rounds[i],
+                             1e6 * timing.draft_wait[i] / timing.draft_rounds[i]);
+    }
 
     Result<std::unique_ptr<Job>> make_job(GenerationRequest req) const;
     void admit(std::vector<JobUpdate>* updates);
     const std::vector<int32_t>& breaker_ids(const std::vector<std::string>& breakers);
     void finish(Job& job, JobUpdate& u, FinishReason why, Status error = Status::ok());
     void end_text(Job& job, JobUpdate& u, FinishReason why);
-    void sample_row(Job& job, const float* row, JobUpdate& u);
+    int32_t sample_row(Job& job, const float* row, JobUpdate& u);
+    // Proposals (Job::drafts) for speculative decoding: at most want tokens each.
+    void propose_ngram(Job& job, int want);
+    void propose_draft(const std::vector<Job*>& jobs, std::vector<int> want);
     // The chosen id of a job (sampled on the CPU or the GPU) and its logprobs when asked: the rest of a step's work.
     void accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top, JobUpdate& u);
 #ifdef EXL3_HAVE_CUDA
     std::unique_ptr<cuda::DeviceSampler> dev_sampler;
-    // Samples device logits row k for jobs[k] (nullptr: a row no job needs, e.g. mid-prompt); fills ids and logprobs.
-    Status sample_on_device(const Model::DeviceLogits& dl, const std::vector<Job*>& jobs,
+    // Samples device logits row k as rows[k] says; fills ids and logprobs.
+    Status sample_on_device(const Model::DeviceLogits& dl, const std::vector<RowRef>& rows,
                             std::vector<cuda::DeviceSampler::Result>* out);
+    // A CUDA draft model's greedy picks of its device logits (one a row): only the ids come to the host.
+    std::unique_ptr<cuda::DeviceSampler> draft_sampler;
+    Status draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out);
 #endif
     void forget(uint64_t id) {
         std::lock_guard<std::mutex> lock(mu);
@@ -210,7 +273,10 @@ void Generator::Impl::finish(Job& job, JobUpdate& u, FinishReason why, Status er
     u.prompt_tokens = job.prompt_len;
     u.cached_tokens = job.cached;
     u.generated_tokens = job.generated;
+    u.draft_tokens = job.drafted;
+    u.accepted_tokens = job.accepted;
     job.seq.reset();  // the KV cache goes back now, not when the Job object dies
+    job.draft_seq.reset();
     forget(job.id);
 }
 
@@ -227,16 +293,123 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
     finish(job, u, why);
 }
 
-void Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
+int32_t Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
     const int32_t id = job.sampler->sample(row, vocab, job.tokens);
     float logprob = 0.0f;
     std::vector<TokenLogprob> top;
     if (job.req.logprobs >= 0) logprob = token_logprob(row, vocab, id, job.req.logprobs, &top);
     accept_token(job, id, logprob, std::move(top), u);
+    return id;
+}
+
+void Generator::Impl::propose_ngram(Job& job, int want) {
+    job.drafts.clear();
+    const std::vector<int32_t>& t = job.tokens;
+    const int n = static_cast<int>(t.size()), nmax = opt.ngram_max;
+    if (job.ngram_last.empty()) job.ngram_last.resize(static_cast<size_t>(nmax));
+    // Index the n-grams ending before the last token (an earlier occurrence needs a token after it).
+    for (int e = job.ngram_end; e < n - 1; ++e)
+        for (int len = 1; len <= nmax && len <= e + 1; ++len)
+            job.ngram_last[static_cast<size_t>(len - 1)][ngram_hash(&t[static_cast<size_t>(e - len + 1)], len)] = e;
+    job.ngram_end = std::max(job.ngram_end, n - 1);
+    for (int len = std::min(nmax, n); len >= opt.ngram_min; --len) {
+        const int32_t* suffix = &t[static_cast<size_t>(n - len)];
+        const auto& index = job.ngram_last[static_cast<size_t>(len - 1)];
+        const auto it = index.find(ngram_hash(suffix, len));
+        if (it == index.end()) continue;
+        const int e = it->second;
+        if (!std::equal(suffix, suffix + len, &t[static_cast<size_t>(e - len + 1)])) continue;  // a hash collision
+        // What followed then; where that runs into the present, the repeat goes on (a period of n - 1 - e tokens).
+        for (int i = e + 1; static_cast<int>(job.drafts.size()) < want; ++i)
+            job.drafts.push_back(i < n ? t[static_cast<size_t>(i)] : job.drafts[static_cast<size_t>(i - n)]);
+        return;
+    }
+}
+
+void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<int> want) {
+    const Model& dm = *opt.draft_model;
+    const int dvocab = dm.info().vocab_size, dctx = dm.info().context_length;
+    int rounds = 0;
+    for (size_t k = 0; k < jobs.size(); ++k) {
+        Job& j = *jobs[k];
+        j.drafts.clear();
+        if (want[k] <= 0) continue;
+        if (!j.draft_seq) {
+            auto seq = dm.new_sequence(std::min(j.prompt_len + j.max_new, dctx));
+            if (!seq.is_ok()) {
+                want[k] = 0;
+                continue;
+            }
+            j.draft_seq = std::move(*seq);
+        }
+        // The draft's cache then holds the job's n tokens and all proposals but the last.
+        const int n = static_cast<int>(j.tokens.size()), have = j.draft_seq->length();
+        want[k] = std::min(want[k], j.draft_seq->max_length() - n + 1);
+        for (int i = have; i < n && want[k] > 0; ++i)
+            if (j.tokens[static_cast<size_t>(i)] >= dvocab) want[k] = 0;  // a token the draft model cannot read
+        rounds = std::max(rounds, want[k]);
+    }
+    std::vector<float> logits;
+    std::vector<int32_t> picks;
+    for (int r = 0; r < rounds; ++r) {
+        std::vector<Model::BatchItem> items;
+        std::vector<size_t> who, last_row;  // last_row: the row of each item's last token among the logits
+        size_t rows = 0;
+        for (size_t k = 0; k < jobs.size(); ++k) {
+            if (want[k] <= r) continue;
+            Job& j = *jobs[k];
+            Model::BatchItem it{j.draft_seq.get(), {}, false, 0};
+            if (r == 0)
+                it.tokens.assign(j.tokens.begin() + j.draft_seq->length(), j.tokens.end());
+            else
+                it.tokens.push_back(j.drafts.back());
+            // A short catch-up (the last step's kept tokens) asks for every row's logits, so that a step of equal
+            // catch-ups is uniform (a captured graph on CUDA); a prompt's is one row (and may reuse cached pages).
+            it.all_logits = it.tokens.size() > 1 && it.tokens.size() <= static_cast<size_t>(opt.draft_tokens) + 1;
+            rows += it.all_logits ? it.tokens.size() : 1;
+            last_row.push_back(rows - 1);
+            items.push_back(std::move(it));
+            who.push_back(k);
+        }
+        if (items.empty()) break;
+        Status fs;
+#ifdef EXL3_HAVE_CUDA
+        if (dm.on_cuda()) {
+            Model::DeviceLogits dl;
+            const auto t0 = std::chrono::steady_clock::now();
+            fs = dm.forward_batch_device(items, &dl);
+            const auto t1 = std::chrono::steady_clock::now();
+            if (fs.is_ok()) fs = draft_argmax_on_device(dl, &picks);
+            if (timing.on) {
+                const int i = r == 0 ? 0 : 1;
+                timing.draft_enqueue[i] += std::chrono::duration<double>(t1 - t0).count();
+                timing.draft_wait[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+                ++timing.draft_rounds[i];
+            }
+        } else
+#endif
+        {
+            fs = dm.forward_batch(items, &logits);
+            picks.clear();
+            for (size_t i = 0; fs.is_ok() && i < rows; ++i) {
+                const float* row = logits.data() + i * static_cast<size_t>(dvocab);
+                picks.push_back(static_cast<int32_t>(std::max_element(row, row + dvocab) - row));
+            }
+        }
+        if (!fs.is_ok()) break;  // e.g. the draft's cache is full: fewer proposals
+        for (size_t i = 0; i < who.size(); ++i) {
+            const int32_t best = picks[last_row[i]];
+            if (best >= vocab) {  // not a token of the main model: no more proposals for this job
+                want[who[i]] = r;
+                continue;
+            }
+            jobs[who[i]]->drafts.push_back(best);
+        }
+    }
 }
 
 #ifdef EXL3_HAVE_CUDA
-Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const std::vector<Job*>& jobs,
+Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const std::vector<RowRef>& refs,
                                          std::vector<cuda::DeviceSampler::Result>* out) {
     auto cuda_status = [](cudaError_t e, const char* what) {
         return e == cudaSuccess ? Status::ok()
@@ -245,15 +418,17 @@ Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const st
     EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
     if (!dev_sampler) {
         dev_sampler = std::make_unique<cuda::DeviceSampler>();
-        EXL3_RETURN_IF_ERROR(cuda_status(dev_sampler->init(opt.max_active_jobs, dl.vocab), "workspace"));
+        const int max_rows = opt.max_active_jobs * (1 + opt.draft_tokens);
+        EXL3_RETURN_IF_ERROR(cuda_status(dev_sampler->init(max_rows, dl.vocab), "workspace"));
     }
-    std::vector<cuda::DeviceSampler::Row> rows(jobs.size());
+    std::vector<cuda::DeviceSampler::Row> rows(refs.size());
     bool logprobs = false;
-    for (size_t k = 0; k < jobs.size(); ++k) {
+    for (size_t k = 0; k < refs.size(); ++k) {
         cuda::SamplerRowParams& p = rows[k].params;
         p.temperature = 0.0f;  // rows no job samples from (mid-prompt chunks): cheap greedy, result unused
-        if (!jobs[k]) continue;
-        const Job& j = *jobs[k];
+        if (!refs[k].job) continue;
+        Job& j = *refs[k].job;
+        const int ahead = refs[k].ahead;
         const SamplerSettings& st = j.sampler->settings();
         p.temperature = st.temperature;
         p.top_k = st.top_k;
@@ -264,13 +439,39 @@ Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const st
         p.xtc_probability = st.xtc_probability;
         p.top_n = std::max(0, j.req.logprobs);
         p.seed = st.seed;
-        p.step = static_cast<uint64_t>(j.generated);
+        p.step = static_cast<uint64_t>(j.generated + ahead);
         logprobs |= j.req.logprobs >= 0;
+        // A row past a proposal sees it in its history (the row is used only if the proposal is kept).
+        j.tokens.insert(j.tokens.end(), j.drafts.begin(), j.drafts.begin() + ahead);
         for (const LogitEdit& e : j.sampler->edits(dl.vocab, j.tokens))
             rows[k].edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban ? 1 : 0});
+        j.tokens.resize(j.tokens.size() - static_cast<size_t>(ahead));
     }
     return cuda_status(dev_sampler->sample(dl.data, dl.vocab, rows, logprobs, out, static_cast<cudaStream_t>(dl.stream)),
                        "sample");
+}
+#endif
+
+#ifdef EXL3_HAVE_CUDA
+Status Generator::Impl::draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out) {
+    auto cuda_status = [](cudaError_t e, const char* what) {
+        return e == cudaSuccess
+                   ? Status::ok()
+                   : internal_error(fmt::format("draft model's argmax: {}: {}", what, cudaGetErrorString(e)));
+    };
+    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
+    if (!draft_sampler) {
+        draft_sampler = std::make_unique<cuda::DeviceSampler>();
+        const int max_rows = opt.max_active_jobs * (1 + opt.draft_tokens);
+        EXL3_RETURN_IF_ERROR(cuda_status(draft_sampler->init(max_rows, dl.vocab), "workspace"));
+    }
+    const auto st = static_cast<cudaStream_t>(dl.stream);
+    EXL3_RETURN_IF_ERROR(cuda_status(draft_sampler->enqueue_greedy(dl.data, dl.vocab, dl.rows, st), "argmax"));
+    out->resize(static_cast<size_t>(dl.rows));
+    EXL3_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(out->data(), draft_sampler->device_tokens(),
+                                                     out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
+                                     "ids download"));
+    return cuda_status(cudaStreamSynchronize(st), "sync");
 }
 #endif
 
@@ -318,6 +519,12 @@ Result<std::unique_ptr<Generator>> Generator::create(const Model& model, std::sh
         return invalid_argument(fmt::format("max_batch_tokens ({}) must exceed max_active_jobs ({}) so that every "
                                             "running job decodes each step and prompts still progress",
                                             o.max_batch_tokens, o.max_active_jobs));
+    if (o.draft_tokens < 0 || o.draft_tokens > kMaxDraftTokens)
+        return invalid_argument(
+            fmt::format("draft_tokens must be in [0, {}], got {}", kMaxDraftTokens, o.draft_tokens));
+    if (o.ngram_min < 1 || o.ngram_max < o.ngram_min || o.ngram_max > kMaxNgram)
+        return invalid_argument(fmt::format("n-gram proposals need 1 <= ngram_min <= ngram_max <= {}, got {} and {}",
+                                            kMaxNgram, o.ngram_min, o.ngram_max));
 #ifndef EXL3_HAVE_TOKENIZER
     if (tokenizer) return unsupported("this build has no tokenizer support: create the Generator without one");
 #endif
@@ -403,31 +610,93 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
     g.admit(updates);
     if (g.active.empty()) return Status::ok();
 
-    // The batch: every decoding job's last token first (latency), then prompt chunks in admission order while the
-    // token budget lasts.
+    // Speculative decoding: proposals for the decoding jobs first, since they take part of the step's token budget
+    // (every decoding job's own token first, then proposals, then prompt chunks; proposals leave prompts at least
+    // half of what the decoding jobs' own tokens leave).
+    using Clock = std::chrono::steady_clock;
+    const auto t_start = Clock::now();
+    auto lap = [&](Clock::time_point& t) {
+        const auto now = Clock::now();
+        const double d = std::chrono::duration<double>(now - t).count();
+        t = now;
+        return d;
+    };
+    auto t_mark = t_start;
+    std::vector<Job*> decoding;
+    bool prompting = false;
+    for (auto& j : g.active) {
+        j->drafts.clear();
+        if (j->prefilled < j->prompt_len)
+            prompting = true;
+        else
+            decoding.push_back(j.get());
+    }
+    if (g.opt.draft_tokens > 0 && !decoding.empty()) {
+        int spare = g.opt.max_batch_tokens - static_cast<int>(decoding.size());
+        if (prompting) spare /= 2;
+        std::vector<int> want(decoding.size(), 0);
+        for (size_t k = 0; k < decoding.size(); ++k) {
+            const Job& j = *decoding[k];
+            want[k] = std::clamp(std::min(g.opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
+            spare -= want[k];
+        }
+        if (g.opt.draft_model) {
+            g.propose_draft(decoding, want);
+        } else {
+            for (size_t k = 0; k < decoding.size(); ++k)
+                if (want[k] > 0) g.propose_ngram(*decoding[k], want[k]);
+        }
+        // On CUDA a step whose sequences all bring the same number of tokens replays a captured graph: without
+        // prompts in the step, every job's proposals are padded to the most any job has (with its last token; a
+        // filler is a proposal like any other, kept only if drawn).
+        if (g.model.on_cuda() && !prompting) {
+            size_t most = 0;
+            for (const Job* j : decoding) most = std::max(most, j->drafts.size());
+            for (size_t k = 0; k < decoding.size(); ++k) {
+                Job& j = *decoding[k];
+                while (j.drafts.size() < std::min(most, static_cast<size_t>(want[k])))
+                    j.drafts.push_back(j.drafts.empty() ? j.next_input : j.drafts.back());
+            }
+        }
+    }
+
+    // The batch: every decoding job's last token (and its proposals) first (latency), then prompt chunks in
+    // admission order while the token budget lasts.
     struct Slot {
         Job* job;
         int prefill;  // prompt tokens in this item; 0 for decode
+        int drafts;   // proposals scored after the job's own token
     };
     std::vector<Model::BatchItem> items;
     std::vector<Slot> slots;
-    int budget = g.opt.max_batch_tokens;
-    for (auto& j : g.active) {
-        if (j->prefilled < j->prompt_len) continue;
-        items.push_back({j->seq.get(), {j->next_input}, false});
-        slots.push_back({j.get(), 0});
-        --budget;
-    }
-    const size_t n_decode = items.size();
-    for (auto& j : g.active) {
-        if (budget <= 0) break;
-        if (j->prefilled >= j->prompt_len) continue;
-        const int n = std::min({j->prompt_len - j->prefilled, g.opt.prefill_chunk, budget});
-        const auto first = j->tokens.begin() + j->prefilled;
-        items.push_back({j->seq.get(), std::vector<int32_t>(first, first + n), false});
-        slots.push_back({j.get(), n});
-        budget -= n;
-    }
+    auto build = [&](bool with_drafts) {
+        items.clear();
+        slots.clear();
+        int budget = g.opt.max_batch_tokens;
+        for (Job* j : decoding) {
+            Model::BatchItem it{j->seq.get(), {j->next_input}, false, 0};
+            const int nd = with_drafts ? static_cast<int>(j->drafts.size()) : 0;
+            if (nd > 0) {
+                it.tokens.insert(it.tokens.end(), j->drafts.begin(), j->drafts.end());
+                it.all_logits = true;
+                it.tentative = nd;
+            }
+            items.push_back(std::move(it));
+            slots.push_back({j, 0, nd});
+            budget -= 1 + nd;
+        }
+        for (auto& j : g.active) {
+            if (budget <= 0) break;
+            if (j->prefilled >= j->prompt_len) continue;
+            const int n = std::min({j->prompt_len - j->prefilled, g.opt.prefill_chunk, budget});
+            const auto first = j->tokens.begin() + j->prefilled;
+            items.push_back({j->seq.get(), std::vector<int32_t>(first, first + n), false, 0});
+            slots.push_back({j.get(), n, 0});
+            budget -= n;
+        }
+    };
+    build(true);
+    if (g.timing.on) g.timing.step_propose = lap(t_mark);
 
     std::vector<float> logits;
     Model::DeviceLogits dev_logits;
@@ -439,31 +708,47 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
     auto forward = [&] {
         return on_device ? g.model.forward_batch_device(items, &dev_logits) : g.model.forward_batch(items, &logits);
     };
-    Status s = forward();
     // The cache is full (the CUDA backend runs out of pages): prompts wait while running jobs go on, or, with none
-    // running, the oldest prompt goes alone. Nothing changes on failure, so a retry is safe.
-    const size_t fallback = n_decode > 0 ? n_decode : 1;
-    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && fallback < items.size()) {
-        items.resize(fallback);
-        slots.resize(fallback);
+    // running, the oldest prompt goes alone; then the proposals go. Nothing changes on failure, so a retry is safe.
+    auto prompts_wait = [&] {
+        const size_t keep = decoding.empty() ? 1 : decoding.size();
+        if (keep >= items.size()) return false;
+        items.resize(keep);
+        slots.resize(keep);
+        return true;
+    };
+    auto has_drafts = [&] {
+        return std::any_of(slots.begin(), slots.end(), [](const Slot& sl) { return sl.drafts > 0; });
+    };
+    Status s = forward();
+    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && prompts_wait()) s = forward();
+    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && has_drafts()) {
+        build(false);
+        prompts_wait();
         s = forward();
     }
-    // Which rows give a job its next token: decode rows, and the last chunk of a prompt.
-    std::vector<Job*> sampling(slots.size(), nullptr);
+    if (g.timing.on) g.timing.step_forward = lap(t_mark);
+    // The logit rows in order, and which job samples each: a decode row per token scored, the last chunk of a
+    // prompt; a mid-prompt chunk's row is not needed.
+    std::vector<RowRef> rows;
+    std::vector<size_t> row0(slots.size(), 0);
     if (s.is_ok()) {
         for (size_t k = 0; k < slots.size(); ++k) {
             Job& j = *slots[k].job;
+            row0[k] = rows.size();
             if (slots[k].prefill > 0) {
                 j.prefilled += slots[k].prefill;
-                if (j.prefilled < j.prompt_len) continue;  // mid-prompt: the row is not needed
+                rows.push_back({j.prefilled < j.prompt_len ? nullptr : &j, 0});
+                continue;
             }
-            sampling[k] = &j;
+            for (int i = 0; i <= slots[k].drafts; ++i) rows.push_back({&j, i});
         }
     }
 #ifdef EXL3_HAVE_CUDA
     std::vector<cuda::DeviceSampler::Result> picked;
-    if (s.is_ok() && on_device) s = g.sample_on_device(dev_logits, sampling, &picked);
+    if (s.is_ok() && on_device) s = g.sample_on_device(dev_logits, rows, &picked);
 #endif
+    if (g.timing.on) g.timing.step_sample = lap(t_mark);
     if (!s.is_ok()) {
         std::unordered_set<Job*> failed;
         if (s.code() == StatusCode::kOutOfRange) {
@@ -488,23 +773,53 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
 
     const size_t row_size = static_cast<size_t>(g.vocab);
     for (size_t k = 0; k < slots.size(); ++k) {
-        if (!sampling[k]) continue;
-        Job& j = *sampling[k];
+        if (!rows[row0[k]].job) continue;
+        Job& j = *slots[k].job;
+        const int nd = slots[k].drafts;
         JobUpdate u;
+        // Row by row while the draws keep the proposals; the first draw that differs (or the row after the last
+        // proposal) is the step's last token.
+        int kept = 0;
+        for (int i = 0; i <= nd; ++i) {
+            const size_t r = row0[k] + static_cast<size_t>(i);
+            int32_t id = -1;
 #ifdef EXL3_HAVE_CUDA
-        if (on_device) {
-            auto& r = picked[k];
-            std::vector<TokenLogprob> top;
-            for (size_t t = 0; t < r.top_ids.size(); ++t) top.push_back({r.top_ids[t], r.top_logprobs[t]});
-            g.accept_token(j, r.token, r.logprob, std::move(top), u);
-            updates->push_back(std::move(u));
-            continue;
-        }
+            if (on_device) {
+                auto& pr = picked[r];
+                std::vector<TokenLogprob> top;
+                for (size_t t = 0; t < pr.top_ids.size(); ++t) top.push_back({pr.top_ids[t], pr.top_logprobs[t]});
+                id = pr.token;
+                g.accept_token(j, id, pr.logprob, std::move(top), u);
+            }
 #endif
-        g.sample_row(j, logits.data() + k * row_size, u);
+            if (!on_device) id = g.sample_row(j, logits.data() + r * row_size, u);
+            if (!j.seq || i == nd || id != j.drafts[static_cast<size_t>(i)]) break;  // ended, or the proposal lost
+            ++kept;
+        }
+        if (nd > 0) {
+            j.drafted += nd;
+            j.accepted += kept;
+            u.draft_tokens = j.drafted;
+            u.accepted_tokens = j.accepted;
+        }
+        // Only the kept tokens stay in the caches (the last draw is the next step's input).
+        const int keep = static_cast<int>(j.tokens.size()) - 1;
+        Status ts;
+        if (j.seq && j.seq->length() > keep) ts = g.model.truncate(*j.seq, keep);
+        if (ts.is_ok() && j.draft_seq && j.draft_seq->length() > keep)
+            ts = g.opt.draft_model->truncate(*j.draft_seq, keep);
+        if (!ts.is_ok() && j.seq) g.finish(j, u, FinishReason::kError, ts.with_context("dropping rejected proposals"));
         updates->push_back(std::move(u));
     }
     std::erase_if(g.active, [](const std::unique_ptr<Job>& j) { return j->seq == nullptr; });
+    if (g.timing.on && !prompting) {
+        ++g.timing.steps;
+        for (const auto& u : *updates) g.timing.tokens += static_cast<int64_t>(u.tokens.size());
+        g.timing.propose += g.timing.step_propose;
+        g.timing.forward += g.timing.step_forward;
+        g.timing.sample += g.timing.step_sample;
+        g.timing.total += std::chrono::duration<double>(Clock::now() - t_start).count();
+    }
     return Status::ok();
 }
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 
 #include "cuda_test_util.h"
@@ -220,6 +221,173 @@ TEST(GeneratorCuda, SeededDeviceSamplingReproducible) {
     for (size_t i = 0; i < reqs.size(); ++i) differ += a[i].ids != c[i].ids;
     EXPECT_GT(differ, 0) << "another seed should change some sampled tokens";
     expect_all_pages_back(*m);
+}
+
+// Speculative decoding on CUDA. Prompts that repeat themselves (n-gram lookup has something to propose) and random
+// ones; max 40 new tokens; the outcome of each job.
+struct SpecOutput {
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    std::vector<std::vector<TokenLogprob>> top;
+    int drafted = 0, accepted = 0;
+};
+
+std::vector<GenerationRequest> spec_requests(int vocab, const SamplerSettings& s) {
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+        GenerationRequest r;
+        const auto unit = tokens(3 + i, 300 + static_cast<uint32_t>(i), vocab);
+        for (int t = 0; t < 20 + 23 * i; ++t)
+            r.prompt_ids.push_back(i % 2 ? unit[static_cast<size_t>(t) % unit.size()]
+                                         : tokens(1, 400 + t * 7 + i, vocab)[0]);
+        r.max_new_tokens = 40;
+        r.ignore_eos = true;
+        r.sampling = s;
+        r.logprobs = 2;
+        reqs.push_back(std::move(r));
+    }
+    return reqs;
+}
+
+std::vector<SpecOutput> run_spec(const Model& m, const std::vector<GenerationRequest>& reqs, const Model* draft,
+                                 int draft_tokens, bool device_sampling = true, int max_jobs = 8) {
+    GeneratorOptions o;
+    o.device_sampling = device_sampling;
+    o.max_active_jobs = max_jobs;
+    o.draft_tokens = draft_tokens;
+    o.draft_model = draft;
+    auto g = Generator::create(m, nullptr, o);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    std::vector<uint64_t> ids;
+    for (const auto& r : reqs) ids.push_back(*(*g)->submit(r));
+    std::map<uint64_t, SpecOutput> out;
+    const Status s = (*g)->run_until_idle([&](const JobUpdate& u) {
+        SpecOutput& o = out[u.job];
+        o.ids.insert(o.ids.end(), u.tokens.begin(), u.tokens.end());
+        o.logprobs.insert(o.logprobs.end(), u.logprobs.begin(), u.logprobs.end());
+        o.top.insert(o.top.end(), u.top_logprobs.begin(), u.top_logprobs.end());
+        o.drafted = std::max(o.drafted, u.draft_tokens);
+        o.accepted = std::max(o.accepted, u.accepted_tokens);
+        if (u.finish != FinishReason::kNone) {
+            EXPECT_EQ(u.finish, FinishReason::kLength) << u.error.to_string();
+        }
+    });
+    EXPECT_TRUE(s.is_ok()) << s.to_string();
+    std::vector<SpecOutput> v;
+    for (uint64_t id : ids) v.push_back(out[id]);
+    return v;
+}
+
+// Speculative greedy against plain greedy: a step that checks proposals runs several rows of a sequence at once
+// (other GEMM shapes, the prefill attention kernel), so the logits may differ from plain decoding's in the last
+// bits and the tokens at a near-tie, as in BatchedGreedyEqualsAloneUpToNearTies: equal, or at the first difference
+// both picks among plain decoding's top 2 with a logprob gap below 0.05.
+void expect_spec_greedy_equals_plain(const Model& m, const Model* draft, const char* what) {
+    const auto reqs = spec_requests(m.info().vocab_size, SamplerSettings{});
+    const auto plain = run_spec(m, reqs, nullptr, 0), spec = run_spec(m, reqs, draft, 4);
+    int same = 0, drafted = 0, accepted = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        const auto& a = spec[i].ids;
+        const auto& b = plain[i].ids;
+        ASSERT_EQ(a.size(), b.size()) << what << " job " << i;
+        ASSERT_EQ(spec[i].logprobs.size(), a.size());
+        drafted += spec[i].drafted;
+        accepted += spec[i].accepted;
+        size_t t = 0;
+        while (t < a.size() && a[t] == b[t]) ++t;
+        if (t == a.size()) {
+            ++same;
+            continue;
+        }
+        const auto& top = plain[i].top[t];
+        const float gap = top[0].logprob - top[1].logprob;
+        std::printf("  %s job %zu: speculative and plain differ first at token %zu: %d vs %d, logprob gap %.2e\n", what,
+                    i, t, a[t], b[t], gap);
+        EXPECT_TRUE(top[0].id == b[t] && top[1].id == a[t]) << what << " job " << i << " token " << t;
+        EXPECT_LT(gap, 0.05f) << what << " job " << i << " token " << t;
+    }
+    std::printf("  %s: %d of %zu jobs identical to plain greedy; %d tokens proposed, %d kept\n", what, same,
+                reqs.size(), drafted, accepted);
+    EXPECT_GT(accepted, 0) << what;
+    expect_all_pages_back(m);
+    if (draft) expect_all_pages_back(*draft);
+}
+
+// The models of ../shared that are there: tiny-target in bf16 and as the reference implementation's EXL3 file.
+std::vector<std::pair<std::string, std::string>> spec_models() {
+    std::vector<std::pair<std::string, std::string>> v;
+    const std::string shared = test::shared_dir();
+    for (const char* name : {"tiny-target-exl3-4.0bpw", "tiny-target"})
+        if (!shared.empty() && test::path_exists(shared + "/models/" + name))
+            v.emplace_back(name, shared + "/models/" + name);
+    return v;
+}
+
+TEST(GeneratorCuda, SpeculativeGreedyEqualsPlainUpToNearTies) {
+    EXL3_REQUIRE_GPU();
+    const auto models = spec_models();
+    if (models.empty()) GTEST_SKIP() << "needs ../shared/models/tiny-target(-exl3-4.0bpw)";
+    auto draft = load_cuda(test::repo_path("tests/models/tiny-draft"));
+    ASSERT_TRUE(draft);
+    for (const auto& [name, dir] : models) {
+        auto m = load_cuda(dir);
+        ASSERT_TRUE(m);
+        expect_spec_greedy_equals_plain(*m, nullptr, (name + ", n-gram").c_str());
+        expect_spec_greedy_equals_plain(*m, draft.get(), (name + ", draft model").c_str());
+    }
+}
+
+// The proposals' rows sampled on the GPU (each row's history holds the proposals before it; its draw is the job's
+// draw number generated + proposals before it) give host sampling's tokens, penalties and DRY included: both runs
+// compute the same logits, so the tokens must be identical.
+TEST(GeneratorCuda, SpeculativeDeviceSamplingMatchesHost) {
+    EXL3_REQUIRE_GPU();
+    const auto models = spec_models();
+    if (models.empty()) GTEST_SKIP() << "needs ../shared/models/tiny-target(-exl3-4.0bpw)";
+    auto m = load_cuda(models[0].second);
+    ASSERT_TRUE(m);
+    SamplerSettings pen;
+    pen.repetition_penalty = 1.2f;
+    pen.frequency_penalty = 0.1f;
+    pen.dry_multiplier = 0.5f;
+    pen.dry_sequence_breakers.clear();
+    const auto reqs = spec_requests(m->info().vocab_size, pen);
+    const auto dev = run_spec(*m, reqs, nullptr, 4, true), host = run_spec(*m, reqs, nullptr, 4, false);
+    double max_lp = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        EXPECT_EQ(dev[i].ids, host[i].ids) << "job " << i;
+        EXPECT_EQ(dev[i].accepted, host[i].accepted) << "job " << i;
+        ASSERT_EQ(dev[i].logprobs.size(), host[i].logprobs.size());
+        for (size_t t = 0; t < dev[i].logprobs.size(); ++t)
+            max_lp = std::max(max_lp, std::fabs(static_cast<double>(dev[i].logprobs[t] - host[i].logprobs[t])));
+    }
+    std::printf("  speculative + penalties and DRY: GPU and host sampling identical, max |logprob diff| %.2e\n",
+                max_lp);
+    EXPECT_LT(max_lp, 1e-4);
+    expect_all_pages_back(*m);
+}
+
+// A speculative step (the same tokens for every sequence) replays a graph captured for its shape: its tokens and
+// logprobs equal the same steps run eagerly (EXL3_NO_GRAPHS=1 at load), bit for bit.
+TEST(GeneratorCuda, SpeculativeStepGraphsEqualEagerSteps) {
+    EXL3_REQUIRE_GPU();
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    auto graphs = load_cuda(dir);
+    ::setenv("EXL3_NO_GRAPHS", "1", 1);
+    auto eager = load_cuda(dir);
+    ::unsetenv("EXL3_NO_GRAPHS");
+    ASSERT_TRUE(graphs && eager);
+    for (int jobs : {1, 3}) {
+        auto reqs = spec_requests(graphs->info().vocab_size, SamplerSettings{});
+        reqs.resize(static_cast<size_t>(jobs));
+        const auto a = run_spec(*graphs, reqs, nullptr, 3, true, jobs),
+                   b = run_spec(*eager, reqs, nullptr, 3, true, jobs);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+            EXPECT_EQ(a[i].ids, b[i].ids) << jobs << " jobs, job " << i;
+            EXPECT_EQ(a[i].logprobs, b[i].logprobs) << jobs << " jobs, job " << i;
+            EXPECT_GT(a[i].drafted, 0);
+        }
+    }
 }
 
 }  // namespace

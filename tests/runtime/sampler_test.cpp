@@ -72,7 +72,9 @@ void expect_distribution(const SamplerSettings& s, const std::vector<double>& ex
     for (size_t i = 0; i < expected.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-6) << "token " << i;
     int df = 0;
     const double chi = chi_square(s, expected, 20000, &df);
-    if (df >= 1) EXPECT_LT(chi, critical(df)) << "df " << df;
+    if (df >= 1) {
+        EXPECT_LT(chi, critical(df)) << "df " << df;
+    }
 }
 
 TEST(Sampler, TemperatureMatchesSoftmax) {
