@@ -315,6 +315,7 @@ py::dict cache_stats_dict(const CacheStats& c) {
 struct PyGenerator {
     std::shared_ptr<PyModel> model;  // kept alive while the generator lives
     std::shared_ptr<PyTokenizer> tokenizer;
+    std::shared_ptr<PyModel> draft;  // speculative decoding's draft model, when one is given
     std::unique_ptr<Generator> gen;
 };
 
@@ -577,6 +578,8 @@ PYBIND11_MODULE(_exl3, m) {
         .def_readonly("prompt_tokens", &JobUpdate::prompt_tokens)
         .def_readonly("cached_tokens", &JobUpdate::cached_tokens)
         .def_readonly("generated_tokens", &JobUpdate::generated_tokens)
+        .def_readonly("draft_tokens", &JobUpdate::draft_tokens, "speculative decoding: tokens proposed so far")
+        .def_readonly("accepted_tokens", &JobUpdate::accepted_tokens, "speculative decoding: proposals kept so far")
         .def("__repr__", [](const JobUpdate& u) {
             return "<exl3.JobUpdate job=" + std::to_string(u.job) + " tokens=" + std::to_string(u.tokens.size()) +
                    (u.finish == FinishReason::kNone ? std::string()
@@ -586,7 +589,8 @@ PYBIND11_MODULE(_exl3, m) {
 
     py::class_<PyGenerator, std::shared_ptr<PyGenerator>>(m, "_Generator")
         .def(py::init([](std::shared_ptr<PyModel> model, std::shared_ptr<PyTokenizer> tokenizer, int max_batch_tokens,
-                         int prefill_chunk, int max_active_jobs, bool cap_to_context, bool device_sampling) {
+                         int prefill_chunk, int max_active_jobs, bool cap_to_context, bool device_sampling,
+                         std::shared_ptr<PyModel> draft_model, int draft_tokens, int ngram_min, int ngram_max) {
                  if (!model) throw py::type_error("exl3: Generator needs a Model");
                  GeneratorOptions o;
                  o.max_batch_tokens = max_batch_tokens;
@@ -594,15 +598,21 @@ PYBIND11_MODULE(_exl3, m) {
                  o.max_active_jobs = max_active_jobs;
                  o.cap_to_context = cap_to_context;
                  o.device_sampling = device_sampling;
+                 o.draft_tokens = draft_tokens;
+                 o.draft_model = draft_model ? &draft_model->get() : nullptr;
+                 o.ngram_min = ngram_min;
+                 o.ngram_max = ngram_max;
                  auto g = std::make_shared<PyGenerator>();
                  g->model = std::move(model);
                  g->tokenizer = std::move(tokenizer);
+                 g->draft = std::move(draft_model);
                  g->gen = take(Generator::create(g->model->get(), g->tokenizer ? g->tokenizer->tok : nullptr, o));
                  return g;
              }),
              py::arg("model"), py::arg("tokenizer") = py::none(), py::kw_only(), py::arg("max_batch_tokens") = 256,
              py::arg("prefill_chunk") = 128, py::arg("max_active_jobs") = 32, py::arg("cap_to_context") = true,
-             py::arg("device_sampling") = true)
+             py::arg("device_sampling") = true, py::arg("draft_model") = py::none(), py::arg("draft_tokens") = 0,
+             py::arg("ngram_min") = 1, py::arg("ngram_max") = 3)
         .def(
             "submit",
             [](PyGenerator& g, py::handle prompt, const py::kwargs& kw) {

@@ -93,6 +93,8 @@ class Completion:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     generated_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: tokens proposed
+    accepted_tokens: int = 0  # and of them, kept
     logprobs: list = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
 
@@ -106,6 +108,11 @@ class Generator:
     typical_p, repetition_penalty, presence_penalty, frequency_penalty, penalty_window, dry_multiplier, dry_base,
     dry_allowed_length, dry_penalty_window, dry_sequence_breakers, xtc_threshold, xtc_probability, logit_bias
     ({token: bias}), banned_tokens, seed.
+
+    Speculative decoding: draft_tokens > 0 proposes that many tokens a step for every decoding job -- from
+    draft_model (a smaller Model with the same tokenizer, greedy) or, without one, from the job's own text (n-gram
+    lookup of its last ngram_max..ngram_min tokens) -- and keeps those the model's own sampler draws. Outputs are
+    plain decoding's; a step yields up to draft_tokens + 1 tokens.
     """
 
     def __init__(
@@ -118,9 +125,14 @@ class Generator:
         max_active_jobs: int = 32,
         cap_to_context: bool = True,
         device_sampling: bool = True,
+        draft_model: Optional[Model] = None,
+        draft_tokens: int = 0,
+        ngram_min: int = 1,
+        ngram_max: int = 3,
     ):
         self.model = model
         self.tokenizer = tokenizer
+        self.draft_model = draft_model
         self._g = _exl3._Generator(
             model,
             tokenizer,
@@ -129,6 +141,10 @@ class Generator:
             max_active_jobs=max_active_jobs,
             cap_to_context=cap_to_context,
             device_sampling=device_sampling,
+            draft_model=draft_model,
+            draft_tokens=draft_tokens,
+            ngram_min=ngram_min,
+            ngram_max=ngram_max,
         )
         self._held: list = []  # updates stepped while waiting on other jobs, for the next step()
 
@@ -206,6 +222,8 @@ class Generator:
                 c.prompt_tokens = u.prompt_tokens
                 c.cached_tokens = u.cached_tokens
                 c.generated_tokens = u.generated_tokens
+                c.draft_tokens = u.draft_tokens
+                c.accepted_tokens = u.accepted_tokens
                 if u.finish_reason is not None:
                     c.finish_reason = u.finish_reason
                     if u.finish_reason == "error":

@@ -32,6 +32,7 @@ struct Metrics {
     std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // index: status / 100
     std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, rejected_queue_full{0}, cancelled{0};
     std::atomic<uint64_t> cached_prompt_tokens{0};  // prompt tokens served from the prefix cache
+    std::atomic<uint64_t> draft_tokens{0}, accepted_tokens{0};  // speculative decoding: proposed, kept
     std::atomic<int64_t> streaming{0};
 };
 
@@ -78,6 +79,7 @@ struct Choice {
     Status error;
     int generated = 0;
     int cached = 0;  // prompt tokens its job took from the prefix cache
+    int drafted = 0, accepted = 0;  // speculative decoding's proposals for its job, and those kept
     bool role_sent = false;
     std::optional<ToolCallParser> parser;       // chat with tools: splits the reply into content and tool calls
     std::vector<ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
@@ -312,6 +314,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 if (lp) add_logprobs(u, chat, &c, &unused);
                 c.generated = u.generated_tokens;
                 c.cached = std::max(c.cached, u.cached_tokens);
+                c.drafted = std::max(c.drafted, u.draft_tokens);
+                c.accepted = std::max(c.accepted, u.accepted_tokens);
                 if (u.finish != FinishReason::kNone) {
                     c.finish = u.finish;
                     c.error = u.error;
@@ -329,6 +333,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                                      "generation_failed");
                 completion_tokens += w.choices[i].generated;
                 out_choices.push_back(choice_json(p, chat, i, w.choices[i], echo));
+                metrics.draft_tokens += static_cast<uint64_t>(w.choices[i].drafted);
+                metrics.accepted_tokens += static_cast<uint64_t>(w.choices[i].accepted);
             }
             metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
             metrics.cached_prompt_tokens += static_cast<uint64_t>(w.choices[0].cached);
@@ -432,6 +438,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                 if (p.logprobs) add_logprobs(u, chat, &c, &lp);
                 c.generated = u.generated_tokens;
                 c.cached = std::max(c.cached, u.cached_tokens);
+                c.drafted = std::max(c.drafted, u.draft_tokens);
+                c.accepted = std::max(c.accepted, u.accepted_tokens);
                 if (chat) {
                     // Deltas of this update: content, or (with tools) content and tool-call deltas in order.
                     std::vector<json> deltas;
@@ -503,7 +511,11 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
             }
             if (!more) {
                 int completion_tokens = 0;
-                for (const auto& c : st->choices) completion_tokens += c.generated;
+                for (const auto& c : st->choices) {
+                    completion_tokens += c.generated;
+                    metrics.draft_tokens += static_cast<uint64_t>(c.drafted);
+                    metrics.accepted_tokens += static_cast<uint64_t>(c.accepted);
+                }
                 metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
                 metrics.cached_prompt_tokens += static_cast<uint64_t>(st->choices[0].cached);
                 if (p.include_usage) {
@@ -691,6 +703,14 @@ void Server::Impl::setup_routes() {
         out += fmt::format("# HELP exl3_prompt_tokens_cached_total Prompt tokens taken from the prefix cache.\n"
                            "# TYPE exl3_prompt_tokens_cached_total counter\nexl3_prompt_tokens_cached_total {}\n",
                            metrics.cached_prompt_tokens.load());
+        out += fmt::format(
+            "# HELP exl3_spec_draft_tokens_total Speculative decoding: tokens proposed.\n"
+            "# TYPE exl3_spec_draft_tokens_total counter\nexl3_spec_draft_tokens_total {}\n",
+            metrics.draft_tokens.load());
+        out += fmt::format(
+            "# HELP exl3_spec_accepted_tokens_total Speculative decoding: proposals kept.\n"
+            "# TYPE exl3_spec_accepted_tokens_total counter\nexl3_spec_accepted_tokens_total {}\n",
+            metrics.accepted_tokens.load());
         out += fmt::format("# TYPE exl3_rejected_queue_full_total counter\nexl3_rejected_queue_full_total {}\n",
                            metrics.rejected_queue_full.load());
         out += fmt::format("# TYPE exl3_cancelled_total counter\nexl3_cancelled_total {}\n", metrics.cancelled.load());

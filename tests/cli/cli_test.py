@@ -120,6 +120,25 @@ class RunTest(unittest.TestCase):
         for flag in (b"--kv-bits", b"--cache-tokens", b"--batch-invariant"):
             self.assertIn(flag, out)
 
+    def test_speculative_decoding_keeps_the_text(self):
+        base = ("run", "-m", DRAFT, "-p", "The cat sat on the mat. The cat sat on the mat. The", "-n", "24",
+                "--ignore-eos", "-t", "2")
+        rc, plain, err = exl3(*base)
+        self.assertEqual(rc, 0, err)
+        rc, ngram, err = exl3(*base, "--ngram", "--draft-tokens", "3")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(ngram, plain)
+        self.assertIn("speculative decoding (n-gram):", err)
+        rc, drafted, err = exl3(*base, "--draft-model", DRAFT)  # the model as its own draft
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(drafted, plain)
+        self.assertIn("speculative decoding (draft model):", err)
+        for args, expect in ((("--ngram", "--draft-model", DRAFT), "exclude"), (("--draft-tokens", "0"), "draft-tokens"),
+                             (("--draft-model", "/nonexistent"), "draft model"), (("--ngram-min", "0"), "ngram-min")):
+            rc, _, err = exl3(*base, *args)
+            self.assertGreater(rc, 0, args)
+            self.assertIn(expect, err, args)
+
     def test_quiet_leaves_stderr_empty(self):
         rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
         self.assertEqual(rc, 0, err)
@@ -237,6 +256,20 @@ class BenchTest(unittest.TestCase):
         # The roofline: N sequences share one read of the weights, so three decode faster than one.
         self.assertGreater(j["jobs"][1]["roofline_tok_s"], j["jobs"][0]["roofline_tok_s"])
         self.assertIn("bench: 3 jobs", err)  # progress on stderr
+
+    def test_check_rows(self):
+        rc, out, err = exl3("-q", "bench", "-m", DRAFT, "-t", "2", "-p", "8", "-b", "1,2", "-c", "16", "-g", "4",
+                            "--check-rows", "1,3")
+        self.assertEqual(rc, 0, err)
+        rows = [l for l in out.decode().splitlines() if l.startswith("| 1 | 16 | 3 |") or l.startswith("| 2 | 16 | 3 |")]
+        self.assertEqual(len(rows), 2, out)
+        rc, out, err = exl3("bench", "-m", DRAFT, "-t", "2", "-p", "8", "-c", "16", "-g", "4", "--check-rows", "1,3",
+                            "--json")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual([(r["batch"], r["rows"]) for r in json.loads(out)["check"]], [(1, 3)])
+        rc, _, err = exl3("bench", "-m", DRAFT, "--check-rows", "34")
+        self.assertGreater(rc, 0)
+        self.assertIn("check-rows", err)
 
     def test_plain_table(self):
         rc, out, err = exl3("-q", *self.ARGS)

@@ -395,6 +395,36 @@ const tests = {
             }
         }
     },
+    async speculative() {
+        // A server with n-gram proposals (--ngram) and one with the model as its own draft (--draft-model): the
+        // same greedy replies as the main server, whole and streamed, and the proposals counted in /metrics.
+        const prompt = "The cat sat on the mat. The cat sat on the mat. The cat";
+        const want = await client.completions.create({ model: MODEL, prompt, max_tokens: 24, temperature: 0 });
+        for (const extra of [["--ngram"], ["--draft-model", modelDir, "--draft-tokens", "3"]]) {
+            const s = await start(extra);
+            extraServers.add(s.proc);
+            s.proc.on("exit", (code) => fail(`the ${extra[0]} server died (exit ${code})`));
+            try {
+                const c = new OpenAI({ apiKey: KEY, baseURL: s.base + "/v1", maxRetries: 0, timeout: 30_000 });
+                const r = await c.completions.create({ model: MODEL, prompt, max_tokens: 24, temperature: 0 });
+                assert.equal(r.choices[0].text, want.choices[0].text, extra[0]);
+                assert.equal(r.usage.completion_tokens, want.usage.completion_tokens);
+                let text = "";
+                const stream = await c.completions.create({ model: MODEL, prompt, max_tokens: 24, temperature: 0,
+                                                            stream: true });
+                for await (const chunk of stream) text += chunk.choices[0]?.text ?? "";
+                assert.equal(text, want.choices[0].text, `${extra[0]}, streamed`);
+                const m = await raw("GET", "/metrics", undefined, { at: s.base });
+                const drafted = Number((m.text.match(/exl3_spec_draft_tokens_total (\d+)/) || [])[1]);
+                const kept = Number((m.text.match(/exl3_spec_accepted_tokens_total (\d+)/) || [])[1]);
+                assert.ok(drafted > 0 && kept > 0 && kept <= drafted, `${extra[0]}: ${kept} of ${drafted} kept`);
+            } finally {
+                const code = await stop(s.proc);
+                extraServers.delete(s.proc);
+                assert.equal(code, 0, `the ${extra[0]} server exited with ${code}`);
+            }
+        }
+    },
     async disconnectWhole() {
         // A non-streaming request whose client goes away: the server notices at a write of its body (it sends
         // whitespace while the jobs run) and cancels the jobs.

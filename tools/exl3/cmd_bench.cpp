@@ -54,6 +54,9 @@ struct BenchOptions {
     std::string contexts = "128";  // tokens already in each sequence's cache when decode is timed
     int gen = 64;
     int reps = 3;
+    // Speculative decoding's check step: R tokens a sequence with every row's logits, then R - 1 dropped again
+    // (Model::truncate), timed like a decode step for each R of this list; empty: off.
+    std::string check_rows;
     int threads = 0;
     KvBitsFlags kv_bits;
     bool json = false;
@@ -423,12 +426,16 @@ int bench(const BenchOptions& o) {
     auto prompts = int_list(o.prompts, "--prompt");
     auto batches = int_list(o.batches, "--batch");
     auto contexts = int_list(o.contexts, "--context");
-    for (auto* r : {&prompts, &batches, &contexts})
+    auto check_rows = int_list(o.check_rows.empty() ? "1" : o.check_rows, "--check-rows");
+    for (auto* r : {&prompts, &batches, &contexts, &check_rows})
         if (!r->is_ok()) return fail("bench", r->status().message());
+    const int max_rows = *std::max_element(check_rows->begin(), check_rows->end());
+    if (max_rows > 33) return fail("bench", "--check-rows: at most 33 tokens a sequence (1 + 32 proposals)");
     if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
     const bool gpu = o.device != "cpu";
-    const int64_t max_ctx = std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
-                                              int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen);
+    const int64_t max_ctx =
+        std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
+                          int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen + max_rows);
     const int max_batch = *std::max_element(batches->begin(), batches->end());
     if ((max_ctx + 64) * max_batch > std::numeric_limits<int>::max())
         return fail("bench", "--batch x (--context + --gen) is too large for one KV cache");
@@ -491,12 +498,15 @@ int bench(const BenchOptions& o) {
         out["prefill"].push_back(row);
     }
 
-    for (int C : *contexts) {
+    std::vector<std::pair<int, int>> cases;  // (R, C): the plain decode step (R = 1), then the check steps
+    for (int R : *check_rows)
+        for (int C : *contexts) cases.emplace_back(R, C);
+    for (const auto& [R, C] : cases) {
         for (int B : *batches) {
             std::vector<std::unique_ptr<Sequence>> seqs;
             std::vector<float> logits;
             for (int b = 0; b < B; ++b) {
-                auto seq = m.new_sequence(C + o.gen);
+                auto seq = m.new_sequence(C + o.gen + R);
                 if (!seq.is_ok()) return fail("bench", seq.status().to_string());
                 seqs.push_back(std::move(*seq));
                 for (int done = 0; done < C;) {  // prefill in chunks to bound scratch memory
@@ -507,14 +517,18 @@ int bench(const BenchOptions& o) {
                 }
             }
             std::vector<Model::BatchItem> items(static_cast<size_t>(B));
-            for (int b = 0; b < B; ++b) items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
+            for (int b = 0; b < B; ++b) {
+                items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
+                items[static_cast<size_t>(b)].all_logits = R > 1;
+                items[static_cast<size_t>(b)].tentative = R - 1;
+            }
             // A decode step as the generator runs it: on CUDA the logits stay on the GPU and each row is sampled
             // there (greedy; the token ids come back); on the CPU the logits are the host's.
 #ifdef EXL3_HAVE_CUDA
             cuda::DeviceSampler sampler;
-            std::vector<cuda::DeviceSampler::Row> rows(static_cast<size_t>(B));
+            std::vector<cuda::DeviceSampler::Row> rows(static_cast<size_t>(B) * R);
             std::vector<cuda::DeviceSampler::Result> picked;
-            if (m.on_cuda() && sampler.init(B, info.vocab_size) != cudaSuccess)
+            if (m.on_cuda() && sampler.init(B * R, info.vocab_size) != cudaSuccess)
                 return fail("bench", "GPU sampler workspace");
 #endif
             double host_enqueue_s = 0;  // the host's time in forward_batch_device (plan, uploads, graph launch)
@@ -526,8 +540,17 @@ int bench(const BenchOptions& o) {
                 return e && e[0] == '1';
             }();
             void* last_stream = nullptr;
+            // (R > 1: the rows of a check step, then the sequences back to one new token each.)
+            auto drop = [&]() -> Status {
+                for (auto& it : items)
+                    if (R > 1) EXL3_RETURN_IF_ERROR(m.truncate(*it.seq, it.seq->length() - (R - 1)));
+                return Status::ok();
+            };
             auto step = [&]() -> Status {
-                for (auto& it : items) it.tokens.assign(1, tok(rng));
+                for (auto& it : items) {
+                    it.tokens.clear();
+                    for (int r = 0; r < R; ++r) it.tokens.push_back(tok(rng));
+                }
 #ifdef EXL3_HAVE_CUDA
                 if (m.on_cuda()) {
                     Model::DeviceLogits dl;
@@ -536,13 +559,15 @@ int bench(const BenchOptions& o) {
                     host_enqueue_s += seconds_since(h0);
                     last_stream = dl.stream;
                     const cudaError_t e =
-                        nosync ? sampler.enqueue_greedy(dl.data, dl.vocab, B, static_cast<cudaStream_t>(dl.stream))
+                        nosync ? sampler.enqueue_greedy(dl.data, dl.vocab, B * R, static_cast<cudaStream_t>(dl.stream))
                                : sampler.sample(dl.data, dl.vocab, rows, false, &picked,
                                                 static_cast<cudaStream_t>(dl.stream));
-                    return e == cudaSuccess ? Status::ok() : internal_error(cudaGetErrorString(e));
+                    if (e != cudaSuccess) return internal_error(cudaGetErrorString(e));
+                    return drop();
                 }
 #endif
-                return m.forward_batch(items, &logits);
+                EXL3_RETURN_IF_ERROR(m.forward_batch(items, &logits));
+                return drop();
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
 #ifdef EXL3_HAVE_CUDA
@@ -590,6 +615,10 @@ int bench(const BenchOptions& o) {
                 return fail("bench", "step trace: could not write");
 #endif
             const double avg_ctx = C + o.gen / 2.0;
+            if (R > 1) {
+                out["check"].push_back({{"batch", B}, {"context", C}, {"rows", R}, {"ms_per_step", per_step * 1e3}});
+                continue;
+            }
             out["decode"].push_back({{"batch", B},
                                      {"context", C},
                                      {"ms_per_step", per_step * 1e3},
@@ -630,6 +659,22 @@ int bench(const BenchOptions& o) {
         std::printf("| %d | %d | %.3f | %.1f | %.1f | %.0f %% |\n", r["batch"].get<int>(), r["context"].get<int>(),
                     r["ms_per_step"].get<double>(), r["tok_s"].get<double>(), r["roofline_tok_s"].get<double>(),
                     100.0 * r["tok_s"].get<double>() / r["roofline_tok_s"].get<double>());
+    if (out.contains("check")) {
+        std::printf(
+            "\nspeculative decoding's check step: R tokens a sequence, every row's logits (CUDA: each row "
+            "sampled greedily on the GPU), R - 1 dropped again; a step keeps 1 to R tokens a sequence\n\n"
+            "| decode batch | context | R | ms/step | x a one-token step | tok/s if every proposal is kept |\n"
+            "|---|---|---|---|---|---|\n");
+        for (const auto& r : out["check"]) {
+            double one = 0;
+            for (const auto& d : out["decode"])
+                if (d["batch"] == r["batch"] && d["context"] == r["context"]) one = d["ms_per_step"].get<double>();
+            const double ms = r["ms_per_step"].get<double>();
+            const int R = r["rows"].get<int>(), B = r["batch"].get<int>();
+            std::printf("| %d | %d | %d | %.3f | %s | %.1f |\n", B, r["context"].get<int>(), R, ms,
+                        one > 0 ? fmt::format("{:.2f}", ms / one).c_str() : "-", 1e3 * B * R / ms);
+        }
+    }
     return 0;
 }
 
@@ -645,6 +690,9 @@ Runner add_bench(CLI::App& app) {
         ->capture_default_str();
     app.add_option("-g,--gen", o->gen, "decode steps timed")->capture_default_str();
     app.add_option("-r,--reps", o->reps, "prefill repetitions (median)")->capture_default_str();
+    app.add_option("--check-rows", o->check_rows,
+                   "also time speculative decoding's check step with R tokens a sequence, for each R of this list "
+                   "(e.g. 1,2,3,5: 1 is the plain decode step)");
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
     app.add_flag("--json", o->json, "print one JSON object");

@@ -35,6 +35,7 @@ struct ChatOptions {
     int context = 0;
     bool no_prefix_cache = false;
     SamplerSettings sampling;
+    SpeculativeFlags spec;
 };
 
 #ifdef EXL3_CHAT_ENABLED
@@ -159,6 +160,8 @@ int chat(const ChatOptions& o) {
     GeneratorOptions go;
     go.max_active_jobs = 1;
     go.max_batch_tokens = go.prefill_chunk = std::max((*model)->info().context_length, 2);
+    std::unique_ptr<Model> draft;
+    if (Status ds = o.spec.apply(lo, go, &draft); !ds.is_ok()) return fail("chat", ds.to_string());
     auto gen = Generator::create(**model, *tok, go);
     if (!gen.is_ok()) return fail("chat", gen.status().to_string());
 
@@ -212,6 +215,7 @@ Runner add_chat(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
+    add_speculative_options(app, o->spec);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,
                  "recompute the whole conversation every turn instead of reusing the cached KV of earlier turns");

@@ -31,6 +31,7 @@ struct RunOptions {
     bool ignore_eos = false;
     bool no_bos = false;
     SamplerSettings sampling;
+    SpeculativeFlags spec;
 };
 
 Result<std::vector<int32_t>> parse_ids(const std::string& s) {
@@ -111,13 +112,15 @@ int run(const RunOptions& o) {
     go.max_active_jobs = 1;
     go.max_batch_tokens = go.prefill_chunk = std::max(ctx, 2);
     go.cap_to_context = true;  // the job ends with "length" when the context is full
+    std::unique_ptr<Model> draft;
+    if (Status ds = o.spec.apply(lo, go, &draft); !ds.is_ok()) return fail("run", ds.to_string());
     auto gen = Generator::create(m, gen_tok, go);
     if (!gen.is_ok()) return fail("run", gen.status().to_string());
 
     using clock = std::chrono::steady_clock;
     auto t0 = clock::now();
     double prefill_s = 0;
-    int generated = 0;
+    int generated = 0, drafted = 0, accepted = 0;
     int printed = 0;
     std::string stop_reason = "length";
     if (o.max_tokens > 0) {
@@ -133,6 +136,8 @@ int run(const RunOptions& o) {
                 for (int32_t id : u.tokens) std::printf("%s%d", printed++ > 0 ? " " : "", id);
             }
             generated = u.generated_tokens;
+            drafted = u.draft_tokens;
+            accepted = u.accepted_tokens;
             std::fflush(stdout);
             if (u.finish != FinishReason::kNone) {
                 stop_reason = finish_reason_name(u.finish);
@@ -148,6 +153,9 @@ int run(const RunOptions& o) {
     log_info("prompt {} tokens in {:.3f} s ({:.1f} tok/s); generated {} tokens, {:.1f} tok/s; stop: {}", prompt.size(),
              prefill_s, prompt.size() / std::max(prefill_s, 1e-9), generated,
              generated > 1 ? (generated - 1) / std::max(decode_s, 1e-9) : 0.0, stop_reason);
+    if (go.draft_tokens > 0)
+        log_info("speculative decoding ({}): {} tokens proposed, {} kept ({:.0f} %)",
+                 go.draft_model ? "draft model" : "n-gram", drafted, accepted, 100.0 * accepted / std::max(drafted, 1));
     return 0;
 }
 
@@ -167,6 +175,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
+    add_speculative_options(app, o->spec);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");

@@ -31,6 +31,7 @@ struct ServeOptions {
     size_t max_body_mb = 8;
     std::string chat_template_file;
     KvBitsFlags kv_bits;  // --kv-bits*, --cache-tokens
+    SpeculativeFlags spec;
 };
 
 int serve(ServeOptions& o) {
@@ -68,6 +69,8 @@ int serve(ServeOptions& o) {
     o.kv_bits.apply(lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("serve", model.status().to_string());
+    std::unique_ptr<Model> draft;  // outlives the server (declared before it)
+    if (Status ds = o.spec.apply(lo, o.gen, &draft); !ds.is_ok()) return fail("serve", ds.to_string());
 
     auto srv = server::Server::create(**model, *tok, o.server, o.gen);
     if (!srv.is_ok()) return fail("serve", srv.status().to_string());
@@ -125,6 +128,7 @@ Runner add_serve(CLI::App& app) {
     add_threads_option(app, o->threads, "CPU threads for the model (0 = all)");
     app.add_option("-c,--context", o->context, "context length of one request (0 = the model's)");
     add_kv_bits_options(app, o->kv_bits, true);
+    add_speculative_options(app, o->spec);
     return [o] { return serve(*o); };
 }
 

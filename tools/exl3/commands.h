@@ -2,11 +2,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <functional>
 #include <string>
 
 #include "core/thread_pool.h"
+#include "exl3/generator.h"
 #include "exl3/model.h"
 #include "runtime/sampler.h"
 
@@ -62,6 +62,52 @@ inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens
 // -t / --threads, shared by every command that runs on the CPU: 0 (all hardware threads) to kMaxThreads.
 inline void add_threads_option(CLI::App& app, int& threads, const std::string& what = "CPU threads (0 = all)") {
     app.add_option("-t,--threads", threads, what)->check(CLI::Range(0, kMaxThreads));
+}
+
+// Speculative decoding flags shared by run, chat and serve: --draft-model DIR (a smaller model with the same
+// tokenizer proposes), --ngram (proposals from the request's own prompt and output), --draft-tokens N (proposals a
+// step; 4 by default once either is on), --ngram-min / --ngram-max.
+struct SpeculativeFlags {
+    std::string draft_model;
+    bool ngram = false;
+    int draft_tokens = 0;
+    int ngram_min = 1, ngram_max = 3;
+    bool on() const { return !draft_model.empty() || ngram || draft_tokens > 0; }
+    // Loads the draft model (when asked) beside the main one, with its device, threads and context (*draft stays
+    // null without --draft-model), and fills the Generator's options.
+    Status apply(const LoadOptions& main, GeneratorOptions& go, std::unique_ptr<Model>* draft) const {
+        if (!on()) return Status::ok();
+        if (!draft_model.empty() && ngram) return invalid_argument("--draft-model and --ngram exclude each other");
+        go.draft_tokens = draft_tokens > 0 ? draft_tokens : 4;
+        go.ngram_min = ngram_min;
+        go.ngram_max = ngram_max;
+        if (draft_model.empty()) return Status::ok();
+        LoadOptions lo;
+        lo.device = main.device;
+        lo.threads = main.threads;
+        lo.context_length = main.context_length;
+        auto m = Model::load(draft_model, lo);
+        if (!m.is_ok()) return m.status().with_context("the draft model " + draft_model);
+        *draft = std::move(*m);
+        go.draft_model = draft->get();
+        return Status::ok();
+    }
+};
+inline void add_speculative_options(CLI::App& app, SpeculativeFlags& f) {
+    app.add_option("--draft-model", f.draft_model,
+                   "speculative decoding: a smaller model with the same tokenizer proposes tokens that the model "
+                   "checks in one forward (outputs unchanged)");
+    app.add_flag("--ngram", f.ngram,
+                 "speculative decoding: proposals from the request's own text (what followed the last few tokens "
+                 "where they occurred before)");
+    app.add_option("--draft-tokens", f.draft_tokens, "speculative decoding: proposals a step (default 4)")
+        ->check(CLI::Range(1, 32));
+    app.add_option("--ngram-min", f.ngram_min, "--ngram: shortest suffix matched")
+        ->check(CLI::Range(1, 16))
+        ->capture_default_str();
+    app.add_option("--ngram-max", f.ngram_max, "--ngram: longest suffix matched")
+        ->check(CLI::Range(1, 16))
+        ->capture_default_str();
 }
 
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
