@@ -409,12 +409,15 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
 }
 
 #ifdef EXL3_HAVE_CUDA
+namespace {
+Status cuda_error(cudaError_t e, const char* who, const char* what) {
+    return e == cudaSuccess ? Status::ok() : internal_error(fmt::format("{}: {}: {}", who, what, cudaGetErrorString(e)));
+}
+}  // namespace
+
 Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const std::vector<RowRef>& refs,
                                          std::vector<cuda::DeviceSampler::Result>* out) {
-    auto cuda_status = [](cudaError_t e, const char* what) {
-        return e == cudaSuccess ? Status::ok()
-                                : internal_error(fmt::format("GPU sampler: {}: {}", what, cudaGetErrorString(e)));
-    };
+    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "GPU sampler", what); };
     EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
     if (!dev_sampler) {
         dev_sampler = std::make_unique<cuda::DeviceSampler>();
@@ -454,11 +457,7 @@ Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const st
 
 #ifdef EXL3_HAVE_CUDA
 Status Generator::Impl::draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out) {
-    auto cuda_status = [](cudaError_t e, const char* what) {
-        return e == cudaSuccess
-                   ? Status::ok()
-                   : internal_error(fmt::format("draft model's argmax: {}: {}", what, cudaGetErrorString(e)));
-    };
+    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "draft model's argmax", what); };
     EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
     if (!draft_sampler) {
         draft_sampler = std::make_unique<cuda::DeviceSampler>();

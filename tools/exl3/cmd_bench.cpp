@@ -501,7 +501,8 @@ int bench(const BenchOptions& o) {
     std::vector<std::pair<int, int>> cases;  // (R, C): the plain decode step (R = 1), then the check steps
     for (int R : *check_rows)
         for (int C : *contexts) cases.emplace_back(R, C);
-    for (const auto& [R, C] : cases) {
+    for (const auto& rc : cases) {
+        const int R = rc.first, C = rc.second;  // (plain ints: lambdas below capture them)
         for (int B : *batches) {
             std::vector<std::unique_ptr<Sequence>> seqs;
             std::vector<float> logits;
