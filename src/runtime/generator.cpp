@@ -411,7 +411,8 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
 #ifdef EXL3_HAVE_CUDA
 namespace {
 Status cuda_error(cudaError_t e, const char* who, const char* what) {
-    return e == cudaSuccess ? Status::ok() : internal_error(fmt::format("{}: {}: {}", who, what, cudaGetErrorString(e)));
+    return e == cudaSuccess ? Status::ok()
+                            : internal_error(fmt::format("{}: {}: {}", who, what, cudaGetErrorString(e)));
 }
 }  // namespace
 
