@@ -368,24 +368,30 @@ TEST(GeneratorCuda, SpeculativeDeviceSamplingMatchesHost) {
 }
 
 // A speculative step (the same tokens for every sequence) replays a graph captured for its shape: its tokens and
-// logprobs equal the same steps run eagerly (EXL3_NO_GRAPHS=1 at load), bit for bit.
+// logprobs equal the same steps run eagerly (EXL3_NO_GRAPHS=1 at load), bit for bit. The EXL3 fixture (fused
+// kernels) and the committed bf16 tiny-draft (several-row steps through cuBLAS, captured too).
 TEST(GeneratorCuda, SpeculativeStepGraphsEqualEagerSteps) {
     EXL3_REQUIRE_GPU();
-    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
-    auto graphs = load_cuda(dir);
-    ::setenv("EXL3_NO_GRAPHS", "1", 1);
-    auto eager = load_cuda(dir);
-    ::unsetenv("EXL3_NO_GRAPHS");
-    ASSERT_TRUE(graphs && eager);
-    for (int jobs : {1, 3}) {
-        auto reqs = spec_requests(graphs->info().vocab_size, SamplerSettings{});
-        reqs.resize(static_cast<size_t>(jobs));
-        const auto a = run_spec(*graphs, reqs, nullptr, 3, true, jobs),
-                   b = run_spec(*eager, reqs, nullptr, 3, true, jobs);
-        for (size_t i = 0; i < reqs.size(); ++i) {
-            EXPECT_EQ(a[i].ids, b[i].ids) << jobs << " jobs, job " << i;
-            EXPECT_EQ(a[i].logprobs, b[i].logprobs) << jobs << " jobs, job " << i;
-            EXPECT_GT(a[i].drafted, 0);
+    std::vector<std::string> dirs = {test::repo_path("tests/models/tiny-draft")};
+    const std::string shared = test::shared_dir();
+    if (!shared.empty() && test::path_exists(shared + "/models/tiny-target-exl3-4.0bpw"))
+        dirs.push_back(shared + "/models/tiny-target-exl3-4.0bpw");
+    for (const std::string& dir : dirs) {
+        auto graphs = load_cuda(dir);
+        ::setenv("EXL3_NO_GRAPHS", "1", 1);
+        auto eager = load_cuda(dir);
+        ::unsetenv("EXL3_NO_GRAPHS");
+        ASSERT_TRUE(graphs && eager);
+        for (int jobs : {1, 3}) {
+            auto reqs = spec_requests(graphs->info().vocab_size, SamplerSettings{});
+            reqs.resize(static_cast<size_t>(jobs));
+            const auto a = run_spec(*graphs, reqs, nullptr, 3, true, jobs),
+                       b = run_spec(*eager, reqs, nullptr, 3, true, jobs);
+            for (size_t i = 0; i < reqs.size(); ++i) {
+                EXPECT_EQ(a[i].ids, b[i].ids) << dir << ", " << jobs << " jobs, job " << i;
+                EXPECT_EQ(a[i].logprobs, b[i].logprobs) << dir << ", " << jobs << " jobs, job " << i;
+                EXPECT_GT(a[i].drafted, 0);
+            }
         }
     }
 }
