@@ -112,7 +112,8 @@ class Generator:
     Speculative decoding: draft_tokens > 0 proposes that many tokens a step for every decoding job -- from
     draft_model (a smaller Model with the same tokenizer, greedy) or, without one, from the job's own text (n-gram
     lookup of its last ngram_max..ngram_min tokens) -- and keeps those the model's own sampler draws. Outputs are
-    plain decoding's; a step yields up to draft_tokens + 1 tokens.
+    plain decoding's (on CUDA up to the rounding of a several-row step at a near-tie); a step yields up to
+    draft_tokens + 1 tokens.
     """
 
     def __init__(
