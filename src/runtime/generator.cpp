@@ -123,6 +123,7 @@ struct Generator::Impl {
         // A draft model's rounds: the host's enqueue and its wait for the picks, round 0 (the catch-up) and later.
         double draft_enqueue[2] = {0, 0}, draft_wait[2] = {0, 0};
         int64_t draft_rounds[2] = {0, 0};
+        std::vector<double> draft0;  // each catch-up round's enqueue: a mean hides one-offs (first forward, captures)
     } timing;
     ~Impl() {
         if (!timing.on || timing.steps == 0) return;
@@ -139,6 +140,19 @@ struct Generator::Impl {
                              i == 0 ? "0 (catch-up)" : ">= 1", static_cast<long long>(timing.draft_rounds[i]),
                              1e6 * timing.draft_enqueue[i] / timing.draft_rounds[i],
                              1e6 * timing.draft_wait[i] / timing.draft_rounds[i]);
+        if (!timing.draft0.empty()) {
+            std::vector<double> v = timing.draft0;
+            std::sort(v.begin(), v.end());
+            const auto at = [&](double q) {
+                return 1e6 * v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
+            };
+            std::fprintf(stderr,
+                         "[generator] catch-up enqueue us: min %.1f, median %.1f, p90 %.1f, max %.1f; first 8:", at(0),
+                         at(0.5), at(0.9), at(1));
+            for (size_t i = 0; i < std::min<size_t>(8, timing.draft0.size()); ++i)
+                std::fprintf(stderr, " %.1f", 1e6 * timing.draft0[i]);
+            std::fprintf(stderr, "\n");
+        }
     }
 
     Result<std::unique_ptr<Job>> make_job(GenerationRequest req) const;
@@ -383,6 +397,7 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
             if (timing.on) {
                 const int i = r == 0 ? 0 : 1;
                 timing.draft_enqueue[i] += std::chrono::duration<double>(t1 - t0).count();
+                if (i == 0) timing.draft0.push_back(std::chrono::duration<double>(t1 - t0).count());
                 timing.draft_wait[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
                 ++timing.draft_rounds[i];
             }
@@ -536,6 +551,28 @@ Result<std::unique_ptr<Generator>> Generator::create(const Model& model, std::sh
     if (impl->tok)
         for (int32_t id : impl->tok->eos_ids())
             if (std::find(impl->eos.begin(), impl->eos.end(), id) == impl->eos.end()) impl->eos.push_back(id);
+#endif
+#ifdef EXL3_HAVE_CUDA
+    // A draft model's first forwards on a GPU pay one-off costs -- cuBLAS's first GEMM, kernels loaded on their
+    // first launch, the argmax's buffers: ~120 ms for tiny-draft on the H200 (docs/kernels/exl3.md note 50), about
+    // the time of a whole 256-token reply. Pay them here, with a prompt-shaped forward and a one-token one, rather than
+    // in the first request's first decode step. Best effort: where it cannot run (a cache other sequences fill), the
+    // first request pays them as before.
+    if (o.draft_model && o.draft_tokens > 0 && o.draft_model->on_cuda()) {
+        const Model& dm = *o.draft_model;
+        const int n = std::min(o.draft_tokens + 2, dm.info().context_length - 1);
+        if (auto seq = dm.new_sequence(n + 1); seq.is_ok() && n >= 1) {
+            std::vector<Model::BatchItem> items(1);
+            items[0].seq = seq->get();
+            Model::DeviceLogits dl;
+            std::vector<int32_t> picks;
+            for (int len : {n, 1}) {
+                items[0].tokens.assign(static_cast<size_t>(len), 0);
+                if (!dm.forward_batch_device(items, &dl).is_ok() || !impl->draft_argmax_on_device(dl, &picks).is_ok())
+                    break;
+            }
+        }
+    }
 #endif
     return std::unique_ptr<Generator>(new Generator(std::move(impl)));
 }

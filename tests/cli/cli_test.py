@@ -133,6 +133,13 @@ class RunTest(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(drafted, plain)
         self.assertIn("speculative decoding (draft model):", err)
+        # The draft takes the model's cache settings too (quantized, sized): the text is still the model's own.
+        cache = ("--kv-bits", "8", "--cache-tokens", "512")
+        rc, plain8, err = exl3(*base, *cache)
+        self.assertEqual(rc, 0, err)
+        rc, drafted8, err = exl3(*base, *cache, "--draft-model", DRAFT)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(drafted8, plain8)
         for args, expect in ((("--ngram", "--draft-model", DRAFT), "exclude"), (("--draft-tokens", "0"), "draft-tokens"),
                              (("--draft-model", "/nonexistent"), "draft model"), (("--ngram-min", "0"), "ngram-min")):
             rc, _, err = exl3(*base, *args)

@@ -73,8 +73,9 @@ struct SpeculativeFlags {
     int draft_tokens = 0;
     int ngram_min = 1, ngram_max = 3;
     bool on() const { return !draft_model.empty() || ngram || draft_tokens > 0; }
-    // Loads the draft model (when asked) beside the main one, with its device, threads and context (*draft stays
-    // null without --draft-model), and fills the Generator's options.
+    // Loads the draft model (when asked) beside the main one, with its device, threads, context and cache (size,
+    // page size, prefix caching, KV bits: a server's many jobs need the draft's cache as much as the model's; *draft
+    // stays null without --draft-model), and fills the Generator's options.
     Status apply(const LoadOptions& main, GeneratorOptions& go, std::unique_ptr<Model>* draft) const {
         if (!on()) return Status::ok();
         if (!draft_model.empty() && ngram) return invalid_argument("--draft-model and --ngram exclude each other");
@@ -86,6 +87,11 @@ struct SpeculativeFlags {
         lo.device = main.device;
         lo.threads = main.threads;
         lo.context_length = main.context_length;
+        lo.cache_tokens = main.cache_tokens;
+        lo.page_size = main.page_size;
+        lo.prefix_cache = main.prefix_cache;
+        lo.kv_bits_k = main.kv_bits_k;
+        lo.kv_bits_v = main.kv_bits_v;
         auto m = Model::load(draft_model, lo);
         if (!m.is_ok()) return m.status().with_context("the draft model " + draft_model);
         *draft = std::move(*m);
