@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "backend/cuda/exl3/exl3_codec.cuh"
+#include "lab_timer.cuh"
 
 namespace {
 
@@ -274,22 +275,6 @@ __global__ void pipe_lab(uint32_t* out, uint32_t seed, double m, double c) {
     out[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
-struct Timer {
-    cudaEvent_t a, b;
-    Timer() {
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-    }
-    void start() { cudaEventRecord(a); }
-    float stop() {
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        return ms;
-    }
-};
-
 }  // namespace
 
 int main() {
@@ -311,18 +296,14 @@ int main() {
     cudaMemcpy(words, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
     std::printf("%d SMs, max clock %d MHz. Decode + mma from shared memory, MUL1 K = 4, 3 blocks of 256 an SM\n", sms,
                 clk / 1000);
-    Timer tm;
+    exl3::lab::Timer tm;
     const int iters = 64;
     auto run = [&](auto kern, const char* name) {
         cudaFuncAttributes fa{};
         cudaFuncGetAttributes(&fa, kern);
-        int per_sm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, 0);
-        const int blocks = sms * per_sm;
-        kern<<<blocks, kThreads>>>(words, iters, out, m, c);
-        tm.start();
-        kern<<<blocks, kThreads>>>(words, iters, out, m, c);
-        const float ms = tm.stop();
+        const auto t = exl3::lab::time_full_occupancy(tm, kern, sms, kThreads, words, iters, out, m, c);
+        const int blocks = t.blocks, per_sm = t.per_sm;
+        const float ms = t.ms;
         std::vector<float> r(static_cast<size_t>(blocks) * kThreads);
         cudaMemcpy(r.data(), out, r.size() * 4, cudaMemcpyDeviceToHost);
         double sum = 0;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/exl3/exl3_codec.cuh"
+#include "lab_timer.cuh"
 
 namespace {
 
@@ -205,22 +206,6 @@ __global__ void __launch_bounds__(kThreads, MINB) wg_lab(const uint32_t* words, 
     out[blockIdx.x * kThreads + threadIdx.x] = t;
 }
 
-struct Timer {
-    cudaEvent_t a, b;
-    Timer() {
-        cudaEventCreate(&a);
-        cudaEventCreate(&b);
-    }
-    void start() { cudaEventRecord(a); }
-    float stop() {
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        return ms;
-    }
-};
-
 }  // namespace
 
 int main() {
@@ -237,37 +222,26 @@ int main() {
     cudaMalloc(&out, static_cast<size_t>(sms) * 8 * kThreads * 4);
     cudaMemcpy(words, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
     std::printf("%d SMs, max clock %d MHz. MUL1 K = 4 decode from shared memory, 256-thread blocks\n", sms, clk / 1000);
-    Timer tm;
+    exl3::lab::Timer tm;
     const int iters = 64;
     auto run = [&](auto kern, const char* name) {
         cudaFuncAttributes fa{};
         cudaFuncGetAttributes(&fa, kern);
-        int per_sm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, 0);
-        const int blocks = sms * per_sm;
-        kern<<<blocks, kThreads>>>(words, iters, out);
-        tm.start();
-        kern<<<blocks, kThreads>>>(words, iters, out);
-        const float ms = tm.stop();
+        const auto t = exl3::lab::time_full_occupancy(tm, kern, sms, kThreads, words, iters, out);
         const cudaError_t e = cudaGetLastError();
-        const double w = static_cast<double>(blocks) * 8 * iters * kTiles * 256;
-        const double wps = w / (ms * 1e-3);
+        const double w = static_cast<double>(t.blocks) * 8 * iters * kTiles * 256;
+        const double wps = w / (t.ms * 1e-3);
         std::printf("%-16s %3d regs %d blk/SM %8.3f ms  %5.2f TB/s at K4  %6.1f weights/clk/SM  %s\n", name, fa.numRegs,
-                    per_sm, ms, wps * 0.5e-12, wps / (clk * 1e3) / sms, e == cudaSuccess ? "" : cudaGetErrorString(e));
+                    t.per_sm, t.ms, wps * 0.5e-12, wps / (clk * 1e3) / sms,
+                    e == cudaSuccess ? "" : cudaGetErrorString(e));
     };
     // The pipes alone: per 256-thread block and iteration 8 x 16 wgmma (2 warpgroups) or 8 x 16 mma.sync a warp.
     auto pipe = [&](auto kern, const char* name, double insts_per_block_iter, const char* unit) {
-        int per_sm = 0;
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, kThreads, 0);
-        const int blocks = sms * per_sm;
-        kern<<<blocks, kThreads>>>(words, iters, out);
-        tm.start();
-        kern<<<blocks, kThreads>>>(words, iters, out);
-        const float ms = tm.stop();
-        const double n = static_cast<double>(blocks) * iters * insts_per_block_iter;
-        const double per_sm_clk = n / (ms * 1e-3) / (clk * 1e3) / sms;
+        const auto t = exl3::lab::time_full_occupancy(tm, kern, sms, kThreads, words, iters, out);
+        const double n = static_cast<double>(t.blocks) * iters * insts_per_block_iter;
+        const double per_sm_clk = n / (t.ms * 1e-3) / (clk * 1e3) / sms;
         std::printf("%-16s %d blk/SM %8.3f ms  %6.3f %s a clock an SM = %5.2f cycles each a sub-partition %s\n", name,
-                    per_sm, ms, per_sm_clk, unit, 4.0 / per_sm_clk, cudaGetErrorString(cudaGetLastError()));
+                    t.per_sm, t.ms, per_sm_clk, unit, 4.0 / per_sm_clk, cudaGetErrorString(cudaGetLastError()));
     };
     pipe(wg_lab<kMmaPipe>, "IMMA m16n8k32", 8.0 * 8 * 16, "warp-mmas");
     pipe(wg_lab<kHmmaPipe>, "HMMA m16n8k16", 8.0 * 8 * 8, "warp-mmas");
