@@ -235,6 +235,7 @@ const std::unordered_map<std::string, Setter>& request_setters() {
             r.stop_ids = to_ids(cast_arg<std::vector<int64_t>>(h, "stop_ids"), "stop_ids");
         };
         s["ignore_eos"] = [](GenerationRequest& r, py::handle h) { r.ignore_eos = cast_arg<bool>(h, "ignore_eos"); };
+        s["json"] = [](GenerationRequest& r, py::handle h) { r.json_object = cast_arg<bool>(h, "json"); };
         s["skip_special_tokens"] = [](GenerationRequest& r, py::handle h) {
             r.skip_special_tokens = cast_arg<bool>(h, "skip_special_tokens");
         };

@@ -105,6 +105,11 @@ struct GenerationRequest {
     bool ignore_eos = false;              // do not stop at the model's / tokenizer's end-of-sequence ids
     bool skip_special_tokens = true;      // in the streamed text
     int logprobs = -1;                    // -1: none; 0: the chosen token's; n: also the top n (at most 100)
+    // JSON mode (OpenAI's response_format json_object): the output is one JSON object. Each draw that cannot continue
+    // one is drawn again, with the same sampler, among the tokens that can (src/runtime/json_grammar.h says what is
+    // accepted); the job ends with kStop when the object closes (kLength if max_new_tokens comes first: the text is
+    // then an unfinished object). Needs the Generator's tokenizer; no speculative proposals for such a job.
+    bool json_object = false;
 };
 
 struct TokenLogprob {

@@ -7,12 +7,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "exl3/model.h"
+#include "runtime/json_grammar.h"
 #include "runtime/sampler.h"
 #ifdef EXL3_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -67,6 +69,7 @@ struct Job {
     int drafted = 0, accepted = 0;
     std::vector<std::unordered_map<uint64_t, int32_t>> ngram_last;
     int ngram_end = 0;
+    std::unique_ptr<JsonGrammar> json;  // JSON mode: the output so far (GenerationRequest::json_object)
 };
 
 // A hash of n token ids (the n-gram index's key; matches are verified against the tokens).
@@ -161,6 +164,14 @@ struct Generator::Impl {
     void finish(Job& job, JobUpdate& u, FinishReason why, Status error = Status::ok());
     void end_text(Job& job, JobUpdate& u, FinishReason why);
     int32_t sample_row(Job& job, const float* row, JobUpdate& u);
+    // Takes `id`, drawn from the host row `row` (its logprobs from there); id < 0 ends the job with an error.
+    int32_t take_row(Job& job, int32_t id, const float* row, JobUpdate& u);
+    // JSON mode. Each token's bytes (built on first use; empty for special tokens and ids the tokenizer lacks, which
+    // JSON mode never picks), whether `id` can continue the job's output, and a draw among the tokens that can, with
+    // the job's sampler (-1: none can).
+    std::vector<std::string> token_bytes;
+    bool json_allows(const Job& job, int32_t id);
+    int32_t json_redraw(Job& job, const float* row);
     // Proposals (Job::drafts) for speculative decoding: at most want tokens each.
     void propose_ngram(Job& job, int want);
     void propose_draft(const std::vector<Job*>& jobs, std::vector<int> want);
@@ -174,6 +185,8 @@ struct Generator::Impl {
     // A CUDA draft model's greedy picks of its device logits (one a row): only the ids come to the host.
     std::unique_ptr<cuda::DeviceSampler> draft_sampler;
     Status draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out);
+    // Row r of device logits to the host (JSON mode's redraw).
+    Status download_row(const Model::DeviceLogits& dl, size_t r, float* out) const;
 #endif
     void forget(uint64_t id) {
         std::lock_guard<std::mutex> lock(mu);
@@ -221,7 +234,9 @@ Result<std::unique_ptr<Job>> Generator::Impl::make_job(GenerationRequest req) co
                 max_new, ctx, ctx - n));
         max_new = ctx - n;
     }
+    if (req.json_object && !tok) return invalid_argument("JSON mode needs a tokenizer: create the Generator with one");
     auto job = std::make_unique<Job>();
+    if (req.json_object) job->json = std::make_unique<JsonGrammar>();
     job->prompt_len = n;
     job->max_new = max_new;
     job->tokens = req.prompt_ids;
@@ -307,8 +322,47 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
     finish(job, u, why);
 }
 
+bool Generator::Impl::json_allows(const Job& job, int32_t id) {
+#ifdef EXL3_HAVE_TOKENIZER
+    if (token_bytes.empty()) {
+        token_bytes.resize(static_cast<size_t>(vocab));
+        const int32_t n = static_cast<int32_t>(std::min<size_t>(tok->vocab_size(), static_cast<size_t>(vocab)));
+        for (int32_t t = 0; t < n; ++t)
+            if (!tok->is_special(t)) token_bytes[static_cast<size_t>(t)] = tok->decode(std::span(&t, 1), false);
+    }
+#endif
+    if (id < 0 || id >= vocab) return false;
+    const std::string& b = token_bytes[static_cast<size_t>(id)];
+    return !b.empty() && job.json->accepts(b);
+}
+
+// The first draw stays when the grammar allows it; otherwise a second, independent draw of the same sampler over the
+// row with every disallowed token banned. For plain sampling that is exactly the distribution restricted to the
+// allowed tokens (P(t) = p_t + (1 - P_allowed) p_t / P_allowed); greedy takes the best allowed token; truncation
+// (top-k, top-p, ...) sees the banned row on the second draw only.
+int32_t Generator::Impl::json_redraw(Job& job, const float* row) {
+    std::vector<float> masked(row, row + vocab);
+    bool any = false;
+    for (int32_t t = 0; t < vocab; ++t) {
+        if (json_allows(job, t))
+            any = true;
+        else
+            masked[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
+    }
+    return any ? job.sampler->sample(masked.data(), vocab, job.tokens) : -1;
+}
+
 int32_t Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
-    const int32_t id = job.sampler->sample(row, vocab, job.tokens);
+    int32_t id = job.sampler->sample(row, vocab, job.tokens);
+    if (job.json && !json_allows(job, id)) id = json_redraw(job, row);
+    return take_row(job, id, row, u);
+}
+
+int32_t Generator::Impl::take_row(Job& job, int32_t id, const float* row, JobUpdate& u) {
+    if (id < 0) {
+        finish(job, u, FinishReason::kError, internal_error("JSON mode: no token of the vocabulary can continue"));
+        return id;
+    }
     float logprob = 0.0f;
     std::vector<TokenLogprob> top;
     if (job.req.logprobs >= 0) logprob = token_logprob(row, vocab, id, job.req.logprobs, &top);
@@ -490,6 +544,19 @@ Status Generator::Impl::draft_argmax_on_device(const Model::DeviceLogits& dl, st
 }
 #endif
 
+#ifdef EXL3_HAVE_CUDA
+Status Generator::Impl::download_row(const Model::DeviceLogits& dl, size_t r, float* out) const {
+    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "JSON mode's redraw", what); };
+    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
+    const auto st = static_cast<cudaStream_t>(dl.stream);
+    EXL3_RETURN_IF_ERROR(
+        cuda_status(cudaMemcpyAsync(out, dl.data + r * static_cast<size_t>(dl.vocab),
+                                    static_cast<size_t>(dl.vocab) * sizeof(float), cudaMemcpyDeviceToHost, st),
+                    "row download"));
+    return cuda_status(cudaStreamSynchronize(st), "sync");
+}
+#endif
+
 void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top,
                                    JobUpdate& u) {
     u.job = job.id;
@@ -513,6 +580,10 @@ void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vec
         if (stopped) return finish(job, u, FinishReason::kStop);
     }
 #endif
+    if (job.json) {  // the token was checked against the grammar when it was drawn
+        job.json->feed(token_bytes[static_cast<size_t>(id)]);
+        if (job.json->complete()) return end_text(job, u, FinishReason::kStop);
+    }
     if (job.generated >= job.max_new) return end_text(job, u, FinishReason::kLength);
     u.prompt_tokens = job.prompt_len;
     u.cached_tokens = job.cached;
@@ -674,7 +745,10 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
         std::vector<int> want(decoding.size(), 0);
         for (size_t k = 0; k < decoding.size(); ++k) {
             const Job& j = *decoding[k];
-            want[k] = std::clamp(std::min(g.opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
+            // (JSON mode draws each token on its own: a draw may be redrawn on the host.)
+            want[k] =
+                j.json ? 0
+                       : std::clamp(std::min(g.opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
             spare -= want[k];
         }
         if (g.opt.draft_model) {
@@ -826,6 +900,16 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
                 std::vector<TokenLogprob> top;
                 for (size_t t = 0; t < pr.top_ids.size(); ++t) top.push_back({pr.top_ids[t], pr.top_logprobs[t]});
                 id = pr.token;
+                if (j.json && !g.json_allows(j, id)) {  // JSON mode: the redraw runs on the host, over this row
+                    std::vector<float> row(row_size);
+                    Status ds = g.download_row(dev_logits, r, row.data());
+                    if (ds.is_ok()) {
+                        id = g.take_row(j, g.json_redraw(j, row.data()), row.data(), u);
+                    } else {
+                        g.finish(j, u, FinishReason::kError, ds);
+                    }
+                    break;  // no proposals in JSON mode
+                }
                 g.accept_token(j, id, pr.logprob, std::move(top), u);
             }
 #endif

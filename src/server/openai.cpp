@@ -301,20 +301,31 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
         EXL3_TRY(parse_prompt(b, out));
         EXL3_TRY(read_bool(b, "echo", &out->echo));
     }
-    // Output constrained to JSON (response_format json_object / json_schema) is not built: a client asking for it gets
-    // a clear error instead of unconstrained text it would take for JSON.
+    // response_format: "text", or "json_object" (JSON mode: the reply is one JSON object, GenerationRequest::
+    // json_object). "json_schema" is not built: a client asking for it gets a clear error instead of text that may
+    // not follow its schema.
+    bool json_object = false;
     if (auto rf = b.find("response_format"); rf != b.end() && !rf->is_null()) {
         if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
             return bad_request("'response_format' must be an object with a string 'type'", "response_format",
                                "invalid_type");
         const std::string type = (*rf)["type"].get<std::string>();
-        if (type != "text")
-            return bad_request(fmt::format("response_format type '{}' is not supported: this server does not "
-                                           "constrain its output to JSON (only 'text')",
+        if (type == "json_object") {
+            if (chat && !out->tools.is_null())
+                return bad_request(
+                    "response_format 'json_object' with tools is not supported: a reply is either a "
+                    "JSON object or tool calls",
+                    "response_format", "unsupported_value");
+            json_object = true;
+        } else if (type != "text") {
+            return bad_request(fmt::format("response_format type '{}' is not supported (only 'text' and "
+                                           "'json_object': replies are not constrained to a schema)",
                                            type),
                                "response_format", "unsupported_value");
+        }
     }
     GenerationRequest& g = out->gen;
+    g.json_object = json_object;
     SamplerSettings& s = g.sampling;
     // OpenAI's defaults: temperature 1 and top_p 1 (the Generator's own default is greedy).
     s.temperature = 1.0f;

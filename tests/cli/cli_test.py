@@ -146,6 +146,16 @@ class RunTest(unittest.TestCase):
             self.assertGreater(rc, 0, args)
             self.assertIn(expect, err, args)
 
+    def test_json_mode(self):
+        rc, out, err = exl3("run", "-m", DRAFT, "-p", "A lighthouse, as JSON:", "-n", "160", "--json", "-t", "2")
+        self.assertEqual(rc, 0, err)
+        text = out.decode("utf-8").rstrip("\n")
+        if "stop: stop" in err:  # the object closed
+            self.assertIsInstance(json.loads(text), dict)
+        else:
+            self.assertIn("stop: length", err)
+            self.assertRegex(text, r"^\s*\{")
+
     def test_quiet_leaves_stderr_empty(self):
         rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
         self.assertEqual(rc, 0, err)

@@ -13,7 +13,11 @@
 #include "cuda_test_util.h"
 #include "exl3/generator.h"
 #include "exl3/model.h"
+#include "runtime/json_grammar.h"
 #include "test_util.h"
+#ifdef EXL3_HAVE_TOKENIZER
+#include "exl3/tokenizer.h"
+#endif
 
 namespace exl3 {
 namespace {
@@ -395,6 +399,70 @@ TEST(GeneratorCuda, SpeculativeStepGraphsEqualEagerSteps) {
         }
     }
 }
+
+#ifdef EXL3_HAVE_TOKENIZER
+// JSON mode on CUDA: a draw the grammar refuses is drawn again on the host over the downloaded row. Greedy jobs give
+// the same tokens whether the first draw is made on the GPU or on the host (the same logits, the same argmax, the same
+// masked argmax); seeded jobs give objects (or, cut by max_new_tokens, the start of one).
+TEST(GeneratorCuda, JsonModeOnTheGpu) {
+    EXL3_REQUIRE_GPU();
+    std::string dir = test::repo_path("tests/models/tiny-draft");
+    const std::string shared = test::shared_dir();
+    if (!shared.empty() && test::path_exists(shared + "/models/tiny-target-exl3-4.0bpw"))
+        dir = shared + "/models/tiny-target-exl3-4.0bpw";
+    auto m = load_cuda(dir);
+    ASSERT_TRUE(m);
+    auto tok = Tokenizer::load(dir);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    std::vector<GenerationRequest> reqs;
+    for (int i = 0; i < 6; ++i) {
+        GenerationRequest r;
+        r.prompt_text = i % 2 ? "{\"title\": \"The old lighthouse\", \"rooms\": [" : "The old lighthouse keeper";
+        r.max_new_tokens = 96;
+        r.json_object = true;
+        r.sampling.temperature = i < 4 ? 0.0f : 0.8f;
+        r.sampling.seed = 11 + static_cast<uint64_t>(i);
+        r.sampling.repetition_penalty = i == 2 ? 1.3f : 1.0f;
+        r.logprobs = i == 1 ? 3 : -1;
+        reqs.push_back(std::move(r));
+    }
+    auto go = [&](bool device_sampling) {
+        GeneratorOptions o;
+        o.device_sampling = device_sampling;
+        auto g = Generator::create(*m, *tok, o);
+        EXPECT_TRUE(g.is_ok());
+        std::vector<uint64_t> ids;
+        for (const auto& r : reqs) ids.push_back(*(*g)->submit(r));
+        std::map<uint64_t, std::pair<std::vector<int32_t>, std::string>> out;
+        std::map<uint64_t, FinishReason> why;
+        std::map<uint64_t, size_t> lps;
+        EXPECT_TRUE((*g)->run_until_idle([&](const JobUpdate& u) {
+                            out[u.job].first.insert(out[u.job].first.end(), u.tokens.begin(), u.tokens.end());
+                            out[u.job].second += u.text;
+                            lps[u.job] += u.logprobs.size();
+                            if (u.finish != FinishReason::kNone) why[u.job] = u.finish;
+                            EXPECT_TRUE(u.error.is_ok()) << u.error.to_string();
+                        })
+                        .is_ok());
+        std::vector<std::pair<std::vector<int32_t>, std::string>> v;
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const auto& [t, text] = out[ids[i]];
+            if (i == 1) EXPECT_EQ(lps[ids[i]], t.size());
+            JsonGrammar gr;
+            EXPECT_TRUE(gr.feed(text)) << text;
+            EXPECT_EQ(gr.complete(), why[ids[i]] == FinishReason::kStop) << text;
+            if (why[ids[i]] != FinishReason::kStop) EXPECT_EQ(why[ids[i]], FinishReason::kLength);
+            std::printf("  JSON job %zu (%s sampling, %s): %s\n", i, device_sampling ? "GPU" : "host",
+                        gr.complete() ? "closed" : "cut", text.c_str());
+            v.push_back(out[ids[i]]);
+        }
+        return v;
+    };
+    const auto dev = go(true), host = go(false);
+    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(dev[i].first, host[i].first) << "greedy JSON job " << i;
+    expect_all_pages_back(*m);
+}
+#endif
 
 }  // namespace
 }  // namespace exl3

@@ -290,6 +290,18 @@ class GeneratorTest(unittest.TestCase):
         self.assertEqual(c.finish_reason, "stop")
         self.assertEqual(c.tokens, free.tokens[: free.tokens.index(free.tokens[3])])
 
+    def test_json_mode(self):
+        # The output is one JSON object (or, cut by max_new_tokens, the start of one), greedy and sampled.
+        for kw in (dict(), dict(temperature=0.8, seed=3)):
+            c = self.gen().generate("A lighthouse, as JSON:", max_new_tokens=160, json=True, **kw)
+            if c.finish_reason == "stop":
+                self.assertIsInstance(json.loads(c.text), dict)
+            else:
+                self.assertEqual(c.finish_reason, "length")
+                self.assertRegex(c.text, r"^\s*\{")
+        with self.assertRaises(Exception):
+            exl3.Generator(model()).generate([1, 2, 3], max_new_tokens=4, json=True)  # no tokenizer: no token texts
+
     def test_speculative_decoding_keeps_the_output(self):
         prompt = "The sun rose over the hills, and the birds began to sing. " * 3
         kw = dict(max_new_tokens=40, ignore_eos=True)

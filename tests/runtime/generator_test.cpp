@@ -1,15 +1,18 @@
 // The Generator on the CPU with the committed tiny-draft model: batching must not change greedy outputs, stop
 // conditions end jobs with the right reason and text, and random jobs with cancellations leave nothing behind.
+#include "exl3/generator.h"
+
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
-#include "exl3/generator.h"
 #include "exl3/model.h"
+#include "runtime/json_grammar.h"
 #include "test_util.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
@@ -433,6 +436,69 @@ TEST_F(GeneratorTest, TextPromptAndStopStringAcrossTokens) {
     EXPECT_EQ(out[id].text, before);
     EXPECT_EQ(out[id].text.find(stop), std::string::npos);
     EXPECT_EQ(out[id].tokens.size(), stop_token + 2);  // the token that completed the stop string is reported
+}
+
+TEST_F(GeneratorTest, JsonModeOutputsAnObject) {
+    // Greedy, seeded sampling with truncation and penalties, logprobs, and a plain job beside them: every JSON job's
+    // text is a JSON object (or, cut by max_new_tokens, the start of one), and the plain job is unchanged.
+    GeneratorOptions o;
+    o.draft_tokens = 3;  // n-gram proposals on: JSON jobs take none
+    auto g = make(o, true);
+    std::vector<GenerationRequest> rqs;
+    for (int v = 0; v < 4; ++v) {
+        GenerationRequest rq;
+        rq.prompt_text = v % 2 ? "{\"name\": \"the old lighthouse\", \"rooms\": [" : "Once upon a time";
+        rq.max_new_tokens = 160;
+        rq.json_object = true;
+        rq.sampling.temperature = v < 2 ? 0.0f : 0.9f;
+        rq.sampling.top_p = v < 2 ? 1.0f : 0.9f;
+        rq.sampling.presence_penalty = v == 3 ? 0.5f : 0.0f;
+        rq.sampling.seed = 7 + static_cast<uint64_t>(v);
+        rq.logprobs = v == 1 ? 2 : -1;
+        rqs.push_back(rq);
+    }
+    GenerationRequest plain;
+    plain.prompt_text = "Once upon a time";
+    plain.max_new_tokens = 24;
+    plain.ignore_eos = true;
+    std::vector<uint64_t> ids;
+    for (const auto& rq : rqs) ids.push_back(*g->submit(rq));
+    const uint64_t plain_id = *g->submit(plain);
+    std::map<uint64_t, Outcome> out;
+    std::map<uint64_t, int> drafted;
+    ASSERT_TRUE(g->run_until_idle([&](const JobUpdate& u) {
+                     collect(out, u);
+                     drafted[u.job] += u.draft_tokens;
+                 }).is_ok());
+    int closed = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+        const Outcome& r = out[ids[i]];
+        ASSERT_TRUE(r.error.is_ok()) << r.error.to_string();
+        EXPECT_EQ(drafted[ids[i]], 0);
+        EXPECT_EQ(r.text, tok()->decode(r.tokens, true));
+        if (i == 1) EXPECT_EQ(r.logprobs.size(), r.tokens.size());
+        if (r.finish == FinishReason::kStop) {
+            ++closed;
+            const auto j = nlohmann::json::parse(r.text, nullptr, false);
+            EXPECT_TRUE(j.is_object()) << r.text;
+        } else {
+            EXPECT_EQ(r.finish, FinishReason::kLength);
+            JsonGrammar gr;
+            EXPECT_TRUE(gr.feed(r.text)) << r.text;
+        }
+        std::printf("JSON job %zu (%s): %s\n", i, r.finish == FinishReason::kStop ? "closed" : "cut", r.text.c_str());
+    }
+    EXPECT_GT(closed, 0);
+    auto greedy = model_->generate_greedy(*tok()->encode(plain.prompt_text), plain.max_new_tokens);
+    ASSERT_TRUE(greedy.is_ok());
+    EXPECT_EQ(out[plain_id].tokens, *greedy);
+
+    // Without a tokenizer there are no token texts to check.
+    auto bare = make();
+    GenerationRequest rq = rqs[0];
+    rq.prompt_text.clear();
+    rq.prompt_ids = {1, 2, 3};
+    EXPECT_FALSE(bare->submit(rq).is_ok());
 }
 
 TEST_F(GeneratorTest, DryBreakersFromText) {

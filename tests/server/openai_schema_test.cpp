@@ -26,26 +26,33 @@ TEST(OpenAiSchema, ParsesAChatRequest) {
     EXPECT_EQ(r.messages[0]["content"], "ab");  // text parts joined
 }
 
-// JSON-constrained output is not built: asking for it is a 400 naming response_format, not text that merely looks
-// like an answer; "text" (the default) and null are accepted, on both routes.
-TEST(OpenAiSchema, ResponseFormatOtherThanTextIsRefused) {
+// response_format: "text" (the default) and null leave the output free, "json_object" turns JSON mode on (not with
+// tools: a reply is either an object or calls), and what is not built (json_schema, anything else) is a 400 naming
+// response_format, not text that merely looks like an answer; on both routes.
+TEST(OpenAiSchema, ResponseFormat) {
     for (bool chat : {true, false}) {
         const std::string head = chat ? R"({"messages": [{"role": "user", "content": "a"}], )" : R"({"prompt": "a", )";
-        for (const char* rf :
-             {R"({"type": "json_object"})", R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})",
-              R"({"type": "grammar"})", R"("json")", R"({"kind": "text"})"}) {
+        for (const char* rf : {R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})",
+                               R"({"type": "grammar"})", R"("json")", R"({"kind": "text"})"}) {
             ParsedRequest r;
             auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
             ASSERT_TRUE(err.has_value()) << rf;
             EXPECT_EQ(err->http_status, 400) << rf;
             EXPECT_EQ(err->param, "response_format") << rf << ": " << err->message;
         }
-        for (const char* rf : {R"({"type": "text"})", "null"}) {
+        for (const char* rf : {R"({"type": "text"})", "null", R"({"type": "json_object"})"}) {
             ParsedRequest r;
             auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
             EXPECT_FALSE(err.has_value()) << rf << ": " << err->message;
+            EXPECT_EQ(r.gen.json_object, std::string(rf).find("json_object") != std::string::npos) << rf;
         }
     }
+    ParsedRequest r;
+    auto err = parse_request(json::parse(R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type":
+        "function", "function": {"name": "f", "parameters": {}}}], "response_format": {"type": "json_object"}})"),
+                             true, &r);
+    ASSERT_TRUE(err.has_value());
+    EXPECT_EQ(err->param, "response_format");
 }
 
 TEST(OpenAiSchema, WrongTypesNameTheField) {

@@ -223,6 +223,37 @@ const tests = {
         const s = await streamChat({ max_tokens: 8, temperature: 0 });
         assert.equal(s.text, r.choices[0].message.content);
     },
+    async jsonMode() {
+        // response_format json_object: the reply is a JSON object (or, cut by max_tokens, the start of one), the same
+        // whole and streamed (seeded or greedy); chat and completions; json_schema is refused with a 400.
+        const m = [{ role: "user", content: "Describe a lighthouse as JSON." }];
+        const isObjectOrStart = (text, finish, what) => {
+            if (finish === "stop") {
+                const v = JSON.parse(text);
+                assert.ok(v !== null && typeof v === "object" && !Array.isArray(v), `${what}: an object: ${text}`);
+            } else {
+                assert.equal(finish, "length", what);
+                assert.match(text, /^\s*\{/, `${what}: the start of an object: ${text}`);
+            }
+        };
+        const rf = { type: "json_object" };
+        for (const temperature of [0, 0.8]) {
+            const r = await client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 160, temperature,
+                                                             seed: 5, response_format: rf });
+            const c = r.choices[0];
+            isObjectOrStart(c.message.content, c.finish_reason, `chat, temperature ${temperature}`);
+            const s = await streamChat({ messages: m, max_tokens: 160, temperature, seed: 5, response_format: rf });
+            assert.equal(s.text, c.message.content, "streamed as whole");
+            assert.equal(s.finish, c.finish_reason);
+        }
+        const cr = await client.completions.create({ model: MODEL, prompt: "A lighthouse: ", max_tokens: 160,
+                                                     temperature: 0, response_format: rf });
+        isObjectOrStart(cr.choices[0].text, cr.choices[0].finish_reason, "completions");
+        await assert.rejects(client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 8,
+            response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }),
+                             (e) => e.status === 400 && /json_schema/.test(e.message));
+        await healthy();
+    },
     async prefixCache() {
         // A long system prompt asked twice: the second request takes whole KV pages of it from the prefix cache and
         // says so in usage.prompt_tokens_details.cached_tokens (and in the metrics).

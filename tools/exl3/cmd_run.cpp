@@ -30,6 +30,7 @@ struct RunOptions {
     bool ids = false;
     bool ignore_eos = false;
     bool no_bos = false;
+    bool json = false;
     SamplerSettings sampling;
     SpeculativeFlags spec;
 };
@@ -103,9 +104,10 @@ int run(const RunOptions& o) {
     rq.max_new_tokens = o.max_tokens;
     rq.ignore_eos = o.ignore_eos;
     rq.skip_special_tokens = true;
+    rq.json_object = o.json;
     std::shared_ptr<const Tokenizer> gen_tok;
 #ifdef EXL3_HAVE_TOKENIZER
-    if (tok && !o.ids) gen_tok = tok;  // text is streamed only when it is printed
+    if (tok && (!o.ids || o.json)) gen_tok = tok;  // text is streamed only when it is printed (JSON mode checks it)
 #endif
     // One job: its whole prompt in one forward, as a plain loop would do it.
     GeneratorOptions go;
@@ -179,6 +181,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");
+    app.add_flag("--json", o->json, "JSON mode: the output is one JSON object (generation ends when it closes)");
     app.add_flag("--no-bos", o->no_bos, "do not add the BOS token (and other special tokens) to the prompt");
     return [o] { return run(*o); };
 }
