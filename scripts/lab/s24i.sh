@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Session 24 run I: JSON mode on the H200 -- the CUDA generator tests (JsonModeOnTheGpu: greedy JSON jobs identical
-# with the first draw on the GPU or on the host, seeded ones objects or their start), every other CUDA test binary
-# carried, `exl3 run --json` on the EXL3 tiny-target, and the Python module's tests with the model on CUDA.
+# Session 24 runs I and L: JSON mode on the H200 -- the CUDA generator tests (JsonModeOnTheGpu: greedy JSON jobs
+# identical with the first draw on the GPU or on the host, seeded ones objects or their start), `exl3 run --json` on
+# the EXL3 tiny-target, and with PY=1 the Python module's tests with the model on CUDA.
 set -uo pipefail
 mkdir -p /tmp/r1 /tmp/py && tar xJf .device/r1/bins.tar.xz -C /tmp/r1
 export LD_LIBRARY_PATH=$PWD/.device/r1:${LD_LIBRARY_PATH:-}

@@ -24,6 +24,7 @@
 #include "runtime/stop.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
+#include "runtime/token_texts.h"
 #endif
 
 namespace exl3 {
@@ -166,9 +167,9 @@ struct Generator::Impl {
     int32_t sample_row(Job& job, const float* row, JobUpdate& u);
     // Takes `id`, drawn from the host row `row` (its logprobs from there); id < 0 ends the job with an error.
     int32_t take_row(Job& job, int32_t id, const float* row, JobUpdate& u);
-    // JSON mode. Each token's bytes (built on first use; empty for special tokens and ids the tokenizer lacks, which
-    // JSON mode never picks), whether `id` can continue the job's output, and a draw among the tokens that can, with
-    // the job's sampler (-1: none can).
+    // JSON mode. Each token's text after other text (runtime/token_texts.h; built on first use; empty for special
+    // tokens and ids the tokenizer lacks, which JSON mode never picks), whether `id` can continue the job's output, and
+    // a draw among the tokens that can, with the job's sampler (-1: none can).
     std::vector<std::string> token_bytes;
     bool json_allows(const Job& job, int32_t id);
     int32_t json_redraw(Job& job, const float* row);
@@ -324,12 +325,7 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
 
 bool Generator::Impl::json_allows(const Job& job, int32_t id) {
 #ifdef EXL3_HAVE_TOKENIZER
-    if (token_bytes.empty()) {
-        token_bytes.resize(static_cast<size_t>(vocab));
-        const int32_t n = static_cast<int32_t>(std::min<size_t>(tok->vocab_size(), static_cast<size_t>(vocab)));
-        for (int32_t t = 0; t < n; ++t)
-            if (!tok->is_special(t)) token_bytes[static_cast<size_t>(t)] = tok->decode(std::span(&t, 1), false);
-    }
+    if (token_bytes.empty()) token_bytes = token_texts(*tok, vocab);
 #endif
     if (id < 0 || id >= vocab) return false;
     const std::string& b = token_bytes[static_cast<size_t>(id)];

@@ -1,5 +1,12 @@
-// JsonGrammar (JSON mode's recognizer): what it accepts against what a JSON parser (nlohmann::json) accepts.
+// JsonGrammar (JSON mode's recognizer): what it accepts against what a JSON parser (nlohmann::json) accepts; and
+// the token texts it checks (runtime/token_texts.h).
 #include "runtime/json_grammar.h"
+
+#include "test_util.h"
+#ifdef EXL3_HAVE_TOKENIZER
+#include "exl3/tokenizer.h"
+#include "runtime/token_texts.h"
+#endif
 
 #include <gtest/gtest.h>
 
@@ -166,3 +173,53 @@ TEST(JsonGrammar, AgreesWithAParserOnRandomObjectsAndEdits) {
 
 }  // namespace
 }  // namespace exl3
+
+#ifdef EXL3_HAVE_TOKENIZER
+namespace exl3 {
+namespace {
+
+// The texts JSON mode checks tokens against are the texts they add after other text: a SentencePiece "▁" token keeps
+// its space (a lone decode strips it: "1" then "▁2" would be checked as 12 where the output says "1 2"), and the texts
+// of a sentence's tokens add up to its decode (byte-level tokenizers exactly; SentencePiece up to the first space).
+TEST(TokenTexts, AreTheTextsTokensAddInContext) {
+    const std::string shared = test::shared_dir();
+    struct Case {
+        const char* dir;
+        const char* spaced;  // a token that starts with a space
+        bool exact;
+    };
+    int tried = 0;
+    for (const Case c :
+         {Case{"tokenizers/llama-2",
+               "\xe2\x96\x81"
+               "the",
+               false},
+          Case{"tokenizers/llama-3.1", "\xc4\xa0{", true}, Case{"tokenizers/qwen3", "\xc4\xa0{", true}}) {
+        const std::string dir = shared.empty() ? std::string() : shared + "/" + c.dir;
+        if (dir.empty() || !test::path_exists(dir + "/tokenizer.json")) continue;
+        ++tried;
+        auto tok = Tokenizer::load(dir);
+        ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+        const int vocab = static_cast<int>((*tok)->vocab_size());
+        const std::vector<std::string> texts = token_texts(**tok, vocab);
+        const auto id = (*tok)->token_to_id(c.spaced);
+        ASSERT_TRUE(id.has_value()) << c.dir;
+        EXPECT_EQ(texts[static_cast<size_t>(*id)][0], ' ') << c.dir << ": " << texts[static_cast<size_t>(*id)];
+        const std::string sentence = "Hello {\"a\": 12, \"b\": [1 ,2], \"c\": \"w\xc3\xb6rld \\u00e9\"}  end";
+        auto ids = (*tok)->encode(sentence, false);
+        ASSERT_TRUE(ids.is_ok());
+        std::string joined;
+        for (int32_t t : *ids) joined += texts[static_cast<size_t>(t)];
+        const std::string decoded = (*tok)->decode(*ids, false);
+        if (c.exact)
+            EXPECT_EQ(joined, decoded) << c.dir;
+        else
+            EXPECT_TRUE(joined == decoded || joined == " " + decoded) << c.dir << ": " << joined;
+        for (int32_t s : (*tok)->eos_ids()) EXPECT_EQ(texts[static_cast<size_t>(s)], "") << c.dir;
+    }
+    if (tried == 0) GTEST_SKIP() << "needs ../shared/tokenizers";
+}
+
+}  // namespace
+}  // namespace exl3
+#endif
