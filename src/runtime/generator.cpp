@@ -345,7 +345,9 @@ int32_t Generator::Impl::json_redraw(Job& job, const float* row) {
         else
             masked[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
     }
-    return any ? job.sampler->sample(masked.data(), vocab, job.tokens) : -1;
+    if (!any) return -1;
+    const int32_t id = job.sampler->sample(masked.data(), vocab, job.tokens);
+    return json_allows(job, id) ? id : -1;  // the job's own bans and biases can leave nothing it allows
 }
 
 int32_t Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
@@ -356,7 +358,9 @@ int32_t Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
 
 int32_t Generator::Impl::take_row(Job& job, int32_t id, const float* row, JobUpdate& u) {
     if (id < 0) {
-        finish(job, u, FinishReason::kError, internal_error("JSON mode: no token of the vocabulary can continue"));
+        finish(job, u, FinishReason::kError,
+               invalid_argument("JSON mode: no token the sampler may draw (after its bans and logit biases) can "
+                                "continue the JSON object"));
         return id;
     }
     float logprob = 0.0f;

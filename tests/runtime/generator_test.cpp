@@ -493,6 +493,15 @@ TEST_F(GeneratorTest, JsonModeOutputsAnObject) {
     ASSERT_TRUE(greedy.is_ok());
     EXPECT_EQ(out[plain_id].tokens, *greedy);
 
+    // Bans that leave no token to continue the object end the job with an error, not with text that is not JSON.
+    GenerationRequest banned = rqs[0];
+    for (int32_t t = 0; t < model_->info().vocab_size; ++t) banned.sampling.banned_tokens.push_back(t);
+    const uint64_t bid = *g->submit(banned);
+    ASSERT_TRUE(g->run_until_idle([&](const JobUpdate& u) { collect(out, u); }).is_ok());
+    EXPECT_EQ(out[bid].finish, FinishReason::kError);
+    EXPECT_NE(out[bid].error.message().find("JSON mode"), std::string::npos) << out[bid].error.to_string();
+    EXPECT_TRUE(out[bid].tokens.empty());
+
     // Without a tokenizer there are no token texts to check.
     auto bare = make();
     GenerationRequest rq = rqs[0];
