@@ -3,21 +3,22 @@
 // the job when the object closes.
 //
 // The state is a few integers (nesting is a bit stack), so a copy per candidate token is cheap. Beyond RFC 8259 it
-// rejects what would let a model run forever or produce text other parsers refuse: more than kMaxWhitespace
-// whitespace bytes in a row (kMaxLeadingWhitespace before the object), nesting deeper than kMaxDepth, invalid UTF-8 in
+// rejects what would let a model run forever or produce text other parsers refuse: whitespace other than one space or
+// a newline and up to kMaxIndent spaces / tabs between two tokens, nesting deeper than kMaxDepth, invalid UTF-8 in
 // strings, \u escapes that leave a surrogate unpaired, and numbers past kMaxIntDigits integer or kMaxExpDigits exponent
 // digits (below 1e120, so that every parser's double holds them: some refuse what overflows).
 #pragma once
 #include <cstdint>
 #include <string_view>
 
+#include "runtime/json_lexer.h"
+
 namespace exl3 {
 
 class JsonGrammar {
 public:
     static constexpr int kMaxDepth = 64;
-    static constexpr int kMaxWhitespace = 32;
-    static constexpr int kMaxLeadingWhitespace = 4;  // before the object
+    static constexpr int kMaxIndent = 32;  // spaces / tabs after a newline between two tokens
     static constexpr int kMaxIntDigits = 20, kMaxExpDigits = 2;
 
     // Appends bytes; false when they cannot continue a valid object (the state is then unspecified: check a copy
@@ -38,37 +39,25 @@ private:
         kKey,         // after ',' in an object: a key
         kColon,       // after a key
         kAfterValue,  // after a value in a container: ',' or its closer
-        kString,      // inside a string (key_: it is a key)
-        kEscape,      // after a backslash
-        kHex,         // in a \u escape: hex_left digits to go
-        kUtf8,        // in a multi-byte UTF-8 character: cont_left bytes to go, the next one in [cont_lo, cont_hi]
-        kNumber,      // see num_
+        kString,      // inside a string (key_: it is a key): str_
+        kNumber,      // num_
         kLiteral,     // true / false / null: lit_ points at the next byte expected
         kDone,
     };
-    // Where in a number: after '-', after a leading 0, in the integer digits, after '.', in the fraction, after 'e',
-    // after the exponent's sign, in the exponent.
-    enum class Num : uint8_t { kMinus, kZero, kInt, kDot, kFrac, kE, kESign, kExp };
 
     bool step(uint8_t c);
     bool value_start(uint8_t c);
-    bool end_value();          // a value just ended: to kAfterValue, or kDone at depth 0
-    bool close(uint8_t c);     // '}' or ']' at the current depth
-    bool number_ends() const;  // the number so far is complete
+    bool end_value();  // a value just ended: to kAfterValue, or kDone at depth 0
+    bool close();      // '}' or ']' at the current depth
     bool in_object() const { return (stack_ >> (depth_ - 1)) & 1u; }
 
     Mode mode_ = Mode::kStart;
-    Num num_ = Num::kMinus;
     bool key_ = false;        // the string being read is an object key
     bool closer_ok_ = false;  // kValue right after '[': ']' may close the empty array
     uint8_t depth_ = 0;
-    uint8_t ws_run_ = 0;
-    uint8_t digits_ = 0;  // of the number's integer part, then of its exponent
-    uint8_t hex_left_ = 0;
-    uint8_t cont_left_ = 0, cont_lo_ = 0, cont_hi_ = 0;
-    uint16_t hex_ = 0;             // the \u escape's value so far
-    bool high_surrogate_ = false;  // the last escape was \uD800-\uDBFF: a \uDC00-\uDFFF must follow at once
-    bool after_high_ = false;      // inside the escape that must be the low surrogate
+    uint8_t ws_run_ = 0;  // json_whitespace's state since the last token
+    JsonStringLexer str_;
+    JsonNumberLexer num_;
     const char* lit_ = nullptr;
     uint64_t stack_ = 0;  // bit d - 1: the container at depth d is an object (1) or an array (0)
 };

@@ -2,6 +2,7 @@
 // the token texts it checks (runtime/token_texts.h).
 #include "runtime/json_grammar.h"
 
+#include "json_random.h"
 #include "test_util.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
@@ -32,6 +33,7 @@ TEST(JsonGrammar, AcceptsObjects) {
              "{\"k\": {\"n\": {\"m\": []}}, \"s\": \"x\\\"y\\\\z\\/\\b\\f\\n\\r\\t\\u00e9\\uD83D\\uDE00\"}",
              "{\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\": \"ok\"}",
              "{\n  \"a\": [\n    {}\n  ]\n}",
+             "{\n\t\"a\": 1\n}",
              "{\"a\":[[],[{}]]}",
          }) {
         EXPECT_TRUE(accepts_whole(s)) << s;
@@ -83,10 +85,14 @@ TEST(JsonGrammar, RejectsWhereTheTextGoesWrong) {
     EXPECT_TRUE(g.feed(deep));
     EXPECT_FALSE(g.accepts("["));
     EXPECT_TRUE(g.accepts("]"));
-    EXPECT_TRUE(accepts_whole("{" + std::string(JsonGrammar::kMaxWhitespace, ' ') + "}"));
-    EXPECT_TRUE(accepts_whole(std::string(JsonGrammar::kMaxLeadingWhitespace, '\n') + "{}"));
-    EXPECT_FALSE(accepts_whole(std::string(JsonGrammar::kMaxLeadingWhitespace + 1, '\n') + "{}"));
-    EXPECT_FALSE(accepts_whole("{" + std::string(JsonGrammar::kMaxWhitespace + 1, ' ') + "}"));
+    // Whitespace between two tokens: none, one space, or a newline and an indent of up to kMaxIndent.
+    const std::string indent(JsonGrammar::kMaxIndent, ' ');
+    EXPECT_TRUE(accepts_whole("{\n" + indent + "\"a\": 1,\n\t\"b\" :[ 1 ]\n}"));
+    EXPECT_TRUE(accepts_whole(" {}"));
+    EXPECT_TRUE(accepts_whole("\n{}"));
+    EXPECT_FALSE(accepts_whole("{\n" + indent + " }"));
+    for (const char* s : {"{  }", "{ \n}", "{\n\n}", "\t{}", "{\r\n}", "  {}", "{\"a\":1 ,  \"b\":2}"})
+        EXPECT_FALSE(accepts_whole(s)) << s;
     // Spaces inside a string are text, not whitespace.
     EXPECT_TRUE(accepts_whole("{\"" + std::string(100, ' ') + "\":1}"));
 }
@@ -103,65 +109,34 @@ TEST(JsonGrammar, EveryPrefixIsOpenUntilTheObjectCloses) {
     EXPECT_FALSE(g.accepts("}"));
 }
 
-// Random objects, as a serializer writes them, are accepted; random edits of them are accepted only where a parser
-// accepts the result as an object too.
-nlohmann::json random_value(std::mt19937& rng, int depth) {
-    std::uniform_int_distribution<int> kind(0, depth > 3 ? 4 : 6);
-    switch (kind(rng)) {
-        case 0:
-            return nullptr;
-        case 1:
-            return static_cast<bool>(rng() & 1);
-        case 2:
-            return static_cast<int64_t>(rng()) - (1ll << 31);
-        case 3:
-            return std::ldexp(static_cast<double>(rng()) / 4294967296.0 - 0.5, static_cast<int>(rng() % 80) - 40);
-        case 4: {
-            std::string s;
-            const char* pool[] = {"a",    "Z", " ", "\"", "\\", "\n", "\t", "/", "\xc3\xa9", "\xf0\x9f\x98\x80",
-                                  "\x01", "}"};
-            for (int i = static_cast<int>(rng() % 6); i > 0; --i) s += pool[rng() % 12];
-            return s;
-        }
-        case 5: {
-            nlohmann::json a = nlohmann::json::array();
-            for (int i = static_cast<int>(rng() % 4); i > 0; --i) a.push_back(random_value(rng, depth + 1));
-            return a;
-        }
-        default: {
-            nlohmann::json o = nlohmann::json::object();
-            for (int i = static_cast<int>(rng() % 4); i > 0; --i)
-                o[std::string(1, static_cast<char>('a' + rng() % 26))] = random_value(rng, depth + 1);
-            return o;
-        }
-    }
+// A \u escape's first two digits decide a surrogate, so no prefix is a dead end: "\uDC" (a low half with no high one
+// before it) and "\uD83D\u0" (a high half whose low half does not follow) are refused where they begin.
+TEST(JsonGrammar, SurrogatesAreDecidedAtTheSecondDigit) {
+    JsonGrammar g;
+    ASSERT_TRUE(g.feed("{\"a\":\"\\uD"));
+    EXPECT_FALSE(g.accepts("C"));
+    EXPECT_FALSE(g.accepts("F"));
+    EXPECT_TRUE(g.accepts("B"));  // a high half
+    EXPECT_TRUE(g.accepts("7"));  // an ordinary character
+    ASSERT_TRUE(g.feed("83D"));
+    EXPECT_FALSE(g.accepts("\""));
+    EXPECT_FALSE(g.accepts("\\u0"));
+    EXPECT_FALSE(g.accepts("\\uDB"));
+    EXPECT_TRUE(g.accepts("\\uDE00\"}"));
 }
 
+// Random objects, as a serializer writes them, are accepted; random edits of them are accepted only where a parser
+// accepts the result as an object too.
 TEST(JsonGrammar, AgreesWithAParserOnRandomObjectsAndEdits) {
     std::mt19937 rng(1234);
     int edited_accepted = 0;
     for (int n = 0; n < 3000; ++n) {
         nlohmann::json o = nlohmann::json::object();
         for (int i = static_cast<int>(rng() % 5); i > 0; --i)
-            o[std::string(1, static_cast<char>('a' + rng() % 26))] = random_value(rng, 1);
+            o[std::string(1, static_cast<char>('a' + rng() % 26))] = test::random_value(rng, 1);
         const std::string text = (n & 1) ? o.dump(2) : o.dump();
         ASSERT_TRUE(accepts_whole(text)) << text;
-        std::string e = text;
-        for (int k = 1 + static_cast<int>(rng() % 3); k > 0 && !e.empty(); --k) {
-            const size_t at = rng() % e.size();
-            const char bytes[] = {'{', '}', '[', ']', '"', '\\', ',', ':', '0', '-', '.', 'e', ' ', 'u', '\x80', 'n'};
-            switch (rng() % 3) {
-                case 0:
-                    e[at] = bytes[rng() % sizeof(bytes)];
-                    break;
-                case 1:
-                    e.erase(at, 1);
-                    break;
-                default:
-                    e.insert(at, 1, bytes[rng() % sizeof(bytes)]);
-                    break;
-            }
-        }
+        const std::string e = test::random_edit(rng, text);
         if (accepts_whole(e)) {
             ++edited_accepted;
             ASSERT_TRUE(nlohmann::json::accept(e)) << e;
