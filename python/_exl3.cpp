@@ -236,6 +236,15 @@ const std::unordered_map<std::string, Setter>& request_setters() {
         };
         s["ignore_eos"] = [](GenerationRequest& r, py::handle h) { r.ignore_eos = cast_arg<bool>(h, "ignore_eos"); };
         s["json"] = [](GenerationRequest& r, py::handle h) { r.json_object = cast_arg<bool>(h, "json"); };
+        s["json_schema"] = [](GenerationRequest& r, py::handle h) {  // a dict (serialised here) or its JSON text
+            if (h.is_none()) return;
+            if (py::isinstance<py::str>(h))
+                r.json_schema = h.cast<std::string>();
+            else if (py::isinstance<py::dict>(h))
+                r.json_schema = py::module_::import("json").attr("dumps")(h).cast<std::string>();
+            else
+                raise(invalid_argument("json_schema must be a dict or a JSON string"));
+        };
         s["skip_special_tokens"] = [](GenerationRequest& r, py::handle h) {
             r.skip_special_tokens = cast_arg<bool>(h, "skip_special_tokens");
         };

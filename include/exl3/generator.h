@@ -110,6 +110,10 @@ struct GenerationRequest {
     // accepted); the job ends with kStop when the object closes (kLength if max_new_tokens comes first: the text is
     // then an unfinished object). Needs the Generator's tokenizer; no speculative proposals for such a job.
     bool json_object = false;
+    // Structured output (OpenAI's response_format json_schema): the output is one value the JSON Schema admits (the
+    // schema's text; src/runtime/json_schema.h lists the keywords it may use, and refuses the others). Drawn and ended
+    // as in JSON mode; an empty string: none. Not together with json_object.
+    std::string json_schema;
 };
 
 struct TokenLogprob {

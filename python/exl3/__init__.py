@@ -104,7 +104,8 @@ class Generator:
 
     Keyword arguments of submit / generate / stream: max_new_tokens, stop (a string or a list), stop_ids,
     ignore_eos, skip_special_tokens, logprobs (None, 0 for the chosen token's, n for the top n as well),
-    add_special_tokens (for text prompts), json (JSON mode: the output is one JSON object; needs the tokenizer), and
+    add_special_tokens (for text prompts), json (JSON mode: the output is one JSON object; needs the tokenizer),
+    json_schema (a dict or its JSON text: the output is one value the schema admits; README "Structured output"), and
     the sampler's fields: temperature (0: greedy), top_k, top_p, min_p,
     typical_p, repetition_penalty, presence_penalty, frequency_penalty, penalty_window, dry_multiplier, dry_base,
     dry_allowed_length, dry_penalty_window, dry_sequence_breakers, xtc_threshold, xtc_probability, logit_bias

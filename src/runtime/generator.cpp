@@ -10,12 +10,15 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "exl3/model.h"
 #include "runtime/json_grammar.h"
+#include "runtime/json_schema.h"
 #include "runtime/sampler.h"
+#include "runtime/vocab_walk.h"
 #ifdef EXL3_HAVE_CUDA
 #include <cuda_runtime_api.h>
 
@@ -47,6 +50,23 @@ constexpr int kMaxTopLogprobs = 100;
 constexpr int kMaxDraftTokens = 32;
 constexpr int kMaxNgram = 16;
 
+// The grammar a job's output follows: JSON mode's (GenerationRequest::json_object) or a schema's (json_schema).
+struct OutputGrammar {
+    std::optional<JsonGrammar> object;
+    std::shared_ptr<const JsonSchema> schema;
+    std::optional<SchemaGrammar> shaped;  // over *schema
+    bool accepts(std::string_view b) const { return object ? object->accepts(b) : shaped->accepts(b); }
+    void feed(std::string_view b) { static_cast<void>(object ? object->feed(b) : shaped->feed(b)); }
+    bool complete() const { return object ? object->complete() : shaped->complete(); }
+    template <typename F>
+    void each_allowed(const SortedVocab& v, const std::vector<std::string>& texts, F&& f) const {
+        if (object)
+            for_each_allowed(v, texts, *object, f);
+        else
+            for_each_allowed(v, texts, *shaped, f);
+    }
+};
+
 struct Job {
     uint64_t id = 0;
     GenerationRequest req;
@@ -70,7 +90,7 @@ struct Job {
     int drafted = 0, accepted = 0;
     std::vector<std::unordered_map<uint64_t, int32_t>> ngram_last;
     int ngram_end = 0;
-    std::unique_ptr<JsonGrammar> json;  // JSON mode: the output so far (GenerationRequest::json_object)
+    std::unique_ptr<OutputGrammar> json;  // JSON mode or a schema: the output so far
 };
 
 // A hash of n token ids (the n-gram index's key; matches are verified against the tokens).
@@ -171,6 +191,8 @@ struct Generator::Impl {
     // tokens and ids the tokenizer lacks, which JSON mode never picks), whether `id` can continue the job's output, and
     // a draw among the tokens that can, with the job's sampler (-1: none can).
     std::vector<std::string> token_bytes;
+    std::unique_ptr<SortedVocab> sorted_vocab;  // token_bytes in byte order, for json_redraw
+    void make_token_texts();
     bool json_allows(const Job& job, int32_t id);
     int32_t json_redraw(Job& job, const float* row);
     // Proposals (Job::drafts) for speculative decoding: at most want tokens each.
@@ -235,9 +257,24 @@ Result<std::unique_ptr<Job>> Generator::Impl::make_job(GenerationRequest req) co
                 max_new, ctx, ctx - n));
         max_new = ctx - n;
     }
-    if (req.json_object && !tok) return invalid_argument("JSON mode needs a tokenizer: create the Generator with one");
+    const bool shaped = !req.json_schema.empty();
+    if ((req.json_object || shaped) && !tok)
+        return invalid_argument("JSON mode and json_schema need a tokenizer: create the Generator with one");
+    if (req.json_object && shaped) return invalid_argument("json_object and json_schema exclude each other");
+    std::shared_ptr<const JsonSchema> schema;
+    if (shaped) {
+        EXL3_ASSIGN_OR_RETURN(schema, JsonSchema::compile(req.json_schema));
+    }
     auto job = std::make_unique<Job>();
-    if (req.json_object) job->json = std::make_unique<JsonGrammar>();
+    if (req.json_object || shaped) {
+        job->json = std::make_unique<OutputGrammar>();
+        if (shaped) {
+            job->json->schema = std::move(schema);
+            job->json->shaped.emplace(*job->json->schema);
+        } else {
+            job->json->object.emplace();
+        }
+    }
     job->prompt_len = n;
     job->max_new = max_new;
     job->tokens = req.prompt_ids;
@@ -323,10 +360,16 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
     finish(job, u, why);
 }
 
-bool Generator::Impl::json_allows(const Job& job, int32_t id) {
+void Generator::Impl::make_token_texts() {
 #ifdef EXL3_HAVE_TOKENIZER
-    if (token_bytes.empty()) token_bytes = token_texts(*tok, vocab);
+    if (!token_bytes.empty()) return;
+    token_bytes = token_texts(*tok, vocab);
+    sorted_vocab = std::make_unique<SortedVocab>(token_bytes);
 #endif
+}
+
+bool Generator::Impl::json_allows(const Job& job, int32_t id) {
+    make_token_texts();
     if (id < 0 || id >= vocab) return false;
     const std::string& b = token_bytes[static_cast<size_t>(id)];
     return !b.empty() && job.json->accepts(b);
@@ -336,15 +379,16 @@ bool Generator::Impl::json_allows(const Job& job, int32_t id) {
 // row with every disallowed token banned. For plain sampling that is exactly the distribution restricted to the
 // allowed tokens (P(t) = p_t + (1 - P_allowed) p_t / P_allowed); greedy takes the best allowed token; truncation
 // (top-k, top-p, ...) sees the banned row on the second draw only.
+// The allowed tokens come from a walk over the texts in byte order (runtime/vocab_walk.h): where the grammar allows
+// little, most of the vocabulary is skipped a shared prefix at a time.
 int32_t Generator::Impl::json_redraw(Job& job, const float* row) {
-    std::vector<float> masked(row, row + vocab);
+    make_token_texts();
+    std::vector<float> masked(static_cast<size_t>(vocab), -std::numeric_limits<float>::infinity());
     bool any = false;
-    for (int32_t t = 0; t < vocab; ++t) {
-        if (json_allows(job, t))
-            any = true;
-        else
-            masked[static_cast<size_t>(t)] = -std::numeric_limits<float>::infinity();
-    }
+    job.json->each_allowed(*sorted_vocab, token_bytes, [&](int32_t t) {
+        masked[static_cast<size_t>(t)] = row[t];
+        any = true;
+    });
     if (!any) return -1;
     const int32_t id = job.sampler->sample(masked.data(), vocab, job.tokens);
     return json_allows(job, id) ? id : -1;  // the job's own bans and biases can leave nothing it allows

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "runtime/json_schema.h"
+
 namespace exl3::server {
 
 using json = nlohmann::json;
@@ -245,7 +247,19 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
                                "tool_choice", "invalid_value");
         if (out->tool_choice == "function") {
             bool found = false;
-            for (const auto& t : out->tools) found = found || t["function"]["name"] == out->tool_function;
+            for (const auto& t : out->tools) {
+                if (t["function"]["name"] != out->tool_function) continue;
+                found = true;
+                // Its arguments under the parameters' schema where that compiles (none: an empty object).
+                const auto& fn = t["function"];
+                const std::string schema = fn.contains("parameters") && fn["parameters"].is_object()
+                                               ? fn["parameters"].dump()
+                                               : std::string(R"({"type": "object", "additionalProperties": false})");
+                if (JsonSchema::compile(schema).is_ok()) {
+                    out->constrained_call = true;
+                    out->gen.json_schema = schema;
+                }
+            }
             if (!found)
                 return bad_request(fmt::format("'tool_choice' names the function '{}', which is not in 'tools'",
                                                out->tool_function),
@@ -301,31 +315,43 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
         EXL3_TRY(parse_prompt(b, out));
         EXL3_TRY(read_bool(b, "echo", &out->echo));
     }
-    // response_format: "text", or "json_object" (JSON mode: the reply is one JSON object, GenerationRequest::
-    // json_object). "json_schema" is not built: a client asking for it gets a clear error instead of text that may
-    // not follow its schema.
+    // response_format: "text", "json_object" (JSON mode: the reply is one JSON object, GenerationRequest::
+    // json_object) or "json_schema" (the reply is a value its schema admits, GenerationRequest::json_schema; a schema
+    // with keywords the output cannot be held to is refused here, naming them).
     bool json_object = false;
+    std::string json_schema;
     if (auto rf = b.find("response_format"); rf != b.end() && !rf->is_null()) {
         if (!rf->is_object() || !rf->contains("type") || !(*rf)["type"].is_string())
             return bad_request("'response_format' must be an object with a string 'type'", "response_format",
                                "invalid_type");
         const std::string type = (*rf)["type"].get<std::string>();
+        if ((type == "json_object" || type == "json_schema") && chat && !out->tools.is_null())
+            return bad_request(fmt::format("response_format '{}' with tools is not supported: a reply is either "
+                                           "JSON or tool calls",
+                                           type),
+                               "response_format", "unsupported_value");
         if (type == "json_object") {
-            if (chat && !out->tools.is_null())
-                return bad_request(
-                    "response_format 'json_object' with tools is not supported: a reply is either a "
-                    "JSON object or tool calls",
-                    "response_format", "unsupported_value");
             json_object = true;
+        } else if (type == "json_schema") {
+            auto js = rf->find("json_schema");
+            if (js == rf->end() || !js->is_object() || !js->contains("schema") || !(*js)["schema"].is_object())
+                return bad_request(
+                    "response_format 'json_schema' needs 'json_schema': {\"name\": ..., \"schema\": "
+                    "{...}}",
+                    "response_format", "invalid_value");
+            json_schema = (*js)["schema"].dump();
+            if (auto r = JsonSchema::compile(json_schema); !r.is_ok())
+                return bad_request(r.status().message(), "response_format", "invalid_value");
         } else if (type != "text") {
-            return bad_request(fmt::format("response_format type '{}' is not supported (only 'text' and "
-                                           "'json_object': replies are not constrained to a schema)",
+            return bad_request(fmt::format("response_format type '{}' is not supported (only 'text', 'json_object' "
+                                           "and 'json_schema')",
                                            type),
                                "response_format", "unsupported_value");
         }
     }
     GenerationRequest& g = out->gen;
     g.json_object = json_object;
+    if (!json_schema.empty()) g.json_schema = std::move(json_schema);  // else a named call's, or none
     SamplerSettings& s = g.sampling;
     // OpenAI's defaults: temperature 1 and top_p 1 (the Generator's own default is greedy).
     s.temperature = 1.0f;

@@ -27,12 +27,15 @@ ApiError bad_request(std::string message, std::string param = {}, std::string co
 // What a chat or completion request asks for, validated. The prompt is still text (or ids): rendering the chat
 // template and tokenizing need the model, which this layer does not know.
 struct ParsedRequest {
-    std::string model;                  // empty when the client sent none
-    nlohmann::ordered_json messages;    // chat: normalised (content parts joined into a string)
-    nlohmann::ordered_json tools;       // chat: the tools list, or null (also when tool_choice is "none")
-    std::string tool_choice = "auto";   // chat: none, auto, required, or "function" (named: see tool_function)
-    std::string tool_function;          // chat: the function tool_choice names
-    bool parallel_tool_calls = true;    // false: only the first call of a reply is returned
+    std::string model;                 // empty when the client sent none
+    nlohmann::ordered_json messages;   // chat: normalised (content parts joined into a string)
+    nlohmann::ordered_json tools;      // chat: the tools list, or null (also when tool_choice is "none")
+    std::string tool_choice = "auto";  // chat: none, auto, required, or "function" (named: see tool_function)
+    std::string tool_function;         // chat: the function tool_choice names
+    // chat, a named function whose parameters compile as a JSON Schema (runtime/json_schema.h): the arguments are
+    // generated under it (gen.json_schema) and the job ends when they close; else they are not constrained.
+    bool constrained_call = false;
+    bool parallel_tool_calls = true;       // false: only the first call of a reply is returned
     bool has_skip_special_tokens = false;  // the client chose skip_special_tokens (else the server may)
     std::string prompt;                 // completions: text
     std::vector<int32_t> prompt_ids;    // completions: ids (instead of text)

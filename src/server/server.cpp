@@ -297,6 +297,9 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     std::vector<Choice> choices(p.n);
     if (tools_on)
         for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
+    // A named call's arguments generated under their schema end the job when they close (kStop): the server closes
+    // the call after them.
+    const std::string closing = p.constrained_call ? tool_call_closing(tool_format) : std::string();
 
     if (!p.stream) {
         // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
@@ -304,12 +307,13 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         auto state = std::make_shared<Whole>();
         state->stream = std::move(stream);
         state->choices = std::move(choices);
-        auto collect = [this, chat, lp = p.logprobs](Whole& w, std::chrono::milliseconds wait) {
+        auto collect = [this, chat, lp = p.logprobs, closing](Whole& w, std::chrono::milliseconds wait) {
             std::vector<Stream::Item> items;
             const bool more = w.stream->next(wait, &items);
             for (auto& [index, u] : items) {
                 Choice& c = w.choices[index];
                 c.text += u.text;
+                if (u.finish == FinishReason::kStop) c.text += closing;
                 json unused;
                 if (lp) add_logprobs(u, chat, &c, &unused);
                 c.generated = u.generated_tokens;
@@ -422,7 +426,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, p, chat, echo, prompt_len, chunk_base](size_t, httplib::DataSink& sink) {
+        [this, st, p, chat, echo, prompt_len, chunk_base, closing](size_t, httplib::DataSink& sink) {
             auto send = [&](const json& j) {
                 const std::string line =
                     "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
@@ -447,6 +451,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                         std::vector<ToolCallParser::Piece> pieces = std::move(c.early);
                         c.early.clear();
                         c.parser->feed(u.text, &pieces);
+                        if (u.finish == FinishReason::kStop) c.parser->feed(closing, &pieces);
                         if (u.finish != FinishReason::kNone) c.parser->finish(&pieces);
                         for (auto& piece : pieces) {
                             if (!piece.tool_call.is_null())

@@ -140,6 +140,20 @@ std::string tool_call_opening(ToolFormat f, const std::string& function) {
     return {};
 }
 
+std::string tool_call_closing(ToolFormat f) {
+    switch (f) {
+        case ToolFormat::kHermes:
+            return "}\n</tool_call>";
+        case ToolFormat::kLlama3:
+            return "}";
+        case ToolFormat::kMistral:
+            return "}]";
+        case ToolFormat::kMistralArgs:
+            return {};
+    }
+    return {};
+}
+
 std::vector<std::string> tool_call_markers(ToolFormat f) {
     switch (f) {
         case ToolFormat::kHermes:

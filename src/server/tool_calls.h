@@ -38,6 +38,9 @@ ToolFormat detect_tool_format(std::string_view template_source, std::string* how
 // tool call: for tool_choice "required" (function empty) the opening marker, for a named function the opening up to
 // its arguments. The parser is then fed this text before the model's.
 std::string tool_call_opening(ToolFormat f, const std::string& function);
+// What closes a named function's call after its arguments (the server appends it when the arguments were generated
+// under their schema and closed: the job then ends there).
+std::string tool_call_closing(ToolFormat f);
 
 // The strings that start a tool call in this format (to check whether the tokenizer treats them as special tokens,
 // which must then not be skipped in the streamed text).

@@ -156,6 +156,35 @@ class RunTest(unittest.TestCase):
             self.assertIn("stop: length", err)
             self.assertRegex(text, r"^\s*\{")
 
+    def test_json_schema(self):
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                    "rooms": {"type": "integer"}}, "required": ["name", "rooms"],
+                  "additionalProperties": False}
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "schema.json")
+            with open(path, "w") as f:
+                json.dump(schema, f)
+            rc, out, err = exl3("run", "-m", DRAFT, "-p", "A lighthouse, as JSON:", "-n", "300", "--json-schema", path,
+                                "-t", "2")
+            self.assertEqual(rc, 0, err)
+            text = out.decode("utf-8").rstrip("\n")
+            if "stop: stop" in err:  # the object closed
+                v = json.loads(text)
+                self.assertEqual(list(v), ["name", "rooms"])
+                self.assertIsInstance(v["rooms"], int)
+            else:
+                self.assertIn("stop: length", err)
+                self.assertRegex(text, r"^\s*\{")
+            # A schema the output cannot be held to is refused before the model loads, naming the keyword.
+            with open(path, "w") as f:
+                json.dump({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}}, f)
+            rc, out, err = exl3("run", "-m", DRAFT, "-p", "x", "--json-schema", path)
+            self.assertNotEqual(rc, 0)
+            self.assertIn("'format' is not supported", err)
+            rc, out, err = exl3("run", "-m", DRAFT, "-p", "x", "--json-schema", os.path.join(d, "missing.json"))
+            self.assertNotEqual(rc, 0)
+            self.assertIn("cannot open", err)
+
     def test_quiet_leaves_stderr_empty(self):
         rc, out, err = exl3("-q", "run", "-m", DRAFT, "-p", "Hello", "-n", "4")
         self.assertEqual(rc, 0, err)

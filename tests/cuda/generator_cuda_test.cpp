@@ -14,6 +14,7 @@
 #include "exl3/generator.h"
 #include "exl3/model.h"
 #include "runtime/json_grammar.h"
+#include "runtime/json_schema.h"
 #include "test_util.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
@@ -426,6 +427,18 @@ TEST(GeneratorCuda, JsonModeOnTheGpu) {
         r.logprobs = i == 1 ? 3 : -1;
         reqs.push_back(std::move(r));
     }
+    // Two jobs under a schema (greedy, then seeded): json_schema takes the same path.
+    const std::string schema = R"({"type": "object", "properties": {"title": {"type": "string", "maxLength": 20},
+        "rooms": {"type": "array", "items": {"type": "integer"}, "maxItems": 4}}, "required": ["title", "rooms"]})";
+    auto compiled = JsonSchema::compile(schema);
+    ASSERT_TRUE(compiled.is_ok()) << compiled.status().to_string();
+    const GenerationRequest like[2] = {reqs[0], reqs[4]};
+    for (int i = 0; i < 2; ++i) {
+        GenerationRequest r = like[i];
+        r.json_object = false;
+        r.json_schema = schema;
+        reqs.insert(reqs.begin() + 4 + 2 * i, std::move(r));  // greedy ones stay first: 0-4 greedy, 5-7 seeded
+    }
     auto go = [&](bool device_sampling) {
         GeneratorOptions o;
         o.device_sampling = device_sampling;
@@ -448,18 +461,27 @@ TEST(GeneratorCuda, JsonModeOnTheGpu) {
         for (size_t i = 0; i < ids.size(); ++i) {
             const auto& [t, text] = out[ids[i]];
             if (i == 1) EXPECT_EQ(lps[ids[i]], t.size());
-            JsonGrammar gr;
-            EXPECT_TRUE(gr.feed(text)) << text;
-            EXPECT_EQ(gr.complete(), why[ids[i]] == FinishReason::kStop) << text;
+            bool fed = false, complete = false;
+            if (reqs[i].json_schema.empty()) {
+                JsonGrammar gr;
+                fed = gr.feed(text);
+                complete = gr.complete();
+            } else {
+                SchemaGrammar gr(**compiled);
+                fed = gr.feed(text);
+                complete = gr.complete();
+            }
+            EXPECT_TRUE(fed) << text;
+            EXPECT_EQ(complete, why[ids[i]] == FinishReason::kStop) << text;
             if (why[ids[i]] != FinishReason::kStop) EXPECT_EQ(why[ids[i]], FinishReason::kLength);
-            std::printf("  JSON job %zu (%s sampling, %s): %s\n", i, device_sampling ? "GPU" : "host",
-                        gr.complete() ? "closed" : "cut", text.c_str());
+            std::printf("  %s job %zu (%s sampling, %s): %s\n", reqs[i].json_schema.empty() ? "JSON" : "schema", i,
+                        device_sampling ? "GPU" : "host", complete ? "closed" : "cut", text.c_str());
             v.push_back(out[ids[i]]);
         }
         return v;
     };
     const auto dev = go(true), host = go(false);
-    for (size_t i = 0; i < 4; ++i) EXPECT_EQ(dev[i].first, host[i].first) << "greedy JSON job " << i;
+    for (size_t i = 0; i < 5; ++i) EXPECT_EQ(dev[i].first, host[i].first) << "greedy JSON / schema job " << i;
     expect_all_pages_back(*m);
 }
 #endif

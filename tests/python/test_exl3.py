@@ -302,6 +302,24 @@ class GeneratorTest(unittest.TestCase):
         with self.assertRaises(Exception):
             exl3.Generator(model()).generate([1, 2, 3], max_new_tokens=4, json=True)  # no tokenizer: no token texts
 
+    def test_json_schema(self):
+        # The output is one value of the schema (a dict, or its JSON text); a schema it cannot be held to is refused.
+        schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                                    "tags": {"type": "array", "items": {"enum": ["a", "b"]}}},
+                  "required": ["name", "tags"]}
+        for s in (schema, json.dumps(schema)):
+            c = self.gen().generate("A lighthouse, as JSON:", max_new_tokens=300, json_schema=s)
+            if c.finish_reason == "stop":
+                v = json.loads(c.text)
+                self.assertEqual(list(v), ["name", "tags"])
+                self.assertTrue(set(v["tags"]) <= {"a", "b"})
+            else:
+                self.assertEqual(c.finish_reason, "length")
+        with self.assertRaises(exl3.InvalidArgumentError):
+            self.gen().generate("x", max_new_tokens=4, json_schema={"type": "object", "minProperties": 1})
+        with self.assertRaises(exl3.InvalidArgumentError):
+            self.gen().generate("x", max_new_tokens=4, json_schema=3)
+
     def test_speculative_decoding_keeps_the_output(self):
         prompt = "The sun rose over the hills, and the birds began to sing. " * 3
         kw = dict(max_new_tokens=40, ignore_eos=True)

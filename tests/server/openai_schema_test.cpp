@@ -26,13 +26,17 @@ TEST(OpenAiSchema, ParsesAChatRequest) {
     EXPECT_EQ(r.messages[0]["content"], "ab");  // text parts joined
 }
 
-// response_format: "text" (the default) and null leave the output free, "json_object" turns JSON mode on (not with
-// tools: a reply is either an object or calls), and what is not built (json_schema, anything else) is a 400 naming
-// response_format, not text that merely looks like an answer; on both routes.
+// response_format: "text" (the default) and null leave the output free, "json_object" turns JSON mode on,
+// "json_schema" structured output (neither with tools: a reply is either JSON or calls); a schema with a keyword the
+// output cannot be held to, and anything else, is a 400 naming response_format, not text that merely looks like an
+// answer; on both routes. A named tool call takes its parameters as the schema where they compile.
 TEST(OpenAiSchema, ResponseFormat) {
     for (bool chat : {true, false}) {
         const std::string head = chat ? R"({"messages": [{"role": "user", "content": "a"}], )" : R"({"prompt": "a", )";
-        for (const char* rf : {R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})",
+        for (const char* rf : {R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object",
+                                   "properties": {"a": {"type": "string", "pattern": "x"}}}}})",
+                               R"({"type": "json_schema", "json_schema": {"name": "x"}})",
+                               R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}})",
                                R"({"type": "grammar"})", R"("json")", R"({"kind": "text"})"}) {
             ParsedRequest r;
             auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
@@ -40,19 +44,35 @@ TEST(OpenAiSchema, ResponseFormat) {
             EXPECT_EQ(err->http_status, 400) << rf;
             EXPECT_EQ(err->param, "response_format") << rf << ": " << err->message;
         }
-        for (const char* rf : {R"({"type": "text"})", "null", R"({"type": "json_object"})"}) {
+        for (const char* rf : {R"({"type": "text"})", "null", R"({"type": "json_object"})",
+                               R"({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}})"}) {
             ParsedRequest r;
             auto err = parse_request(json::parse(head + R"("response_format": )" + rf + "}"), chat, &r);
             EXPECT_FALSE(err.has_value()) << rf << ": " << err->message;
             EXPECT_EQ(r.gen.json_object, std::string(rf).find("json_object") != std::string::npos) << rf;
+            EXPECT_EQ(r.gen.json_schema.empty(), std::string(rf).find("json_schema") == std::string::npos) << rf;
         }
     }
-    ParsedRequest r;
-    auto err = parse_request(json::parse(R"({"messages": [{"role": "user", "content": "a"}], "tools": [{"type":
-        "function", "function": {"name": "f", "parameters": {}}}], "response_format": {"type": "json_object"}})"),
-                             true, &r);
-    ASSERT_TRUE(err.has_value());
-    EXPECT_EQ(err->param, "response_format");
+    for (const char* rf : {R"({"type": "json_object"})", R"({"type": "json_schema", "json_schema": {"schema": {}}})"}) {
+        ParsedRequest r;
+        auto err = parse_request(json::parse(std::string(R"({"messages": [{"role": "user", "content": "a"}], "tools":
+            [{"type": "function", "function": {"name": "f", "parameters": {}}}], "response_format": )") + rf + "}"),
+                                 true, &r);
+        ASSERT_TRUE(err.has_value()) << rf;
+        EXPECT_EQ(err->param, "response_format");
+    }
+    const std::string tools = R"({"messages": [{"role": "user", "content": "a"}], "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": {"type":
+         "integer"}}}}}, {"type": "function", "function": {"name": "g", "parameters": {"type": "object", "properties":
+         {"d": {"type": "string", "format": "date"}}}}}, {"type": "function", "function": {"name": "h"}}], "tool_choice":
+        {"type": "function", "function": {"name": ")";
+    for (const char* fn : {"f", "g", "h"}) {
+        ParsedRequest r;
+        auto err = parse_request(json::parse(tools + fn + "\"}}}"), true, &r);
+        ASSERT_FALSE(err.has_value()) << fn << ": " << err->message;
+        EXPECT_EQ(r.constrained_call, std::string(fn) != "g") << fn;  // g's "format" cannot be held to: free
+        EXPECT_EQ(r.gen.json_schema.empty(), !r.constrained_call) << fn;
+    }
 }
 
 TEST(OpenAiSchema, WrongTypesNameTheField) {

@@ -225,7 +225,7 @@ const tests = {
     },
     async jsonMode() {
         // response_format json_object: the reply is a JSON object (or, cut by max_tokens, the start of one), the same
-        // whole and streamed (seeded or greedy); chat and completions; json_schema is refused with a 400.
+        // whole and streamed (seeded or greedy); chat and completions.
         const m = [{ role: "user", content: "Describe a lighthouse as JSON." }];
         const isObjectOrStart = (text, finish, what) => {
             if (finish === "stop") {
@@ -249,9 +249,51 @@ const tests = {
         const cr = await client.completions.create({ model: MODEL, prompt: "A lighthouse: ", max_tokens: 160,
                                                      temperature: 0, response_format: rf });
         isObjectOrStart(cr.choices[0].text, cr.choices[0].finish_reason, "completions");
-        await assert.rejects(client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 8,
-            response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }),
-                             (e) => e.status === 400 && /json_schema/.test(e.message));
+        await healthy();
+    },
+    async jsonSchema() {
+        // response_format json_schema: the reply is a value of the schema (declared properties in order, required
+        // ones present, types and enums kept), the same whole and streamed; what cannot be held to is a 400.
+        const m = [{ role: "user", content: "Describe a lighthouse as JSON." }];
+        const schema = {
+            type: "object", additionalProperties: false, required: ["name", "height", "lit", "color"],
+            properties: {
+                name: { type: "string", maxLength: 30 }, height: { type: "integer" }, lit: { type: "boolean" },
+                color: { enum: ["red", "white", "green"] }, notes: { type: ["string", "null"] },
+            },
+        };
+        const rf = { type: "json_schema", json_schema: { name: "lighthouse", schema, strict: true } };
+        let closed = 0;
+        for (const temperature of [0, 0.8]) {
+            const r = await client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 300, temperature,
+                                                             seed: 9, response_format: rf });
+            const c = r.choices[0];
+            const s = await streamChat({ messages: m, max_tokens: 300, temperature, seed: 9, response_format: rf });
+            assert.equal(s.text, c.message.content, "streamed as whole");
+            assert.equal(s.finish, c.finish_reason);
+            if (c.finish_reason !== "stop") {
+                assert.equal(c.finish_reason, "length");
+                continue;
+            }
+            ++closed;
+            const v = JSON.parse(c.message.content);
+            assert.deepEqual(Object.keys(v).filter((k) => k !== "notes"), ["name", "height", "lit", "color"]);
+            assert.equal(typeof v.name, "string");
+            assert.ok([...v.name].length <= 30);
+            assert.ok(Number.isInteger(v.height), c.message.content);
+            assert.equal(typeof v.lit, "boolean");
+            assert.ok(["red", "white", "green"].includes(v.color));
+            assert.ok(!("notes" in v) || v.notes === null || typeof v.notes === "string");
+        }
+        assert.ok(closed > 0, "a reply closed its object within 300 tokens");
+        const bad = async (format, pattern) => assert.rejects(
+            client.chat.completions.create({ model: MODEL, messages: m, max_tokens: 8, response_format: format }),
+            (e) => e.status === 400 && pattern.test(e.message), JSON.stringify(format));
+        await bad({ type: "json_schema", json_schema: { name: "x", schema: { type: "object", properties: {
+            code: { type: "string", pattern: "^[A-Z]+$" } } } } }, /'pattern' is not supported/);
+        await bad({ type: "json_schema", json_schema: { name: "x" } }, /json_schema/);
+        await bad({ type: "json_schema", json_schema: { name: "x", schema: { type: "string" } } }, /root/);
+        await bad({ type: "xml" }, /not supported/);
         await healthy();
     },
     async prefixCache() {
@@ -397,6 +439,39 @@ const tests = {
         const n = named.choices[0].message;
         assert.ok(n.tool_calls?.[0]?.function.name === "get_weather" ||
                   n.content.startsWith('<tool_call>\n{"name": "get_weather", "arguments": '), JSON.stringify(n));
+        // A named function's arguments are generated under its parameters' schema: when they close, the reply is
+        // that call with arguments the schema admits (whole and streamed alike); a schema with keywords that cannot
+        // be held to leaves the arguments free (no error).
+        const alarm = { type: "function", function: { name: "set_alarm", parameters: {
+            type: "object", additionalProperties: false, required: ["hour", "label"],
+            properties: { hour: { type: "integer" }, label: { type: "string", maxLength: 12 },
+                          days: { type: "array", items: { enum: ["mon", "tue"] }, maxItems: 2 } } } } };
+        let closed = 0;
+        for (const temperature of [0, 0.8]) {
+            const body = { model: MODEL, messages: [{ role: "user", content: "Wake me at seven." }],
+                           tools: [...TOOLS, alarm], tool_choice: { type: "function", function: { name: "set_alarm" } },
+                           max_tokens: 300, temperature, seed: 4 };
+            const r = await client.chat.completions.create(body);
+            const c = r.choices[0];
+            const final = await client.chat.completions.stream(body).finalChatCompletion();
+            assert.deepEqual(final.choices[0].message.tool_calls?.map((t) => t.function),
+                             c.message.tool_calls?.map((t) => t.function), "streamed as whole");
+            if (c.finish_reason === "length") continue;
+            ++closed;
+            assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c));
+            assert.equal(c.message.tool_calls[0].function.name, "set_alarm");
+            const args = JSON.parse(c.message.tool_calls[0].function.arguments);
+            assert.ok(Number.isInteger(args.hour), JSON.stringify(args));
+            assert.ok(typeof args.label === "string" && [...args.label].length <= 12, JSON.stringify(args));
+            assert.ok(Object.keys(args).every((k) => ["hour", "label", "days"].includes(k)), JSON.stringify(args));
+            assert.ok(!args.days || args.days.every((d) => d === "mon" || d === "tue"), JSON.stringify(args));
+        }
+        assert.ok(closed > 0, "a constrained call closed within 300 tokens");
+        const free = await client.chat.completions.create({ model: MODEL, messages: askTime, max_tokens: 4,
+            tools: [{ type: "function", function: { name: "f", parameters: { type: "object", properties: {
+                d: { type: "string", format: "date" } } } } }],
+            tool_choice: { type: "function", function: { name: "f" } } });
+        assert.ok(["length", "stop", "tool_calls"].includes(free.choices[0].finish_reason));
         const chat = (body) => raw("POST", "/v1/chat/completions", JSON.stringify(body));
         expectError(await chat({ messages: askTime, tool_choice: "required" }), 400, "required without tools");
         expectError(await chat({ messages: askTime, tools: TOOLS, tool_choice: { type: "function",

@@ -7,10 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/log.h"
 #include "exl3/model.h"
@@ -54,18 +51,6 @@ struct PplOptions {
     bool json = false;
     bool no_bos = false;
 };
-
-[[maybe_unused]] Result<std::string> read_file(const std::string& path) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec))
-        return invalid_argument("'" + path + "' is a directory, not a text file");
-    std::ifstream f(path, std::ios::binary);
-    if (!f) return io_error("cannot open '" + path + "': " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) return io_error("cannot read '" + path + "'");
-    return ss.str();
-}
 
 [[maybe_unused]] std::string kv_bits_label(int bits) {
     return bits == 0 ? "unquantized" : fmt::format("{} bits", bits);

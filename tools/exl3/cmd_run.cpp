@@ -8,6 +8,7 @@
 #include "core/log.h"
 #include "exl3/generator.h"
 #include "exl3/model.h"
+#include "runtime/json_schema.h"
 #include "runtime/sampler.h"
 #include "tools/exl3/commands.h"
 #ifdef EXL3_HAVE_TOKENIZER
@@ -31,6 +32,7 @@ struct RunOptions {
     bool ignore_eos = false;
     bool no_bos = false;
     bool json = false;
+    std::string json_schema;  // a file
     SamplerSettings sampling;
     SpeculativeFlags spec;
 };
@@ -58,6 +60,14 @@ int run(const RunOptions& o) {
     if (o.max_tokens < 0) return fail("run", "-n must be >= 0");
     if (o.prompt.empty() == o.tokens.empty())
         return fail("run", "give exactly one of -p TEXT or --tokens IDS, not empty");
+    if (o.json && !o.json_schema.empty()) return fail("run", "give --json or --json-schema, not both");
+    std::string schema;
+    if (!o.json_schema.empty()) {  // read and checked before the model loads
+        auto text = read_file(o.json_schema);
+        if (!text.is_ok()) return fail("run", "--json-schema: " + text.status().message());
+        if (auto s = JsonSchema::compile(*text); !s.is_ok()) return fail("run", s.status().message());
+        schema = std::move(*text);
+    }
     LoadOptions lo;
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
@@ -105,9 +115,11 @@ int run(const RunOptions& o) {
     rq.ignore_eos = o.ignore_eos;
     rq.skip_special_tokens = true;
     rq.json_object = o.json;
+    rq.json_schema = std::move(schema);
     std::shared_ptr<const Tokenizer> gen_tok;
 #ifdef EXL3_HAVE_TOKENIZER
-    if (tok && (!o.ids || o.json)) gen_tok = tok;  // text is streamed only when it is printed (JSON mode checks it)
+    // Text is streamed only when it is printed (JSON mode and schemas check it).
+    if (tok && (!o.ids || o.json || !rq.json_schema.empty())) gen_tok = tok;
 #endif
     // One job: its whole prompt in one forward, as a plain loop would do it.
     GeneratorOptions go;
@@ -182,6 +194,9 @@ Runner add_run(CLI::App& app) {
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");
     app.add_flag("--json", o->json, "JSON mode: the output is one JSON object (generation ends when it closes)");
+    app.add_option("--json-schema", o->json_schema,
+                   "a JSON Schema file: the output is one value it admits (generation ends when it closes; README: "
+                   "Structured output)");
     app.add_flag("--no-bos", o->no_bos, "do not add the BOS token (and other special tokens) to the prompt");
     return [o] { return run(*o); };
 }

@@ -119,4 +119,7 @@ inline void add_speculative_options(CLI::App& app, SpeculativeFlags& f) {
 // Prints "exl3 <what>: <message>" to stderr and returns the exit code for failures.
 int fail(const std::string& what, const std::string& message);
 
+// A whole file's bytes (a clear error for a directory or an unreadable path).
+Result<std::string> read_file(const std::string& path);
+
 }  // namespace exl3::cli

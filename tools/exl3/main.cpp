@@ -2,8 +2,13 @@
 // stdout carries only the command's output (generated text, JSON); logs and progress go to stderr.
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <vector>
 
 #include "core/log.h"
@@ -37,6 +42,18 @@ void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain) {
 int fail(const std::string& what, const std::string& message) {
     std::fprintf(stderr, "exl3 %s: %s\n", what.c_str(), message.c_str());
     return 1;
+}
+
+Result<std::string> read_file(const std::string& path) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec))
+        return invalid_argument("'" + path + "' is a directory, not a text file");
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return io_error("cannot open '" + path + "': " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    if (f.bad()) return io_error("cannot read '" + path + "'");
+    return ss.str();
 }
 
 }  // namespace exl3::cli
