@@ -9,10 +9,11 @@
 // - arrays: items (one schema), minItems, maxItems; strings: minLength, maxLength (code points);
 // - anyOf / oneOf whose alternatives start with different bytes (object, array, string, number or integer, boolean,
 //   null: e.g. a type and null), allOf of one schema, $ref to "#" or a JSON pointer into the document ($defs,
-//   definitions; recursion allows);
+//   definitions; recursion allowed);
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
-// The recognizer also applies JsonGrammar's limits (whitespace runs, depth, number digits), so the schema
-// {"type": "object"} admits exactly what JSON mode does. The root must be an object or an array (a text that can end).
+// The recognizer also applies JsonGrammar's limits (whitespace, depth, number digits; integers at most 18 digits), so
+// the schema {"type": "object"} admits exactly what JSON mode does. The root must be an object or an array (a text that
+// can end).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -30,7 +31,7 @@ public:
     // A value's first byte decides its class: '{' object, '[' array, '"' string, '-' or a digit number, 't' / 'f'
     // boolean, 'n' null.
     enum Class : uint8_t { kObject, kArray, kString, kNumber, kBoolean, kNull, kClasses };
-    static constexpr int kMaxProperties = 64;  // a object's declared properties; also an enum's values
+    static constexpr int kMaxProperties = 64;  // an object's declared properties; also an enum's values
     static constexpr int kMaxNesting = 64;     // of schemas within the schema document
 
     struct Property {
