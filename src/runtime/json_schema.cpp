@@ -122,6 +122,7 @@ public:
                 return fail(path, fmt::format("'{}' must be an array of 1 to {} schemas", k, kMaxAlternatives));
             Node u;
             u.kind = Node::kUnion;
+            u.any_of = std::string_view(k) == "anyOf";
             const int32_t id = add(std::move(u));
             std::vector<int32_t> alts;
             for (size_t i = 0; i < a->size(); ++i) {
@@ -281,8 +282,12 @@ public:
             for (size_t i = 0; i < s_->nodes_.size(); ++i) {
                 const Node& n = s_->nodes_[i];
                 uint8_t f = 0;
-                for (int c = 0; c < JsonSchema::kClasses; ++c)
-                    if (((n.classes >> c) & 1u) && class_finite(n.by_class[c], c, finite)) f |= 1u << c;
+                for (int c = 0; c < JsonSchema::kClasses; ++c) {
+                    if (!((n.classes >> c) & 1u)) continue;
+                    bool fin = class_finite(n.by_class[c], c, finite);
+                    for (int32_t t : n.forks[c]) fin = fin || class_finite(t, c, finite);
+                    if (fin) f |= 1u << c;
+                }
                 if (f != finite[i]) {
                     finite[i] = f;
                     changed = true;
@@ -375,25 +380,33 @@ private:
         }
         st = 1;
         const std::vector<int32_t> alts = s_->nodes_[static_cast<size_t>(i)].alternatives;
+        const bool any_of = s_->nodes_[static_cast<size_t>(i)].any_of;
         uint8_t classes = 0;
         int32_t by_class[JsonSchema::kClasses]{};
+        std::vector<int32_t> targets[JsonSchema::kClasses];
         for (int32_t a : alts) {
             EXL3_RETURN_IF_ERROR(resolve(a, state));
             const Node& n = s_->nodes_[static_cast<size_t>(a)];
             for (int c = 0; c < JsonSchema::kClasses; ++c) {
                 if (!((n.classes >> c) & 1u)) continue;
-                if ((classes >> c) & 1u)
+                if (((classes >> c) & 1u) && !any_of)
                     return invalid_argument(fmt::format(
-                        "json_schema: two alternatives of an 'anyOf' / 'oneOf' both admit a {} (alternatives must "
-                        "start with different bytes: object, array, string, number, boolean, null)",
+                        "json_schema: two alternatives of a 'oneOf' both admit a {} (its alternatives must start "
+                        "with different bytes: object, array, string, number, boolean, null; 'anyOf' may overlap)",
                         kClassNames[c]));
+                if (!((classes >> c) & 1u)) by_class[c] = n.by_class[c];
                 classes |= 1u << c;
-                by_class[c] = n.by_class[c];
+                const std::vector<int32_t> reads =
+                    n.forks[c].empty() ? std::vector<int32_t>{n.by_class[c]} : n.forks[c];
+                for (int32_t t : reads)
+                    if (std::find(targets[c].begin(), targets[c].end(), t) == targets[c].end()) targets[c].push_back(t);
             }
         }
         Node& u = s_->nodes_[static_cast<size_t>(i)];
         u.classes = classes;
         std::copy(std::begin(by_class), std::end(by_class), std::begin(u.by_class));
+        for (int c = 0; c < JsonSchema::kClasses; ++c)
+            if (targets[c].size() > 1) u.forks[c] = std::move(targets[c]);
         st = 2;
         return Status::ok();
     }
@@ -442,11 +455,11 @@ const std::string kTrueFalse[] = {"true", "false"};
 const std::string kNullText = "null";
 }  // namespace
 
-void SchemaGrammar::copy_frames(const SchemaGrammar& o) {
+void SchemaThread::copy_frames(const SchemaThread& o) {
     std::copy_n(o.frames_, o.head_.depth, frames_);
 }
 
-const std::string& SchemaGrammar::literal(int i) const {
+const std::string& SchemaThread::literal(int i) const {
     switch (head_.lits) {
         case Lits::kEnum:
             return node(head_.node).literals[static_cast<size_t>(i)];
@@ -460,23 +473,23 @@ const std::string& SchemaGrammar::literal(int i) const {
     }
 }
 
-bool SchemaGrammar::feed(std::string_view bytes) {
+bool SchemaThread::feed(std::string_view bytes) {
     for (char ch : bytes)
         if (!step(static_cast<uint8_t>(ch))) return false;
     return true;
 }
 
-bool SchemaGrammar::end_value() {
+bool SchemaThread::end_value() {
     head_.mode = head_.depth == 0 ? Mode::kDone : Mode::kAfterValue;
     return true;
 }
 
-bool SchemaGrammar::close() {
+bool SchemaThread::close() {
     --head_.depth;
     return end_value();
 }
 
-bool SchemaGrammar::object_can_close() const {
+bool SchemaThread::object_can_close() const {
     const Frame& f = top();
     const auto& props = node(f.node).properties;
     for (size_t i = f.next; i < props.size(); ++i)
@@ -484,7 +497,7 @@ bool SchemaGrammar::object_can_close() const {
     return true;
 }
 
-bool SchemaGrammar::object_can_add_key() const {
+bool SchemaThread::object_can_add_key() const {
     const Frame& f = top();
     const JsonSchema::Node& n = node(f.node);
     if (n.properties.empty()) return n.extra >= 0 && node(n.extra).classes != 0;
@@ -495,7 +508,7 @@ bool SchemaGrammar::object_can_add_key() const {
 
 // At the '"' of a key: a free key is a string; a declared one is matched against the properties that may come next
 // (from the first not yet written up to the first required one).
-bool SchemaGrammar::key_start() {
+bool SchemaThread::key_start() {
     const JsonSchema::Node& n = node(top().node);
     if (n.properties.empty()) {
         head_.mode = Mode::kString;
@@ -514,7 +527,7 @@ bool SchemaGrammar::key_start() {
     return start_literals(Lits::kKeys, head_.node, base, cands, '"');
 }
 
-bool SchemaGrammar::start_literals(Lits lits, int32_t n, uint16_t base, uint64_t cands, uint8_t c) {
+bool SchemaThread::start_literals(Lits lits, int32_t n, uint16_t base, uint64_t cands, uint8_t c) {
     head_.lits = lits;
     head_.node = n;
     head_.lit_base = base;
@@ -532,7 +545,7 @@ bool SchemaGrammar::start_literals(Lits lits, int32_t n, uint16_t base, uint64_t
     return true;
 }
 
-bool SchemaGrammar::literal_done(int i) {
+bool SchemaThread::literal_done(int i) {
     if (head_.lits == Lits::kKeys) {
         const int p = head_.lit_base + i;
         top().next = static_cast<uint16_t>(p + 1);
@@ -545,7 +558,7 @@ bool SchemaGrammar::literal_done(int i) {
 
 // One byte of a literal. A candidate matched whole while a longer one is still possible (enum numbers: 1 and 12) ends
 // only at a byte that continues no candidate: *ended then says that byte is not consumed.
-bool SchemaGrammar::literal_step(uint8_t c, bool* ended) {
+bool SchemaThread::literal_step(uint8_t c, bool* ended) {
     const size_t pos = head_.lit_pos;
     uint64_t next = 0;
     int whole = -1;
@@ -569,12 +582,27 @@ bool SchemaGrammar::literal_step(uint8_t c, bool* ended) {
     return literal_done(whole);
 }
 
-bool SchemaGrammar::value_start(int32_t n, uint8_t c) {
+bool SchemaThread::value_start(int32_t n, uint8_t c) {
     const int cls = class_of(c);
     if (cls < 0) return false;
     const JsonSchema::Node& nd = node(n);
     if (!((nd.classes >> cls) & 1u)) return false;
-    const int32_t t = nd.by_class[cls];
+    int32_t t = nd.by_class[cls];
+    if (!nd.forks[cls].empty()) {  // an anyOf's alternatives share the class: one reading each (SchemaGrammar)
+        int ways = 0;
+        for (int32_t f : nd.forks[cls]) {
+            if (!((node(f).classes >> cls) & 1u)) continue;  // no finite value of this class
+            if (ways++ == head_.take) t = f;
+        }
+        if (ways > 1 && head_.take < 0) {
+            head_.fork_ways = static_cast<uint8_t>(ways);
+            return false;
+        }
+        if (ways == 1)
+            for (int32_t f : nd.forks[cls])
+                if ((node(f).classes >> cls) & 1u) t = f;
+        head_.take = -1;
+    }
     const JsonSchema::Node& tn = node(t);
     if (tn.kind == JsonSchema::Node::kEnum) {
         const size_t count = tn.literals.size();
@@ -613,7 +641,7 @@ bool SchemaGrammar::value_start(int32_t n, uint8_t c) {
 }
 
 // A string's byte: a free key has no limits; a value counts its code points against its node's.
-bool SchemaGrammar::string_step(uint8_t c) {
+bool SchemaThread::string_step(uint8_t c) {
     Head& h = head_;
     switch (h.str.step(c)) {
         case JsonStringLexer::Step::kRejected:
@@ -635,8 +663,9 @@ bool SchemaGrammar::string_step(uint8_t c) {
     }
 }
 
-bool SchemaGrammar::step(uint8_t c) {
+bool SchemaThread::step(uint8_t c) {
     Head& h = head_;
+    h.fork_ways = 0;
     switch (h.mode) {
         case Mode::kString:
             return string_step(c);
@@ -707,6 +736,40 @@ bool SchemaGrammar::step(uint8_t c) {
         default:
             return false;
     }
+}
+
+// Each reading steps c; one that refuses it because an anyOf's alternatives share the value's class is replaced by a
+// copy for each alternative that accepts it.
+bool SchemaGrammar::step(uint8_t c) {
+    if (n_ == 1 && !t_[0]->at_value()) {  // the common case: one reading, and no value starts here
+        if (t_[0]->step(c)) return true;
+        t_[0].reset();
+        n_ = 0;
+        return false;
+    }
+    std::array<std::optional<SchemaThread>, kMaxThreads> next;
+    int m = 0;
+    for (int i = 0; i < n_; ++i) {
+        SchemaThread& r = *t_[static_cast<size_t>(i)];
+        if (!r.at_value()) {  // no value starts here: in place
+            if (r.step(c) && m < kMaxThreads) next[static_cast<size_t>(m++)] = std::move(r);
+            continue;
+        }
+        SchemaThread a = r;
+        if (a.step(c)) {
+            if (m < kMaxThreads) next[static_cast<size_t>(m++)].emplace(std::move(a));
+            continue;
+        }
+        for (int w = 0, ways = a.fork_ways(); w < ways && m < kMaxThreads; ++w) {
+            SchemaThread b = r;
+            b.take(w);
+            if (b.step(c)) next[static_cast<size_t>(m++)].emplace(std::move(b));
+        }
+    }
+    for (int i = 0; i < m; ++i) t_[static_cast<size_t>(i)] = std::move(next[static_cast<size_t>(i)]);
+    for (int i = m; i < n_; ++i) t_[static_cast<size_t>(i)].reset();
+    n_ = m;
+    return m > 0;
 }
 
 }  // namespace exl3

@@ -7,16 +7,19 @@
 //   at most once, required ones always; undeclared keys only where an object declares no properties (then with
 //   additionalProperties' schema, or any value);
 // - arrays: items (one schema), minItems, maxItems; strings: minLength, maxLength (code points);
-// - anyOf / oneOf whose alternatives start with different bytes (object, array, string, number or integer, boolean,
-//   null: e.g. a type and null), allOf of one schema, $ref to "#" or a JSON pointer into the document ($defs,
-//   definitions; recursion allowed);
+// - anyOf (alternatives that share a class -- two objects, a string and a string enum -- are read side by side, at
+//   most SchemaGrammar::kMaxThreads readings at once), oneOf whose alternatives start with different bytes (object,
+//   array, string, number or integer, boolean, null: e.g. a type and null), allOf of one schema, $ref to "#" or a
+//   JSON pointer into the document ($defs, definitions; recursion allowed);
 // - annotations (title, description, default, examples, $schema, $id, $comment, ...) are ignored.
 // The recognizer also applies JsonGrammar's limits (whitespace, depth, number digits; integers at most 18 digits), so
 // the schema {"type": "object"} admits exactly what JSON mode does. The root must be an object or an array (a text that
 // can end).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +55,10 @@ public:
         uint32_t min_length = 0, max_length = UINT32_MAX;  // kTypes string, in code points
         std::vector<std::string> literals;                 // kEnum: each value as compact JSON
         std::vector<int32_t> alternatives;                 // kUnion (anyOf / oneOf), resolved into by_class
+        bool any_of = false;                               // kUnion: anyOf (alternatives may share a class)
+        // kUnion from anyOf: for a class more than one alternative admits, every node that reads it (by_class[c]
+        // is the first); a value of that class is then read under each of them at once (SchemaGrammar's threads).
+        std::vector<int32_t> forks[kClasses];
     };
 
     // Parses and checks a schema; the error names the keyword and where it is (a JSON pointer).
@@ -66,18 +73,19 @@ private:
     int32_t root_ = 0;
 };
 
-// The state of one output against a compiled schema (which must outlive it). Copies are cheap (a few integers and
-// the open containers), so the Generator checks each candidate token on a copy.
-class SchemaGrammar {
+// One reading of the output under the schema: SchemaGrammar's unit (below), deterministic. Where an anyOf lets more
+// than one alternative read a value, step refuses the byte and says how many (fork_ways); each copy told to take
+// one of them (take) then steps it.
+class SchemaThread {
 public:
     static constexpr int kMaxDepth = 64;
     static constexpr int kMaxIndent = 32;  // as JsonGrammar
     static constexpr int kMaxIntDigits = 20, kMaxExpDigits = 2;
     static constexpr int kMaxIntegerDigits = 18;  // type integer: every parser's int64 holds it
 
-    explicit SchemaGrammar(const JsonSchema& schema) { head_.schema = &schema; }
-    SchemaGrammar(const SchemaGrammar& o) : head_(o.head_) { copy_frames(o); }
-    SchemaGrammar& operator=(const SchemaGrammar& o) {
+    explicit SchemaThread(const JsonSchema& schema) { head_.schema = &schema; }
+    SchemaThread(const SchemaThread& o) : head_(o.head_) { copy_frames(o); }
+    SchemaThread& operator=(const SchemaThread& o) {
         head_ = o.head_;
         copy_frames(o);
         return *this;
@@ -86,11 +94,18 @@ public:
     // Appends bytes; false when they cannot continue a value the schema admits (the state is then unspecified).
     bool feed(std::string_view bytes);
     bool accepts(std::string_view bytes) const {
-        SchemaGrammar g(*this);
+        SchemaThread g(*this);
         return g.feed(bytes);
     }
     // The root value is closed: nothing more can follow.
     bool complete() const { return head_.mode == Mode::kDone; }
+    // After a refused byte: how many anyOf alternatives could read the value it starts (0: none, it is refused).
+    int fork_ways() const { return head_.fork_ways; }
+    // The next value start takes the i-th of them.
+    void take(int i) { head_.take = static_cast<int8_t>(i); }
+    // The next byte may start a value (only then can it fork).
+    bool at_value() const { return head_.mode == Mode::kStart || head_.mode == Mode::kValue; }
+    bool step(uint8_t c);
 
 private:
     enum class Mode : uint8_t {
@@ -127,6 +142,8 @@ private:
         uint16_t lit_pos = 0;   // bytes matched
         uint16_t lit_base = 0;  // kKeys: the candidates are properties lit_base + bit
         uint64_t lit_cands = 0;
+        uint8_t fork_ways = 0;
+        int8_t take = -1;
     };
 
     const JsonSchema::Node& node(int32_t i) const { return head_.schema->node(i); }
@@ -134,8 +151,7 @@ private:
     const Frame& top() const { return frames_[head_.depth - 1]; }
     const std::string& literal(int i) const;
     size_t literal_count() const;
-    void copy_frames(const SchemaGrammar& o);
-    bool step(uint8_t c);
+    void copy_frames(const SchemaThread& o);
     bool value_start(int32_t n, uint8_t c);
     bool start_literals(Lits lits, int32_t n, uint16_t base, uint64_t cands, uint8_t c);
     bool literal_step(uint8_t c, bool* ended);
@@ -149,6 +165,51 @@ private:
 
     Head head_;
     Frame frames_[kMaxDepth];
+};
+
+// The state of one output against a compiled schema (which must outlive it): the readings still alive (one, unless
+// an anyOf's alternatives share a class; at most kMaxThreads, later alternatives dropped past that). A text is
+// accepted while some reading accepts it. Copies are cheap (a few integers and the open containers a reading), so the
+// Generator checks each candidate token on a copy.
+class SchemaGrammar {
+public:
+    static constexpr int kMaxThreads = 8;
+    static constexpr int kMaxDepth = SchemaThread::kMaxDepth;
+    static constexpr int kMaxIndent = SchemaThread::kMaxIndent;
+
+    explicit SchemaGrammar(const JsonSchema& schema) : n_(1) { t_[0].emplace(schema); }
+    SchemaGrammar(const SchemaGrammar& o) : n_(o.n_) {
+        for (int i = 0; i < n_; ++i) t_[static_cast<size_t>(i)] = o.t_[static_cast<size_t>(i)];
+    }
+    SchemaGrammar& operator=(const SchemaGrammar& o) {
+        for (int i = 0; i < o.n_; ++i) t_[static_cast<size_t>(i)] = o.t_[static_cast<size_t>(i)];
+        for (int i = o.n_; i < n_; ++i) t_[static_cast<size_t>(i)].reset();
+        n_ = o.n_;
+        return *this;
+    }
+
+    // Appends bytes; false when no reading can continue them (the state is then unspecified).
+    bool feed(std::string_view bytes) {
+        for (char ch : bytes)
+            if (!step(static_cast<uint8_t>(ch))) return false;
+        return true;
+    }
+    bool accepts(std::string_view bytes) const {
+        SchemaGrammar g(*this);
+        return g.feed(bytes);
+    }
+    // The root value is closed: nothing more can follow.
+    bool complete() const {
+        for (int i = 0; i < n_; ++i)
+            if (t_[static_cast<size_t>(i)]->complete()) return true;
+        return false;
+    }
+    int readings() const { return n_; }
+
+private:
+    bool step(uint8_t c);
+    std::array<std::optional<SchemaThread>, kMaxThreads> t_;
+    int n_ = 0;
 };
 
 }  // namespace exl3

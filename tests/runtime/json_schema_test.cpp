@@ -154,8 +154,8 @@ TEST(JsonSchema, RefusesWhatItCannotHoldTheOutputTo) {
              R"({"type": "object", "properties": {"a": {"type": "string", "pattern": "^x"}}})",
              R"({"type": "object", "properties": {"a": {"type": "string", "format": "date-time"}}})",
              R"({"type": "object", "properties": {"a": {"type": "number", "minimum": 0}}})",
-             R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "string"}, {"enum": ["x"]}]}}})",
-             R"({"type": "object", "properties": {"a": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}})",
+             R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"enum": ["x"]}]}}})",
+             R"({"type": "object", "properties": {"a": {"oneOf": [{"type": "integer"}, {"type": "number"}]}}})",
              R"({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})",
              R"({"type": "object", "properties": {"a": {"$ref": "http://x/y"}}})",
              R"({"$ref": "#"})",
@@ -205,7 +205,7 @@ TEST(JsonSchema, TheFreeObjectSchemaIsJsonMode) {
     }
 }
 
-// Random walks through nine schemas (two as OpenAI's guide and pydantic write them): every step picks one of the
+// Random walks through ten schemas (two as OpenAI's guide and pydantic write them, one with overlapping anyOf): every step picks one of the
 // bytes the grammar allows (leaning to closers as the text grows). No prefix may be a dead end, and each closed text
 // validates against the schema.
 TEST(JsonSchema, RandomWalksNeverStickAndAlwaysValidate) {
@@ -236,6 +236,14 @@ TEST(JsonSchema, RandomWalksNeverStickAndAlwaysValidate) {
              "tags": {"items": {"type": "string"}, "title": "Tags", "type": "array"},
              "score": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": null, "title": "Score"}},
            "required": ["name", "at", "tags"], "title": "Shape", "type": "object"})",
+        // anyOf alternatives of one class, nested.
+        R"({"type": "array", "items": {"anyOf": [
+             {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"],
+              "additionalProperties": false},
+             {"type": "object", "properties": {"a": {"type": "string"}, "c": {"anyOf": [{"type": "array",
+               "items": {"type": "integer"}, "maxItems": 2}, {"type": "array", "items": {"type": "boolean"}}]}},
+              "required": ["a", "c"], "additionalProperties": false},
+             {"enum": [1, 12, "a"]}, {"type": "number"}, {"type": "string", "maxLength": 2}]}, "maxItems": 4})",
     };
     std::mt19937 rng(4321);
     int closed = 0;
@@ -268,7 +276,36 @@ TEST(JsonSchema, RandomWalksNeverStickAndAlwaysValidate) {
             EXPECT_FALSE(g.accepts(" "));
         }
     }
-    EXPECT_EQ(closed, 9 * 60);
+    EXPECT_EQ(closed, 10 * 60);
+}
+
+// anyOf alternatives that share a class (pydantic's Union of two models) are read side by side: a value is admitted
+// while one alternative admits it.
+TEST(JsonSchema, AnyOfAlternativesOfOneClassAreReadSideBySide) {
+    const char* schema = R"({"type": "object", "properties": {"pet": {"anyOf": [
+        {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+         "required": ["kind", "lives"], "additionalProperties": false},
+        {"type": "object", "properties": {"kind": {"const": "dog"}, "good": {"type": "boolean"}},
+         "required": ["kind", "good"], "additionalProperties": false},
+        {"type": "null"}]},
+      "id": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 3}, {"enum": ["long id", 1.5]}]}},
+      "required": ["pet", "id"], "additionalProperties": false})";
+    auto s = compile_ok(schema);
+    ASSERT_TRUE(s);
+    for (const char* t : {R"({"pet": {"kind": "cat", "lives": 9}, "id": 1})",
+                          R"({"pet": {"kind": "dog", "good": true}, "id": "abc"})",
+                          R"({"pet": null, "id": "long id"})", R"({"pet": null, "id": 1.5})"})
+        EXPECT_TRUE(admits(*s, t)) << t;
+    for (const char* t : {R"({"pet": {"kind": "cat", "good": true}, "id": 1})",
+                          R"({"pet": {"kind": "dog", "lives": 9}, "id": 1})",
+                          R"({"pet": {"kind": "cow"}, "id": 1})", R"({"pet": null, "id": "abcd"})",
+                          R"({"pet": null, "id": 2.5})"})
+        EXPECT_FALSE(admits(*s, t)) << t;
+    SchemaGrammar g(*s);
+    ASSERT_TRUE(g.feed(R"({"pet": {)"));
+    EXPECT_EQ(g.readings(), 2);
+    ASSERT_TRUE(g.feed(R"("kind": "d)"));
+    EXPECT_EQ(g.readings(), 1);
 }
 
 TEST(JsonSchema, AcceptsLeavesTheStateAsItWas) {
