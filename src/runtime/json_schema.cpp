@@ -588,19 +588,13 @@ bool SchemaThread::value_start(int32_t n, uint8_t c) {
     const JsonSchema::Node& nd = node(n);
     if (!((nd.classes >> cls) & 1u)) return false;
     int32_t t = nd.by_class[cls];
-    if (!nd.forks[cls].empty()) {  // an anyOf's alternatives share the class: one reading each (SchemaGrammar)
-        int ways = 0;
+    if (!nd.forks[cls].empty()) {  // an anyOf's alternatives share the class: SchemaGrammar said which to take
+        const int take = std::max<int>(head_.take, 0);
+        int i = 0;
         for (int32_t f : nd.forks[cls]) {
             if (!((node(f).classes >> cls) & 1u)) continue;  // no finite value of this class
-            if (ways++ == head_.take) t = f;
+            if (i++ == take) t = f;
         }
-        if (ways > 1 && head_.take < 0) {
-            head_.fork_ways = static_cast<uint8_t>(ways);
-            return false;
-        }
-        if (ways == 1)
-            for (int32_t f : nd.forks[cls])
-                if ((node(f).classes >> cls) & 1u) t = f;
         head_.take = -1;
     }
     const JsonSchema::Node& tn = node(t);
@@ -663,9 +657,21 @@ bool SchemaThread::string_step(uint8_t c) {
     }
 }
 
+int SchemaThread::forks_at(uint8_t c) const {
+    const Head& h = head_;
+    if (h.mode != Mode::kStart && h.mode != Mode::kValue) return 0;  // only there does c start a value
+    if (h.mode == Mode::kValue && h.closer_ok && c == ']') return 0;
+    const int cls = class_of(c);
+    if (cls < 0) return 0;
+    const JsonSchema::Node& nd = node(h.mode == Mode::kStart ? h.schema->root() : h.node);
+    if (!((nd.classes >> cls) & 1u) || nd.forks[cls].empty()) return 0;
+    int ways = 0;
+    for (int32_t f : nd.forks[cls]) ways += (node(f).classes >> cls) & 1u;
+    return ways;
+}
+
 bool SchemaThread::step(uint8_t c) {
     Head& h = head_;
-    h.fork_ways = 0;
     switch (h.mode) {
         case Mode::kString:
             return string_step(c);
@@ -738,10 +744,10 @@ bool SchemaThread::step(uint8_t c) {
     }
 }
 
-// Each reading steps c; one that refuses it because an anyOf's alternatives share the value's class is replaced by a
-// copy for each alternative that accepts it.
+// Each reading steps c in place, unless c starts a value an anyOf lets more than one alternative read: then a copy
+// of it steps c under each alternative, and those that accept it stay.
 bool SchemaGrammar::step(uint8_t c) {
-    if (n_ == 1 && !t_[0]->at_value()) {  // the common case: one reading, and no value starts here
+    if (n_ == 1 && t_[0]->forks_at(c) <= 1) {  // the common case
         if (t_[0]->step(c)) return true;
         t_[0].reset();
         n_ = 0;
@@ -751,16 +757,12 @@ bool SchemaGrammar::step(uint8_t c) {
     int m = 0;
     for (int i = 0; i < n_; ++i) {
         SchemaThread& r = *t_[static_cast<size_t>(i)];
-        if (!r.at_value()) {  // no value starts here: in place
+        const int ways = r.forks_at(c);
+        if (ways <= 1) {
             if (r.step(c) && m < kMaxThreads) next[static_cast<size_t>(m++)] = std::move(r);
             continue;
         }
-        SchemaThread a = r;
-        if (a.step(c)) {
-            if (m < kMaxThreads) next[static_cast<size_t>(m++)].emplace(std::move(a));
-            continue;
-        }
-        for (int w = 0, ways = a.fork_ways(); w < ways && m < kMaxThreads; ++w) {
+        for (int w = 0; w < ways && m < kMaxThreads; ++w) {
             SchemaThread b = r;
             b.take(w);
             if (b.step(c)) next[static_cast<size_t>(m++)].emplace(std::move(b));

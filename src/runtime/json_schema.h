@@ -74,8 +74,7 @@ private:
 };
 
 // One reading of the output under the schema: SchemaGrammar's unit (below), deterministic. Where an anyOf lets more
-// than one alternative read a value, step refuses the byte and says how many (fork_ways); each copy told to take
-// one of them (take) then steps it.
+// than one alternative read a value (forks_at), SchemaGrammar steps a copy for each, told which to take.
 class SchemaThread {
 public:
     static constexpr int kMaxDepth = 64;
@@ -99,12 +98,11 @@ public:
     }
     // The root value is closed: nothing more can follow.
     bool complete() const { return head_.mode == Mode::kDone; }
-    // After a refused byte: how many anyOf alternatives could read the value it starts (0: none, it is refused).
-    int fork_ways() const { return head_.fork_ways; }
+    // How many anyOf alternatives would read the value c starts here (0 or 1: step it as it is; more: copy the state,
+    // take(i) on each copy, then step).
+    int forks_at(uint8_t c) const;
     // The next value start takes the i-th of them.
     void take(int i) { head_.take = static_cast<int8_t>(i); }
-    // The next byte may start a value (only then can it fork).
-    bool at_value() const { return head_.mode == Mode::kStart || head_.mode == Mode::kValue; }
     bool step(uint8_t c);
 
 private:
@@ -142,7 +140,6 @@ private:
         uint16_t lit_pos = 0;   // bytes matched
         uint16_t lit_base = 0;  // kKeys: the candidates are properties lit_base + bit
         uint64_t lit_cands = 0;
-        uint8_t fork_ways = 0;
         int8_t take = -1;
     };
 
