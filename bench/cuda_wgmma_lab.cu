@@ -13,8 +13,10 @@
 //   wg G/D    the products as the register A operand of `wgmma.mma_async.m64n8k32.s32.u8.s8` (a warpgroup's four
 //             warps each give 16 output columns; B, the activation digits, from shared memory by descriptor), G tiles
 //             a commit group, at most D groups in flight
+//   dp4a      (session 26) no mma: int8 activations replicated over a word's bytes, acc += dp4a(product, x) a state
+//             (one 16-byte load of the lane's four x a tile; `prmt`: four PRMT from one word; `2 rows`: 16 IDP4A)
 // and first each mma kind alone, fixed operands, several independent accumulators (its cost a sub-partition).
-// Outcome (H200): docs/kernels/exl3.md note 50. Needs sm_90a (wgmma): built by nvcc -arch=sm_90a, not by the project's
+// Outcome (H200): docs/kernels/exl3.md notes 50 and 51. Needs sm_90a (wgmma): built by nvcc -arch=sm_90a, not by the project's
 // CMake (scripts/lab/s24a.sh).
 #pragma nv_diag_suppress 128  // the pipe-only variants return before the main loop
 #include <cuda_runtime.h>
@@ -40,6 +42,13 @@ __device__ __forceinline__ void imma_act(int (&d)[4], uint32_t a0, uint32_t a1, 
         "{%0,%1,%2,%3};\n"
         : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// c + sum over bytes of a (unsigned) x b (signed)
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,12 +77,16 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
            (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
-enum Mode { kSync, kNoMma, kMmaOnly, kWg, kWgPipe, kWgPipe16, kMmaPipe, kHmmaPipe, kSyncHalf };
+enum Mode { kSync, kNoMma, kMmaOnly, kWg, kWgPipe, kWgPipe16, kMmaPipe, kHmmaPipe, kSyncHalf, kDp4a, kDp4aPrmt, kDp4a2 };
 
 template <int M, int G = 1, int D = 1, int MINB = 3>
 __global__ void __launch_bounds__(kThreads, MINB) wg_lab(const uint32_t* words, int iters, float* out) {
     __shared__ uint32_t tiles[kTiles * 32];
     __shared__ __align__(128) uint32_t bsm[16 * 64];  // 16 B matrices of 32 x 8 s8 (256 bytes each)
+    // session 26: int8 activations replicated over a word's four bytes, 16 words a tile (lane t of a quad reads the
+    // four it needs, k = t, 4 + t, 8 + t, 12 + t, as one 16-byte load)
+    __shared__ __align__(16) uint32_t xsm[kTiles * 16];
+    for (int i = threadIdx.x; i < kTiles * 16; i += kThreads) xsm[i] = (words[i] & 0x7Fu) * 0x01010101u;
     for (int i = threadIdx.x; i < kTiles * 32; i += kThreads) tiles[i] = words[i];
     for (int i = threadIdx.x; i < 16 * 64; i += kThreads) bsm[i] = words[i & 2047] & 0x3F3F3F3Fu;
     __syncthreads();
@@ -177,7 +190,41 @@ __global__ void __launch_bounds__(kThreads, MINB) wg_lab(const uint32_t* words, 
                     }
                     uint32_t s[8];
                     states_k4(tile[(lane + 31) & 31], tile[lane], s);
-                    if constexpr (M == kNoMma) {
+                    if constexpr (M == kDp4a || M == kDp4aPrmt || M == kDp4a2) {
+                        // the dot product on the integer pipe: acc += sum(bytes of p) x x_k (x replicated)
+                        uint32_t p[8];
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) p[j] = s[j] * kMult;
+                        uint4 xv;
+                        if constexpr (M == kDp4aPrmt) {
+                            const uint32_t xw = xsm[(((t0 + warp * 8 + i) & (kTiles - 1)) * 16 + (lane & 3) * 4)];
+                            xv = make_uint4(__byte_perm(xw, 0u, 0x0000u), __byte_perm(xw, 0u, 0x1111u),
+                                            __byte_perm(xw, 0u, 0x2222u), __byte_perm(xw, 0u, 0x3333u));
+                        } else {
+                            xv = *reinterpret_cast<const uint4*>(
+                                xsm + ((t0 + warp * 8 + i) & (kTiles - 1)) * 16 + (lane & 3) * 4);
+                        }
+                        // p[0..3]: column g, k = t, 4 + t, 8 + t, 12 + t; p[4..7]: column g + 8
+                        iacc[i & 3][0] = dp4a_us(p[0], static_cast<int>(xv.x), iacc[i & 3][0]);
+                        iacc[i & 3][1] = dp4a_us(p[1], static_cast<int>(xv.y), iacc[i & 3][1]);
+                        iacc[i & 3][2] = dp4a_us(p[2], static_cast<int>(xv.z), iacc[i & 3][2]);
+                        iacc[i & 3][3] = dp4a_us(p[3], static_cast<int>(xv.w), iacc[i & 3][3]);
+                        iacc[4 + (i & 3)][0] = dp4a_us(p[4], static_cast<int>(xv.x), iacc[4 + (i & 3)][0]);
+                        iacc[4 + (i & 3)][1] = dp4a_us(p[5], static_cast<int>(xv.y), iacc[4 + (i & 3)][1]);
+                        iacc[4 + (i & 3)][2] = dp4a_us(p[6], static_cast<int>(xv.z), iacc[4 + (i & 3)][2]);
+                        iacc[4 + (i & 3)][3] = dp4a_us(p[7], static_cast<int>(xv.w), iacc[4 + (i & 3)][3]);
+                        if constexpr (M == kDp4a2) {  // a second row: its own activations, the same products
+                            const uint4 yv = make_uint4(xv.y, xv.z, xv.w, xv.x);
+                            pacc[0] = static_cast<uint32_t>(dp4a_us(p[0], static_cast<int>(yv.x), static_cast<int>(pacc[0])));
+                            pacc[1] = static_cast<uint32_t>(dp4a_us(p[1], static_cast<int>(yv.y), static_cast<int>(pacc[1])));
+                            pacc[2] = static_cast<uint32_t>(dp4a_us(p[2], static_cast<int>(yv.z), static_cast<int>(pacc[2])));
+                            pacc[3] = static_cast<uint32_t>(dp4a_us(p[3], static_cast<int>(yv.w), static_cast<int>(pacc[3])));
+                            pacc[4] = static_cast<uint32_t>(dp4a_us(p[4], static_cast<int>(yv.x), static_cast<int>(pacc[4])));
+                            pacc[5] = static_cast<uint32_t>(dp4a_us(p[5], static_cast<int>(yv.y), static_cast<int>(pacc[5])));
+                            pacc[6] = static_cast<uint32_t>(dp4a_us(p[6], static_cast<int>(yv.z), static_cast<int>(pacc[6])));
+                            pacc[7] = static_cast<uint32_t>(dp4a_us(p[7], static_cast<int>(yv.w), static_cast<int>(pacc[7])));
+                        }
+                    } else if constexpr (M == kNoMma) {
 #pragma unroll
                         for (int j = 0; j < 8; ++j) pacc[j] += s[j] * kMult;
                     } else {
@@ -254,6 +301,12 @@ int main() {
         run(wg_lab<kNoMma>, "nomma");
         run(wg_lab<kNoMma, 1, 1, 4>, "nomma @4");
         run(wg_lab<kMmaOnly>, "mmaonly");
+        run(wg_lab<kDp4a>, "dp4a int8");
+        run(wg_lab<kDp4a, 1, 1, 2>, "dp4a int8 @2");
+        run(wg_lab<kDp4a, 1, 1, 4>, "dp4a int8 @4");
+        run(wg_lab<kDp4aPrmt>, "dp4a int8 prmt");
+        run(wg_lab<kDp4aPrmt, 1, 1, 4>, "dp4a prmt @4");
+        run(wg_lab<kDp4a2>, "dp4a 2 rows");
         run(wg_lab<kWg, 1, 1>, "wg G1 D1");
         run(wg_lab<kWg, 2, 1>, "wg G2 D1");
         run(wg_lab<kWg, 4, 1>, "wg G4 D1");
