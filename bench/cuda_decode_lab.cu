@@ -30,6 +30,12 @@
 //                      byte-sum instruction, no fp16 packing; 4 IMMA a tile, int32 accumulators; the digits are
 //                      loaded (one 8-byte LDS a stage) and replicated by PRMT as a kernel would
 //   17                 16 with one digit (int8 activations: 2 IMMA a tile)
+//   18                 (session 26) 12 with the four half-word states by IDP.2A on the IMAD pipe (states_k4<true>,
+//                      the kernels' since session 26)
+//   19                 (session 26) 17 with the same extraction
+//   20                 (session 26) 3INST as the fused kernel decoded it until session 26 (split_pair): the lo halves
+//                      of two weights packed by PRMT, masked by LOP3, and the hi halves likewise; two HMMAs a tile
+//                      with the plain activation fragment (2 ALU instructions a weight against 12's one)
 // and some mixes at 2 or 4 blocks (of 256 threads) an SM.
 // Also single-instruction throughputs (DFMA, IMMA, and DFMA interleaved with IMAD: separate pipes?).
 #include <cuda_fp16.h>
@@ -131,11 +137,13 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
     const uint32_t sel1 = ((g & 1) && q == (g >> 1)) ? 0x01010101u : 0u;
     float acc[8][4] = {};
     int iacc[8][2][4] = {};
+    const uint32_t sel_lo = blockDim.x >> 8, sel_hi = sel_lo << 8;  // 1 and 0x100, not known at compile time
+    const uint32_t cb_mask = 0x8FFF8FFFu * sel_lo, cb_flip = 0x3B603B60u * sel_lo;  // likewise (one LOP3)
     for (int it = 0; it < iters; ++it) {
         for (int t0 = 0; t0 < kTiles; t0 += 8) {
             const uint32_t* base = tiles + ((t0 + warp * 8) & (kTiles - 1)) * 32;
             uint32_t bh[4] = {}, bl[4] = {};
-            if constexpr (V == 16 || V == 17) {  // this stage's activation digits: k = 2q, 2q + 1, 2q + 8, 2q + 9
+            if constexpr (V == 16 || V == 17 || V == 19) {  // the stage's digits: k = 2q, 2q + 1, 2q + 8, 2q + 9
                 const uint2 xw = digits[(t0 * 4 + lane + it) & 255];
 #pragma unroll
                 for (int j = 0; j < 4; ++j) {
@@ -147,12 +155,19 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
             for (int i = 0; i < 8; ++i) {
                 const uint32_t* tile = base + i * 32;
                 uint32_t s[8];
-                states_k4(tile[(lane + 31) & 31], tile[lane], s);
+                if constexpr (V == 18 || V == 19) {
+                    states_k4<true>(tile[(lane + 31) & 31], tile[lane], s, {sel_lo, sel_hi});
+                } else {
+                    states_k4(tile[(lane + 31) & 31], tile[lane], s);
+                }
                 uint32_t p[8];
-                if constexpr (V == 12) {  // 3INST: x = s * mult + add, masked halves summed by the mma
+                if constexpr (V == 20) {  // the raw 3INST products; split_pair's packing below
+#pragma unroll
+                    for (int j = 0; j < 8; ++j) p[j] = s[j] * 89226354u + 64248484u;
+                } else if constexpr (V == 12 || V == 18) {  // 3INST: x = s * mult + add, halves summed by the mma
 #pragma unroll
                     for (int j = 0; j < 8; ++j) p[j] = lop_3inst(s[j] * 89226354u + 64248484u);
-                } else if constexpr (V == 0 || V == 1 || V == 4 || V >= 7) {  // (16, 17 too)
+                } else if constexpr (V == 0 || V == 1 || V == 4 || V >= 7) {  // (16, 17, 19 too)
 #pragma unroll
                     for (int j = 0; j < 8; ++j) p[j] = prod_imad(s[j]);
                 } else if constexpr (V == 3) {
@@ -198,14 +213,24 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
                     mul1_bytesums(e, p[2], p[6], p[3], p[7], sel0, sel1);
                     mma16816(acc[i], __byte_perm(d[0], d[1], 0x5410), __byte_perm(d[2], d[3], 0x5410),
                              __byte_perm(e[0], e[1], 0x5410), __byte_perm(e[2], e[3], 0x5410), b0, b1);
-                } else if constexpr (V == 16 || V == 17) {  // sum(bytes) x activation on the tensor cores
+                } else if constexpr (V == 16 || V == 17 || V == 19) {  // sum(bytes) x activation on the tensor cores
                     imma_act(iacc[i][0], p[0], p[4], p[1], p[5], bh[0], bh[1]);
                     imma_act(iacc[i][0], p[2], p[6], p[3], p[7], bh[2], bh[3]);
                     if constexpr (V == 16) {
                         imma_act(iacc[i][1], p[0], p[4], p[1], p[5], bl[0], bl[1]);
                         imma_act(iacc[i][1], p[2], p[6], p[3], p[7], bl[2], bl[3]);
                     }
-                } else if constexpr (V == 12) {  // one register a weight (its two halves), activations duplicated
+                } else if constexpr (V == 20) {
+                    uint32_t lo[4], hi[4];
+                    constexpr int jp[4] = {0, 4, 2, 6};
+#pragma unroll
+                    for (int f = 0; f < 4; ++f) {
+                        lo[f] = (__byte_perm(p[jp[f]], p[jp[f] + 1], 0x5410) & cb_mask) ^ cb_flip;
+                        hi[f] = (__byte_perm(p[jp[f]], p[jp[f] + 1], 0x7632) & cb_mask) ^ cb_flip;
+                    }
+                    mma16816(acc[i], lo[0], lo[1], lo[2], lo[3], b0, b1);
+                    mma16816(acc[i], hi[0], hi[1], hi[2], hi[3], b0, b1);
+                } else if constexpr (V == 12 || V == 18) {  // one register a weight (its halves), activations twice
                     mma16816(acc[i], p[0], p[4], p[2], p[6], b0e, b1e);
                     mma16816(acc[i], p[1], p[5], p[3], p[7], b0o, b1o);
                 } else {  // 4, 5: IMMA byte sums, d0 <- a0, d1 <- a2, d2 <- a1, d3 <- a3
@@ -314,6 +339,18 @@ int main() {
                     "checksum %.6e\n", name, fa.numRegs, per_sm, ms, wps * 1e-12, wps * 0.5e-12, wps / (clk * 1e3) / sms,
                     sum);
     };
+    for (int round = 0; round < 2; ++round) {  // session 26 first: 3INST / MUL1 with dp2a extraction
+        run(decode_lab<20>, "20 3inst split_pair");
+        run(decode_lab<12>, "12 3inst 2mma noprmt");
+        run(decode_lab<18>, "18 3inst dp2a");
+        run(decode_lab<20, 2>, "20 @2");
+        run(decode_lab<12, 2>, "12 @2");
+        run(decode_lab<18, 2>, "18 @2");
+        run(decode_lab<12, 4>, "12 @4");
+        run(decode_lab<18, 4>, "18 @4");
+        run(decode_lab<17>, "17 imma act 1 digit");
+        run(decode_lab<19>, "19 17 + dp2a");
+    }
     run(decode_lab<0>, "0 imad+dp4a+prmt");
     run(decode_lab<1>, "1 imad+dp4a 2mma");
     run(decode_lab<2>, "2 dfma+dp4a+prmt");

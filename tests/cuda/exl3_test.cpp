@@ -216,6 +216,25 @@ TEST(Exl3Cuda, MatmulMatchesCpuOnRaggedShapesAndBatches) {
     }
 }
 
+// 3INST and MCG (session 26): the half-word states by IDP.2A (1-32 rows), and in the 1-16-row kernel both halves of
+// a weight in one mma register against duplicated activations -- every K (each takes at least one state by IDP.2A),
+// ragged k, 1-32 rows (17-32: the paired kernel), both activation types, 16-bit and fp32 outputs.
+TEST(Exl3Cuda, ThreeInstAndMcgMatchCpuForEveryK) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    uint32_t seed = 5000;
+    for (quant::Codebook cb : {quant::Codebook::k3Inst, quant::Codebook::kMcg}) {
+        for (int K = 1; K <= 8; ++K) {
+            const MatmulCase c{1000 + 256 * (K % 3), 384, K, cb, K % 2 == 0};
+            for (int rows : {1, 2, 8, 13, 16, 17, 32}) {
+                check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 8, seed++);
+                if (HasFatalFailure()) return;
+            }
+        }
+    }
+}
+
 // MUL1 at 1-4 rows takes the int8-digit kernel (activations quantised per block and row to 15-bit integers,
 // multiplied with the byte sums on the tensor cores): within the same tolerance as the fp16 path for every K, with
 // split-K, ragged shapes and rows whose largest activation is 50x the typical one.
@@ -313,7 +332,9 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
                 const long long before = cuda::exl3_lab_cluster_launches();
                 const auto on = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias);
                 const bool taken = cuda::exl3_lab_cluster_launches() > before;
-                if (must) EXPECT_TRUE(taken) << "in " << c.in << " out " << c.out << ": cluster kernel not taken";
+                if (must) {
+                    EXPECT_TRUE(taken) << "in " << c.in << " out " << c.out << ": cluster kernel not taken";
+                }
                 if (mode == 0)
                     std::printf("  in %5d out %5d K %d rows %d splits %d: %s\n", c.in, c.out, c.K, rows, splits,
                                 taken ? "cluster kernel" : "global path (the clusters do not fit at once)");

@@ -46,38 +46,60 @@ __device__ __forceinline__ Bits96 align_window(uint32_t w0, uint32_t w1, uint32_
     return {__funnelshift_l(w1, w0, o0), __funnelshift_l(w2, w1, o0), w2 << o0};
 }
 
+// A word's low or high 16 bits by IDP.2A (a.lo * sel.b0 + a.hi * sel.b1 with sel = 1 or 0x100, held in registers
+// the compiler cannot see through: a kernel parameter), i.e. on the IMAD pipe instead of the ALU pipe (LOP3 / SHF).
+// 3INST and MCG keep the ALU pipe busiest (a LOP3 a weight besides the extraction) and the IMAD pipe half idle (one
+// IMAD a weight), so their kernels take the half-word states this way (D = true below): bench/cuda_decode_lab.cu
+// variant 18, 19.9 -> 21.5 weights/clk/SM at K4. MUL1 fills both pipes alike and gains nothing (variant 19).
+struct HalfSel {
+    uint32_t lo, hi;  // 1, 0x100
+};
+__device__ __forceinline__ uint32_t half_by_dp2a(uint32_t w, uint32_t sel) {
+    return __dp2a_lo(w, sel, 0u);
+}
+template <bool D>
+__device__ __forceinline__ uint32_t low_half(uint32_t w, HalfSel hs) {
+    if constexpr (D) return half_by_dp2a(w, hs.lo);
+    return w & 0xFFFFu;
+}
+template <bool D>
+__device__ __forceinline__ uint32_t high_half(uint32_t w, HalfSel hs) {
+    if constexpr (D) return half_by_dp2a(w, hs.hi);
+    return w >> 16;
+}
+
 // State j (0..7) of the lane: 16 bits starting at bit j*K of the aligned window.
-template <int K, int J>
-__device__ __forceinline__ uint32_t state_of(const Bits96& v) {
+template <int K, int J, bool D = false>
+__device__ __forceinline__ uint32_t state_of(const Bits96& v, HalfSel hs = {}) {
     constexpr int sh = J * K;
     if constexpr (sh == 0) {
-        return v.a >> 16;
+        return high_half<D>(v.a, hs);
     } else if constexpr (sh < 16) {
         return __funnelshift_l(v.b, v.a, sh) >> 16;
     } else if constexpr (sh == 16) {
-        return v.a & 0xFFFFu;
+        return low_half<D>(v.a, hs);
     } else if constexpr (sh < 32) {
         return __funnelshift_l(v.b, v.a, sh) >> 16;
     } else if constexpr (sh == 32) {
-        return v.b >> 16;
+        return high_half<D>(v.b, hs);
     } else if constexpr (sh == 48) {
-        return v.b & 0xFFFFu;
+        return low_half<D>(v.b, hs);
     } else {
         return __funnelshift_l(v.c, v.b, sh - 32) >> 16;
     }
 }
 
 // All 8 states of the lane from its aligned window (any K).
-template <int K>
-__device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8]) {
-    s[0] = state_of<K, 0>(v);
-    s[1] = state_of<K, 1>(v);
-    s[2] = state_of<K, 2>(v);
-    s[3] = state_of<K, 3>(v);
-    s[4] = state_of<K, 4>(v);
-    s[5] = state_of<K, 5>(v);
-    s[6] = state_of<K, 6>(v);
-    s[7] = state_of<K, 7>(v);
+template <int K, bool D = false>
+__device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8], HalfSel hs = {}) {
+    s[0] = state_of<K, 0, D>(v, hs);
+    s[1] = state_of<K, 1, D>(v, hs);
+    s[2] = state_of<K, 2, D>(v, hs);
+    s[3] = state_of<K, 3, D>(v, hs);
+    s[4] = state_of<K, 4, D>(v, hs);
+    s[5] = state_of<K, 5, D>(v, hs);
+    s[6] = state_of<K, 6, D>(v, hs);
+    s[7] = state_of<K, 7, D>(v, hs);
 }
 
 // K = 4 (the 4.0 bpw case), fewer instructions: lane t's 44 window bits are the low 12 bits of word w0 = u[t-1]
@@ -86,15 +108,16 @@ __device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8]
 // boundaries of q = low 32 bits of P >> 4 (one funnel shift); the two states that straddle the words take their
 // upper bits from w0 & 0xFFF, whose zero upper bytes make the byte-permute / funnel shift clear the bits above the
 // state. 10 instructions for 8 states instead of 16, and two shared-memory words instead of three.
-__device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s)[8]) {
+template <bool D = false>
+__device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s)[8], HalfSel hs = {}) {
     const uint32_t w0f = w0 & 0xFFFu;
     const uint32_t q = __funnelshift_r(w1, w0, 4);
-    s[7] = w1 & 0xFFFFu;
-    s[6] = q & 0xFFFFu;
+    s[7] = low_half<D>(w1, hs);
+    s[6] = low_half<D>(q, hs);
     s[5] = __byte_perm(w1, 0u, 0x4421);
     s[4] = __byte_perm(q, 0u, 0x4421);
-    s[3] = w1 >> 16;
-    s[2] = q >> 16;
+    s[3] = high_half<D>(w1, hs);
+    s[2] = high_half<D>(q, hs);
     s[1] = __byte_perm(w1, w0f, 0x7643);
     s[0] = __funnelshift_r(w1, w0f, 28);
 }
@@ -104,13 +127,14 @@ __device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s
 // w0). State j is (R >> (14 - 2j)) & 0xFFFF; with R shifted by 2, 4 and 6, every state is the low half (one LOP3) or
 // bits 8..23 (one PRMT with a zero source) of one of the four: 12 instructions for 8 states instead of 17, and two
 // shared-memory words instead of three.
-__device__ __forceinline__ void states_k2(uint32_t w0, uint32_t w1, int sh, uint32_t (&s)[8]) {
+template <bool D = false>
+__device__ __forceinline__ void states_k2(uint32_t w0, uint32_t w1, int sh, uint32_t (&s)[8], HalfSel hs = {}) {
     const uint32_t r0 = __funnelshift_rc(w1, w0, sh);
     const uint32_t r2 = r0 >> 2, r4 = r0 >> 4, r6 = r0 >> 6;
-    s[7] = r0 & 0xFFFFu;
-    s[6] = r2 & 0xFFFFu;
-    s[5] = r4 & 0xFFFFu;
-    s[4] = r6 & 0xFFFFu;
+    s[7] = low_half<D>(r0, hs);
+    s[6] = low_half<D>(r2, hs);
+    s[5] = low_half<D>(r4, hs);
+    s[4] = low_half<D>(r6, hs);
     s[3] = __byte_perm(r0, 0u, 0x4421);
     s[2] = __byte_perm(r2, 0u, 0x4421);
     s[1] = __byte_perm(r4, 0u, 0x4421);
@@ -212,6 +236,17 @@ __device__ __forceinline__ void split_pair(uint32_t s0, uint32_t s1, uint32_t ma
     hi = (__byte_perm(x0, x1, 0x7632) & mask) ^ flip;
 }
 
+// 3INST / MCG, one state -> one register {lo half, hi half} of x = s * mult (+ add), masked and flipped (mask / flip
+// in registers: one LOP3): the codebook's value is lo + hi. A matmul that multiplies both halves by the same
+// activation (the activations duplicated in its B fragment: k = 2q and 2q + 1 both hold x[2q]) adds them in the
+// tensor core's fp32 accumulation -- one LOP3 a weight and no packing (bench/cuda_decode_lab.cu variant 12: 14.0 ->
+// 19.9 weights/clk/SM against split_pair's two PRMT + two LOP3 a pair, variant 20).
+template <int CB>
+__device__ __forceinline__ uint32_t halves_of(uint32_t s, uint32_t mask, uint32_t flip) {
+    const uint32_t x = CB == 1 ? s * kMcgMult : s * k3InstMult + k3InstAdd;
+    return (x & mask) ^ flip;
+}
+
 // The lane's 8 values as the A operand of mma.m16n8k16 with A = W^T of the tile (rows = the tile's 16 output
 // columns, k = its 16 input rows): a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7}
 // (trellis.h: j walks (2q, g) (2q+1, g) (2q+8, g) (2q+9, g) and the same at column g+8, g = t/4, q = t%4).
@@ -223,17 +258,18 @@ __device__ __forceinline__ void decode_fragment(const uint32_t (&st)[8], uint32_
     a[3] = decode_pair<CB>(st[6], st[7]);
 }
 
-// The lane's 8 states of a tile in memory (shared or global), by the cheapest extraction for K.
-template <int K>
-__device__ __forceinline__ void tile_states(const uint32_t* tile, int lane, uint32_t (&st)[8]) {
+// The lane's 8 states of a tile in memory (shared or global), by the cheapest extraction for K (D: the half-word
+// states by IDP.2A, see HalfSel).
+template <int K, bool D = false>
+__device__ __forceinline__ void tile_states(const uint32_t* tile, int lane, uint32_t (&st)[8], HalfSel hs = {}) {
     if constexpr (K == 4) {
-        states_k4(tile[(lane + 31) & 31], tile[lane], st);
+        states_k4<D>(tile[(lane + 31) & 31], tile[lane], st, hs);
     } else if constexpr (K == 2) {
         const LaneWindow lw = lane_window(K, lane);
-        states_k2(tile[lw.i0], tile[lw.i1], 34 - lw.o0, st);
+        states_k2<D>(tile[lw.i0], tile[lw.i1], 34 - lw.o0, st, hs);
     } else {
         const LaneWindow lw = lane_window(K, lane);
-        states_generic<K>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st);
+        states_generic<K, D>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st, hs);
     }
 }
 

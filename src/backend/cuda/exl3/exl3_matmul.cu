@@ -84,6 +84,7 @@ struct FusedParams {
     int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
     int cluster;         // > 1: the splits of a group form one thread-block cluster of that many (exl3_fused_kernel CL)
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
+    uint32_t half_lo, half_hi;  // 1, 0x100: HalfSel (3INST / MCG extract half-word states by IDP.2A)
     bool q8;                    // MUL1, <= 4 rows: activations as int8 digits on the IMMA (exl3_fused_kernel Q)
     int dual_words;             // > 0: the dual grid (exl3_fused_kernel DU), each half's shared memory in words
     unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
@@ -654,6 +655,18 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
             bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
         }
         const uint32_t* rowp = ring + slot * SLOT + warp * 64 * K;
+        // 3INST / MCG (H = 1): each activation twice -- {x[2q], x[2q]}, {x[2q + 8], x[2q + 8]}, then the odd k alike --
+        // so that the mma adds a weight's two halves (halves_of).
+        uint32_t bdup[BT][4] = {};
+        if constexpr (CB != 2 && H == 1) {
+#pragma unroll
+            for (int b = 0; b < BT; ++b) {
+                bdup[b][0] = __byte_perm(bf[b][0], 0u, 0x1010u);
+                bdup[b][1] = __byte_perm(bf[b][1], 0u, 0x1010u);
+                bdup[b][2] = __byte_perm(bf[b][0], 0u, 0x3232u);
+                bdup[b][3] = __byte_perm(bf[b][1], 0u, 0x3232u);
+            }
+        }
         if constexpr (CB == 2) {  // this warp's row sums of the stage's activations, for MUL1's affine map
             const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 #pragma unroll
@@ -665,7 +678,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 uint32_t st[8], a[4];
-                tile_states<K>(rowp + (4 * h + i) * 8 * K, lane, st);
+                tile_states<K, CB != 2>(rowp + (4 * h + i) * 8 * K, lane, st, HalfSel{p.half_lo, p.half_hi});
                 pair_fragment<CB>(st, sel0, sel1, p.cb_mask, p.cb_flip, a);
                 *reinterpret_cast<uint4*>(xc + (4 * h + i) * 128) = make_uint4(a[0], a[1], a[2], a[3]);
 #pragma unroll
@@ -687,7 +700,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         for (int i = 0; i < 8; ++i) {
             const uint32_t* tile = rowp + i * 8 * K;
             uint32_t st[8];
-            tile_states<K>(tile, lane, st);
+            tile_states<K, CB != 2>(tile, lane, st, HalfSel{p.half_lo, p.half_hi});
             // Fragment order: a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7} (decode_fragment).
             if constexpr (CB == 2 && K == 2) {  // two mmas instead of the PRMT packing: faster at K2 only (lab note 16)
                 uint32_t ev[4], od[4];
@@ -702,16 +715,15 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                 mul1_sums(st, sel0, sel1, a);
 #pragma unroll
                 for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
-            } else {
-                uint32_t lo[4], hi[4];
-                split_pair<CB>(st[0], st[1], p.cb_mask, p.cb_flip, lo[0], hi[0]);
-                split_pair<CB>(st[4], st[5], p.cb_mask, p.cb_flip, lo[1], hi[1]);
-                split_pair<CB>(st[2], st[3], p.cb_mask, p.cb_flip, lo[2], hi[2]);
-                split_pair<CB>(st[6], st[7], p.cb_mask, p.cb_flip, lo[3], hi[3]);
+            } else {  // 3INST / MCG: {lo, hi} a weight; the even k of the tile, then the odd (halves_of)
+                uint32_t v[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = halves_of<CB>(st[j], p.cb_mask, p.cb_flip);
+                const uint32_t ev[4] = {v[0], v[4], v[2], v[6]}, od[4] = {v[1], v[5], v[3], v[7]};
 #pragma unroll
                 for (int b = 0; b < BT; ++b) {
-                    mma16816(acc[i][b], lo, bf[b][0], bf[b][1]);
-                    mma16816(acc[i][b], hi, bf[b][0], bf[b][1]);
+                    mma16816(acc[i][b], ev, bdup[b][0], bdup[b][1]);
+                    mma16816(acc[i][b], od, bdup[b][2], bdup[b][3]);
                 }
             }
         }
@@ -1856,6 +1868,8 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     p.trace = g_trace.exchange(nullptr);
     p.cb_mask = 0x8FFF8FFFu;
     p.cb_flip = 0x3B603B60u;
+    p.half_lo = 1u;
+    p.half_hi = 0x100u;
     p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
     const bool cluster = cluster_exchange_for(w0.K) && f.sk_blocks == 0 && f.dual_blocks == 0 && f.splits > 1 &&
                          f.splits <= 8;
