@@ -30,7 +30,7 @@
 //                      byte-sum instruction, no fp16 packing; 4 IMMA a tile, int32 accumulators; the digits are
 //                      loaded (one 8-byte LDS a stage) and replicated by PRMT as a kernel would
 //   17                 16 with one digit (int8 activations: 2 IMMA a tile)
-//   18                 (session 26) 12 with the four half-word states by IDP.2A on the IMAD pipe (states_k4<true>,
+//   18                 (session 26) 12 with the four half-word states by IDP.2A on the IMAD pipe (states_k4<0xFF>,
 //                      the kernels' since session 26)
 //   19                 (session 26) 17 with the same extraction
 //   20                 (session 26) 3INST as the fused kernel decoded it until session 26 (split_pair): the lo halves
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(kThreads, MINB) decode_lab(const uint32_t* wor
                 const uint32_t* tile = base + i * 32;
                 uint32_t s[8];
                 if constexpr (V == 18 || V == 19) {
-                    states_k4<true>(tile[(lane + 31) & 31], tile[lane], s, {sel_lo, sel_hi});
+                    states_k4<0xFF>(tile[(lane + 31) & 31], tile[lane], s, {sel_lo, sel_hi});
                 } else {
                     states_k4(tile[(lane + 31) & 31], tile[lane], s);
                 }

@@ -16,8 +16,8 @@
 //   dp4a      (session 26) no mma: int8 activations replicated over a word's bytes, acc += dp4a(product, x) a state
 //             (one 16-byte load of the lane's four x a tile; `prmt`: four PRMT from one word; `2 rows`: 16 IDP4A)
 // and first each mma kind alone, fixed operands, several independent accumulators (its cost a sub-partition).
-// Outcome (H200): docs/kernels/exl3.md notes 50 and 51. Needs sm_90a (wgmma): built by nvcc -arch=sm_90a, not by the project's
-// CMake (scripts/lab/s24a.sh).
+// Outcome (H200): docs/kernels/exl3.md notes 50 and 51. Needs sm_90a (wgmma): built by nvcc -arch=sm_90a, not by the
+// project's CMake (scripts/lab/s24a.sh, s26a.sh).
 #pragma nv_diag_suppress 128  // the pipe-only variants return before the main loop
 #include <cuda_runtime.h>
 
@@ -77,7 +77,9 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
            (static_cast<uint64_t>(sbo >> 4) << 32);
 }
 
-enum Mode { kSync, kNoMma, kMmaOnly, kWg, kWgPipe, kWgPipe16, kMmaPipe, kHmmaPipe, kSyncHalf, kDp4a, kDp4aPrmt, kDp4a2 };
+enum Mode {
+    kSync, kNoMma, kMmaOnly, kWg, kWgPipe, kWgPipe16, kMmaPipe, kHmmaPipe, kSyncHalf, kDp4a, kDp4aPrmt, kDp4a2
+};
 
 template <int M, int G = 1, int D = 1, int MINB = 3>
 __global__ void __launch_bounds__(kThreads, MINB) wg_lab(const uint32_t* words, int iters, float* out) {
@@ -214,15 +216,11 @@ __global__ void __launch_bounds__(kThreads, MINB) wg_lab(const uint32_t* words, 
                         iacc[4 + (i & 3)][2] = dp4a_us(p[6], static_cast<int>(xv.z), iacc[4 + (i & 3)][2]);
                         iacc[4 + (i & 3)][3] = dp4a_us(p[7], static_cast<int>(xv.w), iacc[4 + (i & 3)][3]);
                         if constexpr (M == kDp4a2) {  // a second row: its own activations, the same products
-                            const uint4 yv = make_uint4(xv.y, xv.z, xv.w, xv.x);
-                            pacc[0] = static_cast<uint32_t>(dp4a_us(p[0], static_cast<int>(yv.x), static_cast<int>(pacc[0])));
-                            pacc[1] = static_cast<uint32_t>(dp4a_us(p[1], static_cast<int>(yv.y), static_cast<int>(pacc[1])));
-                            pacc[2] = static_cast<uint32_t>(dp4a_us(p[2], static_cast<int>(yv.z), static_cast<int>(pacc[2])));
-                            pacc[3] = static_cast<uint32_t>(dp4a_us(p[3], static_cast<int>(yv.w), static_cast<int>(pacc[3])));
-                            pacc[4] = static_cast<uint32_t>(dp4a_us(p[4], static_cast<int>(yv.x), static_cast<int>(pacc[4])));
-                            pacc[5] = static_cast<uint32_t>(dp4a_us(p[5], static_cast<int>(yv.y), static_cast<int>(pacc[5])));
-                            pacc[6] = static_cast<uint32_t>(dp4a_us(p[6], static_cast<int>(yv.z), static_cast<int>(pacc[6])));
-                            pacc[7] = static_cast<uint32_t>(dp4a_us(p[7], static_cast<int>(yv.w), static_cast<int>(pacc[7])));
+                            const uint32_t yv[4] = {xv.y, xv.z, xv.w, xv.x};
+#pragma unroll
+                            for (int j = 0; j < 8; ++j)
+                                pacc[j] = static_cast<uint32_t>(
+                                    dp4a_us(p[j], static_cast<int>(yv[j & 3]), static_cast<int>(pacc[j])));
                         }
                     } else if constexpr (M == kNoMma) {
 #pragma unroll

@@ -15,7 +15,9 @@ for m in 3inst mul1; do
     --out /tmp/models/l8b-$m > /tmp/model.log 2>&1 || { echo "model failed"; tail -5 /tmp/model.log; }
 done
 echo "== K4 batch sweep, 3INST"
-for d in beforeb r1; do echo "-- $d"; /tmp/$d/bench_cuda_exl3 --codebook 3inst --shapes 0 --batch-sweep 2>&1 | tail -14; done
+for d in beforeb r1; do
+  echo "-- $d"; /tmp/$d/bench_cuda_exl3 --codebook 3inst --shapes 0 --batch-sweep 2>&1 | tail -14
+done
 echo "== end to end (r1)"
 for round in 1 2; do
   /tmp/r1/exl3 bench -m /tmp/models/l8b-3inst -d cuda -p 16 -b 1,8,16,32 -c 512 -g 128 2>&1 | tail -7

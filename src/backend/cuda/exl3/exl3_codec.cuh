@@ -68,38 +68,39 @@ __device__ __forceinline__ uint32_t high_half(uint32_t w, HalfSel hs) {
     return w >> 16;
 }
 
-// State j (0..7) of the lane: 16 bits starting at bit j*K of the aligned window.
+// State j (0..7) of the lane: 16 bits starting at bit j*K of the aligned window. D: its last step (the shift right by
+// 16 that drops the bits below it, or the half-word) by IDP.2A.
 template <int K, int J, bool D = false>
 __device__ __forceinline__ uint32_t state_of(const Bits96& v, HalfSel hs = {}) {
     constexpr int sh = J * K;
     if constexpr (sh == 0) {
         return high_half<D>(v.a, hs);
     } else if constexpr (sh < 16) {
-        return __funnelshift_l(v.b, v.a, sh) >> 16;
+        return high_half<D>(__funnelshift_l(v.b, v.a, sh), hs);
     } else if constexpr (sh == 16) {
         return low_half<D>(v.a, hs);
     } else if constexpr (sh < 32) {
-        return __funnelshift_l(v.b, v.a, sh) >> 16;
+        return high_half<D>(__funnelshift_l(v.b, v.a, sh), hs);
     } else if constexpr (sh == 32) {
         return high_half<D>(v.b, hs);
     } else if constexpr (sh == 48) {
         return low_half<D>(v.b, hs);
     } else {
-        return __funnelshift_l(v.c, v.b, sh - 32) >> 16;
+        return high_half<D>(__funnelshift_l(v.c, v.b, sh - 32), hs);
     }
 }
 
-// All 8 states of the lane from its aligned window (any K).
-template <int K, bool D = false>
+// All 8 states of the lane from its aligned window (any K); bit j of DM: state j's last step by IDP.2A.
+template <int K, int DM = 0>
 __device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8], HalfSel hs = {}) {
-    s[0] = state_of<K, 0, D>(v, hs);
-    s[1] = state_of<K, 1, D>(v, hs);
-    s[2] = state_of<K, 2, D>(v, hs);
-    s[3] = state_of<K, 3, D>(v, hs);
-    s[4] = state_of<K, 4, D>(v, hs);
-    s[5] = state_of<K, 5, D>(v, hs);
-    s[6] = state_of<K, 6, D>(v, hs);
-    s[7] = state_of<K, 7, D>(v, hs);
+    s[0] = state_of<K, 0, (DM & 1) != 0>(v, hs);
+    s[1] = state_of<K, 1, (DM & 2) != 0>(v, hs);
+    s[2] = state_of<K, 2, (DM & 4) != 0>(v, hs);
+    s[3] = state_of<K, 3, (DM & 8) != 0>(v, hs);
+    s[4] = state_of<K, 4, (DM & 16) != 0>(v, hs);
+    s[5] = state_of<K, 5, (DM & 32) != 0>(v, hs);
+    s[6] = state_of<K, 6, (DM & 64) != 0>(v, hs);
+    s[7] = state_of<K, 7, (DM & 128) != 0>(v, hs);
 }
 
 // K = 4 (the 4.0 bpw case), fewer instructions: lane t's 44 window bits are the low 12 bits of word w0 = u[t-1]
@@ -108,16 +109,16 @@ __device__ __forceinline__ void states_generic(const Bits96& v, uint32_t (&s)[8]
 // boundaries of q = low 32 bits of P >> 4 (one funnel shift); the two states that straddle the words take their
 // upper bits from w0 & 0xFFF, whose zero upper bytes make the byte-permute / funnel shift clear the bits above the
 // state. 10 instructions for 8 states instead of 16, and two shared-memory words instead of three.
-template <bool D = false>
+template <int DM = 0>
 __device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s)[8], HalfSel hs = {}) {
     const uint32_t w0f = w0 & 0xFFFu;
     const uint32_t q = __funnelshift_r(w1, w0, 4);
-    s[7] = low_half<D>(w1, hs);
-    s[6] = low_half<D>(q, hs);
+    s[7] = low_half<(DM & 128) != 0>(w1, hs);
+    s[6] = low_half<(DM & 64) != 0>(q, hs);
     s[5] = __byte_perm(w1, 0u, 0x4421);
     s[4] = __byte_perm(q, 0u, 0x4421);
-    s[3] = high_half<D>(w1, hs);
-    s[2] = high_half<D>(q, hs);
+    s[3] = high_half<(DM & 8) != 0>(w1, hs);
+    s[2] = high_half<(DM & 4) != 0>(q, hs);
     s[1] = __byte_perm(w1, w0f, 0x7643);
     s[0] = __funnelshift_r(w1, w0f, 28);
 }
@@ -127,14 +128,14 @@ __device__ __forceinline__ void states_k4(uint32_t w0, uint32_t w1, uint32_t (&s
 // w0). State j is (R >> (14 - 2j)) & 0xFFFF; with R shifted by 2, 4 and 6, every state is the low half (one LOP3) or
 // bits 8..23 (one PRMT with a zero source) of one of the four: 12 instructions for 8 states instead of 17, and two
 // shared-memory words instead of three.
-template <bool D = false>
+template <int DM = 0>
 __device__ __forceinline__ void states_k2(uint32_t w0, uint32_t w1, int sh, uint32_t (&s)[8], HalfSel hs = {}) {
     const uint32_t r0 = __funnelshift_rc(w1, w0, sh);
     const uint32_t r2 = r0 >> 2, r4 = r0 >> 4, r6 = r0 >> 6;
-    s[7] = low_half<D>(r0, hs);
-    s[6] = low_half<D>(r2, hs);
-    s[5] = low_half<D>(r4, hs);
-    s[4] = low_half<D>(r6, hs);
+    s[7] = low_half<(DM & 128) != 0>(r0, hs);
+    s[6] = low_half<(DM & 64) != 0>(r2, hs);
+    s[5] = low_half<(DM & 32) != 0>(r4, hs);
+    s[4] = low_half<(DM & 16) != 0>(r6, hs);
     s[3] = __byte_perm(r0, 0u, 0x4421);
     s[2] = __byte_perm(r2, 0u, 0x4421);
     s[1] = __byte_perm(r4, 0u, 0x4421);
@@ -258,18 +259,32 @@ __device__ __forceinline__ void decode_fragment(const uint32_t (&st)[8], uint32_
     a[3] = decode_pair<CB>(st[6], st[7]);
 }
 
-// The lane's 8 states of a tile in memory (shared or global), by the cheapest extraction for K (D: the half-word
-// states by IDP.2A, see HalfSel).
-template <int K, bool D = false>
+// Which states of a tile take their last extraction step by IDP.2A on the IMAD pipe (bit j: state j; K = 2 and 4 can
+// only move their half-word states: 4..7 and 2, 3, 6, 7), so that the ALU and IMAD pipes carry about the same
+// (docs/kernels/exl3.md notes 52-53, each measured on the H200): 3INST / MCG all of them (their ALU pipe also holds a
+// LOP3 a weight, the IMAD pipe one IMAD); MUL1 every other state at K = 5-8 (generic extraction, ~18 ALU instructions
+// a tile against 8 IMAD: calls up to 6 % faster), two at K = 4 where its byte sums are packed by PRMT (the fp16
+// kernels, Q = false: 1-3 % at 8 rows), none in the K4 digit kernel (Q: its pipes are even, note 51 variant 19), at
+// K = 2, or at K = 3 (measured: as many calls slower as faster) and K = 1 (not measured).
+template <int CB, int K, bool Q = false>
+__host__ __device__ constexpr int dp2a_states() {
+    if (CB != 2) return 0xFF;
+    if (K <= 3) return 0;
+    if (K == 4) return Q ? 0 : 0x88;
+    return 0xAA;
+}
+
+// The lane's 8 states of a tile in memory (shared or global), by the cheapest extraction for K (DM: dp2a_states).
+template <int K, int DM = 0>
 __device__ __forceinline__ void tile_states(const uint32_t* tile, int lane, uint32_t (&st)[8], HalfSel hs = {}) {
     if constexpr (K == 4) {
-        states_k4<D>(tile[(lane + 31) & 31], tile[lane], st, hs);
+        states_k4<DM>(tile[(lane + 31) & 31], tile[lane], st, hs);
     } else if constexpr (K == 2) {
         const LaneWindow lw = lane_window(K, lane);
-        states_k2<D>(tile[lw.i0], tile[lw.i1], 34 - lw.o0, st, hs);
+        states_k2<DM>(tile[lw.i0], tile[lw.i1], 34 - lw.o0, st, hs);
     } else {
         const LaneWindow lw = lane_window(K, lane);
-        states_generic<K, D>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st, hs);
+        states_generic<K, DM>(align_window(tile[lw.i0], tile[lw.i1], tile[lw.i2], lw.o0), st, hs);
     }
 }
 

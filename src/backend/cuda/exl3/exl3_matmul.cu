@@ -637,7 +637,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 uint32_t st[8];
-                tile_states<K>(rowq + i * 8 * K, lane, st);
+                tile_states<K, dp2a_states<CB, K, true>()>(rowq + i * 8 * K, lane, st, HalfSel{p.half_lo, p.half_hi});
                 uint32_t pr[8];
 #pragma unroll
                 for (int j = 0; j < 8; ++j) pr[j] = st[j] * kMul1Mult;
@@ -678,7 +678,8 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 uint32_t st[8], a[4];
-                tile_states<K, CB != 2>(rowp + (4 * h + i) * 8 * K, lane, st, HalfSel{p.half_lo, p.half_hi});
+                tile_states<K, dp2a_states<CB, K>()>(rowp + (4 * h + i) * 8 * K, lane, st,
+                                                     HalfSel{p.half_lo, p.half_hi});
                 pair_fragment<CB>(st, sel0, sel1, p.cb_mask, p.cb_flip, a);
                 *reinterpret_cast<uint4*>(xc + (4 * h + i) * 128) = make_uint4(a[0], a[1], a[2], a[3]);
 #pragma unroll
@@ -700,7 +701,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         for (int i = 0; i < 8; ++i) {
             const uint32_t* tile = rowp + i * 8 * K;
             uint32_t st[8];
-            tile_states<K, CB != 2>(tile, lane, st, HalfSel{p.half_lo, p.half_hi});
+            tile_states<K, dp2a_states<CB, K>()>(tile, lane, st, HalfSel{p.half_lo, p.half_hi});
             // Fragment order: a[0] = {j0, j1}, a[1] = {j4, j5}, a[2] = {j2, j3}, a[3] = {j6, j7} (decode_fragment).
             if constexpr (CB == 2 && K == 2) {  // two mmas instead of the PRMT packing: faster at K2 only (lab note 16)
                 uint32_t ev[4], od[4];
