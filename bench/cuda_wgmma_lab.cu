@@ -78,7 +78,18 @@ __device__ __forceinline__ uint64_t smem_desc(const void* p, uint32_t lbo, uint3
 }
 
 enum Mode {
-    kSync, kNoMma, kMmaOnly, kWg, kWgPipe, kWgPipe16, kMmaPipe, kHmmaPipe, kSyncHalf, kDp4a, kDp4aPrmt, kDp4a2
+    kSync,
+    kNoMma,
+    kMmaOnly,
+    kWg,
+    kWgPipe,
+    kWgPipe16,
+    kMmaPipe,
+    kHmmaPipe,
+    kSyncHalf,
+    kDp4a,
+    kDp4aPrmt,
+    kDp4a2
 };
 
 template <int M, int G = 1, int D = 1, int MINB = 3>
