@@ -49,8 +49,9 @@ __device__ __forceinline__ Bits96 align_window(uint32_t w0, uint32_t w1, uint32_
 // A word's low or high 16 bits by IDP.2A (a.lo * sel.b0 + a.hi * sel.b1 with sel = 1 or 0x100, held in registers
 // the compiler cannot see through: a kernel parameter), i.e. on the IMAD pipe instead of the ALU pipe (LOP3 / SHF).
 // 3INST and MCG keep the ALU pipe busiest (a LOP3 a weight besides the extraction) and the IMAD pipe half idle (one
-// IMAD a weight), so their kernels take the half-word states this way (D = true below): bench/cuda_decode_lab.cu
-// variant 18, 19.9 -> 21.5 weights/clk/SM at K4. MUL1 fills both pipes alike and gains nothing (variant 19).
+// IMAD a weight), so their kernels take states this way (bench/cuda_decode_lab.cu variant 18: 19.9 -> 21.5
+// weights/clk/SM at K4); MUL1's K4 digit kernel fills both pipes alike and gains nothing (variant 19). Which states
+// take it, per codebook and K: dp2a_states below (D / DM: the template switches of the extraction functions).
 struct HalfSel {
     uint32_t lo, hi;  // 1, 0x100
 };
