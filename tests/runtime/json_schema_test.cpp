@@ -205,9 +205,9 @@ TEST(JsonSchema, TheFreeObjectSchemaIsJsonMode) {
     }
 }
 
-// Random walks through ten schemas (two as OpenAI's guide and pydantic write them, one with overlapping anyOf): every step picks one of the
-// bytes the grammar allows (leaning to closers as the text grows). No prefix may be a dead end, and each closed text
-// validates against the schema.
+// Random walks through ten schemas (two as OpenAI's guide and pydantic write them, one with overlapping anyOf): every
+// step picks one of the bytes the grammar allows (leaning to closers as the text grows). No prefix may be a dead end,
+// and each closed text validates against the schema.
 TEST(JsonSchema, RandomWalksNeverStickAndAlwaysValidate) {
     const char* const schemas[] = {
         kPerson,
