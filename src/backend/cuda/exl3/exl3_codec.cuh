@@ -264,13 +264,14 @@ __device__ __forceinline__ void decode_fragment(const uint32_t (&st)[8], uint32_
 // only move their half-word states: 4..7 and 2, 3, 6, 7), so that the ALU and IMAD pipes carry about the same
 // (docs/kernels/exl3.md notes 52-53, each measured on the H200): 3INST / MCG all of them (their ALU pipe also holds a
 // LOP3 a weight, the IMAD pipe one IMAD); MUL1 every other state at K = 5-8 (generic extraction, ~18 ALU instructions
-// a tile against 8 IMAD: calls up to 6 % faster), two at K = 4 where its byte sums are packed by PRMT (the fp16
-// kernels, Q = false: 1-3 % at 8 rows), none in the K4 digit kernel (Q: its pipes are even, note 51 variant 19), at
-// K = 2, or at K = 3 (measured: as many calls slower as faster) and K = 1 (not measured).
+// a tile against 8 IMAD: calls up to 6 % faster) and two at K = 3 (1-3 %; four went both ways), two at K = 4 where
+// its byte sums are packed by PRMT (the fp16 kernels, Q = false: 1-3 % at 8 rows), none in the K4 digit kernel (Q:
+// its pipes are even, note 51 variant 19), at K = 2, or at K = 1 (not measured).
 template <int CB, int K, bool Q = false>
 __host__ __device__ constexpr int dp2a_states() {
     if (CB != 2) return 0xFF;
-    if (K <= 3) return 0;
+    if (K <= 2) return 0;
+    if (K == 3) return 0x22;
     if (K == 4) return Q ? 0 : 0x88;
     return 0xAA;
 }
