@@ -84,7 +84,7 @@ struct FusedParams {
     int sk_blocks;       // H = 2: > 0 for the stream-K grid of that many blocks (exl3_fused_kernel), 0: groups x splits
     int cluster;         // > 1: the splits of a group form one thread-block cluster of that many (exl3_fused_kernel CL)
     uint32_t cb_mask, cb_flip;  // 0x8FFF8FFF, 0x3B603B60 (split_pair: kept out of the compiler's sight)
-    uint32_t half_lo, half_hi;  // 1, 0x100: HalfSel (3INST / MCG extract half-word states by IDP.2A)
+    uint32_t half_lo, half_hi;  // 1, 0x100: HalfSel (states extracted by IDP.2A where dp2a_states says so)
     bool q8;                    // MUL1, <= 4 rows: activations as int8 digits on the IMMA (exl3_fused_kernel Q)
     int dual_words;             // > 0: the dual grid (exl3_fused_kernel DU), each half's shared memory in words
     unsigned long long* trace;  // kernel lab (exl3_lab_set_trace): null, or kTraceWords a block of timeline
