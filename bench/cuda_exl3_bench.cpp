@@ -3,13 +3,15 @@
 // so that no call is served from the L2 (a decode step reads every layer's weights once). Each cell: time, effective
 // weight bandwidth k*n*K/8 / time, and the speedup over the reference's time.
 //
-// Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N] [--batch-sweep]   (--shapes 5: the 8B rows only)
+// Usage: bench_cuda_exl3 [--codebook mul1|mcg|3inst] [--shapes N] [--ks 1,7] [--batch-sweep]
+//        (--shapes 5: the 8B rows only; --ks: the K columns, default the reference's 2,3,4,5,6,8)
 //        bench_cuda_exl3 --trace SHAPE K ROWS [--kn K_IN N_OUT]   (per-block timelines; --kn: another shape, e.g.
 //                                                                  4096 28672 for a Llama-3-8B layer's fused gate|up)
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <string>
@@ -280,6 +282,7 @@ int main(int argc, char** argv) {
     int only_shape = -1, only_k = 0;  // --only SHAPE_INDEX K: one cell (for profilers)
     int trace_shape = -1, trace_k = 4, trace_rows = 1;  // --trace SHAPE_INDEX K ROWS: block timelines, no table
     int trace_kn[2] = {0, 0};                           // --kn K N: that shape instead (e.g. a fused gate|up)
+    std::vector<int> ks(std::begin(kKs), std::end(kKs));  // --ks: the table's K columns
     bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
     for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -311,6 +314,18 @@ int main(int argc, char** argv) {
             cb = c == "mcg" ? Exl3Codebook::kMcg : c == "3inst" ? Exl3Codebook::k3Inst : Exl3Codebook::kMul1;
         } else if (!std::strcmp(argv[i], "--shapes")) {
             n_shapes = std::min(n_shapes, std::atoi(argv[i + 1]));
+        } else if (!std::strcmp(argv[i], "--ks")) {
+            ks.clear();
+            for (const char* c = argv[i + 1]; *c;) {
+                char* end = nullptr;
+                const long K = std::strtol(c, &end, 10);
+                if (end == c || K < 1 || K > 8 || (*end && *end != ',')) {
+                    std::fprintf(stderr, "--ks: a comma-separated list of K in 1..8 (e.g. 1,7)\n");
+                    return 1;
+                }
+                ks.push_back(static_cast<int>(K));
+                c = *end ? end + 1 : end;
+            }
         }
     }
     auto ctx = CudaContext::create(0);
@@ -351,9 +366,9 @@ int main(int argc, char** argv) {
                 cb == Exl3Codebook::kMul1 ? "mul1" : cb == Exl3Codebook::kMcg ? "mcg" : "3inst", bw / 1e12);
     std::printf("Cell: our time, effective weight TB/s, speedup over the reference (anchors.md; MUL1 figures).\n\n");
     std::printf("| shape (k->n) |");
-    for (int K : kKs) std::printf(" K%d |", K);
+    for (int K : ks) std::printf(" K%d |", K);
     std::printf(" K4, batch 8 |\n|---|");
-    for (int i = 0; i < 7; ++i) std::printf("---|");
+    for (size_t i = 0; i <= ks.size(); ++i) std::printf("---|");
     std::printf("\n");
     std::vector<uint64_t> noise((size_t{128} << 20) / 8);
     fill_random(noise);
@@ -368,9 +383,9 @@ int main(int argc, char** argv) {
         std::printf("| %s (%d->%d) |", sh.name, sh.k, sh.n);
         std::fflush(stdout);
         double b8 = 0;
-        for (int ki = 0; ki < 6; ++ki) {
-            const int K = kKs[ki];
+        for (const int K : ks) {
             if (only_k && K != only_k) continue;
+            const int ki = static_cast<int>(std::find(std::begin(kKs), std::end(kKs), K) - std::begin(kKs));
             Layer l;
             if (!make_layer(sh.k, sh.n, K, cb, noise, &l)) return 1;
             const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 8), kExl3CounterBytes);
@@ -378,12 +393,18 @@ int main(int argc, char** argv) {
                 return 1;
             const double us = time_calls(**ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes());
             const double bytes = static_cast<double>(sh.k) * sh.n * K / 8;
-            std::printf(" %.1f us, %.2f TB/s, %.1fx |", us, bytes / us / 1e6, sh.ref_us[ki] / us);
+            if (ki < 6)
+                std::printf(" %.1f us, %.2f TB/s, %.1fx |", us, bytes / us / 1e6, sh.ref_us[ki] / us);
+            else
+                std::printf(" %.1f us, %.2f TB/s, - |", us, bytes / us / 1e6);  // no reference figure
             std::fflush(stdout);
             if (K == 4) b8 = time_calls(**ctx, l, x.get(), 8, y.get(), ws.get(), ws.bytes());
         }
         const double bytes4 = static_cast<double>(sh.k) * sh.n * 4 / 8;
-        std::printf(" %.1f us, %.2f TB/s, %.1fx |\n", b8, bytes4 / b8 / 1e6, sh.ref_b8_us / b8);
+        if (b8 > 0)
+            std::printf(" %.1f us, %.2f TB/s, %.1fx |\n", b8, bytes4 / b8 / 1e6, sh.ref_b8_us / b8);
+        else
+            std::printf(" - |\n");
     }
     if (batch_sweep) {
         // Beyond 16 rows: passes of the fused kernel against decode + cuBLAS (sets kExl3FusedPassMaxRows).

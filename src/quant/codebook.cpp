@@ -31,7 +31,7 @@ uint16_t f64_to_f16_rne(double v) {
 
 // The half-pair decode of 3INST and MCG: mask and xor put both halves into [2^-3, 2), then add them in fp16.
 uint16_t half_pair(uint32_t x) {
-    x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+    x = (x & kHalfPairMask) ^ kHalfPairFlip;
     return f16_add_rne(static_cast<uint16_t>(x & 0xFFFFu), static_cast<uint16_t>(x >> 16));
 }
 
@@ -72,7 +72,7 @@ uint16_t codebook_fp16(Codebook cb, uint16_t state) {
     const uint32_t s = state;
     switch (cb) {
         case Codebook::k3Inst:
-            return half_pair(s * 89226354u + 64248484u);
+            return half_pair(s * k3InstMultiplier + k3InstAddend);
         case Codebook::kMcg:
             return half_pair(s * kMcgMultiplier);
         case Codebook::kMul1: {

@@ -23,6 +23,7 @@
 #include <cfloat>
 #include <cstdlib>
 
+#include "backend/cuda/exl3/exl3_codec.cuh"
 #include "convert/cuda/viterbi.cuh"
 
 namespace exl3::convert::cuda {
@@ -35,13 +36,12 @@ constexpr int kSteps = 256;
 template <int CB>
 __device__ __forceinline__ float cb_value(uint32_t s) {
     if constexpr (CB == 2) {  // MUL1: fp16(1024 + bytesum(s * mul)) * 0x1EEE + 0xC931, one rounding
-        const uint32_t x = s * 0x83DCD12Du;
+        const uint32_t x = s * quant::kMul1Multiplier;
         const uint32_t b = __dp4a(x, 0x01010101u, 0u);
         const __half h = __ushort_as_half(static_cast<unsigned short>(0x6400u + b));
         return __half2float(__hfma(h, __ushort_as_half(0x1EEE), __ushort_as_half(0xC931)));
     } else {  // 3INST (affine LCG step) / MCG (multiply): mask, xor, sum of the two fp16 halves
-        uint32_t x = CB == 0 ? s * 89226354u + 64248484u : s * 0xCBAC1FEDu;
-        x = (x & 0x8FFF8FFFu) ^ 0x3B603B60u;
+        const uint32_t x = (::exl3::cuda::exl3k::inst_hash<CB>(s) & quant::kHalfPairMask) ^ quant::kHalfPairFlip;
         return __half2float(__hadd(__ushort_as_half(static_cast<unsigned short>(x & 0xFFFFu)),
                                    __ushort_as_half(static_cast<unsigned short>(x >> 16))));
     }

@@ -13,11 +13,11 @@
 
 #include <cstdint>
 
+#include "quant/codebook.h"
+
 namespace exl3::cuda::exl3k {
 
-inline constexpr uint32_t kMul1Mult = 0x83DCD12Du;
-inline constexpr uint32_t kMcgMult = 0xCBAC1FEDu;
-inline constexpr uint32_t k3InstMult = 89226354u, k3InstAdd = 64248484u;
+inline constexpr uint32_t kMul1Mult = quant::kMul1Multiplier;
 
 // Where lane t's bits start inside a tile of K bits per weight.
 struct LaneWindow {
@@ -197,6 +197,17 @@ __device__ __forceinline__ void mul1_sums_unpacked(const uint32_t (&st)[8], uint
     mul1_bytesums(odd, p[1], p[3], p[5], p[7], sel0, sel1);
 }
 
+// 3INST / MCG: the 32-bit hash x = s * mult (+ add) of one state, whose two masked and flipped halves are the
+// codebook's value (exl3-format.md). CB: 0 = 3INST, 1 = MCG.
+template <int CB>
+__device__ __forceinline__ uint32_t inst_hash(uint32_t s) {
+    static_assert(CB == 0 || CB == 1, "MUL1 (CB = 2) sums the bytes of s * mult instead");
+    if constexpr (CB == 1)
+        return s * quant::kMcgMultiplier;
+    else
+        return s * quant::k3InstMultiplier + quant::k3InstAddend;
+}
+
 // Two states -> their codebook values as one half2 (first state in the low half), rounded exactly as the host codec
 // (quant/codebook.cpp): one fp16 FMA (MUL1) or one fp16 add (3INST, MCG), round to nearest even.
 template <int CB>
@@ -204,16 +215,9 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
     if constexpr (CB == 2) {  // MUL1: 1024 + byte sum of s * mult, then * 0x1EEE + 0xC931 in fp16
         return h2_bits(__hfma2(bits_h2(mul1_raw_pair(s0, s1)), bits_h2(0x1EEE1EEEu), bits_h2(0xC931C931u)));
     } else {
-        uint32_t x0, x1;
-        if constexpr (CB == 1) {
-            x0 = s0 * kMcgMult;
-            x1 = s1 * kMcgMult;
-        } else {
-            x0 = s0 * k3InstMult + k3InstAdd;
-            x1 = s1 * k3InstMult + k3InstAdd;
-        }
-        x0 = (x0 & 0x8FFF8FFFu) ^ 0x3B603B60u;
-        x1 = (x1 & 0x8FFF8FFFu) ^ 0x3B603B60u;
+        uint32_t x0 = inst_hash<CB>(s0), x1 = inst_hash<CB>(s1);
+        x0 = (x0 & quant::kHalfPairMask) ^ quant::kHalfPairFlip;
+        x1 = (x1 & quant::kHalfPairMask) ^ quant::kHalfPairFlip;
         return h2_bits(__hadd2(bits_h2(__byte_perm(x0, x1, 0x5410)), bits_h2(__byte_perm(x0, x1, 0x7632))));
     }
 }
@@ -226,14 +230,7 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t s0, uint32_t s1) {
 template <int CB>
 __device__ __forceinline__ void split_pair(uint32_t s0, uint32_t s1, uint32_t mask, uint32_t flip, uint32_t& lo,
                                            uint32_t& hi) {
-    uint32_t x0, x1;
-    if constexpr (CB == 1) {
-        x0 = s0 * kMcgMult;
-        x1 = s1 * kMcgMult;
-    } else {
-        x0 = s0 * k3InstMult + k3InstAdd;
-        x1 = s1 * k3InstMult + k3InstAdd;
-    }
+    const uint32_t x0 = inst_hash<CB>(s0), x1 = inst_hash<CB>(s1);
     lo = (__byte_perm(x0, x1, 0x5410) & mask) ^ flip;
     hi = (__byte_perm(x0, x1, 0x7632) & mask) ^ flip;
 }
@@ -245,8 +242,7 @@ __device__ __forceinline__ void split_pair(uint32_t s0, uint32_t s1, uint32_t ma
 // 19.9 weights/clk/SM against split_pair's two PRMT + two LOP3 a pair, variant 20).
 template <int CB>
 __device__ __forceinline__ uint32_t halves_of(uint32_t s, uint32_t mask, uint32_t flip) {
-    const uint32_t x = CB == 1 ? s * kMcgMult : s * k3InstMult + k3InstAdd;
-    return (x & mask) ^ flip;
+    return (inst_hash<CB>(s) & mask) ^ flip;
 }
 
 // The lane's 8 values as the A operand of mma.m16n8k16 with A = W^T of the tile (rows = the tile's 16 output

@@ -1867,8 +1867,8 @@ cudaError_t exl3_fused(const Exl3Part* parts, int nparts, const void* x, ActType
     for (int i = 0; i < nparts; ++i)
         p.vec_out = p.vec_out && parts[i].col0 % 4 == 0 && a16(parts[i].w.svh) && (!parts[i].bias || a16(parts[i].bias));
     p.trace = g_trace.exchange(nullptr);
-    p.cb_mask = 0x8FFF8FFFu;
-    p.cb_flip = 0x3B603B60u;
+    p.cb_mask = quant::kHalfPairMask;
+    p.cb_flip = quant::kHalfPairFlip;
     p.half_lo = 1u;
     p.half_hi = 0x100u;
     p.q8 = q8_path(parts, rows, out.invariant) && f.per >= q8_min_stages();
