@@ -51,10 +51,27 @@ constexpr int kRedStride = 132;                    // floats per reduction row
 #endif
 // (H = 2, whose slots also hold activations: at most 8 stages. LN, the paired kernel's build for GPUs of less shared
 // memory a block: 2 stages whatever K.)
-__host__ __device__ constexpr int ring_stages(int K, int H = 1, bool LN = false) {
-    if (LN) return 2;
+__host__ __device__ constexpr int ring_stages_by_bytes(int K, int H) {
     const int s = EXL3_RING_BYTES / (2048 * K), cap = H == 2 ? 8 : 16;
     return s < 2 ? 2 : (s > cap ? cap : s);
+}
+// The 1-16-row kernels (H = 1) take four stages where the 32 KB ring holds two (K = 6-8: one stage in flight while
+// one is decoded): their calls on the large shapes 9-18 % faster (docs/kernels/exl3.md note 54). K5's three gained
+// ~1 % with four, and more stages at K4 (six) lost; both left as they were.
+__host__ __device__ constexpr int ring_stages(int K, int H = 1, bool LN = false) {
+    if (LN) return 2;
+    const int s = ring_stages_by_bytes(K, H);
+    return H == 1 && s == 2 ? 4 : s;
+}
+// Weight stages a block requests before its grid-dependency wait: at most the 32 KB ring's, so that the activations
+// it loads right after the wait do not queue behind a larger burst; the rest of the ring once they have landed.
+// (EXL3_PRE_DEFER=0: the whole ring before the wait -- note 54: K6 calls as fast, a 6.0 bpw model's step slower.)
+#ifndef EXL3_PRE_DEFER
+#define EXL3_PRE_DEFER 1
+#endif
+__host__ __device__ constexpr int pre_wait_stages(int K, int H, bool LN) {
+    const int p = ring_stages(K, H, LN) - 1, by_bytes = ring_stages_by_bytes(K, H) - 1;
+    return EXL3_PRE_DEFER && !LN && by_bytes < p ? by_bytes : p;
 }
 __host__ __device__ constexpr int stage_words(int K) {
     return 64 * 8 * K;  // 8 tile rows x 8 tiles x 8K words
@@ -480,12 +497,22 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         if constexpr (H == 2) issue_a(slot);
     };
 
-    // Weights do not depend on the previous kernel: start streaming them before waiting for it.
+    // Weights do not depend on the previous kernel: start streaming them before waiting for it (PRE stages; the
+    // rest of the ring after the activations, in stage order, so that commit group s is still stage s).
+    constexpr int PRE = pre_wait_stages(K, H, LN);
+    static_assert(H == 1 || PRE == P - 1, "the paired kernel requests its whole ring before the wait");
 #pragma unroll
-    for (int s = 0; s < P - 1; ++s) {
+    for (int s = 0; s < PRE; ++s) {
         if (s < nst) issue_w(s);
         cp_async_commit();
     }
+    auto issue_rest = [&] {
+#pragma unroll
+        for (int s = PRE; s < P - 1; ++s) {
+            if (s < nst) issue_w(s);
+            cp_async_commit();
+        }
+    };
     // The output scales (and bias) of the group, read once a step by the tail -- the path into the next call: into
     // L2 now, so that the tail does not wait on DRAM. Measured (one run, three rounds): the paired kernel's calls
     // (32 rows) 5.80-5.82 -> 5.59-5.62 ms a step; the 1-16-row kernels no faster (batch 1 +0.01 ms), so only H = 2.
@@ -528,6 +555,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
                     if (i == r) m4[i] = max(m4[i], m);
             }
         }
+        issue_rest();  // this thread's activation loads have landed (stored above)
         if constexpr (Q) {
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
