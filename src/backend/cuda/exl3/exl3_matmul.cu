@@ -55,13 +55,14 @@ __host__ __device__ constexpr int ring_stages_by_bytes(int K, int H) {
     const int s = EXL3_RING_BYTES / (2048 * K), cap = H == 2 ? 8 : 16;
     return s < 2 ? 2 : (s > cap ? cap : s);
 }
-// The 1-16-row kernels (H = 1) take four stages where the 32 KB ring holds two (K = 6-8: one stage in flight while
-// one is decoded): their calls on the large shapes 9-18 % faster (docs/kernels/exl3.md note 54). K5's three gained
-// ~1 % with four, and more stages at K4 (six) lost; both left as they were.
+// Four stages where the 32 KB ring holds two (K = 6-8: one stage in flight while one is decoded): the 1-16-row
+// kernels' calls on the large shapes 9-18 % faster, a 6.0 bpw model's 17-32-row steps (the paired kernel) 2-3 %
+// (docs/kernels/exl3.md note 54). K5's three gained ~1 % with four, and more stages at K4 (six) lost; both left as
+// they were. The paired kernel's lean build (LN, GPUs of 99 KB a block) keeps two.
 __host__ __device__ constexpr int ring_stages(int K, int H = 1, bool LN = false) {
     if (LN) return 2;
     const int s = ring_stages_by_bytes(K, H);
-    return H == 1 && s == 2 ? 4 : s;
+    return s == 2 ? 4 : s;
 }
 // Weight stages a block requests before its grid-dependency wait: at most the 32 KB ring's, so that the activations
 // it loads right after the wait do not queue behind a larger burst; the rest of the ring once they have landed.
@@ -71,7 +72,7 @@ __host__ __device__ constexpr int ring_stages(int K, int H = 1, bool LN = false)
 #endif
 __host__ __device__ constexpr int pre_wait_stages(int K, int H, bool LN) {
     const int p = ring_stages(K, H, LN) - 1, by_bytes = ring_stages_by_bytes(K, H) - 1;
-    return EXL3_PRE_DEFER && !LN && by_bytes < p ? by_bytes : p;
+    return EXL3_PRE_DEFER && H == 1 && !LN && by_bytes < p ? by_bytes : p;
 }
 __host__ __device__ constexpr int stage_words(int K) {
     return 64 * 8 * K;  // 8 tile rows x 8 tiles x 8K words
