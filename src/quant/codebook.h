@@ -14,9 +14,9 @@ enum class Codebook : uint8_t { k3Inst, kMcg, kMul1 };
 // The values of the 0-dim int32 marker tensors `<key>.mcg` / `<key>.mul1` (also the multipliers of the codebooks).
 inline constexpr uint32_t kMcgMultiplier = 0xCBAC1FEDu;
 inline constexpr uint32_t kMul1Multiplier = 0x83DCD12Du;
-// 3INST's affine step x = s * kMul + kAdd; 3INST and MCG then take the fp16 sum of the two halves of
-// (x & kHalfPairMask) ^ kHalfPairFlip. Plain constants, so that the CUDA decoders (exl3_codec.cuh, viterbi.cu) share
-// them with codebook_fp16.
+// 3INST's affine step x = s * k3InstMultiplier + k3InstAddend; 3INST and MCG then take the fp16 sum of the two
+// halves of (x & kHalfPairMask) ^ kHalfPairFlip. Plain constants, so that the CUDA decoders (exl3_codec.cuh,
+// viterbi.cu) share them with codebook_fp16.
 inline constexpr uint32_t k3InstMultiplier = 89226354u, k3InstAddend = 64248484u;
 inline constexpr uint32_t kHalfPairMask = 0x8FFF8FFFu, kHalfPairFlip = 0x3B603B60u;
 
