@@ -7,6 +7,9 @@
 //        (--shapes 5: the 8B rows only; --ks: the K columns, default the reference's 2,3,4,5,6,8)
 //        bench_cuda_exl3 --trace SHAPE K ROWS [--kn K_IN N_OUT]   (per-block timelines; --kn: another shape, e.g.
 //                                                                  4096 28672 for a Llama-3-8B layer's fused gate|up)
+//        bench_cuda_exl3 --asymptote [--ks ...] [--ceiling W]   (batch 1 on ever wider shapes: the per-call fixed cost and the
+//                                                  marginal rate by a line fit, and the bounds they set on the table
+//                                                  and on a Llama-3-8B decode step)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -276,6 +279,108 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
 
 }  // namespace
 
+// --asymptote: k = 8192 and n from 8192 to 229376 at batch 1 (up to 1.9 G weights a call, every SM busy for
+// hundreds of microseconds). A least-squares line t = a + W / r over the three widest shapes splits a call into a
+// fixed cost a (the hop, prologue, tail, a partial last wave) and the marginal rate r: the main loop with its
+// memory traffic. The rate taken for the bounds is the larger of r and the best rate a call showed, so that a noisy
+// fit cannot make a bound tighter than measured. From it: each table cell at zero fixed cost (so the largest
+// speedup over the reference that cell could show), and a batch-1 step of a Llama-3-8B EXL3 model (K4 layers, K6
+// head) counting the matmuls' main loops only. --ceiling W (weights/clk/SM, e.g. bench_cuda_decode_lab's rate for
+// the kernel's K4 instruction mix with no memory traffic at all) prints the same K4 bounds for any kernel built on
+// that mix.
+int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook cb, double ceiling) {
+    int khz = 0;
+    cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0);
+    const double clk = khz * 1e3;
+    std::printf("EXL3 fused matmul at batch 1 on wide shapes (k = 8192), codebook %s; %d SMs at %.0f MHz.\n",
+                cb == Exl3Codebook::kMul1 ? "mul1" : cb == Exl3Codebook::kMcg ? "mcg" : "3inst", sms, clk / 1e6);
+    std::printf("Cell: us a call, effective TB/s, weights/clk/SM. Fit over the three widest: fixed us + marginal "
+                "rate.\n\n| K | n = 8192 | 28672 | 57344 | 114688 | 229376 | fixed | marginal w/clk/SM | marginal TB/s |\n"
+                "|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<uint64_t> noise((size_t{128} << 20) / 8);
+    fill_random(noise);
+    const int k = 8192;
+    const int ns[] = {8192, 28672, 57344, 114688, 229376};
+    DeviceBuffer x, y, ws;
+    std::vector<uint16_t> xh(static_cast<size_t>(k));
+    for (size_t i = 0; i < xh.size(); ++i) xh[i] = static_cast<uint16_t>(0x3000 + (noise[i % noise.size()] & 0x3ff));
+    if (!x.upload(xh.data(), xh.size() * 2).is_ok() || !y.reserve(static_cast<size_t>(229376) * 4).is_ok()) return 1;
+    std::vector<double> rate(9, 0.0);  // weights a second, by K
+    for (const int K : ks) {
+        std::printf("| K%d |", K);
+        double sw = 0, st = 0, sww = 0, swt = 0, best = 0;
+        int nfit = 0;
+        for (size_t i = 0; i < std::size(ns); ++i) {
+            Layer l;
+            if (!make_layer(k, ns[i], K, cb, noise, &l)) return 1;
+            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 1), kExl3CounterBytes);
+            if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), ctx.stream()) != cudaSuccess)
+                return 1;
+            const double us = time_calls(ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes());
+            const double w = static_cast<double>(k) * ns[i];
+            best = std::max(best, w / (us * 1e-6));
+            std::printf(" %.1f, %.2f, %.1f |", us, w * K / 8 / us / 1e6, w / (us * 1e-6) / clk / sms);
+            std::fflush(stdout);
+            if (i + 3 >= std::size(ns)) {
+                sw += w;
+                st += us;
+                sww += w * w;
+                swt += w * us;
+                ++nfit;
+            }
+        }
+        const double slope = (nfit * swt - sw * st) / (nfit * sww - sw * sw);  // us a weight
+        const double fixed = (st - slope * sw) / nfit;
+        std::printf(" %.1f us | %.1f | %.2f |\n", fixed, 1e6 / slope / clk / sms, 1e6 / slope * K / 8 / 1e12);
+        rate[static_cast<size_t>(K)] = std::max(1e6 / slope, best);
+    }
+    std::printf("\nRate taken for the bounds (the larger of the fit and the best call), weights/clk/SM:");
+    for (const int K : ks) std::printf(" K%d %.1f", K, rate[static_cast<size_t>(K)] / clk / sms);
+    std::printf("\n");
+    std::printf("\nLower bounds at the marginal rate (no fixed cost a call): us, and the speedup over the reference "
+                "that would give.\n\n| shape |");
+    for (const int K : ks) std::printf(" K%d |", K);
+    std::printf("\n|---|");
+    for (size_t i = 0; i < ks.size(); ++i) std::printf("---|");
+    std::printf("\n");
+    for (const Shape& sh : kShapes) {
+        std::printf("| %s |", sh.name);
+        for (const int K : ks) {
+            const double us = static_cast<double>(sh.k) * sh.n / rate[static_cast<size_t>(K)] * 1e6;
+            const int ki = static_cast<int>(std::find(std::begin(kKs), std::end(kKs), K) - std::begin(kKs));
+            if (ki < 6)
+                std::printf(" %.1f us, %.2fx |", us, sh.ref_us[ki] / us);
+            else
+                std::printf(" %.1f us |", us);
+        }
+        std::printf("\n");
+    }
+    // Llama-3-8B: 32 layers of q, o (4096^2), k, v (4096 x 1024), gate, up (4096 x 14336), down (14336 x 4096).
+    const double layer = 2.0 * 4096 * 4096 + 2.0 * 4096 * 1024 + 3.0 * 4096 * 14336;
+    const double w4 = 32 * layer, head = 4096.0 * 128256;
+    if (rate[4] > 0 && rate[6] > 0) {
+        const double ms = (w4 / rate[4] + head / rate[6]) * 1e3;
+        std::printf("\nLlama-3-8B at 4.0 bpw with a 6-bit head, batch 1: the matmuls' main loops alone take >= %.3f ms "
+                    "a step (%.0f tok/s), before any per-call cost, attention, norm, rotation or sampling.\n",
+                    ms, 1e3 / ms);
+    }
+    if (ceiling > 0) {
+        const double r = ceiling * clk * sms;
+        std::printf("\nAt the instruction ceiling of %.1f weights/clk/SM (= %.2f TB/s at K4), any kernel on that mix, zero "
+                    "fixed cost, K4:\n\n| shape | K4 us | TB/s | speedup over the reference |\n|---|---|---|---|\n",
+                    ceiling, r * 0.5 / 1e12);
+        for (const Shape& sh : kShapes) {
+            const double w = static_cast<double>(sh.k) * sh.n, us = w / r * 1e6;
+            std::printf("| %s | %.1f | %.2f | %.2fx |\n", sh.name, us, w * 0.5 / us / 1e6, sh.ref_us[2] / us);
+        }
+        std::printf("\nLlama-3-8B's matmuls at that rate (the K6 head too): >= %.3f ms a step (%.0f tok/s).\n",
+                    (w4 + head) / r * 1e3, r / (w4 + head));
+    }
+    return 0;
+}
+
 int main(int argc, char** argv) {
     Exl3Codebook cb = Exl3Codebook::kMul1;
     int n_shapes = static_cast<int>(sizeof(kShapes) / sizeof(kShapes[0]));
@@ -284,9 +389,12 @@ int main(int argc, char** argv) {
     int trace_kn[2] = {0, 0};                           // --kn K N: that shape instead (e.g. a fused gate|up)
     std::vector<int> ks(std::begin(kKs), std::end(kKs));  // --ks: the table's K columns
     bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
+    bool asym = false;                // --asymptote: the fixed cost and marginal rate, and the bounds they set
+    double ceiling = 0;               // --ceiling W: with --asymptote, the K4 bounds at W weights/clk/SM too
     for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
+    for (int i = 1; i < argc; ++i) asym |= !std::strcmp(argv[i], "--asymptote");
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!std::strcmp(argv[i], "--batch-sweep")) {  // a flag: no value to skip
+        if (!std::strcmp(argv[i], "--batch-sweep") || !std::strcmp(argv[i], "--asymptote")) {  // flags: no value
             --i;
             continue;
         }
@@ -312,6 +420,8 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--codebook")) {
             std::string c = argv[i + 1];
             cb = c == "mcg" ? Exl3Codebook::kMcg : c == "3inst" ? Exl3Codebook::k3Inst : Exl3Codebook::kMul1;
+        } else if (!std::strcmp(argv[i], "--ceiling")) {
+            ceiling = std::atof(argv[i + 1]);
         } else if (!std::strcmp(argv[i], "--shapes")) {
             n_shapes = std::min(n_shapes, std::atoi(argv[i + 1]));
         } else if (!std::strcmp(argv[i], "--ks")) {
@@ -333,6 +443,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", ctx.status().to_string().c_str());
         return 1;
     }
+    if (asym) return asymptote(**ctx, ks, cb, ceiling);
     if (trace_shape >= 0 && trace_shape < n_shapes) {
         std::vector<uint64_t> noise((size_t{128} << 20) / 8);
         fill_random(noise);
