@@ -7,9 +7,9 @@
 //        (--shapes 5: the 8B rows only; --ks: the K columns, default the reference's 2,3,4,5,6,8)
 //        bench_cuda_exl3 --trace SHAPE K ROWS [--kn K_IN N_OUT]   (per-block timelines; --kn: another shape, e.g.
 //                                                                  4096 28672 for a Llama-3-8B layer's fused gate|up)
-//        bench_cuda_exl3 --asymptote [--ks ...] [--ceiling W]   (batch 1 on ever wider shapes: the per-call fixed cost and the
-//                                                  marginal rate by a line fit, and the bounds they set on the table
-//                                                  and on a Llama-3-8B decode step)
+//        bench_cuda_exl3 --asymptote [--ks ...] [--ceiling W]   (batch 1 on ever wider shapes: the per-call fixed
+//                                            cost and the marginal rate by a line fit, and the bounds they set on the
+//                                            table and on a Llama-3-8B decode step)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -297,7 +297,8 @@ int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook c
     std::printf("EXL3 fused matmul at batch 1 on wide shapes (k = 8192), codebook %s; %d SMs at %.0f MHz.\n",
                 cb == Exl3Codebook::kMul1 ? "mul1" : cb == Exl3Codebook::kMcg ? "mcg" : "3inst", sms, clk / 1e6);
     std::printf("Cell: us a call, effective TB/s, weights/clk/SM. Fit over the three widest: fixed us + marginal "
-                "rate.\n\n| K | n = 8192 | 28672 | 57344 | 114688 | 229376 | fixed | marginal w/clk/SM | marginal TB/s |\n"
+                "rate.\n\n| K | n = 8192 | 28672 | 57344 | 114688 | 229376 | fixed | marginal w/clk/SM |"
+                " marginal TB/s |\n"
                 "|---|---|---|---|---|---|---|---|---|\n");
     std::vector<uint64_t> noise((size_t{128} << 20) / 8);
     fill_random(noise);
@@ -339,8 +340,8 @@ int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook c
     std::printf("\nRate taken for the bounds (the larger of the fit and the best call), weights/clk/SM:");
     for (const int K : ks) std::printf(" K%d %.1f", K, rate[static_cast<size_t>(K)] / clk / sms);
     std::printf("\n");
-    std::printf("\nLower bounds at the marginal rate (no fixed cost a call): us, and the speedup over the reference "
-                "that would give.\n\n| shape |");
+    std::printf("\nLower bounds at that rate (no fixed cost a call): us, and the speedup over the reference that "
+                "would give.\n\n| shape |");
     for (const int K : ks) std::printf(" K%d |", K);
     std::printf("\n|---|");
     for (size_t i = 0; i < ks.size(); ++i) std::printf("---|");
@@ -368,8 +369,8 @@ int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook c
     }
     if (ceiling > 0) {
         const double r = ceiling * clk * sms;
-        std::printf("\nAt the instruction ceiling of %.1f weights/clk/SM (= %.2f TB/s at K4), any kernel on that mix, zero "
-                    "fixed cost, K4:\n\n| shape | K4 us | TB/s | speedup over the reference |\n|---|---|---|---|\n",
+        std::printf("\nAt the instruction ceiling of %.1f weights/clk/SM (= %.2f TB/s at K4), any kernel on that mix, "
+                    "zero fixed cost, K4:\n\n| shape | K4 us | TB/s | speedup over the reference |\n|---|---|---|---|\n",
                     ceiling, r * 0.5 / 1e12);
         for (const Shape& sh : kShapes) {
             const double w = static_cast<double>(sh.k) * sh.n, us = w / r * 1e6;
