@@ -147,10 +147,14 @@ struct GeneratorOptions {
     // When prompt + max_new_tokens exceeds the context: true lowers max_new_tokens to fit (the job ends with
     // kLength); false rejects the job at submit(). A prompt that leaves no room for one new token is always rejected.
     bool cap_to_context = true;
-    // On a CUDA model, sample on the GPU (src/backend/cuda/sampler.cuh: the same chain and distribution; the logits
-    // never leave the device). The draws come from another random stream than the CPU sampler's, so a seeded job
-    // gives other (equally distributed) tokens than on the CPU; greedy jobs give the same ones.
+    // On a model that draws on its device (CUDA: Model::draws_on_device), sample there (the same chain and
+    // distribution; the logits never leave the device). The draws come from another random stream than the CPU
+    // sampler's, so a seeded job gives other (equally distributed) tokens than on the CPU; greedy jobs give the same
+    // ones.
     bool device_sampling = true;
+    // Prints where the stepping thread's time went (proposals, forward, sampling; a draft model's rounds) to stderr
+    // when the Generator goes: for profiling.
+    bool timing = false;
 
     // Speculative decoding (see the top of this file): proposals a step for each decoding job, at most; 0: off.
     // A job's proposals also stop short of its max_new_tokens, and share the step's max_batch_tokens with prompts.

@@ -62,6 +62,38 @@ struct LoadOptions {
     bool batch_invariant = false;
     bool exl3_dequantize = false;  // EXL3 linears become fp32 dense weights at load instead of being decoded on the
                                    // fly (4 bytes a weight): for comparisons
+    // CUDA: steps in which every sequence brings the same few tokens (decode, speculative decoding's checks) are
+    // captured once as CUDA graphs and replayed. false runs every step eagerly (slower; for comparisons).
+    bool cuda_graphs = true;
+};
+
+// One device draw (Model::forward_draw): the sampler chain of SamplerSettings (generator.h) after the history's
+// edits, which the caller computes (they depend on the tokens so far) and the device applies in this order per edit:
+// l += bias; l = l > 0 ? l / rep : l * rep; l -= sub; l -= dry; banned: -inf.
+struct DrawSettings {
+    float temperature = 0.0f;  // 0: greedy (argmax after the edits)
+    int top_k = 0;
+    float top_p = 1.0f;
+    float min_p = 0.0f;
+    float typical_p = 1.0f;
+    float xtc_threshold = 0.1f;
+    float xtc_probability = 0.0f;
+    int top_logprobs = 0;  // how many of the most likely tokens to return with their logprobs (at most 100)
+    uint64_t seed = 0;     // the draw is reproducible for a given (seed, step)
+    uint64_t step = 0;
+    struct Edit {
+        int32_t id = 0;
+        float bias = 0.0f, rep = 1.0f, sub = 0.0f, dry = 0.0f;
+        bool ban = false;
+    };
+    std::vector<Edit> edits;
+};
+
+struct Drawn {
+    int32_t token = 0;
+    float logprob = 0.0f;  // log-softmax of the raw logits (before edits and temperature)
+    std::vector<int32_t> top_ids;
+    std::vector<float> top_logprobs;
 };
 
 // The paged KV cache and the work prefix caching saved (Model::cache_stats()).
@@ -126,19 +158,18 @@ public:
     };
     Status forward_batch(const std::vector<BatchItem>& items, std::vector<float>* logits) const;
 
-    // forward_batch with the logits left on the device (CUDA models; invalid_argument on the CPU): `out` points at
-    // fp32 rows [rows, vocab] in forward_batch's order, ordered on `stream` (a cudaStream_t) of CUDA device `device`
-    // and valid until the next forward call on this model. For samplers on the device (the Generator's), which then
-    // never copy logits to the host.
-    struct DeviceLogits {
-        const float* data = nullptr;
-        int rows = 0;
-        int vocab = 0;
-        int device = 0;
-        void* stream = nullptr;
-    };
-    Status forward_batch_device(const std::vector<BatchItem>& items, DeviceLogits* out) const;
-    bool on_cuda() const;
+    // Drawing on the model's device (CUDA): the step's logits stay there and only the drawn ids (and logprobs) come
+    // back; the Generator's path on a GPU. draws_on_device() says whether this model can (the CPU cannot: take the
+    // logits from forward_batch and sample them on the host).
+    bool draws_on_device() const;
+    // forward_batch, then one draw for each of its logit rows: rows[i] draws logit row i, in forward_batch's order
+    // (rows.size() must equal the number of logit rows). want_logprobs fills Drawn::logprob and the top lists.
+    Status forward_draw(const std::vector<BatchItem>& items, const std::vector<DrawSettings>& rows, bool want_logprobs,
+                        std::vector<Drawn>* out) const;
+    // forward_batch, then the argmax of every logit row (lowest id on ties): a draft model's greedy proposals.
+    Status forward_argmax(const std::vector<BatchItem>& items, std::vector<int32_t>* ids) const;
+    // Logit row `row` of the last forward_draw / forward_argmax, copied to the host ([vocab]): JSON mode's redraw.
+    Status last_logits(int row, std::vector<float>* out) const;
 
     // Prefix caching: gives the empty `seq` the cached pages that hold the longest prefix of `tokens` (whole pages;
     // never all of `tokens`, so that the last one is computed and has logits) and returns how many tokens it now
@@ -159,7 +190,8 @@ public:
 
 private:
     Model();
-    Status forward_batch_to(const std::vector<BatchItem>& items, std::vector<float>* host, DeviceLogits* dev) const;
+    Status forward_batch_to(const std::vector<BatchItem>& items, std::vector<float>* host,
+                            std::vector<int>* device_rows) const;
     struct Impl;
     std::unique_ptr<Impl> impl_;
 };

@@ -13,13 +13,6 @@ namespace {
 
 using json = nlohmann::json;
 
-const std::vector<ArchInfo> kArchs = {
-    {Arch::kLlama, "LlamaForCausalLM", "llama"},
-    {Arch::kMistral, "MistralForCausalLM", "mistral"},
-    {Arch::kQwen2, "Qwen2ForCausalLM", "qwen2"},
-    {Arch::kQwen3, "Qwen3ForCausalLM", "qwen3"},
-};
-
 // Typed field access with messages that name the file and the key.
 class Fields {
 public:
@@ -170,8 +163,6 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
 
 }  // namespace
 
-const std::vector<ArchInfo>& supported_architectures() { return kArchs; }
-
 Result<ModelConfig> parse_model_config(const std::string& text, const std::string& source) {
     json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (cfg.is_discarded()) return invalid_argument(source + ": not valid JSON");
@@ -189,12 +180,12 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     }
     EXL3_RETURN_IF_ERROR(f.get_string("model_type", &model_type));
     const ArchInfo* info = nullptr;
-    for (const auto& ai : kArchs)
+    for (const auto& ai : supported_architectures())
         if ((!arch_name.empty() && arch_name == ai.hf_class) || (arch_name.empty() && model_type == ai.model_type))
             info = &ai;
     if (!info) {
         std::string names;
-        for (const auto& ai : kArchs) names += (names.empty() ? "" : ", ") + std::string(ai.hf_class);
+        for (const auto& ai : supported_architectures()) names += (names.empty() ? "" : ", ") + std::string(ai.hf_class);
         return unsupported(fmt::format("{}: architecture '{}' is not supported (supported: {})", source,
                                        arch_name.empty() ? model_type : arch_name, names));
     }

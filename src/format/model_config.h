@@ -7,19 +7,10 @@
 
 #include "core/dtype.h"
 #include "exl3/status.h"
+#include "format/architectures.h"
 #include "format/rope.h"
 
 namespace exl3 {
-
-enum class Arch { kLlama, kMistral, kQwen2, kQwen3 };
-
-struct ArchInfo {
-    Arch arch;
-    const char* hf_class;     // "LlamaForCausalLM"
-    const char* model_type;   // "llama"
-};
-// The table of supported architectures.
-const std::vector<ArchInfo>& supported_architectures();
 
 struct ModelConfig {
     Arch arch = Arch::kLlama;

@@ -8,7 +8,9 @@
 // logits = rms_norm(h) Whead^T for the rows asked for (Whead = embed_tokens when tied).
 //
 // A backend B provides the primitives below on its own buffers (named by Slot) and weights; the sequence of
-// operations lives here only, so the CPU reference and the CUDA path cannot drift apart.
+// operations lives here only, so the CPU reference, the CUDA path and the converter's calibration forward cannot
+// drift apart. capture(layer, input, slot) hands a linear's input to whoever asked (the converter); inference
+// backends make it a no-op.
 #pragma once
 
 #include <cstdint>
@@ -49,25 +51,50 @@ inline int slot_width(const ModelConfig& c, Slot s) {
     return 0;
 }
 
+// The inputs of a layer's linears, as the decoder names them to a backend's capture() (the converter's Hessians:
+// q, k and v share kAttnIn, gate and up share kMlpIn).
+enum class LinearInput { kAttnIn, kOIn, kMlpIn, kDownIn };
+constexpr int kLinearInputs = 4;
+
+// One decoder layer. `residual` is the previous layer's MLP output (Slot::kDown), which joins the residual stream
+// inside this layer's first norm, or Slot::kNone when the stream already holds everything.
+template <class B>
+Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
+    const auto& L = b.layer(li);
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    EXL3_RETURN_IF_ERROR(b.add_norm(residual, L.attn_norm, eps, Slot::kX));
+    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kAttnIn, Slot::kX));
+    EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
+    // kQKV -> kQ, kK, kV; with c.qk_norm, q and k heads RMS-normed by L.q_norm / L.k_norm; then RoPE on q, k.
+    EXL3_RETURN_IF_ERROR(b.qkv_heads(li, c.qk_norm, eps));
+    EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
+    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
+    EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
+    EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
+    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kMlpIn, Slot::kX));
+    EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // silu(x Wg^T) * (x Wu^T), via kGU
+    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kDownIn, Slot::kG));
+    return b.linear(Slot::kG, L.down, Slot::kDown);
+}
+
+// A whole step: embeddings, every layer, the head over plan.out_rows.
 template <class B>
 Status decoder_forward(B& b, const ModelConfig& c, const StepPlan& plan, float* logits) {
     EXL3_RETURN_IF_ERROR(b.begin_step(plan));
     EXL3_RETURN_IF_ERROR(b.embed());
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    for (int li = 0; li < c.num_layers; ++li) {
-        const auto& L = b.layer(li);
-        // The previous layer's MLP output joins the residual stream inside the norm.
-        EXL3_RETURN_IF_ERROR(b.add_norm(li == 0 ? Slot::kNone : Slot::kDown, L.attn_norm, eps, Slot::kX));
-        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
-        // kQKV -> kQ, kK, kV; with c.qk_norm, q and k heads RMS-normed by L.q_norm / L.k_norm; then RoPE on q, k.
-        EXL3_RETURN_IF_ERROR(b.qkv_heads(li, c.qk_norm, eps));
-        EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
-        EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
-        EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
-        EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // silu(x Wg^T) * (x Wu^T), via kGU
-        EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
-    }
-    return b.logits(eps, logits);  // h += kDown; final norm; head over plan.out_rows
+    for (int li = 0; li < c.num_layers; ++li)
+        EXL3_RETURN_IF_ERROR(decoder_layer(b, c, li, li == 0 ? Slot::kNone : Slot::kDown));
+    return b.logits(static_cast<float>(c.rms_norm_eps), logits);  // h += kDown; final norm; head over out_rows
+}
+
+// Layers [first, last) over the residual stream the backend already holds (begin_step done, no embed), which then
+// holds their output: the converter's calibration forward, one layer at a time, with capture() taking each linear's
+// input.
+template <class B>
+Status decoder_layers(B& b, const ModelConfig& c, int first, int last) {
+    for (int li = first; li < last; ++li)
+        EXL3_RETURN_IF_ERROR(decoder_layer(b, c, li, li == first ? Slot::kNone : Slot::kDown));
+    return b.add_residual(Slot::kDown);
 }
 
 }  // namespace exl3

@@ -23,7 +23,8 @@ std::string bits_label(double bpw) {
 
 class Loader {
 public:
-    Loader(const TensorStore& s, HostWeights* w, const HostLoadOptions& o) : store_(s), w_(w), opts_(o) {}
+    Loader(const TensorStore& s, HostWeights* w, const HostLoadOptions& o, std::string head)
+        : store_(s), w_(w), opts_(o), head_prefix_(std::move(head)) {}
 
     Result<TensorView> matrix(const std::string& name, int64_t rows, int64_t cols) {
         EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, {rows, cols}, kFloat));
@@ -79,7 +80,7 @@ public:
             // The one bias of the HostLinear: exl3_matmul would add the Exl3Linear's own a second time.
             l->bias.insert(l->bias.end(), q.bias.begin(), q.bias.end());
             q.bias.clear();
-            note_exl3(q, prefix == "lm_head");
+            note_exl3(q, prefix == head_prefix_);
             params_ += in * out + (bias ? out : 0);
             if (opts_.exl3_dequantize) {
                 w_->owned.emplace_back(static_cast<size_t>(in * out) * sizeof(float));
@@ -136,6 +137,7 @@ private:
     const TensorStore& store_;
     HostWeights* w_;
     const HostLoadOptions& opts_;
+    std::string head_prefix_;  // the head linear's prefix: its bits are counted apart
     int64_t params_ = 0;
     double dec_bits_ = 0, dec_weights_ = 0, head_bits_ = 0, head_weights_ = 0;
     int dense_linears_ = 0;
@@ -185,37 +187,38 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     // First: a config naming another quantization method explains the missing '.weight' tensors better.
     EXL3_RETURN_IF_ERROR(check_quant_config(options.dir, has_exl3));
     if (has_exl3) EXL3_RETURN_IF_ERROR(check_exl3_members(store));
-    Loader ld(store, w, options);
+    const TensorNames& n = tensor_names(c.arch);
+    Loader ld(store, w, options, n.head);
     const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-    EXL3_ASSIGN_OR_RETURN(w->embed, ld.matrix("model.embed_tokens.weight", V, H));
-    EXL3_ASSIGN_OR_RETURN(w->final_norm, ld.vec("model.norm.weight", H));
+    EXL3_ASSIGN_OR_RETURN(w->embed, ld.matrix(n.embed, V, H));
+    EXL3_ASSIGN_OR_RETURN(w->final_norm, ld.vec(n.final_norm, H));
     // EXL3 always stores its own quantized lm_head, also for tied models: then the head is that one.
-    const bool tied =
-        c.tie_word_embeddings && !store.contains("lm_head.weight") && !quant::is_exl3_linear(store, "lm_head");
+    const std::string head = n.head;
+    const bool tied = c.tie_word_embeddings && !store.contains(head + ".weight") && !quant::is_exl3_linear(store, head);
     if (tied) {
         w->head.parts.push_back(HostPart{w->embed, nullptr, static_cast<int>(V)});
         w->head.in = static_cast<int>(H);
         w->head.out = static_cast<int>(V);
     } else {
-        EXL3_RETURN_IF_ERROR(ld.part("lm_head", V, H, false, &w->head));
+        EXL3_RETURN_IF_ERROR(ld.part(head, V, H, false, &w->head));
     }
     w->layers.resize(static_cast<size_t>(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i) {
         HostLayer& L = w->layers[static_cast<size_t>(i)];
-        const std::string p = "model.layers." + std::to_string(i);
-        EXL3_ASSIGN_OR_RETURN(L.attn_norm, ld.vec(p + ".input_layernorm.weight", H));
-        EXL3_ASSIGN_OR_RETURN(L.mlp_norm, ld.vec(p + ".post_attention_layernorm.weight", H));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".self_attn.q_proj", c.q_dim(), H, c.qkv_bias, &L.qkv));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".self_attn.k_proj", c.kv_dim(), H, c.qkv_bias, &L.qkv));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".self_attn.v_proj", c.kv_dim(), H, c.qkv_bias, &L.qkv));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".self_attn.o_proj", H, c.q_dim(), c.o_bias, &L.o));
+        auto name = [&](LayerTensor t) { return n.of(i, t); };
+        EXL3_ASSIGN_OR_RETURN(L.attn_norm, ld.vec(name(LayerTensor::kAttnNorm), H));
+        EXL3_ASSIGN_OR_RETURN(L.mlp_norm, ld.vec(name(LayerTensor::kMlpNorm), H));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kQ), c.q_dim(), H, c.qkv_bias, &L.qkv));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kK), c.kv_dim(), H, c.qkv_bias, &L.qkv));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
         if (c.qk_norm) {
-            EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(p + ".self_attn.q_norm.weight", c.head_dim));
-            EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(p + ".self_attn.k_norm.weight", c.head_dim));
+            EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), c.head_dim));
+            EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), c.head_dim));
         }
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".mlp.gate_proj", I, H, c.mlp_bias, &L.gate_up));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".mlp.up_proj", I, H, c.mlp_bias, &L.gate_up));
-        EXL3_RETURN_IF_ERROR(ld.part(p + ".mlp.down_proj", H, I, c.mlp_bias, &L.down));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kGate), I, H, c.mlp_bias, &L.gate_up));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kUp), I, H, c.mlp_bias, &L.gate_up));
+        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kDown), H, I, c.mlp_bias, &L.down));
     }
     w->quantization = ld.quantization(tied);
     w->num_parameters = w->quantization.empty() ? 0 : ld.params();

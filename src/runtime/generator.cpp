@@ -19,11 +19,6 @@
 #include "runtime/json_schema.h"
 #include "runtime/sampler.h"
 #include "runtime/vocab_walk.h"
-#ifdef EXL3_HAVE_CUDA
-#include <cuda_runtime_api.h>
-
-#include "backend/cuda/sampler.cuh"
-#endif
 #include "runtime/stop.h"
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
@@ -107,6 +102,26 @@ struct RowRef {
     int ahead = 0;
 };
 
+// A job's part of a step's batch.
+struct BatchSlot {
+    Job* job;
+    int prefill;  // prompt tokens in this item; 0 for decode
+    int drafts;   // proposals scored after the job's own token
+};
+
+// One step's batch and what its forward gave back.
+struct StepBatch {
+    std::vector<Model::BatchItem> items;
+    std::vector<BatchSlot> slots;
+    std::vector<RowRef> rows;   // the logit rows, in order
+    std::vector<size_t> row0;   // slot k's first row
+    bool on_device = false;     // drawn on the model's device (drawn) instead of sampled here (logits)
+    std::vector<float> logits;  // [rows, vocab] on the host
+    std::vector<DrawSettings> settings;
+    bool logprobs = false;
+    std::vector<Drawn> drawn;
+};
+
 }  // namespace
 
 struct Generator::Impl {
@@ -133,21 +148,20 @@ struct Generator::Impl {
 
     Impl(const Model& m, std::shared_ptr<const Tokenizer> t, const GeneratorOptions& o)
         : model(m), tok(std::move(t)), opt(o) {
-        const char* e = std::getenv("EXL3_GENERATOR_TIMING");
-        timing.on = e && e[0] == '1';
+        timing.on = o.timing;
     }
-    // EXL3_GENERATOR_TIMING=1: where the stepping thread's time went in steps without prompt tokens (decode only),
-    // printed to stderr when the Generator goes. The forward's share is the host's enqueue; the GPU's work shows
-    // up where the host first waits for it (sampling on the device, a CUDA draft model's picks).
+    // GeneratorOptions::timing: where the stepping thread's time went in steps without prompt tokens (decode only),
+    // printed to stderr when the Generator goes. On a GPU the forward's share is the host's enqueue when the step
+    // draws on the device (the draw waits for the step), the whole step otherwise.
     struct Timing {
         bool on = false;
         int64_t steps = 0, tokens = 0;
         double propose = 0, forward = 0, sample = 0, total = 0;
         double step_propose = 0, step_forward = 0, step_sample = 0;  // of the step under way
-        // A draft model's rounds: the host's enqueue and its wait for the picks, round 0 (the catch-up) and later.
-        double draft_enqueue[2] = {0, 0}, draft_wait[2] = {0, 0};
+        // A draft model's rounds (forward and picks), round 0 (the catch-up) and later.
+        double draft_round[2] = {0, 0};
         int64_t draft_rounds[2] = {0, 0};
-        std::vector<double> draft0;  // each catch-up round's enqueue: a mean hides one-offs (first forward, captures)
+        std::vector<double> draft0;  // each catch-up round: a mean hides one-offs (first forward, captures)
     } timing;
     ~Impl() {
         if (!timing.on || timing.steps == 0) return;
@@ -160,10 +174,9 @@ struct Generator::Impl {
                      (timing.total - timing.propose - timing.forward - timing.sample) * us);
         for (int i = 0; i < 2; ++i)
             if (timing.draft_rounds[i] > 0)
-                std::fprintf(stderr, "[generator] draft rounds %s: %lld, %.1f us enqueue + %.1f us waiting each\n",
-                             i == 0 ? "0 (catch-up)" : ">= 1", static_cast<long long>(timing.draft_rounds[i]),
-                             1e6 * timing.draft_enqueue[i] / timing.draft_rounds[i],
-                             1e6 * timing.draft_wait[i] / timing.draft_rounds[i]);
+                std::fprintf(stderr, "[generator] draft rounds %s: %lld, %.1f us each\n", i == 0 ? "0 (catch-up)" : ">= 1",
+                             static_cast<long long>(timing.draft_rounds[i]),
+                             1e6 * timing.draft_round[i] / timing.draft_rounds[i]);
         if (!timing.draft0.empty()) {
             std::vector<double> v = timing.draft0;
             std::sort(v.begin(), v.end());
@@ -171,7 +184,7 @@ struct Generator::Impl {
                 return 1e6 * v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
             };
             std::fprintf(stderr,
-                         "[generator] catch-up enqueue us: min %.1f, median %.1f, p90 %.1f, max %.1f; first 8:", at(0),
+                         "[generator] catch-up round us: min %.1f, median %.1f, p90 %.1f, max %.1f; first 8:", at(0),
                          at(0.5), at(0.9), at(1));
             for (size_t i = 0; i < std::min<size_t>(8, timing.draft0.size()); ++i)
                 std::fprintf(stderr, " %.1f", 1e6 * timing.draft0[i]);
@@ -200,17 +213,18 @@ struct Generator::Impl {
     void propose_draft(const std::vector<Job*>& jobs, std::vector<int> want);
     // The chosen id of a job (sampled on the CPU or the GPU) and its logprobs when asked: the rest of a step's work.
     void accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top, JobUpdate& u);
-#ifdef EXL3_HAVE_CUDA
-    std::unique_ptr<cuda::DeviceSampler> dev_sampler;
-    // Samples device logits row k as rows[k] says; fills ids and logprobs.
-    Status sample_on_device(const Model::DeviceLogits& dl, const std::vector<RowRef>& rows,
-                            std::vector<cuda::DeviceSampler::Result>* out);
-    // A CUDA draft model's greedy picks of its device logits (one a row): only the ids come to the host.
-    std::unique_ptr<cuda::DeviceSampler> draft_sampler;
-    Status draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out);
-    // Row r of device logits to the host (JSON mode's redraw).
-    Status download_row(const Model::DeviceLogits& dl, size_t r, float* out) const;
-#endif
+    // What the device draws for each logit row of a step (Model::forward_draw): the job's sampler settings and the
+    // edits of its history.
+    std::vector<DrawSettings> draw_settings(const std::vector<RowRef>& rows, bool* logprobs);
+    // The parts of step(), in order.
+    void propose(const std::vector<Job*>& decoding, bool prompting);
+    void build_batch(const std::vector<Job*>& decoding, bool with_drafts, StepBatch* b);
+    void plan_rows(StepBatch* b);
+    Status forward_step(const std::vector<Job*>& decoding, StepBatch* b);
+    Status draw_step(StepBatch* b);
+    void fail_step(const StepBatch& b, Status s, std::vector<JobUpdate>* updates);
+    JobUpdate take_slot(StepBatch& b, size_t k);
+    int32_t take_drawn(Job& j, const StepBatch& b, size_t r, JobUpdate& u);
     void forget(uint64_t id) {
         std::lock_guard<std::mutex> lock(mu);
         live.erase(id);
@@ -461,7 +475,6 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
             if (j.tokens[static_cast<size_t>(i)] >= dvocab) want[k] = 0;  // a token the draft model cannot read
         rounds = std::max(rounds, want[k]);
     }
-    std::vector<float> logits;
     std::vector<int32_t> picks;
     for (int r = 0; r < rounds; ++r) {
         std::vector<Model::BatchItem> items;
@@ -484,32 +497,17 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
             who.push_back(k);
         }
         if (items.empty()) break;
-        Status fs;
-#ifdef EXL3_HAVE_CUDA
-        if (dm.on_cuda()) {
-            Model::DeviceLogits dl;
-            const auto t0 = std::chrono::steady_clock::now();
-            fs = dm.forward_batch_device(items, &dl);
-            const auto t1 = std::chrono::steady_clock::now();
-            if (fs.is_ok()) fs = draft_argmax_on_device(dl, &picks);
-            if (timing.on) {
-                const int i = r == 0 ? 0 : 1;
-                timing.draft_enqueue[i] += std::chrono::duration<double>(t1 - t0).count();
-                if (i == 0) timing.draft0.push_back(std::chrono::duration<double>(t1 - t0).count());
-                timing.draft_wait[i] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-                ++timing.draft_rounds[i];
-            }
-        } else
-#endif
-        {
-            fs = dm.forward_batch(items, &logits);
-            picks.clear();
-            for (size_t i = 0; fs.is_ok() && i < rows; ++i) {
-                const float* row = logits.data() + i * static_cast<size_t>(dvocab);
-                picks.push_back(static_cast<int32_t>(std::max_element(row, row + dvocab) - row));
-            }
+        // The argmax runs where the logits are (on a GPU only the ids come back).
+        const auto t0 = std::chrono::steady_clock::now();
+        const Status fs = dm.forward_argmax(items, &picks);
+        if (timing.on) {
+            const int i = r == 0 ? 0 : 1;
+            const double d = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            timing.draft_round[i] += d;
+            if (i == 0) timing.draft0.push_back(d);
+            ++timing.draft_rounds[i];
         }
-        if (!fs.is_ok()) break;  // e.g. the draft's cache is full: fewer proposals
+        if (!fs.is_ok() || picks.size() != rows) break;  // e.g. the draft's cache is full: fewer proposals
         for (size_t i = 0; i < who.size(); ++i) {
             const int32_t best = picks[last_row[i]];
             if (best >= vocab) {  // not a token of the main model: no more proposals for this job
@@ -521,32 +519,15 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
     }
 }
 
-#ifdef EXL3_HAVE_CUDA
-namespace {
-Status cuda_error(cudaError_t e, const char* who, const char* what) {
-    return e == cudaSuccess ? Status::ok()
-                            : internal_error(fmt::format("{}: {}: {}", who, what, cudaGetErrorString(e)));
-}
-}  // namespace
-
-Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const std::vector<RowRef>& refs,
-                                         std::vector<cuda::DeviceSampler::Result>* out) {
-    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "GPU sampler", what); };
-    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
-    if (!dev_sampler) {
-        dev_sampler = std::make_unique<cuda::DeviceSampler>();
-        const int max_rows = opt.max_active_jobs * (1 + opt.draft_tokens);
-        EXL3_RETURN_IF_ERROR(cuda_status(dev_sampler->init(max_rows, dl.vocab), "workspace"));
-    }
-    std::vector<cuda::DeviceSampler::Row> rows(refs.size());
-    bool logprobs = false;
+std::vector<DrawSettings> Generator::Impl::draw_settings(const std::vector<RowRef>& refs, bool* logprobs) {
+    std::vector<DrawSettings> rows(refs.size());  // rows no job samples (mid-prompt chunks): cheap greedy, unused
+    *logprobs = false;
     for (size_t k = 0; k < refs.size(); ++k) {
-        cuda::SamplerRowParams& p = rows[k].params;
-        p.temperature = 0.0f;  // rows no job samples from (mid-prompt chunks): cheap greedy, result unused
         if (!refs[k].job) continue;
         Job& j = *refs[k].job;
         const int ahead = refs[k].ahead;
         const SamplerSettings& st = j.sampler->settings();
+        DrawSettings& p = rows[k];
         p.temperature = st.temperature;
         p.top_k = st.top_k;
         p.top_p = st.top_p;
@@ -554,52 +535,18 @@ Status Generator::Impl::sample_on_device(const Model::DeviceLogits& dl, const st
         p.typical_p = st.typical_p;
         p.xtc_threshold = st.xtc_threshold;
         p.xtc_probability = st.xtc_probability;
-        p.top_n = std::max(0, j.req.logprobs);
+        p.top_logprobs = std::max(0, j.req.logprobs);
         p.seed = st.seed;
         p.step = static_cast<uint64_t>(j.generated + ahead);
-        logprobs |= j.req.logprobs >= 0;
+        *logprobs |= j.req.logprobs >= 0;
         // A row past a proposal sees it in its history (the row is used only if the proposal is kept).
         j.tokens.insert(j.tokens.end(), j.drafts.begin(), j.drafts.begin() + ahead);
-        for (const LogitEdit& e : j.sampler->edits(dl.vocab, j.tokens))
-            rows[k].edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban ? 1 : 0});
+        for (const LogitEdit& e : j.sampler->edits(vocab, j.tokens))
+            p.edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban});
         j.tokens.resize(j.tokens.size() - static_cast<size_t>(ahead));
     }
-    return cuda_status(dev_sampler->sample(dl.data, dl.vocab, rows, logprobs, out, static_cast<cudaStream_t>(dl.stream)),
-                       "sample");
+    return rows;
 }
-#endif
-
-#ifdef EXL3_HAVE_CUDA
-Status Generator::Impl::draft_argmax_on_device(const Model::DeviceLogits& dl, std::vector<int32_t>* out) {
-    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "draft model's argmax", what); };
-    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
-    if (!draft_sampler) {
-        draft_sampler = std::make_unique<cuda::DeviceSampler>();
-        const int max_rows = opt.max_active_jobs * (1 + opt.draft_tokens);
-        EXL3_RETURN_IF_ERROR(cuda_status(draft_sampler->init(max_rows, dl.vocab), "workspace"));
-    }
-    const auto st = static_cast<cudaStream_t>(dl.stream);
-    EXL3_RETURN_IF_ERROR(cuda_status(draft_sampler->enqueue_greedy(dl.data, dl.vocab, dl.rows, st), "argmax"));
-    out->resize(static_cast<size_t>(dl.rows));
-    EXL3_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(out->data(), draft_sampler->device_tokens(),
-                                                     out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
-                                     "ids download"));
-    return cuda_status(cudaStreamSynchronize(st), "sync");
-}
-#endif
-
-#ifdef EXL3_HAVE_CUDA
-Status Generator::Impl::download_row(const Model::DeviceLogits& dl, size_t r, float* out) const {
-    auto cuda_status = [](cudaError_t e, const char* what) { return cuda_error(e, "JSON mode's redraw", what); };
-    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(dl.device), "cudaSetDevice"));
-    const auto st = static_cast<cudaStream_t>(dl.stream);
-    EXL3_RETURN_IF_ERROR(
-        cuda_status(cudaMemcpyAsync(out, dl.data + r * static_cast<size_t>(dl.vocab),
-                                    static_cast<size_t>(dl.vocab) * sizeof(float), cudaMemcpyDeviceToHost, st),
-                    "row download"));
-    return cuda_status(cudaStreamSynchronize(st), "sync");
-}
-#endif
 
 void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vector<TokenLogprob> top,
                                    JobUpdate& u) {
@@ -667,28 +614,24 @@ Result<std::unique_ptr<Generator>> Generator::create(const Model& model, std::sh
         for (int32_t id : impl->tok->eos_ids())
             if (std::find(impl->eos.begin(), impl->eos.end(), id) == impl->eos.end()) impl->eos.push_back(id);
 #endif
-#ifdef EXL3_HAVE_CUDA
     // A draft model's first forwards on a GPU pay one-off costs -- cuBLAS's first GEMM, kernels loaded on their
     // first launch, the argmax's buffers: ~120 ms for tiny-draft on the H200 (docs/kernels/exl3.md note 50), about
     // the time of a whole 256-token reply. Pay them here, with a prompt-shaped forward and a one-token one, rather than
     // in the first request's first decode step. Best effort: where it cannot run (a cache other sequences fill), the
     // first request pays them as before.
-    if (o.draft_model && o.draft_tokens > 0 && o.draft_model->on_cuda()) {
+    if (o.draft_model && o.draft_tokens > 0 && o.draft_model->draws_on_device()) {
         const Model& dm = *o.draft_model;
         const int n = std::min(o.draft_tokens + 2, dm.info().context_length - 1);
         if (auto seq = dm.new_sequence(n + 1); seq.is_ok() && n >= 1) {
             std::vector<Model::BatchItem> items(1);
             items[0].seq = seq->get();
-            Model::DeviceLogits dl;
             std::vector<int32_t> picks;
             for (int len : {n, 1}) {
                 items[0].tokens.assign(static_cast<size_t>(len), 0);
-                if (!dm.forward_batch_device(items, &dl).is_ok() || !impl->draft_argmax_on_device(dl, &picks).is_ok())
-                    break;
+                if (!dm.forward_argmax(items, &picks).is_ok()) break;
             }
         }
     }
-#endif
     return std::unique_ptr<Generator>(new Generator(std::move(impl)));
 }
 
@@ -762,18 +705,15 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
     g.admit(updates);
     if (g.active.empty()) return Status::ok();
 
-    // Speculative decoding: proposals for the decoding jobs first, since they take part of the step's token budget
-    // (every decoding job's own token first, then proposals, then prompt chunks; proposals leave prompts at least
-    // half of what the decoding jobs' own tokens leave).
     using Clock = std::chrono::steady_clock;
     const auto t_start = Clock::now();
-    auto lap = [&](Clock::time_point& t) {
+    auto t_mark = t_start;
+    auto lap = [&] {
         const auto now = Clock::now();
-        const double d = std::chrono::duration<double>(now - t).count();
-        t = now;
+        const double d = std::chrono::duration<double>(now - t_mark).count();
+        t_mark = now;
         return d;
     };
-    auto t_mark = t_start;
     std::vector<Job*> decoding;
     bool prompting = false;
     for (auto& j : g.active) {
@@ -783,199 +723,21 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
         else
             decoding.push_back(j.get());
     }
-    if (g.opt.draft_tokens > 0 && !decoding.empty()) {
-        int spare = g.opt.max_batch_tokens - static_cast<int>(decoding.size());
-        if (prompting) spare /= 2;
-        std::vector<int> want(decoding.size(), 0);
-        for (size_t k = 0; k < decoding.size(); ++k) {
-            const Job& j = *decoding[k];
-            // (JSON mode draws each token on its own: a draw may be redrawn on the host.)
-            want[k] =
-                j.json ? 0
-                       : std::clamp(std::min(g.opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
-            spare -= want[k];
-        }
-        if (g.opt.draft_model) {
-            g.propose_draft(decoding, want);
-        } else {
-            for (size_t k = 0; k < decoding.size(); ++k)
-                if (want[k] > 0) g.propose_ngram(*decoding[k], want[k]);
-        }
-        // On CUDA a step whose sequences all bring the same number of tokens replays a captured graph: without
-        // prompts in the step, every job's proposals are padded to the most any job has (with its last token; a
-        // filler is a proposal like any other, kept only if drawn).
-        if (g.model.on_cuda() && !prompting) {
-            size_t most = 0;
-            for (const Job* j : decoding) most = std::max(most, j->drafts.size());
-            for (size_t k = 0; k < decoding.size(); ++k) {
-                Job& j = *decoding[k];
-                while (j.drafts.size() < std::min(most, static_cast<size_t>(want[k])))
-                    j.drafts.push_back(j.drafts.empty() ? j.next_input : j.drafts.back());
-            }
-        }
-    }
+    g.propose(decoding, prompting);
+    if (g.timing.on) g.timing.step_propose = lap();
 
-    // The batch: every decoding job's last token (and its proposals) first (latency), then prompt chunks in
-    // admission order while the token budget lasts.
-    struct Slot {
-        Job* job;
-        int prefill;  // prompt tokens in this item; 0 for decode
-        int drafts;   // proposals scored after the job's own token
-    };
-    std::vector<Model::BatchItem> items;
-    std::vector<Slot> slots;
-    auto build = [&](bool with_drafts) {
-        items.clear();
-        slots.clear();
-        int budget = g.opt.max_batch_tokens;
-        for (Job* j : decoding) {
-            Model::BatchItem it{j->seq.get(), {j->next_input}, false, 0};
-            const int nd = with_drafts ? static_cast<int>(j->drafts.size()) : 0;
-            if (nd > 0) {
-                it.tokens.insert(it.tokens.end(), j->drafts.begin(), j->drafts.end());
-                it.all_logits = true;
-                it.tentative = nd;
-            }
-            items.push_back(std::move(it));
-            slots.push_back({j, 0, nd});
-            budget -= 1 + nd;
-        }
-        for (auto& j : g.active) {
-            if (budget <= 0) break;
-            if (j->prefilled >= j->prompt_len) continue;
-            const int n = std::min({j->prompt_len - j->prefilled, g.opt.prefill_chunk, budget});
-            const auto first = j->tokens.begin() + j->prefilled;
-            items.push_back({j->seq.get(), std::vector<int32_t>(first, first + n), false, 0});
-            slots.push_back({j.get(), n, 0});
-            budget -= n;
-        }
-    };
-    build(true);
-    if (g.timing.on) g.timing.step_propose = lap(t_mark);
-
-    std::vector<float> logits;
-    Model::DeviceLogits dev_logits;
-#ifdef EXL3_HAVE_CUDA
-    const bool on_device = g.opt.device_sampling && g.model.on_cuda();
-#else
-    const bool on_device = false;
-#endif
-    auto forward = [&] {
-        return on_device ? g.model.forward_batch_device(items, &dev_logits) : g.model.forward_batch(items, &logits);
-    };
-    // The cache is full (the CUDA backend runs out of pages): prompts wait while running jobs go on, or, with none
-    // running, the oldest prompt goes alone; then the proposals go. Nothing changes on failure, so a retry is safe.
-    auto prompts_wait = [&] {
-        const size_t keep = decoding.empty() ? 1 : decoding.size();
-        if (keep >= items.size()) return false;
-        items.resize(keep);
-        slots.resize(keep);
-        return true;
-    };
-    auto has_drafts = [&] {
-        return std::any_of(slots.begin(), slots.end(), [](const Slot& sl) { return sl.drafts > 0; });
-    };
-    Status s = forward();
-    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && prompts_wait()) s = forward();
-    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && has_drafts()) {
-        build(false);
-        prompts_wait();
-        s = forward();
-    }
-    if (g.timing.on) g.timing.step_forward = lap(t_mark);
-    // The logit rows in order, and which job samples each: a decode row per token scored, the last chunk of a
-    // prompt; a mid-prompt chunk's row is not needed.
-    std::vector<RowRef> rows;
-    std::vector<size_t> row0(slots.size(), 0);
-    if (s.is_ok()) {
-        for (size_t k = 0; k < slots.size(); ++k) {
-            Job& j = *slots[k].job;
-            row0[k] = rows.size();
-            if (slots[k].prefill > 0) {
-                j.prefilled += slots[k].prefill;
-                rows.push_back({j.prefilled < j.prompt_len ? nullptr : &j, 0});
-                continue;
-            }
-            for (int i = 0; i <= slots[k].drafts; ++i) rows.push_back({&j, i});
-        }
-    }
-#ifdef EXL3_HAVE_CUDA
-    std::vector<cuda::DeviceSampler::Result> picked;
-    if (s.is_ok() && on_device) s = g.sample_on_device(dev_logits, rows, &picked);
-#endif
-    if (g.timing.on) g.timing.step_sample = lap(t_mark);
+    StepBatch batch;
+    g.build_batch(decoding, true, &batch);
+    Status s = g.forward_step(decoding, &batch);
+    if (g.timing.on) g.timing.step_forward = lap();
+    if (s.is_ok() && batch.on_device) s = g.draw_step(&batch);
+    if (g.timing.on) g.timing.step_sample = lap();
     if (!s.is_ok()) {
-        std::unordered_set<Job*> failed;
-        if (s.code() == StatusCode::kOutOfRange) {
-            // Even these do not fit: the newest job gives its pages back so that the others can go on.
-            failed.insert(slots.back().job);
-            s = s.with_context("the KV cache is full (raise LoadOptions::cache_tokens or run fewer jobs at once)");
-        } else {
-            for (const auto& sl : slots) failed.insert(sl.job);
-        }
-        for (auto it = g.active.begin(); it != g.active.end();) {
-            if (failed.count(it->get())) {
-                JobUpdate u;
-                g.finish(**it, u, FinishReason::kError, s);
-                updates->push_back(std::move(u));
-                it = g.active.erase(it);
-            } else {
-                ++it;
-            }
-        }
+        g.fail_step(batch, s, updates);
         return Status::ok();
     }
-
-    const size_t row_size = static_cast<size_t>(g.vocab);
-    for (size_t k = 0; k < slots.size(); ++k) {
-        if (!rows[row0[k]].job) continue;
-        Job& j = *slots[k].job;
-        const int nd = slots[k].drafts;
-        JobUpdate u;
-        // Row by row while the draws keep the proposals; the first draw that differs (or the row after the last
-        // proposal) is the step's last token.
-        int kept = 0;
-        for (int i = 0; i <= nd; ++i) {
-            const size_t r = row0[k] + static_cast<size_t>(i);
-            int32_t id = -1;
-#ifdef EXL3_HAVE_CUDA
-            if (on_device) {
-                auto& pr = picked[r];
-                std::vector<TokenLogprob> top;
-                for (size_t t = 0; t < pr.top_ids.size(); ++t) top.push_back({pr.top_ids[t], pr.top_logprobs[t]});
-                id = pr.token;
-                if (j.json && !g.json_allows(j, id)) {  // JSON mode: the redraw runs on the host, over this row
-                    std::vector<float> row(row_size);
-                    Status ds = g.download_row(dev_logits, r, row.data());
-                    if (ds.is_ok()) {
-                        id = g.take_row(j, g.json_redraw(j, row.data()), row.data(), u);
-                    } else {
-                        g.finish(j, u, FinishReason::kError, ds);
-                    }
-                    break;  // no proposals in JSON mode
-                }
-                g.accept_token(j, id, pr.logprob, std::move(top), u);
-            }
-#endif
-            if (!on_device) id = g.sample_row(j, logits.data() + r * row_size, u);
-            if (!j.seq || i == nd || id != j.drafts[static_cast<size_t>(i)]) break;  // ended, or the proposal lost
-            ++kept;
-        }
-        if (nd > 0) {
-            j.drafted += nd;
-            j.accepted += kept;
-            u.draft_tokens = j.drafted;
-            u.accepted_tokens = j.accepted;
-        }
-        // Only the kept tokens stay in the caches (the last draw is the next step's input).
-        const int keep = static_cast<int>(j.tokens.size()) - 1;
-        Status ts;
-        if (j.seq && j.seq->length() > keep) ts = g.model.truncate(*j.seq, keep);
-        if (ts.is_ok() && j.draft_seq && j.draft_seq->length() > keep)
-            ts = g.opt.draft_model->truncate(*j.draft_seq, keep);
-        if (!ts.is_ok() && j.seq) g.finish(j, u, FinishReason::kError, ts.with_context("dropping rejected proposals"));
-        updates->push_back(std::move(u));
-    }
+    for (size_t k = 0; k < batch.slots.size(); ++k)
+        if (batch.rows[batch.row0[k]].job) updates->push_back(g.take_slot(batch, k));
     std::erase_if(g.active, [](const std::unique_ptr<Job>& j) { return j->seq == nullptr; });
     if (g.timing.on && !prompting) {
         ++g.timing.steps;
@@ -986,6 +748,180 @@ Status Generator::step(std::vector<JobUpdate>* updates) {
         g.timing.total += std::chrono::duration<double>(Clock::now() - t_start).count();
     }
     return Status::ok();
+}
+
+// Speculative decoding: proposals for the decoding jobs first, since they take part of the step's token budget (every
+// decoding job's own token first, then proposals, then prompt chunks; proposals leave prompts at least half of what
+// the decoding jobs' own tokens leave).
+void Generator::Impl::propose(const std::vector<Job*>& decoding, bool prompting) {
+    if (opt.draft_tokens <= 0 || decoding.empty()) return;
+    int spare = opt.max_batch_tokens - static_cast<int>(decoding.size());
+    if (prompting) spare /= 2;
+    std::vector<int> want(decoding.size(), 0);
+    for (size_t k = 0; k < decoding.size(); ++k) {
+        const Job& j = *decoding[k];
+        // (JSON mode draws each token on its own: a draw may be redrawn on the host.)
+        want[k] = j.json ? 0 : std::clamp(std::min(opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
+        spare -= want[k];
+    }
+    if (opt.draft_model) {
+        propose_draft(decoding, want);
+        return;
+    }
+    for (size_t k = 0; k < decoding.size(); ++k)
+        if (want[k] > 0) propose_ngram(*decoding[k], want[k]);
+}
+
+// The batch: every decoding job's last token (and its proposals) first (latency), then prompt chunks in admission
+// order while the token budget lasts.
+void Generator::Impl::build_batch(const std::vector<Job*>& decoding, bool with_drafts, StepBatch* b) {
+    b->items.clear();
+    b->slots.clear();
+    int budget = opt.max_batch_tokens;
+    for (Job* j : decoding) {
+        Model::BatchItem it{j->seq.get(), {j->next_input}, false, 0};
+        const int nd = with_drafts ? static_cast<int>(j->drafts.size()) : 0;
+        if (nd > 0) {
+            it.tokens.insert(it.tokens.end(), j->drafts.begin(), j->drafts.end());
+            it.all_logits = true;
+            it.tentative = nd;
+        }
+        b->items.push_back(std::move(it));
+        b->slots.push_back({j, 0, nd});
+        budget -= 1 + nd;
+    }
+    for (auto& j : active) {
+        if (budget <= 0) break;
+        if (j->prefilled >= j->prompt_len) continue;
+        const int n = std::min({j->prompt_len - j->prefilled, opt.prefill_chunk, budget});
+        const auto first = j->tokens.begin() + j->prefilled;
+        b->items.push_back({j->seq.get(), std::vector<int32_t>(first, first + n), false, 0});
+        b->slots.push_back({j.get(), n, 0});
+        budget -= n;
+    }
+}
+
+// The logit rows of the batch in order, and which job samples each: a decode row per token scored, the last chunk of
+// a prompt; a mid-prompt chunk's row is not needed.
+void Generator::Impl::plan_rows(StepBatch* b) {
+    b->rows.clear();
+    b->row0.assign(b->slots.size(), 0);
+    for (size_t k = 0; k < b->slots.size(); ++k) {
+        Job& j = *b->slots[k].job;
+        b->row0[k] = b->rows.size();
+        if (b->slots[k].prefill > 0) {
+            b->rows.push_back({j.prefilled + b->slots[k].prefill < j.prompt_len ? nullptr : &j, 0});
+            continue;
+        }
+        for (int i = 0; i <= b->slots[k].drafts; ++i) b->rows.push_back({&j, i});
+    }
+}
+
+// One forward of the batch: the logits to the host, or (sampling on the device) left there for draw_step(). When the
+// KV cache is full, prompts wait while running jobs go on (with none running, the oldest prompt goes alone); then
+// the proposals go. Nothing changes on failure, so a retry is safe.
+Status Generator::Impl::forward_step(const std::vector<Job*>& decoding, StepBatch* b) {
+    b->on_device = opt.device_sampling && model.draws_on_device();
+    auto forward = [&] {
+        plan_rows(b);
+        if (!b->on_device) return model.forward_batch(b->items, &b->logits);
+        b->settings = draw_settings(b->rows, &b->logprobs);
+        return model.forward_draw(b->items, b->settings, b->logprobs, &b->drawn);
+    };
+    auto prompts_wait = [&] {
+        const size_t keep = decoding.empty() ? 1 : decoding.size();
+        if (keep >= b->items.size()) return false;
+        b->items.resize(keep);
+        b->slots.resize(keep);
+        return true;
+    };
+    auto has_drafts = [&] {
+        return std::any_of(b->slots.begin(), b->slots.end(), [](const BatchSlot& sl) { return sl.drafts > 0; });
+    };
+    Status s = forward();
+    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && prompts_wait()) s = forward();
+    if (!s.is_ok() && s.code() == StatusCode::kOutOfRange && has_drafts()) {
+        build_batch(decoding, false, b);
+        prompts_wait();
+        s = forward();
+    }
+    if (!s.is_ok()) return s;
+    for (const BatchSlot& sl : b->slots) sl.job->prefilled += sl.prefill;
+    return Status::ok();
+}
+
+// The forward already drew every row on the device (Model::forward_draw): nothing is left to wait for.
+Status Generator::Impl::draw_step(StepBatch* b) {
+    return b->drawn.size() == b->rows.size()
+               ? Status::ok()
+               : internal_error(fmt::format("the device drew {} rows of {}", b->drawn.size(), b->rows.size()));
+}
+
+// A step that failed ends jobs: when even the running jobs do not fit the cache, the newest one gives its pages back
+// so that the others can go on; any other error ends every job of the step.
+void Generator::Impl::fail_step(const StepBatch& b, Status s, std::vector<JobUpdate>* updates) {
+    std::unordered_set<Job*> failed;
+    if (s.code() == StatusCode::kOutOfRange) {
+        failed.insert(b.slots.back().job);
+        s = s.with_context("the KV cache is full (raise LoadOptions::cache_tokens or run fewer jobs at once)");
+    } else {
+        for (const auto& sl : b.slots) failed.insert(sl.job);
+    }
+    for (auto it = active.begin(); it != active.end();) {
+        if (failed.count(it->get())) {
+            JobUpdate u;
+            finish(**it, u, FinishReason::kError, s);
+            updates->push_back(std::move(u));
+            it = active.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+// Slot k's tokens: row by row while the draws keep the proposals; the first draw that differs (or the row after the
+// last proposal) is the step's last token. Then only the kept tokens stay in the caches.
+JobUpdate Generator::Impl::take_slot(StepBatch& b, size_t k) {
+    Job& j = *b.slots[k].job;
+    const int nd = b.slots[k].drafts;
+    JobUpdate u;
+    int kept = 0;
+    for (int i = 0; i <= nd; ++i) {
+        const size_t r = b.row0[k] + static_cast<size_t>(i);
+        const int32_t id = b.on_device ? take_drawn(j, b, r, u) : sample_row(j, b.logits.data() + r * vocab, u);
+        if (!j.seq || i == nd || id != j.drafts[static_cast<size_t>(i)]) break;  // ended, or the proposal lost
+        ++kept;
+    }
+    if (nd > 0) {
+        j.drafted += nd;
+        j.accepted += kept;
+        u.draft_tokens = j.drafted;
+        u.accepted_tokens = j.accepted;
+    }
+    const int keep = static_cast<int>(j.tokens.size()) - 1;  // the last draw is the next step's input
+    Status ts;
+    if (j.seq && j.seq->length() > keep) ts = model.truncate(*j.seq, keep);
+    if (ts.is_ok() && j.draft_seq && j.draft_seq->length() > keep) ts = opt.draft_model->truncate(*j.draft_seq, keep);
+    if (!ts.is_ok() && j.seq) finish(j, u, FinishReason::kError, ts.with_context("dropping rejected proposals"));
+    return u;
+}
+
+// Row r's draw on the device; in JSON mode a draw the grammar refuses is drawn again on the host over the row.
+int32_t Generator::Impl::take_drawn(Job& j, const StepBatch& b, size_t r, JobUpdate& u) {
+    const Drawn& d = b.drawn[r];
+    if (j.json && !json_allows(j, d.token)) {
+        std::vector<float> row;
+        Status ds = model.last_logits(static_cast<int>(r), &row);
+        if (!ds.is_ok()) {
+            finish(j, u, FinishReason::kError, ds);
+            return -1;
+        }
+        return take_row(j, json_redraw(j, row.data()), row.data(), u);
+    }
+    std::vector<TokenLogprob> top;
+    for (size_t t = 0; t < d.top_ids.size(); ++t) top.push_back({d.top_ids[t], d.top_logprobs[t]});
+    accept_token(j, d.token, d.logprob, std::move(top), u);
+    return d.token;
 }
 
 Status Generator::run_until_idle(const std::function<void(const JobUpdate&)>& on_update) {

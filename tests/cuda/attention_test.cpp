@@ -5,10 +5,10 @@
 // output, runs attention and compares every value with cpu::attention run per sequence on its K/V gathered into a
 // contiguous fp32 cache (the same rounded bf16/fp16 values the GPU reads).
 //
-// Quantized cases (k_bits / v_bits 4, 6, 8): the old tokens are quantized on the host by cpu::kv_quantize and laid
+// Quantized cases (k_bits / v_bits 4, 6, 8): the old tokens are quantized on the host by kv::kv_quantize and laid
 // out as the GPU stores them (codes, then parameters: paged_attention.cuh); kv_append must write the new tokens'
-// codes and parameters bit-identical to cpu::kv_quantize of the same 16-bit inputs; the reference attention runs on
-// cpu::kv_dequantize of those records, so the GPU's in-kernel dequantization is checked against the CPU codec.
+// codes and parameters bit-identical to kv::kv_quantize of the same 16-bit inputs; the reference attention runs on
+// kv::kv_dequantize of those records, so the GPU's in-kernel dequantization is checked against the CPU codec.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,7 +20,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/kv_quant.h"
+#include "kv/kv_codec.h"
 #include "backend/cpu/ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
@@ -50,7 +50,7 @@ struct Case {
 };
 
 // One side of a quantized pool in the GPU layout: codes [slots, code_bytes], then params [slots, head_dim / 32] x 4
-// bytes, slot = (page * page_size + pos) * n_kv_heads + head. Records are the CPU's (cpu::kv_quantize).
+// bytes, slot = (page * page_size + pos) * n_kv_heads + head. Records are the CPU's (kv::kv_quantize).
 struct QuantPool {
     int bits = 0, head_dim = 0;
     size_t slots = 0, code_bytes = 0, params_off = 0;
@@ -63,7 +63,7 @@ struct QuantPool {
         bytes.resize(slots * cuda::kv_vector_bytes(d, b));
         for (auto& x : bytes) x = static_cast<uint8_t>(rng());  // garbage (NaN parameters too): must not be read
     }
-    cpu::KvQuantFormat format() const { return cpu::kv_cache_format(bits); }
+    kv::KvQuantFormat format() const { return kv::kv_cache_format(bits); }
     size_t group_code_bytes() const { return static_cast<size_t>(cuda::kKvGroup) * bits / 8; }
     void put(size_t slot, const uint8_t* rec) {
         for (int g = 0; g < head_dim / cuda::kKvGroup; ++g) {
@@ -74,7 +74,7 @@ struct QuantPool {
         }
     }
     std::vector<uint8_t> get(size_t slot) const {
-        std::vector<uint8_t> rec(cpu::kv_quant_bytes(format(), head_dim));
+        std::vector<uint8_t> rec(kv::kv_quant_bytes(format(), head_dim));
         for (int g = 0; g < head_dim / cuda::kKvGroup; ++g) {
             uint8_t* r = rec.data() + g * (4 + group_code_bytes());
             const auto p = bytes.begin() + static_cast<long>(params_off + slot * (head_dim / 8) + g * 4);
@@ -86,9 +86,9 @@ struct QuantPool {
     }
     // Quantizes x [head_dim] into slot and returns the dequantized values in x.
     void quantize_into(size_t slot, float* x) {
-        std::vector<uint8_t> rec(cpu::kv_quant_bytes(format(), head_dim));
-        cpu::kv_quantize(format(), x, head_dim, rec.data());
-        cpu::kv_dequantize(format(), rec.data(), head_dim, x);
+        std::vector<uint8_t> rec(kv::kv_quant_bytes(format(), head_dim));
+        kv::kv_quantize(format(), x, head_dim, rec.data());
+        kv::kv_dequantize(format(), rec.data(), head_dim, x);
         put(slot, rec.data());
     }
 };
@@ -318,7 +318,7 @@ void run_case(const Case& c, uint32_t seed) {
         DOWNLOAD(got.bytes, dev);
         const CodeDiff df = code_diff(got, *want);
         std::printf("[attn] %-34s kv_append %s %d-bit: %zu codes and %zu fp16 parameters differ from "
-                    "cpu::kv_quantize (largest code difference %d)\n",
+                    "kv::kv_quantize (largest code difference %d)\n",
                     c.name.c_str(), side, bits, df.codes, df.params, df.max_code_delta);
         // Bit-identical: both sides compute min/max, the fp16 step and min, and round((x - min) / step) in IEEE
         // fp32 with the same operations on the same fp32 inputs (the 16-bit values), with no fusing on the GPU.

@@ -23,10 +23,11 @@
 namespace exl3 {
 namespace {
 
-std::unique_ptr<Model> load_cuda(const std::string& dir, bool batch_invariant = false) {
+std::unique_ptr<Model> load_cuda(const std::string& dir, bool batch_invariant = false, bool graphs = true) {
     LoadOptions o;
     o.device = "cuda";
     o.batch_invariant = batch_invariant;
+    o.cuda_graphs = graphs;
     o.cache_tokens = 8192;
     // Off: a run after another would reuse its prompts' pages and compute fewer positions (other GEMM shapes,
     // other bf16 rounding), which can flip a near-tie argmax; these tests compare samplers and batching only.
@@ -373,7 +374,7 @@ TEST(GeneratorCuda, SpeculativeDeviceSamplingMatchesHost) {
 }
 
 // A speculative step (the same tokens for every sequence) replays a graph captured for its shape: its tokens and
-// logprobs equal the same steps run eagerly (EXL3_NO_GRAPHS=1 at load), bit for bit. The EXL3 fixture (fused
+// logprobs equal the same steps run eagerly (LoadOptions::cuda_graphs off), bit for bit. The EXL3 fixture (fused
 // kernels) and the committed bf16 tiny-draft (several-row steps through cuBLAS, captured too).
 TEST(GeneratorCuda, SpeculativeStepGraphsEqualEagerSteps) {
     EXL3_REQUIRE_GPU();
@@ -383,9 +384,7 @@ TEST(GeneratorCuda, SpeculativeStepGraphsEqualEagerSteps) {
         dirs.push_back(shared + "/models/tiny-target-exl3-4.0bpw");
     for (const std::string& dir : dirs) {
         auto graphs = load_cuda(dir);
-        ::setenv("EXL3_NO_GRAPHS", "1", 1);
-        auto eager = load_cuda(dir);
-        ::unsetenv("EXL3_NO_GRAPHS");
+        auto eager = load_cuda(dir, false, /*graphs=*/false);
         ASSERT_TRUE(graphs && eager);
         for (int jobs : {1, 3}) {
             auto reqs = spec_requests(graphs->info().vocab_size, SamplerSettings{});

@@ -1,6 +1,6 @@
 // KV-cache quantization on CUDA.
 //
-// Op level: kv_append's quantization against cpu::kv_quantize on data chosen to stress the codec (scales from 1e-3
+// Op level: kv_append's quantization against kv::kv_quantize on data chosen to stress the codec (scales from 1e-3
 // to 1e2, offsets that put a whole group on one side of zero, constant groups with a zero step, a lone outlier per
 // group) for every head_dim, bit width and 16-bit dtype: codes and fp16 parameters must be bit-identical. (The paged
 // attention over quantized pages is in attention_test.cpp, cases q_*.)
@@ -19,7 +19,7 @@
 #include <tuple>
 #include <vector>
 
-#include "backend/cpu/kv_quant.h"
+#include "kv/kv_codec.h"
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
@@ -72,7 +72,7 @@ struct AppendCase {
 };
 
 // Appends the new tokens of three sequences (one page of 16 tokens holds parts of two steps) and checks every byte
-// of the pool: the written vectors against cpu::kv_quantize of the same 16-bit values, the rest unchanged.
+// of the pool: the written vectors against kv::kv_quantize of the same 16-bit values, the rest unchanged.
 void run_append(const AppendCase& c, uint32_t seed) {
     std::mt19937 rng(seed);
     const int ps = 16, D = c.head_dim, H = c.n_kv_heads;
@@ -130,9 +130,9 @@ void run_append(const AppendCase& c, uint32_t seed) {
         EXL3_CUDA_OK(cudaMemcpy(got.data(), dev, got.size(), cudaMemcpyDeviceToHost));
         std::vector<uint8_t> want = *pool;
         const size_t code = cuda::kv_code_bytes(D, bits), params_off = slots * code;
-        const cpu::KvQuantFormat f = cpu::kv_cache_format(bits);
+        const kv::KvQuantFormat f = kv::kv_cache_format(bits);
         const size_t gcode = static_cast<size_t>(cuda::kKvGroup) * bits / 8;
-        std::vector<uint8_t> rec(bits ? cpu::kv_quant_bytes(f, D) : 0);
+        std::vector<uint8_t> rec(bits ? kv::kv_quant_bytes(f, D) : 0);
         std::vector<float> x(static_cast<size_t>(D));
         size_t vectors = 0, codes_differ = 0, params_differ = 0;
         int max_delta = 0;
@@ -149,7 +149,7 @@ void run_append(const AppendCase& c, uint32_t seed) {
                         continue;
                     }
                     for (int j = 0; j < D; ++j) x[static_cast<size_t>(j)] = from_bits(in[j], c.dtype);
-                    cpu::kv_quantize(f, x.data(), D, rec.data());
+                    kv::kv_quantize(f, x.data(), D, rec.data());
                     for (int g = 0; g < D / cuda::kKvGroup; ++g) {
                         const uint8_t* r = rec.data() + g * (4 + gcode);
                         uint8_t* wp = want.data() + params_off + slot * (D / 8) + g * 4;
@@ -176,7 +176,7 @@ void run_append(const AppendCase& c, uint32_t seed) {
         }
         std::printf(
             "[kvq] %s d%-3d kv_heads %d %s %d-bit: %zu vectors; %zu codes and %zu fp16 parameters differ from "
-            "cpu::kv_quantize (largest code difference %d); rest of the pool %s\n",
+            "kv::kv_quantize (largest code difference %d); rest of the pool %s\n",
             c.dtype == AttnDType::kBF16 ? "bf16" : "f16 ", D, H, name, bits ? bits : 16, vectors, codes_differ,
             params_differ, max_delta, got == want ? "untouched" : "DIFFERS");
         // Bit-identical, not "within one code": the GPU mirrors the CPU's operations in IEEE fp32 (exact min/max,

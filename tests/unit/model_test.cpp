@@ -204,5 +204,38 @@ TEST(Forward, GreedyStopsAtStopToken) {
     EXPECT_EQ(stopped->back(), (*full)[j]);
 }
 
+// The CPU draws nothing on a device: forward_draw says so, forward_argmax takes the host's argmax of the same logits
+// forward_batch gives, and last_logits has no device step to read.
+TEST(Forward, CpuArgmaxAndDrawsThroughTheSeam) {
+    auto m = Model::load(test::repo_path(kModel));
+    ASSERT_TRUE(m.is_ok());
+    const Model& model = **m;
+    EXPECT_FALSE(model.draws_on_device());
+    EXPECT_EQ(model.device(), "cpu");
+    auto a = model.new_sequence(), b = model.new_sequence();
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    std::vector<Model::BatchItem> items = {{a->get(), {3, 4, 5, 6}, true, 0}, {b->get(), {7, 8}, false, 0}};
+    std::vector<int32_t> ids;
+    ASSERT_TRUE(model.forward_argmax(items, &ids).is_ok());
+    ASSERT_EQ(ids.size(), 5u);  // four rows of the first item, the last of the second
+    auto a2 = model.new_sequence(), b2 = model.new_sequence();
+    items[0].seq = a2->get();
+    items[1].seq = b2->get();
+    std::vector<float> logits;
+    ASSERT_TRUE(model.forward_batch(items, &logits).is_ok());
+    const size_t vocab = static_cast<size_t>(model.info().vocab_size);
+    for (size_t r = 0; r < ids.size(); ++r) {
+        const float* row = logits.data() + r * vocab;
+        EXPECT_EQ(ids[r], std::max_element(row, row + vocab) - row) << "row " << r;
+    }
+    EXPECT_EQ((*a)->length(), 4);
+    std::vector<Drawn> drawn;
+    EXPECT_EQ(model.forward_draw(items, std::vector<DrawSettings>(5), false, &drawn).code(),
+              StatusCode::kInvalidArgument);
+    std::vector<float> row;
+    EXPECT_EQ(model.last_logits(0, &row).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ((*a2)->length(), 4);  // the refused draw changed nothing
+}
+
 }  // namespace
 }  // namespace exl3

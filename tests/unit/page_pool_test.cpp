@@ -1,6 +1,6 @@
 // The page allocator of the paged KV cache: reference counts, prefix sharing by chain hash, LRU eviction of cached
 // pages, limits, and a soak of random sequences that checks every invariant and that nothing leaks.
-#include "models/page_pool.h"
+#include "kv/page_pool.h"
 
 #include <gtest/gtest.h>
 

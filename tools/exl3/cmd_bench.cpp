@@ -29,15 +29,12 @@
 
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "exl3/devices.h"
 #include "exl3/generator.h"
 #include "exl3/model.h"
 #include "tools/exl3/commands.h"
 #ifdef EXL3_HAVE_CUDA
-#include <nvtx3/nvToolsExt.h>  // header only: a no-op unless a profiler is attached
-
-#include "backend/cuda/device.h"
-#include "backend/cuda/sampler.cuh"
-#include "backend/cuda/step_trace.h"
+#include <nvtx3/nvToolsExt.h>  // the CUDA toolkit's header-only profiler ranges: a no-op unless a profiler is attached
 #endif
 
 namespace exl3::cli {
@@ -133,12 +130,10 @@ struct DecodeCeiling {
 
 DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
     DecodeCeiling c;
-#ifdef EXL3_HAVE_CUDA
     if (gpu) {
-        c.bandwidth = cuda::measure_copy_bandwidth(0);
+        c.bandwidth = device_copy_bandwidth(0);
         c.source = "device copy";
     }
-#endif
     if (!gpu) {
         ThreadPool pool(threads);
         c.bandwidth = measure_read_bandwidth(pool);
@@ -523,24 +518,10 @@ int bench(const BenchOptions& o) {
                 items[static_cast<size_t>(b)].all_logits = R > 1;
                 items[static_cast<size_t>(b)].tentative = R - 1;
             }
-            // A decode step as the generator runs it: on CUDA the logits stay on the GPU and each row is sampled
+            // A decode step as the generator runs it: on CUDA the logits stay on the GPU and each row is drawn
             // there (greedy; the token ids come back); on the CPU the logits are the host's.
-#ifdef EXL3_HAVE_CUDA
-            cuda::DeviceSampler sampler;
-            std::vector<cuda::DeviceSampler::Row> rows(static_cast<size_t>(B) * R);
-            std::vector<cuda::DeviceSampler::Result> picked;
-            if (m.on_cuda() && sampler.init(B * R, info.vocab_size) != cudaSuccess)
-                return fail("bench", "GPU sampler workspace");
-#endif
-            double host_enqueue_s = 0;  // the host's time in forward_batch_device (plan, uploads, graph launch)
-            // Kernel lab: EXL3_BENCH_NOSYNC=1 enqueues every step and its argmax without waiting for the token ids
-            // (one sync after the timed steps): the step's time without the host's round trip, an upper bound for
-            // feeding the sampled ids to the next step on the device. The inputs stay random ids either way.
-            const bool nosync = [] {
-                const char* e = std::getenv("EXL3_BENCH_NOSYNC");
-                return e && e[0] == '1';
-            }();
-            void* last_stream = nullptr;
+            const std::vector<DrawSettings> greedy(static_cast<size_t>(B) * R);
+            std::vector<Drawn> drawn;
             // (R > 1: the rows of a check step, then the sequences back to one new token each.)
             auto drop = [&]() -> Status {
                 for (auto& it : items)
@@ -552,38 +533,13 @@ int bench(const BenchOptions& o) {
                     it.tokens.clear();
                     for (int r = 0; r < R; ++r) it.tokens.push_back(tok(rng));
                 }
-#ifdef EXL3_HAVE_CUDA
-                if (m.on_cuda()) {
-                    Model::DeviceLogits dl;
-                    const auto h0 = std::chrono::steady_clock::now();
-                    EXL3_RETURN_IF_ERROR(m.forward_batch_device(items, &dl));
-                    host_enqueue_s += seconds_since(h0);
-                    last_stream = dl.stream;
-                    const cudaError_t e =
-                        nosync ? sampler.enqueue_greedy(dl.data, dl.vocab, B * R, static_cast<cudaStream_t>(dl.stream))
-                               : sampler.sample(dl.data, dl.vocab, rows, false, &picked,
-                                                static_cast<cudaStream_t>(dl.stream));
-                    if (e != cudaSuccess) return internal_error(cudaGetErrorString(e));
-                    return drop();
-                }
-#endif
-                EXL3_RETURN_IF_ERROR(m.forward_batch(items, &logits));
+                if (m.draws_on_device())
+                    EXL3_RETURN_IF_ERROR(m.forward_draw(items, greedy, false, &drawn));
+                else
+                    EXL3_RETURN_IF_ERROR(m.forward_batch(items, &logits));
                 return drop();
             };
             if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
-#ifdef EXL3_HAVE_CUDA
-            if (nosync && last_stream && cudaStreamSynchronize(static_cast<cudaStream_t>(last_stream)) != cudaSuccess)
-                return fail("bench", "warm-up sync");
-#endif
-#ifdef EXL3_HAVE_CUDA
-            // Kernel lab (a build with EXL3_STEP_TRACE): the timed steps' kernel timeline to
-            // $EXL3_STEP_TRACE_OUT.b<batch>.c<context> (tools/bench/step_trace.py reads it).
-            const char* trace_out = m.on_cuda() && cuda::step_trace_compiled() ? std::getenv("EXL3_STEP_TRACE_OUT")
-                                                                                 : nullptr;
-            if (trace_out && cuda::step_trace_start(1u << 21) != cudaSuccess)
-                return fail("bench", "step trace: could not arm");
-#endif
-            host_enqueue_s = 0;
             auto t0 = std::chrono::steady_clock::now();
             for (int g = 1; g < o.gen; ++g) {
 #ifdef EXL3_HAVE_CUDA
@@ -598,23 +554,7 @@ int bench(const BenchOptions& o) {
 #endif
                 if (!s.is_ok()) return fail("bench", s.to_string());
             }
-            const double enqueued_s = seconds_since(t0);  // with EXL3_BENCH_NOSYNC: the host's loop alone
-#ifdef EXL3_HAVE_CUDA
-            if (nosync && last_stream && cudaStreamSynchronize(static_cast<cudaStream_t>(last_stream)) != cudaSuccess)
-                return fail("bench", "step sync");
-#endif
             const double per_step = seconds_since(t0) / (o.gen - 1);
-            if (const char* e = std::getenv("EXL3_BENCH_HOST"); e && e[0] == '1')
-                std::fprintf(stderr,
-                             "[bench] batch %d context %d: host enqueue %.1f us a step of %.1f us; the host's loop "
-                             "ended at %.0f %% of the time\n",
-                             B, C, host_enqueue_s / (o.gen - 1) * 1e6, per_step * 1e6,
-                             100.0 * enqueued_s / (per_step * (o.gen - 1)));
-#ifdef EXL3_HAVE_CUDA
-            if (trace_out &&
-                cuda::step_trace_stop(fmt::format("{}.b{}.c{}", trace_out, B, C)) != cudaSuccess)
-                return fail("bench", "step trace: could not write");
-#endif
             const double avg_ctx = C + o.gen / 2.0;
             if (R > 1) {
                 out["check"].push_back({{"batch", B}, {"context", C}, {"rows", R}, {"ms_per_step", per_step * 1e3}});
@@ -651,7 +591,7 @@ int bench(const BenchOptions& o) {
                         r["tok_s"].get<double>());
     }
     std::printf("\ndecode step: %s\n",
-                m.on_cuda() ? "forward, greedy sampling on the GPU, token ids to the host (as the generator runs it)"
+                m.draws_on_device() ? "forward, greedy sampling on the GPU, token ids to the host (as the generator runs it)"
                             : "forward, logits on the host");
     std::printf(
         "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"

@@ -7,13 +7,11 @@
 #include <optional>
 #include <set>
 
+#include "exl3/devices.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "quant/exl3_model.h"
 #include "tools/exl3/commands.h"
-#ifdef EXL3_HAVE_CUDA
-#include "backend/cuda/device.h"
-#endif
 
 namespace exl3::cli {
 
@@ -28,9 +26,8 @@ struct InspectOptions {
 
 int devices(bool as_json) {
     nlohmann::json out = nlohmann::json::array();
-#ifdef EXL3_HAVE_CUDA
-    for (const auto& d : cuda::list_devices()) {
-        Status st = cuda::self_test(d.index);
+    for (const auto& d : list_devices()) {
+        Status st = device_self_test(d.index);
         out.push_back({{"index", d.index},
                        {"name", d.name},
                        {"sm", d.sm_major * 10 + d.sm_minor},
@@ -38,17 +35,10 @@ int devices(bool as_json) {
                        {"multiprocessors", d.multiprocessors},
                        {"self_test", st.is_ok() ? "ok" : st.message()}});
     }
-#endif
     if (as_json) {
         std::printf("%s\n", out.dump(2).c_str());
     } else if (out.empty()) {
-        std::printf("no CUDA devices%s\n",
-#ifdef EXL3_HAVE_CUDA
-                    ""
-#else
-                    " (this build has no CUDA backend)"
-#endif
-        );
+        std::printf("no CUDA devices%s\n", built_with_cuda() ? "" : " (this build has no CUDA backend)");
     } else {
         for (const auto& d : out)
             std::printf("cuda:%d  %s  sm_%d  %.1f GiB  %d SMs  self-test: %s\n", d["index"].get<int>(),

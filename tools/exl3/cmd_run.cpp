@@ -32,6 +32,7 @@ struct RunOptions {
     bool ignore_eos = false;
     bool no_bos = false;
     bool json = false;
+    bool timing = false;
     std::string json_schema;  // a file
     SamplerSettings sampling;
     SpeculativeFlags spec;
@@ -126,6 +127,7 @@ int run(const RunOptions& o) {
     go.max_active_jobs = 1;
     go.max_batch_tokens = go.prefill_chunk = std::max(ctx, 2);
     go.cap_to_context = true;  // the job ends with "length" when the context is full
+    go.timing = o.timing;
     std::unique_ptr<Model> draft;
     if (Status ds = o.spec.apply(lo, go, &draft); !ds.is_ok()) return fail("run", ds.to_string());
     auto gen = Generator::create(m, gen_tok, go);
@@ -193,6 +195,8 @@ Runner add_run(CLI::App& app) {
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");
     app.add_flag("--ignore-eos", o->ignore_eos, "do not stop at end-of-sequence tokens");
+    app.add_flag("--timing", o->timing,
+                 "print where the generation loop's time went (proposals, forward, sampling) to stderr at the end");
     app.add_flag("--json", o->json, "JSON mode: the output is one JSON object (generation ends when it closes)");
     app.add_option("--json-schema", o->json_schema,
                    "a JSON Schema file: the output is one value it admits (generation ends when it closes; README: "

@@ -3,7 +3,7 @@
 // bytes in both the input [total_q, n_kv_heads, head_dim] and the page [page_size, n_kv_heads, head_dim]).
 //
 // Quantized (paged_attention.cuh for the format): the same thread per 8 values; the 4 threads of a group of 32 are
-// adjacent lanes, so its min and max are two shuffles away. Each step mirrors cpu::kv_quantize (backend/cpu/
+// adjacent lanes, so its min and max are two shuffles away. Each step mirrors kv::kv_quantize (backend/cpu/
 // kv_quant.cpp) in IEEE fp32 with explicitly rounded operations (nothing left for the compiler to fuse), so the
 // codes and parameters are bit-identical to the CPU's for the same inputs converted to fp32.
 #include <cuda_bf16.h>

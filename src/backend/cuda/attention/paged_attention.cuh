@@ -17,7 +17,7 @@ namespace exl3::cuda {
 enum class AttnDType { kF16, kBF16 };
 
 // KV-cache quantization (k_bits / v_bits = 4, 6 or 8; 0: the side stays in AttnDType). The format is the CPU's
-// (backend/cpu/kv_quant.h, kv_cache_format): each token's vector of head_dim values per kv head is split into groups
+// (kv/kv_codec.h, kv_cache_format): each token's vector of head_dim values per kv head is split into groups
 // of 32 values, each stored as an fp16 step and an fp16 minimum and 32 codes, code = round((x - min) / step),
 // x' = min + code * step, packed little-endian without padding (6 bits: 4 codes in 3 bytes). On the GPU the codes
 // and the parameters of a side live apart, so that every code row is a whole number of 16-byte chunks:
@@ -74,7 +74,7 @@ struct AttentionBatch {
 
 // Writes the new tokens' k/v rows ([total_q, n_kv_heads, head_dim]) into their pages: the token at query row i of
 // seq b has position seq_len[b] - (q_start[b+1] - q_start[b]) + (i - q_start[b]). A quantized side is quantized on
-// the way (codes and parameters bit-identical to cpu::kv_quantize of the same values, converted to fp32).
+// the way (codes and parameters bit-identical to kv::kv_quantize of the same values, converted to fp32).
 cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_new, const void* v_new, cudaStream_t s);
 
 // Causal attention, GQA (n_heads a multiple of n_kv_heads), optional sliding window (window > 0: a query at

@@ -1,4 +1,4 @@
-// The KV-cache codec (backend/cpu/kv_quant.h): packed sizes, and round trips on random data within the bound the
+// The KV-cache codec (kv/kv_codec.h): packed sizes, and round trips on random data within the bound the
 // format promises, for every bit width, both modes and both parameter types.
 #include <gtest/gtest.h>
 
@@ -9,10 +9,10 @@
 #include <random>
 #include <vector>
 
-#include "backend/cpu/kv_quant.h"
+#include "kv/kv_codec.h"
 #include "core/dtype.h"
 
-namespace exl3::cpu {
+namespace exl3::kv {
 namespace {
 
 // Values like keys after RoPE: mostly small, a few channels much larger, an offset per vector; never all zero.
@@ -183,4 +183,4 @@ TEST(KvQuant, FastPathsMatchABitByBitDecoder) {
 }
 
 }  // namespace
-}  // namespace exl3::cpu
+}  // namespace exl3::kv

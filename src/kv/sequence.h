@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "exl3/model.h"
-#include "models/page_pool.h"
+#include "kv/page_pool.h"
 
 namespace exl3 {
 

@@ -1,4 +1,4 @@
-#include "models/cpu_backend.h"
+#include "backend/cpu/cpu_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,62 +9,7 @@
 
 namespace exl3 {
 
-CpuKvArena::CpuKvArena(int num_layers, int page_size, int num_kv_heads, int head_dim, int bits_k, int bits_v)
-    : page_size_(page_size), heads_(num_kv_heads), head_dim_(head_dim) {
-    for (Plane* pl : {&k_, &v_}) {
-        pl->bits = pl == &k_ ? bits_k : bits_v;
-        pl->format = cpu::kv_cache_format(pl->bits);
-        pl->vec_bytes = pl->bits == 0 ? sizeof(float) * static_cast<size_t>(head_dim)
-                                      : cpu::kv_quant_bytes(pl->format, head_dim);
-        pl->row_bytes = pl->vec_bytes * static_cast<size_t>(num_kv_heads);
-        pl->pages.resize(static_cast<size_t>(num_layers));
-    }
-}
-
-void CpuKvArena::grow(int pages) {
-    for (Plane* pl : {&k_, &v_}) {
-        const size_t n = static_cast<size_t>(page_size_) * pl->row_bytes;
-        for (auto& layer : pl->pages)
-            while (layer.size() < static_cast<size_t>(pages))
-                layer.push_back(std::make_unique_for_overwrite<uint8_t[]>(n));
-    }
-}
-
-void CpuKvArena::Plane::store(int layer, int32_t page, int row, const float* x, int heads, int head_dim) {
-    uint8_t* dst =
-        pages[static_cast<size_t>(layer)][static_cast<size_t>(page)].get() + static_cast<size_t>(row) * row_bytes;
-    if (bits == 0) {
-        std::memcpy(dst, x, row_bytes);
-        return;
-    }
-    for (int h = 0; h < heads; ++h)
-        cpu::kv_quantize(format, x + static_cast<size_t>(h) * head_dim, head_dim,
-                         dst + static_cast<size_t>(h) * vec_bytes);
-}
-
-void CpuKvArena::Plane::load(int layer, int32_t page, int n, float* x, int heads, int head_dim) const {
-    const uint8_t* src = pages[static_cast<size_t>(layer)][static_cast<size_t>(page)].get();
-    if (bits == 0) {
-        std::memcpy(x, src, static_cast<size_t>(n) * row_bytes);
-        return;
-    }
-    for (int r = 0; r < n; ++r)
-        for (int h = 0; h < heads; ++h)
-            cpu::kv_dequantize(format, src + static_cast<size_t>(r) * row_bytes + static_cast<size_t>(h) * vec_bytes,
-                               head_dim, x + (static_cast<size_t>(r) * heads + h) * head_dim);
-}
-
-void CpuKvArena::store(int layer, int32_t page, int row, const float* k, const float* v) {
-    k_.store(layer, page, row, k, heads_, head_dim_);
-    v_.store(layer, page, row, v, heads_, head_dim_);
-}
-
-void CpuKvArena::load(int layer, int32_t page, int n, float* k, float* v) const {
-    k_.load(layer, page, n, k, heads_, head_dim_);
-    v_.load(layer, page, n, v, heads_, head_dim_);
-}
-
-Status CpuBackend::begin_step(const StepPlan& plan) {
+Status CpuOps::begin_step(const StepPlan& plan) {
     plan_ = &plan;
     EXL3_ASSIGN_OR_RETURN(rope_, rope_frequencies(cfg_.rope, cfg_.head_dim, plan.max_seq_len));
     const size_t T = static_cast<size_t>(plan.total());
@@ -73,25 +18,35 @@ Status CpuBackend::begin_step(const StepPlan& plan) {
     return Status::ok();
 }
 
-Status CpuBackend::embed() {
+Status CpuOps::embed() {
     const int H = cfg_.hidden_size;
     for (int t = 0; t < plan_->total(); ++t)
         cpu::embedding_row(w_.embed, plan_->tokens[static_cast<size_t>(t)], h_.data() + static_cast<size_t>(t) * H);
     return Status::ok();
 }
 
-Status CpuBackend::add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out) {
+Status CpuOps::add_residual(Slot delta) {
     if (delta != Slot::kNone) {
         const auto& d = buf(delta);
         for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i];
     }
+    return Status::ok();
+}
+
+Status CpuOps::capture(int layer, LinearInput input, Slot s) {
+    if (capture_) capture_(layer, input, buf(s).data(), plan_->total(), slot_width(cfg_, s));
+    return Status::ok();
+}
+
+Status CpuOps::add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out) {
+    EXL3_RETURN_IF_ERROR(add_residual(delta));
     cpu::rms_norm(h_.data(), w.data(), plan_->total(), cfg_.hidden_size, eps, buf(out).data());
     return Status::ok();
 }
 
 // y[T, part.out] = x[T, in] W^T (+ bias): a dense matmul over the mapped weight, or an EXL3 matmul that decodes the
 // trellis strip by strip so the weights stay compressed in memory.
-void CpuBackend::part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y) {
+void CpuOps::part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y) {
     if (!p.is_exl3()) {
         cpu::matmul(x, T, in, p.dense, bias, y, pool_);
         return;
@@ -104,7 +59,7 @@ void CpuBackend::part_matmul(const float* x, int T, int in, const HostPart& p, c
     }
 }
 
-Status CpuBackend::linear(Slot in, const HostLinear& l, Slot out) {
+Status CpuOps::linear(Slot in, const HostLinear& l, Slot out) {
     const int T = plan_->total();
     std::vector<float>& y = buf(out);
     if (l.parts.size() == 1) {
@@ -126,7 +81,7 @@ Status CpuBackend::linear(Slot in, const HostLinear& l, Slot out) {
     return Status::ok();
 }
 
-Status CpuBackend::split_qkv() {
+Status CpuOps::split_qkv() {
     const int T = plan_->total(), qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), ld = qd + 2 * kvd;
     const float* src = buf(Slot::kQKV).data();
     for (int t = 0; t < T; ++t) {
@@ -138,19 +93,19 @@ Status CpuBackend::split_qkv() {
     return Status::ok();
 }
 
-Status CpuBackend::head_norm(Slot s, int heads, const std::vector<float>& w, float eps) {
+Status CpuOps::head_norm(Slot s, int heads, const std::vector<float>& w, float eps) {
     float* x = buf(s).data();
     cpu::rms_norm(x, w.data(), plan_->total() * heads, cfg_.head_dim, eps, x);
     return Status::ok();
 }
 
-Status CpuBackend::rope(Slot s, int heads) {
+Status CpuOps::rope(Slot s, int heads) {
     cpu::rope_neox(buf(s).data(), plan_->total(), heads, cfg_.head_dim, plan_->positions.data(),
                    rope_.inv_freq.data(), rope_.rotary_dim, rope_.attention_scaling);
     return Status::ok();
 }
 
-Status CpuBackend::attention(int layer, int window) {
+Status CpuOps::attention(int layer, int window) {
     const ModelConfig& c = cfg_;
     const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -162,7 +117,7 @@ Status CpuBackend::attention(int layer, int window) {
         // back from there like every other row: a prefix taken from the cache reads exactly what computing it did.
         for (int pos = start; pos < total; ++pos) {
             const size_t src = static_cast<size_t>(r0 + pos - start) * kvd;
-            kv_.store(layer, seq.pages[static_cast<size_t>(pos / ps)], pos % ps, buf(Slot::kK).data() + src,
+            kv_.store(layer - kv_layer0_, seq.pages[static_cast<size_t>(pos / ps)], pos % ps, buf(Slot::kK).data() + src,
                       buf(Slot::kV).data() + src);
         }
         // The reference attention reads a contiguous cache: gather the pages, dequantizing them when quantized (a
@@ -174,7 +129,7 @@ Status CpuBackend::attention(int layer, int window) {
         pool_.parallel_for(n_pages, kv_.quantized() ? 4 : n_pages, [&](size_t i0, size_t i1) {
             for (size_t i = i0; i < i1; ++i) {
                 const int p0 = static_cast<int>(i) * ps;
-                kv_.load(layer, seq.pages[i], std::min(ps, total - p0), k_seq_.data() + static_cast<size_t>(p0) * kvd,
+                kv_.load(layer - kv_layer0_, seq.pages[i], std::min(ps, total - p0), k_seq_.data() + static_cast<size_t>(p0) * kvd,
                          v_seq_.data() + static_cast<size_t>(p0) * kvd);
             }
         });
@@ -185,7 +140,7 @@ Status CpuBackend::attention(int layer, int window) {
     return Status::ok();
 }
 
-Status CpuBackend::qkv_heads(int layer, bool qk_norm, float eps) {
+Status CpuOps::qkv_heads(int layer, bool qk_norm, float eps) {
     EXL3_RETURN_IF_ERROR(split_qkv());
     if (qk_norm) {
         const HostLayer& L = w_.layers[static_cast<size_t>(layer)];
@@ -196,12 +151,12 @@ Status CpuBackend::qkv_heads(int layer, bool qk_norm, float eps) {
     return rope(Slot::kK, cfg_.num_kv_heads);
 }
 
-Status CpuBackend::linear_glu(Slot in, const HostLinear& l, Slot out) {
+Status CpuOps::linear_glu(Slot in, const HostLinear& l, Slot out) {
     EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
     return silu_mul(out);
 }
 
-Status CpuBackend::silu_mul(Slot out) {
+Status CpuOps::silu_mul(Slot out) {
     const int T = plan_->total(), I = cfg_.intermediate_size;
     const float* gu = buf(Slot::kGU).data();
     float* g = buf(out).data();
@@ -212,10 +167,9 @@ Status CpuBackend::silu_mul(Slot out) {
     return Status::ok();
 }
 
-Status CpuBackend::logits(float eps, float* out) {
+Status CpuOps::logits(float eps, float* out) {
     const int H = cfg_.hidden_size;
-    const auto& d = buf(Slot::kDown);
-    for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i];
+    EXL3_RETURN_IF_ERROR(add_residual(Slot::kDown));
     const size_t n_out = plan_->out_rows.size();
     std::vector<float> rows(n_out * static_cast<size_t>(H)), x(n_out * static_cast<size_t>(H));
     for (size_t r = 0; r < n_out; ++r)

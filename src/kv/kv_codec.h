@@ -16,7 +16,7 @@
 
 #include "exl3/status.h"
 
-namespace exl3::cpu {
+namespace exl3::kv {
 
 struct KvQuantFormat {
     int bits = 8;             // 2 .. 8
@@ -42,4 +42,4 @@ void kv_dequantize(const KvQuantFormat& f, const uint8_t* in, int n, float* out)
 // The largest |x - x'| the codec allows for a group whose values span [lo, hi] (for tests).
 double kv_quant_error_bound(const KvQuantFormat& f, float lo, float hi);
 
-}  // namespace exl3::cpu
+}  // namespace exl3::kv

@@ -1,4 +1,4 @@
-#include "backend/cpu/kv_quant.h"
+#include "kv/kv_codec.h"
 
 #include <fmt/core.h>
 
@@ -8,7 +8,7 @@
 
 #include "core/dtype.h"
 
-namespace exl3::cpu {
+namespace exl3::kv {
 
 namespace {
 
@@ -164,4 +164,4 @@ double kv_quant_error_bound(const KvQuantFormat& f, float lo, float hi) {
     return step * (0.5 + levels * 0x1p-10) + 0x1p-10 * m + 0x1p-23;
 }
 
-}  // namespace exl3::cpu
+}  // namespace exl3::kv

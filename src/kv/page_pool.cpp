@@ -1,4 +1,4 @@
-#include "models/page_pool.h"
+#include "kv/page_pool.h"
 
 #include <fmt/core.h>
 

@@ -1,0 +1,59 @@
+// The CPU executor: the reference backend's ops (cpu_ops.h) over host KV pages that grow with the page pool.
+#include <fmt/core.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "kv/host_pages.h"
+#include "models/executor.h"
+
+namespace exl3 {
+
+namespace {
+
+class CpuExecutor final : public Executor {
+public:
+    CpuExecutor(const ModelConfig& cfg, const HostWeights& w, ThreadPool& pool, const ExecutorOptions& o)
+        : cfg_(cfg), w_(w), pool_(pool), opts_(o),
+          kv_(cfg.num_layers, page_size(o), cfg.num_kv_heads, cfg.head_dim, o.kv_bits_k, o.kv_bits_v) {}
+
+    std::string device() const override { return "cpu"; }
+
+    PagePoolOptions page_pool_options() const override {
+        // The pages grow as they are needed; past cache_tokens (0: the context length) cached prefix pages are
+        // evicted before the arena grows, and a cache_tokens given is also a hard limit.
+        PagePoolOptions po;
+        po.prefix_cache = opts_.prefix_cache;
+        po.page_size = kv_.page_size();
+        const int tokens = opts_.cache_tokens > 0 ? opts_.cache_tokens : opts_.context_length;
+        po.capacity = (tokens + po.page_size - 1) / po.page_size;
+        po.max_pages = opts_.cache_tokens > 0 ? po.capacity : 0;
+        return po;
+    }
+    bool pages_preallocated() const override { return false; }
+    int64_t kv_bytes_per_token() const override { return static_cast<int64_t>(kv_.bytes_per_token()); }
+
+    Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) override {
+        if (!logits) return invalid_argument("the CPU executor returns logits on the host");
+        for (const Sequence::Impl* q : seqs)
+            if (q->pool) kv_.grow(q->pool->pages());  // memory behind every page id the pool has created
+        CpuOps ops(cfg_, w_, pool_, kv_, seqs);
+        return decoder_forward(ops, cfg_, plan, logits);
+    }
+
+private:
+    static int page_size(const ExecutorOptions& o) { return o.page_size > 0 ? o.page_size : 16; }
+
+    const ModelConfig& cfg_;
+    const HostWeights& w_;
+    ThreadPool& pool_;
+    ExecutorOptions opts_;
+    HostKvPages kv_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Executor>> make_cpu_executor(const ModelConfig& cfg, const HostWeights& w, ThreadPool& pool,
+                                                    const ExecutorOptions& opts) {
+    return std::unique_ptr<Executor>(std::make_unique<CpuExecutor>(cfg, w, pool, opts));
+}
+
+}  // namespace exl3

@@ -1,0 +1,72 @@
+// The CPU reference backend of the decoder (models/decoder.h): fp32 activations, weights read in place from the
+// mapped file (EXL3 linears decoded on the fly inside the matmul), keys and values in pages of the model's page pool
+// (fp32, or quantized and dequantized as the attention gathers them). The CPU executor drives it for inference; the
+// converter drives it layer by layer over its calibration rows, with a capture hook taking each linear's input.
+#pragma once
+
+#include <array>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "format/rope.h"
+#include "kv/host_pages.h"
+#include "kv/sequence.h"
+#include "models/decoder.h"
+#include "models/weights.h"
+
+namespace exl3 {
+
+// A linear's input [rows, cols] (fp32, row-major) as the decoder hands it to capture().
+using CaptureHook = std::function<void(int layer, LinearInput input, const float* x, int rows, int cols)>;
+
+class CpuOps {
+public:
+    // Every sequence already has the pages its new tokens go to (Model::forward_batch allocates them). `kv_layer0`:
+    // the first layer `kv` holds (the converter keeps one layer's pages at a time).
+    CpuOps(const ModelConfig& cfg, const HostWeights& w, ThreadPool& pool, HostKvPages& kv,
+           const std::vector<Sequence::Impl*>& seqs, int kv_layer0 = 0)
+        : cfg_(cfg), w_(w), pool_(pool), kv_(kv), seqs_(seqs), kv_layer0_(kv_layer0) {}
+
+    // Calls `hook` with each linear's input from then on (decoder_layers).
+    void set_capture(CaptureHook hook) { capture_ = std::move(hook); }
+    // The residual stream [T, hidden] of the step under way: set it after begin_step to run decoder_layers from a
+    // given state, read it after.
+    std::vector<float>& residual() { return h_; }
+
+    const HostLayer& layer(int li) const { return w_.layers[static_cast<size_t>(li)]; }
+    Status begin_step(const StepPlan& plan);
+    Status embed();
+    Status add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out);
+    Status linear(Slot in, const HostLinear& l, Slot out);
+    Status qkv_heads(int layer, bool qk_norm, float eps);
+    Status attention(int layer, int window);
+    Status linear_glu(Slot in, const HostLinear& l, Slot out);
+    Status capture(int layer, LinearInput input, Slot s);
+    Status add_residual(Slot delta);
+    Status logits(float eps, float* out);
+
+private:
+    Status split_qkv();
+    Status head_norm(Slot s, int heads, const std::vector<float>& w, float eps);
+    Status rope(Slot s, int heads);
+    Status silu_mul(Slot out);
+    std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
+    void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
+
+    const ModelConfig& cfg_;
+    const HostWeights& w_;
+    ThreadPool& pool_;
+    HostKvPages& kv_;
+    std::vector<Sequence::Impl*> seqs_;
+    const StepPlan* plan_ = nullptr;
+    RopeFrequencies rope_;
+    std::vector<float> h_;  // the residual stream [T, hidden]
+    std::array<std::vector<float>, 11> bufs_;
+    std::vector<float> k_seq_, v_seq_;  // one sequence's keys and values gathered from its pages [length, kv_dim]
+    int kv_layer0_ = 0;
+    CaptureHook capture_;
+};
+
+}  // namespace exl3

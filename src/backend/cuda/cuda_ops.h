@@ -1,0 +1,294 @@
+// The CUDA backend's primitives, driven by the one decoder (models/decoder.h): they enqueue work on the executor's
+// stream and never synchronise. Included by the executor only.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cmath>
+
+#include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/gemm_invariant.cuh"
+#include "backend/cuda/gemv.cuh"
+#include "backend/cuda/ops.cuh"
+#include "backend/cuda/step_state.h"
+#include "models/decoder.h"
+
+namespace exl3::cuda {
+
+// The backend object decoder_forward drives: enqueues work on the stream, never synchronises.
+//
+// Single-token steps (batch-1 decode) fold the norms into the GEMVs: a sub-layer output that joins the residual
+// stream is added to h by the GEMV itself (GemvOut::accumulate), and add_norm then only records the norm; the
+// next linear computes it per block from h (GemvIn::h). Two kernels a layer fewer. Whenever the consumer cannot
+// take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
+class CudaOps {
+public:
+    CudaOps(StepState& s, cuda::AttentionBatch batch)
+        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()) {}
+
+    const DevLayer& layer(int li) const { return s_.w.layers[static_cast<size_t>(li)]; }
+    Status begin_step(const StepPlan& p) {
+        plan_ = &p;
+        return Status::ok();
+    }
+    Status embed() {
+        return ck(cuda::embed(s_.w.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st()),
+                  "embed");
+    }
+    Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
+        EXL3_RETURN_IF_ERROR(flush());
+        if (delta != Slot::kNone && in_h_[static_cast<size_t>(delta)]) {  // the GEMV already added it to h
+            in_h_[static_cast<size_t>(delta)] = false;
+            delta = Slot::kNone;
+        }
+        // One row: the GEMV (or EXL3's input rotation) takes the norm. EXL3 layers at any rows: the input rotation
+        // takes it whenever the fused path runs (up to 32 rows; the same bits as add_rms_norm), else flush() runs it.
+        if (delta == Slot::kNone && (T() == 1 || exl3_layers_)) {
+            norm_ = PendingNorm{w.as<float>(), eps, out, true};
+            return Status::ok();
+        }
+        return ck(cuda::add_rms_norm(s_.h.as<float>(), delta == Slot::kNone ? nullptr : static_cast<const float*>(slot(delta)), w.as<float>(),
+                                     eps, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
+                  "add_rms_norm");
+    }
+    Status linear(Slot in, const DevLinear& l, Slot out) {
+        // Outputs that join the residual stream stay fp32.
+        const bool f32 = StepState::is_f32(out);
+        const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
+        if (l.exl3.empty() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
+            cuda::GemvOut o{slot(out), f32, false, bias};
+            if (f32) {  // kO / kDown: straight into the residual stream
+                o.y = s_.h.get();
+                o.accumulate = true;
+                in_h_[static_cast<size_t>(out)] = true;
+            }
+            return gemv(in, l, o, false, l.out);
+        }
+        if (!l.exl3.empty())
+            return f32 ? exl3_linear_from(in, l, nullptr, l.out, true, out) : exl3_linear_from(in, l, slot(out), l.out, false);
+        EXL3_RETURN_IF_ERROR(flush());
+        if (s_.opts.batch_invariant) return dense_invariant(slot(in), l.w.get(), slot(out), f32, T(), l.out, l.in, bias);
+        return cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in, bias);
+    }
+    // The batch-invariant mode's dense GEMM: a row's result does not depend on the other rows of the step.
+    Status dense_invariant(const void* x, const void* w, void* y, bool f32, int n, int m, int k, const float* bias) {
+        return ck(cuda::gemm_invariant(x, w, y, s_.act, f32, n, m, k, bias, s_.inv_ws.get(), s_.inv_ws.bytes(), st()),
+                  "gemm_invariant");
+    }
+    Status linear_glu(Slot in, const DevLinear& l, Slot out) {
+        const int inter = s_.cfg.intermediate_size;
+        if (l.exl3.empty() && !l.bias.get() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
+            return gemv(in, l, cuda::GemvOut{slot(out), false, false, nullptr}, true, inter);
+        if (!l.exl3.empty() || l.bias.get() || s_.opts.batch_invariant) {
+            EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
+            glu_ = PendingGlu{out, inter, true};  // silu(gate) * up: by the consumer's input rotation, or flush()
+            return Status::ok();
+        }
+        EXL3_RETURN_IF_ERROR(flush());
+        return cuda::gemm_glu(*s_.ctx, slot(in), l.w.get(), slot(Slot::kGU), slot(out), s_.act, T(), inter, l.in);
+    }
+    Status qkv_heads(int li, bool qk_norm, float eps) {
+        EXL3_RETURN_IF_ERROR(flush());
+        const DevLayer& L = layer(li);
+        const int hd = s_.cfg.head_dim;
+        // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
+        cuda::QkvPaged paged;
+        const cuda::PagedKV kv = s_.paged(li);
+        kv_appended_ = kv.k_bits == 0 && kv.v_bits == 0;
+        if (kv_appended_) {
+            paged.k_pages = kv.k;
+            paged.v_pages = kv.v;
+            paged.q_start = batch_.q_start;
+            paged.seq_len = batch_.seq_len;
+            paged.page_table = batch_.page_table;
+            paged.max_pages = batch_.max_pages;
+            paged.batch = batch_.batch;
+            paged.page_size = kv.page_size;
+        }
+        return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
+                                  s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
+                                  qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
+                                  eps, positions(), s_.inv_freq.as<float>(), s_.rope.rotary_dim,
+                                  s_.rope.attention_scaling, st(), paged),
+                  "qkv_heads");
+    }
+    Status attention(int li, int window) {
+        EXL3_RETURN_IF_ERROR(flush());
+        const cuda::PagedKV kv = s_.paged(li);
+        if (!kv_appended_)
+            EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
+        kv_appended_ = false;
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
+        // An EXL3 o projection of one fused call takes its input rotated by the kernel that merges the attention
+        // splits (when the plan splits): one kernel fewer in the chain of the step.
+        const DevLinear& o = layer(li).o;
+        cuda::AttnOutRotation rot;
+        const bool want = !o.exl3_parts.empty() && o.in == s_.cfg.num_heads * s_.cfg.head_dim &&
+                          cuda::exl3_takes_prerotated(o.exl3_parts.data(), static_cast<int>(o.exl3_parts.size()), T(),
+                                                      s_.opts.batch_invariant);
+        if (want) {
+            rot.suh = o.exl3_parts[0].w.suh;
+            rot.xh = cuda::exl3_prerotated_xh(s_.exl3_ws.get());
+        }
+        bool rotated = false;
+        EXL3_RETURN_IF_ERROR(
+            ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
+                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated),
+               "attention"));
+        attn_rotated_ = rotated;
+        return Status::ok();
+    }
+    // Inference keeps no linear inputs (the converter captures them on the CPU).
+    Status capture(int, LinearInput, Slot) { return Status::ok(); }
+    Status logits(float eps, float*) {
+        const int H = s_.cfg.hidden_size;
+        EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.w.final_norm, eps, Slot::kX));
+        const int n_out = static_cast<int>(plan_->out_rows.size());
+        const void* x = slot(Slot::kX);
+        if (s_.w.head && n_out == T() && !s_.opts.batch_invariant && cuda::use_gemv(T(), H, x, s_.w.head) && norm_.active) {
+            norm_.active = false;
+            cuda::GemvIn in;
+            in.h = s_.h.as<float>();
+            in.norm_w = norm_.w;
+            in.eps = norm_.eps;
+            return ck(cuda::gemv_ex(in, s_.w.head, cuda::GemvOut{s_.logits.get(), true, false, nullptr}, s_.act, false,
+                                    T(), s_.cfg.vocab_size, H, st()),
+                      "head gemv");
+        }
+        if (!s_.w.head && n_out == T())
+            return exl3_linear_from(Slot::kX, s_.w.head_exl3, s_.logits.get(), s_.cfg.vocab_size, true);
+        EXL3_RETURN_IF_ERROR(flush());
+        if (n_out != T()) {
+            EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
+                                                      s_.xout.get(), s_.act, st()),
+                                    "gather_rows"));
+            x = s_.xout.get();
+        }
+        if (!s_.w.head) return exl3_linear(x, s_.w.head_exl3, s_.logits.get(), true, s_.cfg.vocab_size, n_out);
+        if (s_.opts.batch_invariant)
+            return dense_invariant(x, s_.w.head, s_.logits.get(), true, n_out, s_.cfg.vocab_size, H, nullptr);
+        return cuda::gemm(*s_.ctx, x, s_.w.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
+    }
+
+private:
+    struct PendingNorm {
+        const float* w = nullptr;
+        float eps = 0.0f;
+        Slot out = Slot::kNone;
+        bool active = false;
+    };
+
+    // silu(gate) * up of kGU into `out`, not yet computed.
+    struct PendingGlu {
+        Slot out = Slot::kNone;
+        int inter = 0;
+        bool active = false;
+    };
+
+    // Runs whatever is recorded (the norm, the GLU) as kernels of their own.
+    Status flush() {
+        EXL3_RETURN_IF_ERROR(flush_norm());
+        if (!glu_.active) return Status::ok();
+        glu_.active = false;
+        return ck(cuda::silu_mul(slot(Slot::kGU), slot(glu_.out), s_.act, T(), glu_.inter, st()), "silu_mul");
+    }
+
+    // Runs the recorded norm (h -> its slot) as a kernel of its own.
+    Status flush_norm() {
+        if (!norm_.active) return Status::ok();
+        norm_.active = false;
+        return ck(cuda::add_rms_norm(s_.h.as<float>(), nullptr, norm_.w, norm_.eps, slot(norm_.out), s_.act, T(),
+                                     s_.cfg.hidden_size, st()),
+                  "add_rms_norm");
+    }
+
+    // A dense linear through the GEMV, taking the recorded norm when `in` is its output (and it fits).
+    Status gemv(Slot in, const DevLinear& l, const cuda::GemvOut& o, bool glu, int m) {
+        cuda::GemvIn gi;
+        gi.x = slot(in);
+        if (norm_.active && norm_.out == in && cuda::gemv_norm_supported(T(), l.in, s_.h.as<float>(), l.w.get())) {
+            norm_.active = false;
+            gi.h = s_.h.as<float>();
+            gi.norm_w = norm_.w;
+            gi.eps = norm_.eps;
+        } else {
+            EXL3_RETURN_IF_ERROR(flush());
+        }
+        return ck(cuda::gemv_ex(gi, l.w.get(), o, s_.act, glu, T(), m, l.in, st()), glu ? "gemv_glu" : "gemv");
+    }
+
+    cuda::Exl3Out exl3_out(void* y, bool f32, int ldy) const {
+        cuda::Exl3Out o;
+        o.y = y;
+        o.f32 = f32;
+        o.act = s_.act;
+        o.ldy = ldy;
+        o.invariant = s_.opts.batch_invariant;
+        return o;
+    }
+
+    // Every EXL3 part writes its columns of y (row stride ldy), bias included; parts that share K run as one launch.
+    Status exl3_linear(const void* x, const DevLinear& l, void* y, bool f32, int ldy, int rows) {
+        const cuda::Exl3Out o = exl3_out(y, f32, ldy);
+        return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), x, s_.act, l.in,
+                                 rows, o, s_.exl3_ws.get(), s_.exl3_ws.bytes());
+    }
+
+    // An EXL3 linear of all T rows of slot `in` into y (row stride ldy), or, with y null, added into h (an fp32
+    // output that joins the residual stream: kO / kDown, named by `residual`; add_norm then skips the add). The input
+    // rotation takes over the recorded norm (fused path) or GLU (any path) when `in` is its output: one kernel fewer
+    // each.
+    Status exl3_linear_from(Slot in, const DevLinear& l, void* y, int ldy, bool f32, Slot residual = Slot::kNone) {
+        const int n = static_cast<int>(l.exl3_parts.size());
+        const bool can = cuda::exl3_takes_fusion(l.exl3_parts.data(), n, T(), s_.opts.batch_invariant);
+        cuda::Exl3InFusion f;
+        const void* x = slot(in);
+        int ldx = l.in;
+        const bool prerotated = attn_rotated_ && in == Slot::kAttn;
+        attn_rotated_ = false;
+        if (prerotated) {
+            f.prerotated = true;  // attention() wrote xh for this call: nothing is pending before it
+        } else if (can && norm_.active && norm_.out == in && l.in % 4 == 0) {
+            norm_.active = false;
+            f.norm_h = s_.h.as<float>();
+            f.norm_w = norm_.w;
+            f.eps = norm_.eps;
+        } else if (glu_.active && glu_.out == in && cuda::exl3_takes_glu(l.exl3_parts.data(), n, T())) {
+            glu_.active = false;
+            f.glu_off = glu_.inter;
+            x = slot(Slot::kGU);
+            ldx = 2 * glu_.inter;
+        } else {
+            EXL3_RETURN_IF_ERROR(flush());
+        }
+        cuda::Exl3Out o = exl3_out(y, f32, ldy);
+        if (!y) {
+            o.y = s_.h.get();
+            o.accumulate = true;
+            in_h_[static_cast<size_t>(residual)] = true;
+        }
+        return cuda::exl3_matmul(*s_.ctx, l.exl3_parts.data(), n, x, s_.act, ldx, T(), o, s_.exl3_ws.get(),
+                                 s_.exl3_ws.bytes(), f.norm_h || f.glu_off || f.prerotated ? &f : nullptr);
+    }
+
+    static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
+    cudaStream_t st() const { return s_.ctx->stream(); }
+    int T() const { return plan_->total(); }
+    void* slot(Slot sl) const { return s_.slots[static_cast<size_t>(sl)].get(); }
+    const int32_t* tokens() const { return s_.plan_dev.as<int32_t>() + s_.off_tokens; }
+    const int32_t* positions() const { return s_.plan_dev.as<int32_t>() + s_.off_pos; }
+
+    StepState& s_;
+    cuda::AttentionBatch batch_;
+    const StepPlan* plan_ = nullptr;
+    PendingNorm norm_;
+    PendingGlu glu_;
+    const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
+    bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
+    bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
+    std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
+};
+
+}  // namespace exl3::cuda

@@ -1,0 +1,118 @@
+#include "backend/cuda/device_weights.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/thread_pool.h"
+#include "quant/exl3_linear.h"
+
+namespace exl3::cuda {
+
+namespace {
+
+// Host conversion of a checkpoint tensor to the activation type.
+std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
+    const int64_t n = t.numel();
+    std::vector<uint16_t> out(static_cast<size_t>(n));
+    const bool want_bf16 = act == ActType::kBF16;
+    if ((t.dtype == DType::kBF16 && want_bf16) || (t.dtype == DType::kF16 && !want_bf16)) {
+        std::memcpy(out.data(), t.data, static_cast<size_t>(n) * 2);
+        return out;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+        float f = t.dtype == DType::kF32   ? t.as<float>()[i]
+                  : t.dtype == DType::kBF16 ? bf16_to_f32(t.as<uint16_t>()[i])
+                                            : f16_to_f32(t.as<uint16_t>()[i]);
+        out[static_cast<size_t>(i)] = want_bf16 ? f32_to_bf16(f) : f32_to_f16(f);
+    }
+    return out;
+}
+
+// The same for one linear part; EXL3 parts are dequantized on the host (only for linears that mix EXL3 and dense
+// parts: otherwise they stay compressed, see upload_exl3; LoadOptions::exl3_dequantize makes them dense at load).
+std::vector<uint16_t> to_act(const HostPart& p, int in, ActType act) {
+    if (!p.is_exl3()) return to_act(p.dense, act);
+    std::vector<float> w(static_cast<size_t>(p.out) * static_cast<size_t>(in));
+    quant::exl3_dequantize(*p.exl3, w.data(), &ThreadPool::global());
+    return to_act(TensorView{w.data(), DType::kF32, {p.out, in}}, act);
+}
+
+Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
+    return b.upload(v.data(), v.size() * sizeof(float));
+}
+
+Status upload_exl3(const quant::Exl3Linear& q, int col0, DevExl3Part* d) {
+    EXL3_RETURN_IF_ERROR(d->trellis.upload(q.trellis, q.trellis_bytes()));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->suh, q.suh));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->svh, q.svh));
+    d->col0 = col0;
+    Exl3DevWeights& w = d->w;
+    w.trellis = d->trellis.as<uint16_t>();
+    w.suh = d->suh.as<float>();
+    w.svh = d->svh.as<float>();
+    w.k = q.in_features;
+    w.n = q.out_features;
+    w.k_pad = q.k_pad;
+    w.n_pad = q.n_pad;
+    w.K = q.K;
+    w.codebook = static_cast<Exl3Codebook>(static_cast<int>(q.codebook));
+    return Status::ok();
+}
+
+Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
+    const bool all_exl3 = std::all_of(l.parts.begin(), l.parts.end(), [](const HostPart& p) { return p.is_exl3(); });
+    d->in = l.in;
+    d->out = l.out;
+    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, l.bias));
+    if (all_exl3) {
+        d->exl3.resize(l.parts.size());
+        int col0 = 0;
+        for (size_t i = 0; i < l.parts.size(); ++i) {
+            EXL3_RETURN_IF_ERROR(upload_exl3(*l.parts[i].exl3, col0, &d->exl3[i]));
+            d->exl3_parts.push_back({d->exl3[i].w, col0, d->bias.get() ? d->bias.as<float>() + col0 : nullptr});
+            col0 += l.parts[i].out;
+        }
+        return Status::ok();
+    }
+    std::vector<uint16_t> all;
+    all.reserve(static_cast<size_t>(l.out) * l.in);
+    for (const HostPart& p : l.parts) {
+        auto part = to_act(p, l.in, act);
+        all.insert(all.end(), part.begin(), part.end());
+    }
+    return d->w.upload(all.data(), all.size() * 2);
+}
+
+}  // namespace
+
+Status DeviceWeights::upload(const HostWeights& w, ActType act) {
+    EXL3_RETURN_IF_ERROR(embed.upload(to_act(w.embed, act).data(), static_cast<size_t>(w.embed.numel()) * 2));
+    const HostPart& hp = w.head.parts[0];
+    if (!hp.is_exl3() && hp.dense.data == w.embed.data) {
+        head = embed.get();
+    } else if (hp.is_exl3()) {
+        EXL3_RETURN_IF_ERROR(upload_linear(w.head, act, &head_exl3));
+    } else {
+        EXL3_RETURN_IF_ERROR(head_own.upload(to_act(hp, w.head.in, act).data(),
+                                             static_cast<size_t>(w.head.out) * static_cast<size_t>(w.head.in) * 2));
+        head = head_own.get();
+    }
+    EXL3_RETURN_IF_ERROR(upload_f32(final_norm, w.final_norm));
+    layers.resize(w.layers.size());
+    for (size_t i = 0; i < w.layers.size(); ++i) {
+        const HostLayer& hl = w.layers[i];
+        DevLayer& dl = layers[i];
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.attn_norm, hl.attn_norm));
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.mlp_norm, hl.mlp_norm));
+        if (!hl.q_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.q_norm, hl.q_norm));
+        if (!hl.k_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.k_norm, hl.k_norm));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down));
+    }
+    return Status::ok();
+}
+
+}  // namespace exl3::cuda

@@ -1,0 +1,47 @@
+// The decoder's weights on the device, uploaded once from HostWeights: dense linears in the activation type with
+// q|k|v and gate|up fused into one matrix each, EXL3 linears kept compressed (decoded inside the matmul), norms and
+// biases in fp32.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cuda/context.h"
+#include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/ops.cuh"
+#include "exl3/status.h"
+#include "models/weights.h"
+
+namespace exl3::cuda {
+
+// One EXL3 part of a linear in device memory: its columns are [col0, col0 + w.n) of the linear's output.
+struct DevExl3Part {
+    DeviceBuffer trellis, suh, svh;
+    Exl3DevWeights w;
+    int col0 = 0;
+};
+
+struct DevLinear {
+    DeviceBuffer w;                    // [out, in] act, when dense
+    std::vector<DevExl3Part> exl3;     // when every part is EXL3: decoded inside the matmul
+    std::vector<Exl3Part> exl3_parts;  // their kernel descriptors (bias pointers into `bias`)
+    DeviceBuffer bias;                 // [out] fp32, or empty
+    int in = 0, out = 0;
+};
+
+struct DevLayer {
+    DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm;  // fp32
+    DevLinear qkv, o, gate_up, down;
+};
+
+struct DeviceWeights {
+    DeviceBuffer embed, head_own, final_norm;
+    const void* head = nullptr;  // a dense head [vocab, hidden]: head_own, or the embedding when tied
+    DevLinear head_exl3;         // an EXL3 lm_head (then `head` is null)
+    std::vector<DevLayer> layers;
+
+    // Uploads every tensor. A linear that mixes EXL3 and dense parts is dequantized on the host and runs dense.
+    Status upload(const HostWeights& w, ActType act);
+};
+
+}  // namespace exl3::cuda

@@ -1,0 +1,100 @@
+#include "kv/kv_cache.h"
+
+#include <fmt/core.h>
+
+#include <algorithm>
+
+namespace exl3 {
+
+int KvCache::attach_prefix(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens) {
+    if (seq.length != 0 || !pool_->prefix_cache() || max_tokens <= 0) return 0;
+    const int ps = pool_->page_size();
+    uint64_t chain = PagePool::kChainStart;
+    seq.pages = pool_->match(tokens, max_tokens / ps, &chain);
+    const int n = static_cast<int>(seq.pages.size()) * ps;
+    seq.length = n;
+    seq.tokens.assign(tokens.begin(), tokens.begin() + n);
+    seq.published = static_cast<int>(seq.pages.size());
+    seq.chain = chain;
+    tokens_reused_ += n;
+    return n;
+}
+
+void KvCache::detach_prefix(Sequence::Impl& seq, int n) {
+    if (n <= 0) return;
+    seq.release_pages();
+    tokens_reused_ -= n;
+}
+
+Status KvCache::grow(std::span<const int32_t> seq_len, const std::vector<Sequence::Impl*>& seqs,
+                     std::vector<size_t>* before) {
+    const int ps = pool_->page_size();
+    before->clear();
+    for (size_t b = 0; b < seqs.size(); ++b) {
+        Sequence::Impl& q = *seqs[b];
+        before->push_back(q.pages.size());
+        const int need = (seq_len[b] + ps - 1) / ps - static_cast<int>(q.pages.size());
+        if (need > 0 && !pool_->alloc_n(need, &q.pages)) {
+            shrink(seqs, *before);
+            return out_of_range(
+                fmt::format("the KV cache is full ({} pages of {} tokens in use)", pool_->stats().in_use, ps));
+        }
+    }
+    return Status::ok();
+}
+
+void KvCache::shrink(const std::vector<Sequence::Impl*>& seqs, const std::vector<size_t>& before) {
+    for (size_t b = 0; b < before.size(); ++b)
+        while (seqs[b]->pages.size() > before[b]) {
+            pool_->release(seqs[b]->pages.back());
+            seqs[b]->pages.pop_back();
+        }
+}
+
+void KvCache::commit(Sequence::Impl& seq, std::span<const int32_t> tokens, int length, int tentative) {
+    seq.tokens.insert(seq.tokens.end(), tokens.begin(), tokens.end());
+    seq.length = length;
+    publish_full_pages(seq, length - std::max(0, tentative));
+}
+
+void KvCache::publish_full_pages(Sequence::Impl& seq, int end) {
+    if (!pool_->prefix_cache()) return;
+    const int ps = pool_->page_size();
+    while ((seq.published + 1) * ps <= std::min(end, seq.length)) {
+        const auto first = seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.published) * ps;
+        seq.chain = pool_->publish(seq.pages[static_cast<size_t>(seq.published)], seq.chain,
+                                   std::span<const int32_t>(&*first, static_cast<size_t>(ps)));
+        ++seq.published;
+    }
+}
+
+Status KvCache::truncate(Sequence::Impl& q, int length) {
+    if (length < 0 || length > q.length)
+        return invalid_argument(
+            fmt::format("truncate: length {} outside [0, {}] (the sequence's length)", length, q.length));
+    const int ps = pool_->page_size();
+    const int keep = (length + ps - 1) / ps;  // pages still holding positions
+    // A partial last page is written again by the next step: it must not stay in the prefix index, nor be shared.
+    if (length % ps != 0 && keep - 1 < q.published && !pool_->unpublish(q.pages[static_cast<size_t>(keep - 1)]))
+        return unsupported(
+            fmt::format("truncate: positions {}..{} lie in a KV page another sequence shares through the prefix cache",
+                        length, std::min(q.length, keep * ps) - 1));
+    while (static_cast<int>(q.pages.size()) > keep) {
+        pool_->release(q.pages.back());
+        q.pages.pop_back();
+    }
+    q.tokens.resize(static_cast<size_t>(length));
+    q.length = length;
+    const int published = std::min(q.published, length / ps);
+    if (published != q.published) {  // the chain hash after the pages that stay published
+        q.published = published;
+        q.chain = PagePool::kChainStart;
+        for (int i = 0; i < published; ++i)
+            q.chain = PagePool::chain_hash(
+                q.chain,
+                std::span<const int32_t>(q.tokens.data() + static_cast<size_t>(i) * ps, static_cast<size_t>(ps)));
+    }
+    return Status::ok();
+}
+
+}  // namespace exl3
