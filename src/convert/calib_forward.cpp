@@ -1,0 +1,106 @@
+#include "convert/calib_forward.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "backend/cpu/cpu_ops.h"
+#include "kv/host_pages.h"
+#include "kv/sequence.h"
+#include "models/decoder.h"
+
+namespace exl3::convert {
+
+void Hess::add(const float* x, int T, int d, ThreadPool& pool) {
+    if (h.empty()) h.assign(static_cast<size_t>(d) * d, 0.0);
+    std::vector<int> ok;
+    for (int t = 0; t < T; ++t) {
+        bool f = true;
+        for (int i = 0; i < d && f; ++i) f = std::isfinite(x[static_cast<size_t>(t) * d + i]);
+        if (f) ok.push_back(t);
+    }
+    pool.parallel_for(static_cast<size_t>(d), 4, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+            double* hr = h.data() + i * d;
+            for (int t : ok) {
+                const float* xr = x + static_cast<size_t>(t) * d;
+                const double xi = xr[i];
+                if (xi == 0.0) continue;
+                for (int j = 0; j < d; ++j) hr[j] += xi * xr[j];
+            }
+        }
+    });
+    rows += static_cast<int64_t>(ok.size());
+}
+
+namespace {
+
+// The calibration rows as one step of `rows` sequences of `cols` tokens each (positions 0 .. cols-1), no logits.
+StepPlan calibration_plan(const Calib& cs) {
+    StepPlan p;
+    p.q_start.push_back(0);
+    for (int r = 0; r < cs.rows; ++r) {
+        for (int i = 0; i < cs.cols; ++i) {
+            p.tokens.push_back(0);  // the state is given: no embedding
+            p.positions.push_back(i);
+        }
+        p.q_start.push_back(p.total());
+        p.seq_len.push_back(cs.cols);
+    }
+    p.max_seq_len = cs.cols;
+    return p;
+}
+
+}  // namespace
+
+Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& cs, LayerHessians* hs,
+                     ThreadPool& pool) {
+    const int T = cs.rows * cs.cols, D = c.hidden_size;
+    // One page a row, of one layer: the attention reads back exactly what it stored (fp32).
+    HostKvPages kv(1, cs.cols, c.num_kv_heads, c.head_dim);
+    kv.grow(cs.rows);
+    std::vector<Sequence::Impl> seq(static_cast<size_t>(cs.rows));
+    std::vector<Sequence::Impl*> seqs;
+    for (int r = 0; r < cs.rows; ++r) {
+        seq[static_cast<size_t>(r)].pages = {r};
+        seqs.push_back(&seq[static_cast<size_t>(r)]);
+    }
+    const StepPlan plan = calibration_plan(cs);
+    CpuOps ops(c, w, pool, kv, seqs, li);
+    if (hs)
+        ops.set_capture([&](int, LinearInput input, const float* x, int rows, int cols) {
+            Hess& h = input == LinearInput::kAttnIn ? hs->qkv
+                      : input == LinearInput::kOIn  ? hs->o
+                      : input == LinearInput::kMlpIn ? hs->gu
+                                                     : hs->down;
+            h.add(x, rows, cols, pool);
+        });
+    EXL3_RETURN_IF_ERROR(ops.begin_step(plan));
+    ops.residual().swap(cs.h);
+    const Status s = decoder_layers(ops, c, li, li + 1);
+    ops.residual().swap(cs.h);
+    EXL3_RETURN_IF_ERROR(s);
+
+    int bad_rows = 0;  // token positions whose state went NaN/inf: left out of every later Hessian
+    for (int t = 0; t < T; ++t) {
+        const float* r = cs.h.data() + static_cast<size_t>(t) * D;
+        for (int i = 0; i < D; ++i)
+            if (!std::isfinite(r[i])) {
+                ++bad_rows;
+                break;
+            }
+    }
+    if (bad_rows == T)
+        return invalid_argument(fmt::format("layer {}: every calibration activation is NaN/inf; the weights (or the "
+                                            "quantization of earlier layers) overflow",
+                                            li));
+    if (bad_rows > 0 && hs)
+        fmt::print(stderr,
+                   "exl3 convert: warning: layer {}: {} of {} calibration positions hold NaN/inf activations; they are "
+                   "left out of the Hessians\n",
+                   li, bad_rows, T);
+    return Status::ok();
+}
+
+}  // namespace exl3::convert
