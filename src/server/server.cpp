@@ -81,8 +81,8 @@ struct Choice {
     int cached = 0;  // prompt tokens its job took from the prefix cache
     int drafted = 0, accepted = 0;  // speculative decoding's proposals for its job, and those kept
     bool role_sent = false;
-    std::optional<ToolCallParser> parser;       // chat with tools: splits the reply into content and tool calls
-    std::vector<ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
+    std::optional<chat::ToolCallParser> parser;      // chat with tools: splits the reply into content and tool calls
+    std::vector<chat::ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
 };
 
 // A non-streaming request whose reply takes a while (see generate()).
@@ -104,7 +104,7 @@ struct Server::Impl {
     std::shared_ptr<const Tokenizer> tok;
     ServerOptions o;
     std::optional<ChatTemplate> tmpl;
-    ToolFormat tool_format = ToolFormat::kHermes;
+    chat::ToolFormat tool_format = chat::ToolFormat::kHermes;
     bool tool_markers_special = false;  // the format's markers are special tokens of this tokenizer
     std::unique_ptr<Generator> gen;
     std::unique_ptr<JobQueue> queue;
@@ -159,7 +159,8 @@ std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat,
                                "template_error");
         opening->clear();
         if (!p.tools.is_null() && (p.tool_choice == "required" || p.tool_choice == "function")) {
-            *opening = tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
+            *opening =
+                chat::tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
             *text += *opening;
         }
         auto ids = tok->encode(*text, /*add_special_tokens=*/false);
@@ -224,7 +225,7 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
         json msg = {{"role", "assistant"}, {"content", c.text}};
         if (c.parser) {
             // The same parser as the streaming path, fed the whole reply: the same content and calls.
-            std::vector<ToolCallParser::Piece> pieces;
+            std::vector<chat::ToolCallParser::Piece> pieces;
             c.parser->feed(c.text, &pieces);
             c.parser->finish(&pieces);
             std::string content;
@@ -233,7 +234,7 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
                 if (piece.tool_call.is_null())
                     content += piece.content;
                 else
-                    merge_tool_call_delta(piece.tool_call, &calls);
+                    chat::merge_tool_call_delta(piece.tool_call, &calls);
             }
             if (c.parser->calls() > 0) {
                 msg["content"] = content.empty() ? json(nullptr) : json(content);
@@ -299,7 +300,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
     // A named call's arguments generated under their schema end the job when they close (kStop): the server closes
     // the call after them.
-    const std::string closing = p.constrained_call ? tool_call_closing(tool_format) : std::string();
+    const std::string closing = p.constrained_call ? chat::tool_call_closing(tool_format) : std::string();
 
     if (!p.stream) {
         // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
@@ -418,7 +419,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     };
     // The opening the server wrote goes to the parser first: it holds it as the start of a call.
     for (auto& c : st->choices) {
-        std::vector<ToolCallParser::Piece> unused;
+        std::vector<chat::ToolCallParser::Piece> unused;
         if (c.parser) c.parser->feed(opening, &unused);
         if (!unused.empty()) c.early = std::move(unused);
     }
@@ -448,7 +449,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
                     // Deltas of this update: content, or (with tools) content and tool-call deltas in order.
                     std::vector<json> deltas;
                     if (c.parser) {
-                        std::vector<ToolCallParser::Piece> pieces = std::move(c.early);
+                        std::vector<chat::ToolCallParser::Piece> pieces = std::move(c.early);
                         c.early.clear();
                         c.parser->feed(u.text, &pieces);
                         if (u.finish == FinishReason::kStop) c.parser->feed(closing, &pieces);
@@ -755,19 +756,16 @@ Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_p
         auto t = ChatTemplate::parse(*source);
         if (!t.is_ok()) return t.status().with_context("parsing the model's chat template");
         impl->tmpl = std::move(*t);
-        std::string how = "--tool-format " + options.tool_format;
-        if (options.tool_format.empty() || options.tool_format == "auto") {
-            impl->tool_format = detect_tool_format(*source, &how);
-        } else if (auto f = tool_format_from_name(options.tool_format)) {
-            impl->tool_format = *f;
-        } else {
+        std::string how;
+        const auto format = chat::choose_tool_format(options.tool_format, *source, &how);
+        if (!format)
             return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, hermes, llama3, mistral, "
                                                 "mistral-args",
                                                 options.tool_format));
-        }
-        for (const std::string& m : tool_call_markers(impl->tool_format))
+        impl->tool_format = *format;
+        for (const std::string& m : chat::tool_call_markers(impl->tool_format))
             if (auto id = tokenizer->token_to_id(m); id && tokenizer->is_special(*id)) impl->tool_markers_special = true;
-        log_info("serve: tool calls parsed as {} ({})", tool_format_name(impl->tool_format), how);
+        log_info("serve: tool calls parsed as {} ({})", chat::tool_format_name(impl->tool_format), how);
     } else {
         log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
     }

@@ -8,13 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "chat/tool_calls.h"
 #include "server/openai.h"
-#include "server/tool_calls.h"
 
 namespace {
 
-using exl3::server::ToolCallParser;
-using exl3::server::ToolFormat;
+using exl3::chat::ToolCallParser;
+using exl3::chat::ToolFormat;
 
 // Content and calls (ids dropped: they are random) of `text` fed in chunks of `chunk` bytes (0: whole).
 std::pair<std::string, nlohmann::json> run(ToolFormat f, const std::string& text, size_t chunk) {
@@ -32,7 +32,7 @@ std::pair<std::string, nlohmann::json> run(ToolFormat f, const std::string& text
         if (p.tool_call.is_null())
             content += p.content;
         else
-            exl3::server::merge_tool_call_delta(p.tool_call, &calls);
+            exl3::chat::merge_tool_call_delta(p.tool_call, &calls);
     }
     if (static_cast<size_t>(parser.calls()) != calls.size()) std::abort();
     for (auto& c : calls) {

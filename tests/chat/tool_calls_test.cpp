@@ -1,16 +1,15 @@
 // Tool-call parsing per model family on fixed model output: whole replies, the same replies streamed in every
 // chunking (the deltas must assemble into the same calls), malformed output (plain content, never a crash), format
 // detection on the real templates of ../shared/templates, and the openings written for tool_choice.
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "server/openai.h"
 #include "test_util.h"
 
-namespace exl3::server {
+namespace exl3::chat {
 namespace {
 
 using json = nlohmann::json;
@@ -231,6 +230,36 @@ TEST(ToolCalls, OpeningsForToolChoice) {
     expect_parse(ToolFormat::kHermes, bad, bad, json::array());
 }
 
+// The tools list every front end takes (server, exl3 chat --tools, Python's chat(tools=...)), and the schema a named
+// call's arguments are generated under.
+TEST(ToolCalls, ToolsListsAndArgumentSchemas) {
+    using ojson = nlohmann::ordered_json;
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "now"}}])");
+    EXPECT_EQ(tools_error(tools), "");
+    EXPECT_EQ(tools_error(ojson::array()), "");
+    EXPECT_EQ(tools_error(ojson::object()), "'tools' must be a list");
+    EXPECT_EQ(tools_error(ojson("get_weather")), "'tools' must be a list");
+    for (const char* bad : {R"([1])", R"([{"type": "function"}])", R"([{"function": "f"}])",
+                            R"([{"function": {"name": 3}}])", R"([{"function": {"description": "no name"}}])"})
+        EXPECT_EQ(tools_error(ojson::parse(bad)), "every tool needs a 'function' object with a string 'name'") << bad;
+
+    ASSERT_NE(find_tool(tools, "get_weather"), nullptr);
+    EXPECT_EQ(find_tool(tools, "now"), &tools[1]);
+    EXPECT_EQ(find_tool(tools, "missing"), nullptr);
+    EXPECT_EQ(find_tool(ojson::parse(R"([{"function": {"name": 3}}, 5])"), "3"), nullptr);  // never throws
+    EXPECT_EQ(tool_arguments_schema(*find_tool(tools, "get_weather")),
+              R"({"type":"object","properties":{"city":{"type":"string"}}})");
+    EXPECT_EQ(tool_arguments_schema(tools[1]), R"({"type": "object", "additionalProperties": false})");
+
+    const std::string a = random_id(), b = random_id(7);
+    EXPECT_EQ(a.size(), 24u);
+    EXPECT_EQ(b.size(), 7u);
+    EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+    EXPECT_NE(a, random_id());
+}
+
 TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXL3_REQUIRE_SHARED("templates", dir);
     struct Case {
@@ -260,6 +289,17 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXPECT_EQ(tool_format_from_name("llama3"), ToolFormat::kLlama3);
     EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
     EXPECT_FALSE(tool_format_from_name("gpt").has_value());
+}
+
+TEST(ToolCalls, ChoosesTheRequestedFormat) {
+    std::string how;
+    EXPECT_EQ(choose_tool_format("auto", "say [TOOL_CALLS]", &how), ToolFormat::kMistral);
+    EXPECT_EQ(how, "the template writes [TOOL_CALLS]");
+    EXPECT_EQ(choose_tool_format("", "<tool_call>", &how), ToolFormat::kHermes);
+    EXPECT_EQ(choose_tool_format("llama3", "<tool_call>", &how), ToolFormat::kLlama3);
+    EXPECT_EQ(how, "--tool-format llama3");
+    EXPECT_EQ(choose_tool_format("mistral-args", ""), ToolFormat::kMistralArgs);
+    EXPECT_FALSE(choose_tool_format("gpt", "<tool_call>").has_value());
 }
 
 // Random splices of markers, JSON fragments and text: no crash, and chunking never changes the result.
@@ -310,4 +350,4 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
 }
 
 }  // namespace
-}  // namespace exl3::server
+}  // namespace exl3::chat

@@ -1,8 +1,8 @@
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
-#include "server/openai.h"
+#include <random>
 
-namespace exl3::server {
+namespace exl3::chat {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
@@ -123,6 +123,13 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
     }
     set_how("no known tool-call marker in the template: falling back to <tool_call> (Hermes)");
     return ToolFormat::kHermes;
+}
+
+std::optional<ToolFormat> choose_tool_format(std::string_view requested, std::string_view template_source,
+                                             std::string* how) {
+    if (requested.empty() || requested == "auto") return detect_tool_format(template_source, how);
+    if (how) *how = "--tool-format " + std::string(requested);
+    return tool_format_from_name(requested);
 }
 
 std::string tool_call_opening(ToolFormat f, const std::string& function) {
@@ -516,4 +523,39 @@ void merge_tool_call_delta(const json& delta, json* calls) {
     }
 }
 
-}  // namespace exl3::server
+std::string tools_error(const ojson& tools) {
+    if (!tools.is_array()) return "'tools' must be a list";
+    for (const auto& t : tools)
+        if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string())
+            return "every tool needs a 'function' object with a string 'name'";
+    return {};
+}
+
+const ojson* find_tool(const ojson& tools, const std::string& function) {
+    if (!tools.is_array()) return nullptr;
+    for (const auto& t : tools) {
+        if (!t.is_object()) continue;
+        auto fn = t.find("function");
+        if (fn == t.end() || !fn->is_object()) continue;
+        auto name = fn->find("name");
+        if (name != fn->end() && name->is_string() && name->get_ref<const std::string&>() == function) return &t;
+    }
+    return nullptr;
+}
+
+std::string tool_arguments_schema(const ojson& tool) {
+    if (auto fn = tool.find("function"); fn != tool.end() && fn->is_object())
+        if (auto params = fn->find("parameters"); params != fn->end() && params->is_object()) return params->dump();
+    return R"({"type": "object", "additionalProperties": false})";
+}
+
+std::string random_id(size_t hex_chars) {
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string s(hex_chars, '0');
+    for (auto& c : s) c = kHex[rng() & 15];
+    return s;
+}
+
+}  // namespace exl3::chat
