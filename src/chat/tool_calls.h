@@ -78,6 +78,10 @@ private:
     void run(bool final, std::vector<Piece>* out);
     bool step_content(bool final, std::vector<Piece>* out);
     bool step_call(bool final, std::vector<Piece>* out);
+    bool step_mistral(size_t i, bool final, std::vector<Piece>* out);
+    bool wait_or_give_up(bool final, std::vector<Piece>* out);
+    size_t value_at(size_t i, bool final, nlohmann::ordered_json* v, bool* gave_up, std::vector<Piece>* out);
+    bool finish_call(size_t consumed);
     void emit_content(std::string_view text, std::vector<Piece>* out);
     bool emit_call(const nlohmann::ordered_json& call, std::vector<Piece>* out);
     void give_up(std::vector<Piece>* out);
