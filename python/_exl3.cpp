@@ -329,16 +329,8 @@ struct PyGenerator {
     std::unique_ptr<Generator> gen;
 };
 
-}  // namespace
-}  // namespace exl3::python
-
-using namespace exl3;
-using namespace exl3::python;
-
-PYBIND11_MODULE(_exl3, m) {
-    m.doc() = "exl3.cpp: EXL3 and Hugging Face models on the CPU or CUDA (native part; import exl3)";
-    make_errors(m);
-
+// exl3.Tokenizer: tokenizer.json with the model directory's configs, and the chat templates it carries.
+void bind_tokenizer(py::module_& m) {
     py::class_<PyTokenizer, std::shared_ptr<PyTokenizer>>(m, "Tokenizer",
                                                           "A Hugging Face tokenizer.json with the model directory's "
                                                           "tokenizer_config.json and generation_config.json.")
@@ -433,7 +425,10 @@ PYBIND11_MODULE(_exl3, m) {
                 return std::move(*text);
             },
             py::arg("context_json"), py::arg("name") = "default");
+}
 
+// exl3.Logits: fp32 rows through the buffer protocol.
+void bind_logits(py::module_& m) {
     py::class_<Logits>(
         m, "Logits", py::buffer_protocol(),
         "fp32 logits [rows, vocab]: memoryview(l), numpy.asarray(l), l[i] (a row as a list), l.tolist().")
@@ -456,7 +451,10 @@ PYBIND11_MODULE(_exl3, m) {
         .def("__repr__", [](const Logits& l) {
             return "<exl3.Logits rows=" + std::to_string(l.rows) + " vocab=" + std::to_string(l.vocab) + ">";
         });
+}
 
+// exl3.Sequence: one sequence's KV cache in a model.
+void bind_sequence(py::module_& m) {
     py::class_<PySequence, std::shared_ptr<PySequence>>(m, "Sequence",
                                                         "One sequence's state in a model: its KV cache and length.")
         .def_property_readonly("length", [](const PySequence& s) { return s.seq->length(); })
@@ -464,7 +462,10 @@ PYBIND11_MODULE(_exl3, m) {
         .def("__len__", [](const PySequence& s) { return s.seq->length(); })
         .def(
             "reset", [](PySequence& s) { s.seq->reset(); }, "Empties the sequence (its pages go back to the cache).");
+}
 
+// exl3.Model: loading, forward passes, greedy generation, cache statistics.
+void bind_model(py::module_& m) {
     py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
         .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
@@ -554,7 +555,10 @@ PYBIND11_MODULE(_exl3, m) {
             return "<exl3.Model " + i.architecture + " " + std::to_string(i.num_layers) + " layers" +
                    (i.quantization.empty() ? std::string() : ", " + i.quantization) + " on " + pm.get().device() + ">";
         });
+}
 
+// exl3.JobUpdate: what one generation step gave one job.
+void bind_job_update(py::module_& m) {
     py::class_<JobUpdate>(m, "JobUpdate", "What one generation step produced for one job.")
         .def_readonly("job", &JobUpdate::job)
         .def_readonly("text", &JobUpdate::text, "New text (stop strings are held back and never emitted).")
@@ -596,7 +600,10 @@ PYBIND11_MODULE(_exl3, m) {
                                                     : std::string(" finish=") + finish_reason_name(u.finish)) +
                    ">";
         });
+}
 
+// exl3._Generator (wrapped by exl3.Generator in __init__.py) and the request keywords it takes.
+void bind_generator(py::module_& m) {
     py::class_<PyGenerator, std::shared_ptr<PyGenerator>>(m, "_Generator")
         .def(py::init([](std::shared_ptr<PyModel> model, std::shared_ptr<PyTokenizer> tokenizer, int max_batch_tokens,
                          int prefill_chunk, int max_active_jobs, bool cap_to_context, bool device_sampling,
@@ -650,4 +657,21 @@ PYBIND11_MODULE(_exl3, m) {
         for (const auto& [k, v] : request_setters()) names.push_back(k);
         return names;
     });
+}
+
+}  // namespace
+}  // namespace exl3::python
+
+using namespace exl3;
+using namespace exl3::python;
+
+PYBIND11_MODULE(_exl3, m) {
+    m.doc() = "exl3.cpp: EXL3 and Hugging Face models on the CPU or CUDA (native part; import exl3)";
+    make_errors(m);
+    bind_tokenizer(m);
+    bind_logits(m);
+    bind_sequence(m);
+    bind_model(m);
+    bind_job_update(m);
+    bind_generator(m);
 }
