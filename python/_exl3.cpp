@@ -23,6 +23,7 @@
 #include "exl3/model.h"
 #include "exl3/status.h"
 #include "exl3/tokenizer.h"
+#include "exl3/tool_calls.h"
 
 namespace py = pybind11;
 
@@ -329,6 +330,11 @@ struct PyGenerator {
     std::unique_ptr<Generator> gen;
 };
 
+Status no_template(const std::string& name) {
+    return not_found(name == "default" ? std::string("this tokenizer has no chat template")
+                                       : "this tokenizer has no chat template named '" + name + "'");
+}
+
 // exl3.Tokenizer: tokenizer.json with the model directory's configs, and the chat templates it carries.
 void bind_tokenizer(py::module_& m) {
     py::class_<PyTokenizer, std::shared_ptr<PyTokenizer>>(m, "Tokenizer",
@@ -407,12 +413,20 @@ void bind_tokenizer(py::module_& m) {
                                    return names;
                                })
         .def(
+            "tool_call_format",
+            [](const PyTokenizer& t, const std::string& name) {
+                const std::string* source = t.tok->chat_template(name);
+                if (!source) raise(no_template(name));
+                return tool_call_format(*source);
+            },
+            py::arg("name") = "default",
+            "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
+            "'mistral' or 'mistral-args' (what exl3.parse_tool_calls takes).")
+        .def(
             "_render_chat",
             [](PyTokenizer& t, const std::string& context_json, const std::string& name) {
                 const std::string* source = t.tok->chat_template(name);
-                if (!source)
-                    raise(not_found(name == "default" ? std::string("this tokenizer has no chat template")
-                                                      : "this tokenizer has no chat template named '" + name + "'"));
+                if (!source) raise(no_template(name));
                 nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(context_json, nullptr, false);
                 if (ctx.is_discarded() || !ctx.is_object())
                     raise(invalid_argument("the chat context is not a JSON object"));
@@ -659,6 +673,29 @@ void bind_generator(py::module_& m) {
     });
 }
 
+// The tool-call parser of include/exl3/tool_calls.h, for exl3.parse_tool_calls and Generator.chat(tools=...).
+void bind_tool_calls(py::module_& m) {
+    m.def(
+        "_parse_tool_calls",
+        [](py::handle text, const std::string& format) {
+            const ToolCallReply r = take(parse_tool_calls(format, utf8(text, "text")));
+            py::list calls;
+            for (const ToolCall& c : r.calls) calls.append(py::make_tuple(c.id, c.name, c.arguments));
+            return py::make_tuple(r.content, calls);
+        },
+        py::arg("text"), py::arg("format"), "(content, [(id, name, arguments as JSON text)])");
+    m.def(
+        "_tool_call_markers", [](const std::string& format) { return take(tool_call_markers(format)); },
+        py::arg("format"));
+    m.def(
+        "_check_tools",
+        [](const std::string& tools_json) {
+            const auto tools = nlohmann::ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+            check(check_tools(tools));
+        },
+        py::arg("tools_json"));
+}
+
 }  // namespace
 }  // namespace exl3::python
 
@@ -674,4 +711,5 @@ PYBIND11_MODULE(_exl3, m) {
     bind_model(m);
     bind_job_update(m);
     bind_generator(m);
+    bind_tool_calls(m);
 }

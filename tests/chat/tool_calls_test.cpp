@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "exl3/tool_calls.h"
 #include "test_util.h"
 
 namespace exl3::chat {
@@ -289,6 +290,54 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXPECT_EQ(tool_format_from_name("llama3"), ToolFormat::kLlama3);
     EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
     EXPECT_FALSE(tool_format_from_name("gpt").has_value());
+}
+
+// The public face (include/exl3/tool_calls.h, what Python's Generator.chat uses): the same parser, whole replies.
+TEST(ToolCalls, PublicApi) {
+    EXPECT_EQ(exl3::tool_call_format("say <tool_call>"), "hermes");
+    EXPECT_EQ(exl3::tool_call_format("{{ '<|python_tag|>' }}"), "llama3");
+    EXPECT_EQ(exl3::tool_call_format("[TOOL_CALLS] [ARGS]"), "mistral-args");
+    EXPECT_EQ(exl3::tool_call_format("no markers"), "hermes");
+
+    auto r = exl3::parse_tool_calls(
+        "hermes",
+        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->content, "Let me look.");
+    ASSERT_EQ(r->calls.size(), 2u);
+    EXPECT_EQ(r->calls[0].name, "get_weather");
+    EXPECT_EQ(r->calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(r->calls[0].id.rfind("call_", 0), 0u);
+    EXPECT_EQ(r->calls[1].name, "now");
+    EXPECT_EQ(r->calls[1].arguments, "{}");
+    EXPECT_NE(r->calls[0].id, r->calls[1].id);
+
+    r = exl3::parse_tool_calls("mistral", R"([TOOL_CALLS][{"name": "f", "arguments": {"x": 1}, "id": "abcdefghi"}])");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r->calls.size(), 1u);
+    EXPECT_EQ(r->calls[0].id, "abcdefghi");
+    EXPECT_EQ(r->content, "");
+
+    for (const char* text : {"no calls here\n", "<tool_call>{not json}</tool_call>", "<tool_call>{\"name\": \"cut"}) {
+        r = exl3::parse_tool_calls("hermes", text);
+        ASSERT_TRUE(r.is_ok());
+        EXPECT_EQ(r->content, text);  // no call: the reply as it is
+        EXPECT_TRUE(r->calls.empty());
+    }
+    r = exl3::parse_tool_calls("gpt", "x");
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("'gpt' is not one of"), std::string::npos);
+
+    auto markers = exl3::tool_call_markers("llama3");
+    ASSERT_TRUE(markers.is_ok());
+    EXPECT_EQ(*markers, std::vector<std::string>{"<|python_tag|>"});
+    EXPECT_FALSE(exl3::tool_call_markers("").is_ok());
+
+    EXPECT_TRUE(exl3::check_tools(nlohmann::ordered_json::parse(R"([{"function": {"name": "f"}}])")).is_ok());
+    const Status bad = exl3::check_tools(nlohmann::ordered_json::parse(R"({"function": {"name": "f"}})"));
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(bad.message(), "'tools' must be a list");
 }
 
 TEST(ToolCalls, ChoosesTheRequestedFormat) {
