@@ -109,6 +109,8 @@ private:
     Result<Value> call_str_method(const Value& base, const std::string& name, CallArgs& args, ArgReader& r);
     Result<Value> call_str_pad_or_cut(const Value& base, const std::string& name, ArgReader& r);
     Result<Value> eval_inner(const Expr& e);
+    Result<Value> eval_slice(const Expr& e);
+    Status eval_filter_args(const Expr& e, CallArgs* args);
     Status exec_inner(const Stmt& s);
     Status exec_for(const Stmt& s);
     Status exec_set(const Stmt& s);
