@@ -23,6 +23,7 @@
 #include "exl3/model.h"
 #include "exl3/status.h"
 #include "exl3/tokenizer.h"
+#include "exl3/tool_calls.h"
 
 namespace py = pybind11;
 
@@ -329,16 +330,13 @@ struct PyGenerator {
     std::unique_ptr<Generator> gen;
 };
 
-}  // namespace
-}  // namespace exl3::python
+Status no_template(const std::string& name) {
+    return not_found(name == "default" ? std::string("this tokenizer has no chat template")
+                                       : "this tokenizer has no chat template named '" + name + "'");
+}
 
-using namespace exl3;
-using namespace exl3::python;
-
-PYBIND11_MODULE(_exl3, m) {
-    m.doc() = "exl3.cpp: EXL3 and Hugging Face models on the CPU or CUDA (native part; import exl3)";
-    make_errors(m);
-
+// exl3.Tokenizer: tokenizer.json with the model directory's configs, and the chat templates it carries.
+void bind_tokenizer(py::module_& m) {
     py::class_<PyTokenizer, std::shared_ptr<PyTokenizer>>(m, "Tokenizer",
                                                           "A Hugging Face tokenizer.json with the model directory's "
                                                           "tokenizer_config.json and generation_config.json.")
@@ -415,12 +413,20 @@ PYBIND11_MODULE(_exl3, m) {
                                    return names;
                                })
         .def(
+            "tool_call_format",
+            [](const PyTokenizer& t, const std::string& name) {
+                const std::string* source = t.tok->chat_template(name);
+                if (!source) raise(no_template(name));
+                return tool_call_format(*source);
+            },
+            py::arg("name") = "default",
+            "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
+            "'mistral' or 'mistral-args' (what exl3.parse_tool_calls takes).")
+        .def(
             "_render_chat",
             [](PyTokenizer& t, const std::string& context_json, const std::string& name) {
                 const std::string* source = t.tok->chat_template(name);
-                if (!source)
-                    raise(not_found(name == "default" ? std::string("this tokenizer has no chat template")
-                                                      : "this tokenizer has no chat template named '" + name + "'"));
+                if (!source) raise(no_template(name));
                 nlohmann::ordered_json ctx = nlohmann::ordered_json::parse(context_json, nullptr, false);
                 if (ctx.is_discarded() || !ctx.is_object())
                     raise(invalid_argument("the chat context is not a JSON object"));
@@ -433,7 +439,10 @@ PYBIND11_MODULE(_exl3, m) {
                 return std::move(*text);
             },
             py::arg("context_json"), py::arg("name") = "default");
+}
 
+// exl3.Logits: fp32 rows through the buffer protocol.
+void bind_logits(py::module_& m) {
     py::class_<Logits>(
         m, "Logits", py::buffer_protocol(),
         "fp32 logits [rows, vocab]: memoryview(l), numpy.asarray(l), l[i] (a row as a list), l.tolist().")
@@ -456,7 +465,10 @@ PYBIND11_MODULE(_exl3, m) {
         .def("__repr__", [](const Logits& l) {
             return "<exl3.Logits rows=" + std::to_string(l.rows) + " vocab=" + std::to_string(l.vocab) + ">";
         });
+}
 
+// exl3.Sequence: one sequence's KV cache in a model.
+void bind_sequence(py::module_& m) {
     py::class_<PySequence, std::shared_ptr<PySequence>>(m, "Sequence",
                                                         "One sequence's state in a model: its KV cache and length.")
         .def_property_readonly("length", [](const PySequence& s) { return s.seq->length(); })
@@ -464,7 +476,10 @@ PYBIND11_MODULE(_exl3, m) {
         .def("__len__", [](const PySequence& s) { return s.seq->length(); })
         .def(
             "reset", [](PySequence& s) { s.seq->reset(); }, "Empties the sequence (its pages go back to the cache).");
+}
 
+// exl3.Model: loading, forward passes, greedy generation, cache statistics.
+void bind_model(py::module_& m) {
     py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
         .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
@@ -554,7 +569,10 @@ PYBIND11_MODULE(_exl3, m) {
             return "<exl3.Model " + i.architecture + " " + std::to_string(i.num_layers) + " layers" +
                    (i.quantization.empty() ? std::string() : ", " + i.quantization) + " on " + pm.get().device() + ">";
         });
+}
 
+// exl3.JobUpdate: what one generation step gave one job.
+void bind_job_update(py::module_& m) {
     py::class_<JobUpdate>(m, "JobUpdate", "What one generation step produced for one job.")
         .def_readonly("job", &JobUpdate::job)
         .def_readonly("text", &JobUpdate::text, "New text (stop strings are held back and never emitted).")
@@ -596,7 +614,10 @@ PYBIND11_MODULE(_exl3, m) {
                                                     : std::string(" finish=") + finish_reason_name(u.finish)) +
                    ">";
         });
+}
 
+// exl3._Generator (wrapped by exl3.Generator in __init__.py) and the request keywords it takes.
+void bind_generator(py::module_& m) {
     py::class_<PyGenerator, std::shared_ptr<PyGenerator>>(m, "_Generator")
         .def(py::init([](std::shared_ptr<PyModel> model, std::shared_ptr<PyTokenizer> tokenizer, int max_batch_tokens,
                          int prefill_chunk, int max_active_jobs, bool cap_to_context, bool device_sampling,
@@ -650,4 +671,45 @@ PYBIND11_MODULE(_exl3, m) {
         for (const auto& [k, v] : request_setters()) names.push_back(k);
         return names;
     });
+}
+
+// The tool-call parser of include/exl3/tool_calls.h, for exl3.parse_tool_calls and Generator.chat(tools=...).
+void bind_tool_calls(py::module_& m) {
+    m.def(
+        "_parse_tool_calls",
+        [](py::handle text, const std::string& format) {
+            const ToolCallReply r = take(parse_tool_calls(format, utf8(text, "text")));
+            py::list calls;
+            for (const ToolCall& c : r.calls) calls.append(py::make_tuple(c.id, c.name, c.arguments));
+            return py::make_tuple(r.content, calls);
+        },
+        py::arg("text"), py::arg("format"), "(content, [(id, name, arguments as JSON text)])");
+    m.def(
+        "_tool_call_markers", [](const std::string& format) { return take(tool_call_markers(format)); },
+        py::arg("format"));
+    m.def(
+        "_check_tools",
+        [](const std::string& tools_json) {
+            const auto tools = nlohmann::ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+            check(check_tools(tools));
+        },
+        py::arg("tools_json"));
+}
+
+}  // namespace
+}  // namespace exl3::python
+
+using namespace exl3;
+using namespace exl3::python;
+
+PYBIND11_MODULE(_exl3, m) {
+    m.doc() = "exl3.cpp: EXL3 and Hugging Face models on the CPU or CUDA (native part; import exl3)";
+    make_errors(m);
+    bind_tokenizer(m);
+    bind_logits(m);
+    bind_sequence(m);
+    bind_model(m);
+    bind_job_update(m);
+    bind_generator(m);
+    bind_tool_calls(m);
 }

@@ -50,6 +50,7 @@ __all__ = [
     "Tokenizer",
     "UnsupportedError",
     "apply_chat_template",
+    "parse_tool_calls",
 ]
 
 Prompt = Union[str, _Seq[int]]
@@ -83,9 +84,20 @@ Tokenizer.apply_chat_template = (  # type: ignore[attr-defined]
 )
 
 
+def parse_tool_calls(text: str, format: str = "hermes") -> tuple:
+    """Splits a model's reply into its text and the tool calls in it, as `exl3 serve` does: returns
+    (content, tool_calls), tool_calls a list of {"id", "name", "arguments"} (arguments a dict). format is how the
+    model writes calls: 'hermes' (<tool_call>...</tool_call>: Qwen, Hermes), 'llama3', 'mistral' or 'mistral-args';
+    Tokenizer.tool_call_format() says which its chat template teaches. A call whose JSON is malformed, or that the
+    reply ends inside, stays in the content."""
+    content, calls = _exl3._parse_tool_calls(text, format)
+    return content, [{"id": i, "name": n, "arguments": json.loads(a)} for i, n, a in calls]
+
+
 @dataclass
 class Completion:
-    """One finished job: its text and tokens, why it ended, and (when asked) the logprobs of each token."""
+    """One finished job: its text and tokens, why it ended, and (when asked) the logprobs of each token.
+    Generator.chat also fills content (the text outside any tool calls) and, with tools, tool_calls."""
 
     text: str = ""
     tokens: list = field(default_factory=list)
@@ -97,6 +109,8 @@ class Completion:
     accepted_tokens: int = 0  # and of them, kept
     logprobs: list = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
+    content: Optional[str] = None  # chat: the reply's text outside its tool calls (without tools: the text)
+    tool_calls: list = field(default_factory=list)  # chat with tools: [{"id", "name", "arguments": dict}]
 
 
 class Generator:
@@ -240,12 +254,32 @@ class Generator:
     def chat(self, messages: list, *, tools: Optional[list] = None, template_kwargs: Optional[dict] = None,
              **kwargs) -> Completion:
         """Renders the conversation with the tokenizer's chat template (add_generation_prompt) and generates the
-        assistant's reply."""
+        assistant's reply. tools: an OpenAI tools list ([{"type": "function", "function": {"name", "description",
+        "parameters"}}]), given to the template as `exl3 serve` gives a request's; the reply is then parsed as the
+        server parses it: Completion.tool_calls lists its calls ({"id", "name", "arguments": dict}) and
+        Completion.content its text outside them (Completion.text stays the reply as written)."""
         if self.tokenizer is None:
             raise InvalidArgumentError("Generator.chat needs the Generator to have a tokenizer")
-        text = apply_chat_template(self.tokenizer, messages, tools=tools, **(template_kwargs or {}))
+        template_kwargs = dict(template_kwargs or {})
+        fmt = None
+        if tools is not None:
+            _exl3._check_tools(json.dumps(tools, ensure_ascii=False))
+            tools = tools or None  # an empty list offers no tools, as in the server
+        if tools:
+            fmt = self.tokenizer.tool_call_format(template_kwargs.get("template", "default"))
+            # The markers must reach the parser where the tokenizer makes them special tokens (Llama, Mistral).
+            special = [self.tokenizer.token_to_id(m) for m in _exl3._tool_call_markers(fmt)]
+            if any(i is not None and self.tokenizer.is_special(i) for i in special):
+                if kwargs.get("skip_special_tokens") is None:  # unless the caller chose
+                    kwargs["skip_special_tokens"] = False
+        text = apply_chat_template(self.tokenizer, messages, tools=tools, **template_kwargs)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return self.generate(ids, **kwargs)
+        c = self.generate(ids, **kwargs)
+        if fmt:
+            c.content, c.tool_calls = parse_tool_calls(c.text, fmt)
+        else:
+            c.content = c.text
+        return c
 
     def __iter__(self) -> Iterator[JobUpdate]:
         """Steps until no job is left, yielding every update."""

@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <string_view>
+#include <unordered_map>
 
 #include "chat/interp.h"
 
@@ -494,13 +496,6 @@ bool in_list(const char* const (&names)[N], const std::string& name) {
     return false;
 }
 
-const char* const kFilters[] = {"tojson",     "length", "count",      "trim",    "items",  "string",      "lower",
-                                "upper",      "join",   "list",       "default", "d",      "safe",        "selectattr",
-                                "rejectattr", "select", "reject",     "map",     "indent", "replace",     "unique",
-                                "dictsort",   "first",  "last",       "int",     "float",  "abs",         "round",
-                                "reverse",    "sort",   "capitalize", "title",   "batch",  "sum",         "min",
-                                "max",        "center", "wordcount",  "escape",  "e",      "forceescape", "attr",
-                                "pprint",     "format", "striptags",  "truncate"};
 const char* const kTests[] = {"defined", "undefined", "none",        "string",      "mapping",  "iterable", "sequence",
                               "number",  "integer",   "float",       "boolean",     "true",     "false",    "equalto",
                               "eq",      "==",        "ne",          "!=",          "lt",       "<",        "lessthan",
@@ -508,10 +503,660 @@ const char* const kTests[] = {"defined", "undefined", "none",        "string",  
                               "in",      "odd",       "even",        "divisibleby", "callable", "lower",    "upper",
                               "sameas",  "escaped",   "filter",      "test"};
 
+// One filter application: the filtered value, its arguments (read through `r`, Python's binding rules) and the
+// interpreter the filter may call back into (iteration, attribute paths, tests, other filters, limits).
+struct FilterCall {
+    Interp& in;
+    const std::string& name;
+    const Value& v;
+    CallArgs& args;
+    ArgReader r;
+    Status done(size_t n_params) const { return r.finish(n_params); }
+};
+using FilterFn = Result<Value> (*)(FilterCall&);
+
+Result<Value> filter_tojson(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    // transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
+    Value ensure_ascii = r.get(0, "ensure_ascii", Value::boolean(false));
+    Value indent = r.get(1, "indent", Value::none());
+    Value separators = r.get(2, "separators", Value::none());
+    Value sort_keys = r.get(3, "sort_keys", Value::boolean(false));
+    EXL3_RETURN_IF_ERROR(c.done(4));
+    JsonDumpOptions o;
+    o.ensure_ascii = truthy(ensure_ascii);
+    o.sort_keys = truthy(sort_keys);
+    if (is_int(indent)) {
+        o.has_indent = true;
+        o.indent = std::string(size_t(std::clamp<int64_t>(indent.as_int(), 0, 1000)), ' ');
+    } else if (indent.kind == Kind::kString) {
+        o.has_indent = true;
+        o.indent = indent.s;
+    } else if (!indent.is_none()) {
+        return type_error("tojson indent must be an int, a str or None, not " + type_name(indent));
+    }
+    if (o.has_indent) o.item_sep = ",";
+    if (!separators.is_none()) {
+        if (!separators.is_sequence() || separators.list->size() != 2 || (*separators.list)[0].kind != Kind::kString ||
+            (*separators.list)[1].kind != Kind::kString)
+            return type_error("tojson separators must be a pair of strings");
+        o.item_sep = (*separators.list)[0].s;
+        o.key_sep = (*separators.list)[1].s;
+    }
+    auto out = py_json_dumps(v, o);
+    if (!out.is_ok()) return type_error(out.status().message());
+    EXL3_RETURN_IF_ERROR(in.check_size(out->size()));
+    return Value::string(std::move(out).value());
+}
+
+Result<Value> filter_length(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    switch (v.kind) {
+        case Kind::kUndefined:
+            return Value::integer(0);
+        case Kind::kString:
+            return Value::integer(int64_t(utf8_length(v.s)));
+        case Kind::kList:
+        case Kind::kTuple:
+            return Value::integer(int64_t(v.list->size()));
+        case Kind::kDict:
+            return Value::integer(int64_t(v.dict->items.size()));
+        default:
+            return type_error("object of type '" + type_name(v) + "' has no len()");
+    }
+}
+
+Result<Value> filter_trim(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value chars = r.get(0, "chars", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(1));
+    if (!chars.is_none() && chars.kind != Kind::kString) return type_error("trim chars must be a string");
+    return Value::string(py_strip(py_str(v), chars.is_none() ? nullptr : &chars.s, true, true),
+                         v.kind == Kind::kString && v.safe);
+}
+
+Result<Value> filter_items(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (v.kind == Kind::kUndefined) return Value::make_generator({});
+    if (v.kind != Kind::kDict) return type_error("Can only get item pairs from a mapping.");
+    List out;
+    for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_tuple({k, x}));
+    return Value::make_generator(std::move(out));
+}
+
+Result<Value> filter_string(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (v.kind == Kind::kString) return v;
+    return Value::string(py_str(v));
+}
+
+Result<Value> filter_case(FilterCall& c) {
+    const std::string& name = c.name;
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    std::string s = py_str(v);
+    bool safe = v.kind == Kind::kString && v.safe;
+    if (name == "lower") return Value::string(lower(s), safe);
+    if (name == "upper") return Value::string(upper(s), safe);
+    if (name == "capitalize") return Value::string(py_capitalize(s), safe);
+    return Value::string(jinja_title(s), safe);
+}
+
+Result<Value> filter_safe(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    return Value::string(py_str(v), true);
+}
+
+Result<Value> filter_escape(FilterCall& c) {
+    const std::string& name = c.name;
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (v.kind == Kind::kString && v.safe && name != "forceescape") return v;
+    return Value::string(html_escape(py_str(v)), true);
+}
+
+Result<Value> filter_default(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value dflt = r.get(0, "default_value", Value::string(""));
+    Value boolean = r.get(1, "boolean", Value::boolean(false));
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    if (v.kind == Kind::kUndefined || (truthy(boolean) && !truthy(v))) return dflt;
+    return v;
+}
+
+Result<Value> filter_list(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    return Value::make_list(std::move(items));
+}
+
+Result<Value> filter_join(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value sep = r.get(0, "d", Value::string(""));
+    Value attribute = r.get(1, "attribute", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    std::string d = py_str(sep), out;
+    for (size_t k = 0; k < items.size(); ++k) {
+        if (k) out += d;
+        if (!attribute.is_none()) {
+            EXL3_ASSIGN_OR_RETURN(Value x, in.get_attr_path(items[k], py_str(attribute)));
+            out += py_str(x);
+        } else {
+            out += py_str(items[k]);
+        }
+        EXL3_RETURN_IF_ERROR(in.check_size(out.size()));
+    }
+    return Value::string(std::move(out));
+}
+
+Result<Value> filter_first_last(FilterCall& c) {
+    Interp& in = c.in;
+    const std::string& name = c.name;
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (name == "first" && v.kind == Kind::kGenerator) {
+        if (v.gen->pos >= v.gen->items.size()) return Value::undefined("No first item, sequence was empty.");
+        return v.gen->items[v.gen->pos++];
+    }
+    if (v.kind == Kind::kGenerator) return type_error("'generator' object is not reversible");
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    if (items.empty())
+        return Value::undefined(name == "first" ? "No first item, sequence was empty."
+                                                : "No last item, sequence was empty.");
+    return name == "first" ? items.front() : items.back();
+}
+
+Result<Value> filter_select(FilterCall& c) {
+    Interp& in = c.in;
+    const std::string& name = c.name;
+    const Value& v = c.v;
+    CallArgs& args = c.args;
+    // jinja2 yields nothing for a falsy value (None included) without looking at the arguments.
+    if (!truthy(v)) return Value::make_generator({});
+    bool by_attr = name == "selectattr" || name == "rejectattr";
+    bool keep_if = name == "selectattr" || name == "select";
+    if (!args.kw.empty()) return type_error("filter '" + name + "' takes positional arguments only");
+    size_t k = 0;
+    std::string attr;
+    if (by_attr) {
+        if (args.pos.empty()) return type_error("filter '" + name + "' needs an attribute name");
+        attr = py_str(args.pos[k++]);
+    }
+    std::string test;
+    if (k < args.pos.size()) test = py_str(args.pos[k++]);
+    if (!test.empty() && !in.has_test(test))
+        return invalid_argument("TemplateRuntimeError: No test named '" + test + "'");
+    CallArgs test_args;
+    test_args.pos.assign(args.pos.begin() + std::ptrdiff_t(k), args.pos.end());
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    List out;
+    for (auto& item : items) {
+        EXL3_RETURN_IF_ERROR(in.step());
+        Value subject = item;
+        if (by_attr) {
+            EXL3_ASSIGN_OR_RETURN(subject, in.get_attr_path(item, attr));
+        }
+        bool pass = false;
+        if (test.empty()) {
+            pass = truthy(subject);
+        } else {
+            CallArgs ta = test_args;
+            EXL3_ASSIGN_OR_RETURN(pass, in.apply_test(test, subject, ta));
+        }
+        if (pass == keep_if) out.push_back(std::move(item));
+    }
+    return Value::make_generator(std::move(out));
+}
+
+Result<Value> filter_map(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    CallArgs& args = c.args;
+    ArgReader& r = c.r;
+    if (!truthy(v)) return Value::make_generator({});
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    List out;
+    if (args.pos.empty()) {
+        Value attribute = r.get(99, "attribute", Value::none());
+        Value dflt = r.get(99, "default", Value::undefined());
+        EXL3_RETURN_IF_ERROR(c.done(0));
+        if (attribute.is_none()) return type_error("map needs a filter name or attribute=");
+        for (auto& item : items) {
+            EXL3_RETURN_IF_ERROR(in.step());
+            EXL3_ASSIGN_OR_RETURN(Value x, in.get_attr_path(item, py_str(attribute)));
+            out.push_back(x.is_undefined() && !dflt.is_undefined() ? dflt : x);
+        }
+    } else {
+        std::string filter = py_str(args.pos[0]);
+        if (!in.has_filter(filter)) return invalid_argument("TemplateRuntimeError: No filter named '" + filter + "'");
+        for (auto& item : items) {
+            EXL3_RETURN_IF_ERROR(in.step());
+            CallArgs fa;
+            fa.pos.assign(args.pos.begin() + 1, args.pos.end());
+            fa.kw = args.kw;
+            EXL3_ASSIGN_OR_RETURN(Value x, in.apply_filter(filter, item, fa));
+            out.push_back(std::move(x));
+        }
+    }
+    return Value::make_generator(std::move(out));
+}
+
+Result<Value> filter_indent(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value width = r.get(0, "width", Value::integer(4));
+    Value first = r.get(1, "first", Value::boolean(false));
+    Value blank = r.get(2, "blank", Value::boolean(false));
+    EXL3_RETURN_IF_ERROR(c.done(3));
+    std::string ind;
+    if (width.kind == Kind::kString) {
+        ind = width.s;
+    } else if (is_int(width)) {
+        ind = std::string(size_t(std::clamp<int64_t>(width.as_int(), 0, 1000)), ' ');
+    } else {
+        return type_error("indent width must be an int or a string");
+    }
+    std::vector<std::string> lines = py_splitlines(py_str(v) + "\n", false);
+    std::string out;
+    if (truthy(blank)) {
+        for (size_t k = 0; k < lines.size(); ++k) {
+            if (k) out += "\n" + ind;
+            out += lines[k];
+        }
+    } else {
+        out = lines.empty() ? "" : lines[0];
+        for (size_t k = 1; k < lines.size(); ++k) {
+            out += "\n";
+            if (!lines[k].empty()) out += ind;
+            out += lines[k];
+            EXL3_RETURN_IF_ERROR(in.check_size(out.size()));
+        }
+    }
+    if (truthy(first)) out = ind + out;
+    EXL3_RETURN_IF_ERROR(in.check_size(out.size()));
+    return Value::string(std::move(out));
+}
+
+Result<Value> filter_replace(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    const Value* o = r.find(0, "old");
+    const Value* n = r.find(1, "new");
+    Value count = r.get(2, "count", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(3));
+    if (!o || !n) return type_error("replace needs old and new");
+    if (!count.is_none() && !is_int(count)) return type_error("replace count must be an integer");
+    std::string out = py_replace(py_str(v), py_str(*o), py_str(*n), count.is_none() ? -1 : count.as_int());
+    EXL3_RETURN_IF_ERROR(in.check_size(out.size()));
+    return Value::string(std::move(out));
+}
+
+Result<Value> filter_unique(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value cs = r.get(0, "case_sensitive", Value::boolean(false));
+    Value attribute = r.get(1, "attribute", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    List out, seen;
+    for (auto& item : items) {
+        EXL3_RETURN_IF_ERROR(in.step());
+        Value key = item;
+        if (!attribute.is_none()) {
+            EXL3_ASSIGN_OR_RETURN(key, in.get_attr_path(item, py_str(attribute)));
+        }
+        key = sort_key(key, truthy(cs));
+        if (key.kind == Kind::kList || key.kind == Kind::kDict)
+            return type_error("unhashable type: '" + type_name(key) + "'");
+        bool dup = false;
+        for (const auto& s : seen) dup = dup || py_equal(s, key);
+        if (dup) continue;
+        seen.push_back(key);
+        out.push_back(std::move(item));
+    }
+    return Value::make_generator(std::move(out));
+}
+
+Result<Value> filter_sort(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value reverse = r.get(0, "reverse", Value::boolean(false));
+    Value cs = r.get(1, "case_sensitive", Value::boolean(false));
+    Value attribute = r.get(2, "attribute", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(3));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    std::vector<std::pair<Value, Value>> keyed;
+    for (auto& item : items) {
+        Value key = item;
+        if (!attribute.is_none()) {
+            EXL3_ASSIGN_OR_RETURN(key, in.get_attr_path(item, py_str(attribute)));
+        }
+        keyed.emplace_back(sort_key(key, truthy(cs)), std::move(item));
+    }
+    EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
+    List out;
+    for (auto& kv : keyed) out.push_back(std::move(kv.second));
+    return Value::make_list(std::move(out));
+}
+
+Result<Value> filter_dictsort(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value cs = r.get(0, "case_sensitive", Value::boolean(false));
+    Value by = r.get(1, "by", Value::string("key"));
+    Value reverse = r.get(2, "reverse", Value::boolean(false));
+    EXL3_RETURN_IF_ERROR(c.done(3));
+    if (v.kind != Kind::kDict) return type_error("dictsort needs a mapping, not " + type_name(v));
+    std::string b = py_str(by);
+    if (b != "key" && b != "value")
+        return invalid_argument("FilterArgumentError: You can only sort by either 'key' or 'value'");
+    std::vector<std::pair<Value, Value>> keyed;
+    for (const auto& [k, x] : v.dict->items)
+        keyed.emplace_back(sort_key(b == "key" ? k : x, truthy(cs)), Value::make_tuple({k, x}));
+    EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
+    List out;
+    for (auto& kv : keyed) out.push_back(std::move(kv.second));
+    return Value::make_list(std::move(out));
+}
+
+Result<Value> filter_reverse(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (v.kind == Kind::kString) {
+        std::u32string cps = utf8_decode(v.s);
+        std::reverse(cps.begin(), cps.end());
+        return Value::string(utf8_encode(cps), v.safe);
+    }
+    if (v.kind == Kind::kGenerator) return type_error("'generator' object is not reversible");
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    std::reverse(items.begin(), items.end());
+    return Value::make_generator(std::move(items));  // Python gives a reverse iterator
+}
+
+Result<Value> filter_int(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value dflt = r.get(0, "default", Value::integer(0));
+    Value base = r.get(1, "base", Value::integer(10));
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    if (v.kind == Kind::kInt || v.kind == Kind::kBool) return Value::integer(v.as_int());
+    if (v.kind == Kind::kFloat) {
+        if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18)
+            return invalid_argument("OverflowError: cannot convert float to a 64-bit integer");
+        return Value::integer(int64_t(v.f));
+    }
+    if (v.kind == Kind::kString) {
+        int64_t i = 0;
+        if (is_int(base) && base.as_int() != 10) {
+            std::string t = py_strip(v.s, nullptr, true, true);
+            char* end = nullptr;
+            errno = 0;
+            long long x = std::strtoll(t.c_str(), &end, int(std::clamp<int64_t>(base.as_int(), 0, 36)));
+            if (!t.empty() && end && *end == '\0' && errno == 0) return Value::integer(x);
+            return dflt;
+        }
+        if (parse_py_int(v.s, i)) return Value::integer(i);
+        double f = 0;
+        if (parse_py_float(v.s, f)) {
+            if (!std::isfinite(f) || std::fabs(f) >= 9.2e18)
+                return invalid_argument("OverflowError: cannot convert float to a 64-bit integer");
+            return Value::integer(int64_t(f));
+        }
+    }
+    return dflt;
+}
+
+Result<Value> filter_float(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value dflt = r.get(0, "default", Value::number(0.0));
+    EXL3_RETURN_IF_ERROR(c.done(1));
+    if (v.is_number()) return Value::number(v.as_double());
+    double f = 0;
+    if (v.kind == Kind::kString && parse_py_float(v.s, f)) return Value::number(f);
+    return dflt;
+}
+
+Result<Value> filter_abs(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    if (v.kind == Kind::kFloat) return Value::number(std::fabs(v.f));
+    if (is_int(v)) {
+        if (v.as_int() == INT64_MIN) return out_of_range("integer overflow in abs");
+        return Value::integer(std::abs(v.as_int()));
+    }
+    return type_error("bad operand type for abs(): '" + type_name(v) + "'");
+}
+
+Result<Value> filter_round(FilterCall& c) {
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value precision = r.get(0, "precision", Value::integer(0));
+    Value method = r.get(1, "method", Value::string("common"));
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    if (!v.is_number() || !is_int(precision)) return type_error("round needs a number and an integer precision");
+    std::string m = py_str(method);
+    double x = v.as_double();
+    int64_t p = precision.as_int();
+    if (m == "common") {
+        if (is_int(v)) return Value::integer(p >= 0 ? v.as_int() : int64_t(py_round(x, p)));  // round(int) is int
+        return Value::number(py_round(x, p));
+    }
+    if (m != "ceil" && m != "floor")
+        return invalid_argument("FilterArgumentError: method must be common, ceil or floor");
+    double scale = std::pow(10.0, double(std::clamp<int64_t>(p, -300, 300)));
+    double y = m == "ceil" ? std::ceil(x * scale) : std::floor(x * scale);
+    return Value::number(y / scale);
+}
+
+Result<Value> filter_batch(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    const Value* count = r.find(0, "linecount");
+    Value fill = r.get(1, "fill_with", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    if (!count || !is_int(*count) || count->as_int() <= 0) return type_error("batch needs a positive linecount");
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    size_t n = size_t(count->as_int());
+    List out, cur;
+    for (auto& item : items) {
+        cur.push_back(std::move(item));
+        if (cur.size() == n) {
+            out.push_back(Value::make_list(std::move(cur)));
+            cur.clear();
+        }
+    }
+    if (!cur.empty()) {
+        if (!fill.is_none())
+            while (cur.size() < n) cur.push_back(fill);
+        out.push_back(Value::make_list(std::move(cur)));
+    }
+    return Value::make_generator(std::move(out));
+}
+
+Result<Value> filter_sum(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value attribute = r.get(0, "attribute", Value::none());
+    Value start = r.get(1, "start", Value::integer(0));
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    Value acc = start;
+    for (auto& item : items) {
+        Value x = item;
+        if (!attribute.is_none()) {
+            EXL3_ASSIGN_OR_RETURN(x, in.get_attr_path(item, py_str(attribute)));
+        }
+        EXL3_ASSIGN_OR_RETURN(acc, in.binary("+", acc, x));
+    }
+    return acc;
+}
+
+Result<Value> filter_min_max(FilterCall& c) {
+    Interp& in = c.in;
+    const std::string& name = c.name;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value cs = r.get(0, "case_sensitive", Value::boolean(false));
+    Value attribute = r.get(1, "attribute", Value::none());
+    EXL3_RETURN_IF_ERROR(c.done(2));
+    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
+    size_t best = 0;
+    Value best_key;
+    for (size_t k = 0; k < items.size(); ++k) {
+        Value key = items[k];
+        if (!attribute.is_none()) {
+            EXL3_ASSIGN_OR_RETURN(key, in.get_attr_path(items[k], py_str(attribute)));
+        }
+        key = sort_key(key, truthy(cs));
+        if (k == 0) {
+            best_key = key;
+            continue;
+        }
+        EXL3_ASSIGN_OR_RETURN(bool better, name == "min" ? py_less(key, best_key) : py_less(best_key, key));
+        if (better) {
+            best = k;
+            best_key = key;
+        }
+    }
+    return items[best];
+}
+
+Result<Value> filter_center(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    Value width = r.get(0, "width", Value::integer(80));
+    EXL3_RETURN_IF_ERROR(c.done(1));
+    if (!is_int(width)) return type_error("center width must be an integer");
+    EXL3_RETURN_IF_ERROR(in.check_size(size_t(std::clamp<int64_t>(width.as_int(), 0, INT32_MAX))));
+    return Value::string(py_center(py_str(v), width.as_int(), " "));
+}
+
+Result<Value> filter_wordcount(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    int64_t n = 0;
+    bool in_word = false;
+    for (char32_t c : utf8_decode(py_str(v))) {
+        bool w = is_alpha(c) || is_digit32(c) || c == '_';
+        if (w && !in_word) ++n;
+        in_word = w;
+    }
+    return Value::integer(n);
+}
+
+Result<Value> filter_attr(FilterCall& c) {
+    Interp& in = c.in;
+    const Value& v = c.v;
+    ArgReader& r = c.r;
+    const Value* a = r.find(0, "name");
+    EXL3_RETURN_IF_ERROR(c.done(1));
+    if (!a) return type_error("attr needs a name");
+    std::string n = py_str(*a);
+    if (v.kind == Kind::kNamespace || in.is_method(v, n) || v.kind == Kind::kUndefined) return in.get_attr(v, n);
+    return Value::undefined("'" + type_name(v) + " object' has no attribute '" + n + "'");
+}
+
+Result<Value> filter_pprint(FilterCall& c) {
+    const Value& v = c.v;
+    EXL3_RETURN_IF_ERROR(c.done(0));
+    return Value::string(py_repr(v));
+}
+
+Result<Value> filter_format(FilterCall& c) {
+    const Value& v = c.v;
+    CallArgs& args = c.args;
+    if (!args.kw.empty() && !args.pos.empty())
+        return invalid_argument("FilterArgumentError: can't handle positional and keyword arguments at the same time");
+    if (!args.kw.empty()) return unsupported("the format filter with keyword arguments is not supported");
+    EXL3_ASSIGN_OR_RETURN(std::string out, py_percent(py_str(v), args.pos));
+    return Value::string(std::move(out));
+}
+
+Result<Value> filter_unsupported(FilterCall& c) {
+    const std::string& name = c.name;
+    return unsupported("filter '" + name + "' is not supported in chat templates");
+}
+
+// Every filter by name: jinja2 3.1's builtins that chat templates use (striptags and truncate exist and refuse).
+const std::unordered_map<std::string_view, FilterFn>& filter_table() {
+    static const std::unordered_map<std::string_view, FilterFn> table = {
+        {"tojson", filter_tojson},
+        {"length", filter_length},
+        {"count", filter_length},
+        {"trim", filter_trim},
+        {"items", filter_items},
+        {"string", filter_string},
+        {"lower", filter_case},
+        {"upper", filter_case},
+        {"capitalize", filter_case},
+        {"title", filter_case},
+        {"safe", filter_safe},
+        {"escape", filter_escape},
+        {"e", filter_escape},
+        {"forceescape", filter_escape},
+        {"default", filter_default},
+        {"d", filter_default},
+        {"list", filter_list},
+        {"join", filter_join},
+        {"first", filter_first_last},
+        {"last", filter_first_last},
+        {"selectattr", filter_select},
+        {"rejectattr", filter_select},
+        {"select", filter_select},
+        {"reject", filter_select},
+        {"map", filter_map},
+        {"indent", filter_indent},
+        {"replace", filter_replace},
+        {"unique", filter_unique},
+        {"sort", filter_sort},
+        {"dictsort", filter_dictsort},
+        {"reverse", filter_reverse},
+        {"int", filter_int},
+        {"float", filter_float},
+        {"abs", filter_abs},
+        {"round", filter_round},
+        {"batch", filter_batch},
+        {"sum", filter_sum},
+        {"min", filter_min_max},
+        {"max", filter_min_max},
+        {"center", filter_center},
+        {"wordcount", filter_wordcount},
+        {"attr", filter_attr},
+        {"pprint", filter_pprint},
+        {"format", filter_format},
+        {"striptags", filter_unsupported},
+        {"truncate", filter_unsupported},
+    };
+    return table;
+}
+
 }  // namespace
 
 bool filter_exists(const std::string& name) {
-    return in_list(kFilters, name);
+    return filter_table().count(name) > 0;
 }
 bool test_exists(const std::string& name) {
     return in_list(kTests, name);
@@ -675,6 +1320,10 @@ Result<Value> Interp::call_method(const Value& base, const std::string& name, Ca
         return Value::integer(n);
     }
     if (base.kind != Kind::kString) return type_error("'" + type_name(base) + "' object has no method '" + name + "'");
+    return call_str_method(base, name, args, r);
+}
+
+Result<Value> Interp::call_str_method(const Value& base, const std::string& name, CallArgs& args, ArgReader& r) {
     const std::string& s = base.s;
     bool safe = base.safe;
     auto str_arg = [&](size_t idx, const char* pname, const Value* v) -> Result<const std::string*> {
@@ -804,6 +1453,13 @@ Result<Value> Interp::call_method(const Value& base, const std::string& name, Ca
         if (name == "islower") return Value::boolean(has_cased && all([](char32_t c) { return !is_cased_upper(c); }));
         if (name == "istitle") return Value::boolean(has_cased && py_title(s) == s);
     }
+    return call_str_pad_or_cut(base, name, r);
+}
+
+// str's center, ljust, rjust, zfill, removeprefix, removesuffix, partition and rpartition.
+Result<Value> Interp::call_str_pad_or_cut(const Value& base, const std::string& name, ArgReader& r) {
+    const std::string& s = base.s;
+    bool safe = base.safe;
     if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill") {
         const Value* w = r.find(0, "width");
         Value fill = r.get(1, "fillchar", Value::string(" "));
@@ -948,487 +1604,11 @@ Result<bool> Interp::apply_test(const std::string& name, const Value& v, CallArg
 }
 
 Result<Value> Interp::apply_filter(const std::string& name, const Value& v, CallArgs& args) {
-    ArgReader r(args, "filter '" + name + "'");
-    auto done = [&](size_t n) { return r.finish(n); };
-
-    if (name == "tojson") {
-        // transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
-        Value ensure_ascii = r.get(0, "ensure_ascii", Value::boolean(false));
-        Value indent = r.get(1, "indent", Value::none());
-        Value separators = r.get(2, "separators", Value::none());
-        Value sort_keys = r.get(3, "sort_keys", Value::boolean(false));
-        EXL3_RETURN_IF_ERROR(done(4));
-        JsonDumpOptions o;
-        o.ensure_ascii = truthy(ensure_ascii);
-        o.sort_keys = truthy(sort_keys);
-        if (is_int(indent)) {
-            o.has_indent = true;
-            o.indent = std::string(size_t(std::clamp<int64_t>(indent.as_int(), 0, 1000)), ' ');
-        } else if (indent.kind == Kind::kString) {
-            o.has_indent = true;
-            o.indent = indent.s;
-        } else if (!indent.is_none()) {
-            return type_error("tojson indent must be an int, a str or None, not " + type_name(indent));
-        }
-        if (o.has_indent) o.item_sep = ",";
-        if (!separators.is_none()) {
-            if (!separators.is_sequence() || separators.list->size() != 2 ||
-                (*separators.list)[0].kind != Kind::kString || (*separators.list)[1].kind != Kind::kString)
-                return type_error("tojson separators must be a pair of strings");
-            o.item_sep = (*separators.list)[0].s;
-            o.key_sep = (*separators.list)[1].s;
-        }
-        auto out = py_json_dumps(v, o);
-        if (!out.is_ok()) return type_error(out.status().message());
-        EXL3_RETURN_IF_ERROR(check_size(out->size()));
-        return Value::string(std::move(out).value());
-    }
-    if (name == "length" || name == "count") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        switch (v.kind) {
-            case Kind::kUndefined:
-                return Value::integer(0);
-            case Kind::kString:
-                return Value::integer(int64_t(utf8_length(v.s)));
-            case Kind::kList:
-            case Kind::kTuple:
-                return Value::integer(int64_t(v.list->size()));
-            case Kind::kDict:
-                return Value::integer(int64_t(v.dict->items.size()));
-            default:
-                return type_error("object of type '" + type_name(v) + "' has no len()");
-        }
-    }
-    if (name == "trim") {
-        Value chars = r.get(0, "chars", Value::none());
-        EXL3_RETURN_IF_ERROR(done(1));
-        if (!chars.is_none() && chars.kind != Kind::kString) return type_error("trim chars must be a string");
-        return Value::string(py_strip(py_str(v), chars.is_none() ? nullptr : &chars.s, true, true),
-                             v.kind == Kind::kString && v.safe);
-    }
-    if (name == "items") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (v.kind == Kind::kUndefined) return Value::make_generator({});
-        if (v.kind != Kind::kDict) return type_error("Can only get item pairs from a mapping.");
-        List out;
-        for (const auto& [k, x] : v.dict->items) out.push_back(Value::make_tuple({k, x}));
-        return Value::make_generator(std::move(out));
-    }
-    if (name == "string") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (v.kind == Kind::kString) return v;
-        return Value::string(py_str(v));
-    }
-    if (name == "lower" || name == "upper" || name == "capitalize" || name == "title") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        std::string s = py_str(v);
-        bool safe = v.kind == Kind::kString && v.safe;
-        if (name == "lower") return Value::string(lower(s), safe);
-        if (name == "upper") return Value::string(upper(s), safe);
-        if (name == "capitalize") return Value::string(py_capitalize(s), safe);
-        return Value::string(jinja_title(s), safe);
-    }
-    if (name == "safe") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        return Value::string(py_str(v), true);
-    }
-    if (name == "escape" || name == "e" || name == "forceescape") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (v.kind == Kind::kString && v.safe && name != "forceescape") return v;
-        return Value::string(html_escape(py_str(v)), true);
-    }
-    if (name == "default" || name == "d") {
-        Value dflt = r.get(0, "default_value", Value::string(""));
-        Value boolean = r.get(1, "boolean", Value::boolean(false));
-        EXL3_RETURN_IF_ERROR(done(2));
-        if (v.kind == Kind::kUndefined || (truthy(boolean) && !truthy(v))) return dflt;
-        return v;
-    }
-    if (name == "list") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        return Value::make_list(std::move(items));
-    }
-    if (name == "join") {
-        Value sep = r.get(0, "d", Value::string(""));
-        Value attribute = r.get(1, "attribute", Value::none());
-        EXL3_RETURN_IF_ERROR(done(2));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        std::string d = py_str(sep), out;
-        for (size_t k = 0; k < items.size(); ++k) {
-            if (k) out += d;
-            if (!attribute.is_none()) {
-                EXL3_ASSIGN_OR_RETURN(Value x, get_attr_path(items[k], py_str(attribute)));
-                out += py_str(x);
-            } else {
-                out += py_str(items[k]);
-            }
-            EXL3_RETURN_IF_ERROR(check_size(out.size()));
-        }
-        return Value::string(std::move(out));
-    }
-    if (name == "first" || name == "last") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (name == "first" && v.kind == Kind::kGenerator) {
-            if (v.gen->pos >= v.gen->items.size()) return Value::undefined("No first item, sequence was empty.");
-            return v.gen->items[v.gen->pos++];
-        }
-        if (v.kind == Kind::kGenerator) return type_error("'generator' object is not reversible");
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        if (items.empty())
-            return Value::undefined(name == "first" ? "No first item, sequence was empty."
-                                                    : "No last item, sequence was empty.");
-        return name == "first" ? items.front() : items.back();
-    }
-    if (name == "selectattr" || name == "rejectattr" || name == "select" || name == "reject") {
-        // jinja2 yields nothing for a falsy value (None included) without looking at the arguments.
-        if (!truthy(v)) return Value::make_generator({});
-        bool by_attr = name == "selectattr" || name == "rejectattr";
-        bool keep_if = name == "selectattr" || name == "select";
-        if (!args.kw.empty()) return type_error("filter '" + name + "' takes positional arguments only");
-        size_t k = 0;
-        std::string attr;
-        if (by_attr) {
-            if (args.pos.empty()) return type_error("filter '" + name + "' needs an attribute name");
-            attr = py_str(args.pos[k++]);
-        }
-        std::string test;
-        if (k < args.pos.size()) test = py_str(args.pos[k++]);
-        if (!test.empty() && !has_test(test))
-            return invalid_argument("TemplateRuntimeError: No test named '" + test + "'");
-        CallArgs test_args;
-        test_args.pos.assign(args.pos.begin() + std::ptrdiff_t(k), args.pos.end());
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        List out;
-        for (auto& item : items) {
-            EXL3_RETURN_IF_ERROR(step());
-            Value subject = item;
-            if (by_attr) {
-                EXL3_ASSIGN_OR_RETURN(subject, get_attr_path(item, attr));
-            }
-            bool pass = false;
-            if (test.empty()) {
-                pass = truthy(subject);
-            } else {
-                CallArgs ta = test_args;
-                EXL3_ASSIGN_OR_RETURN(pass, apply_test(test, subject, ta));
-            }
-            if (pass == keep_if) out.push_back(std::move(item));
-        }
-        return Value::make_generator(std::move(out));
-    }
-    if (name == "map") {
-        if (!truthy(v)) return Value::make_generator({});
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        List out;
-        if (args.pos.empty()) {
-            Value attribute = r.get(99, "attribute", Value::none());
-            Value dflt = r.get(99, "default", Value::undefined());
-            EXL3_RETURN_IF_ERROR(done(0));
-            if (attribute.is_none()) return type_error("map needs a filter name or attribute=");
-            for (auto& item : items) {
-                EXL3_RETURN_IF_ERROR(step());
-                EXL3_ASSIGN_OR_RETURN(Value x, get_attr_path(item, py_str(attribute)));
-                out.push_back(x.is_undefined() && !dflt.is_undefined() ? dflt : x);
-            }
-        } else {
-            std::string filter = py_str(args.pos[0]);
-            if (!has_filter(filter)) return invalid_argument("TemplateRuntimeError: No filter named '" + filter + "'");
-            for (auto& item : items) {
-                EXL3_RETURN_IF_ERROR(step());
-                CallArgs fa;
-                fa.pos.assign(args.pos.begin() + 1, args.pos.end());
-                fa.kw = args.kw;
-                EXL3_ASSIGN_OR_RETURN(Value x, apply_filter(filter, item, fa));
-                out.push_back(std::move(x));
-            }
-        }
-        return Value::make_generator(std::move(out));
-    }
-    if (name == "indent") {
-        Value width = r.get(0, "width", Value::integer(4));
-        Value first = r.get(1, "first", Value::boolean(false));
-        Value blank = r.get(2, "blank", Value::boolean(false));
-        EXL3_RETURN_IF_ERROR(done(3));
-        std::string ind;
-        if (width.kind == Kind::kString) {
-            ind = width.s;
-        } else if (is_int(width)) {
-            ind = std::string(size_t(std::clamp<int64_t>(width.as_int(), 0, 1000)), ' ');
-        } else {
-            return type_error("indent width must be an int or a string");
-        }
-        std::vector<std::string> lines = py_splitlines(py_str(v) + "\n", false);
-        std::string out;
-        if (truthy(blank)) {
-            for (size_t k = 0; k < lines.size(); ++k) {
-                if (k) out += "\n" + ind;
-                out += lines[k];
-            }
-        } else {
-            out = lines.empty() ? "" : lines[0];
-            for (size_t k = 1; k < lines.size(); ++k) {
-                out += "\n";
-                if (!lines[k].empty()) out += ind;
-                out += lines[k];
-                EXL3_RETURN_IF_ERROR(check_size(out.size()));
-            }
-        }
-        if (truthy(first)) out = ind + out;
-        EXL3_RETURN_IF_ERROR(check_size(out.size()));
-        return Value::string(std::move(out));
-    }
-    if (name == "replace") {
-        const Value* o = r.find(0, "old");
-        const Value* n = r.find(1, "new");
-        Value count = r.get(2, "count", Value::none());
-        EXL3_RETURN_IF_ERROR(done(3));
-        if (!o || !n) return type_error("replace needs old and new");
-        if (!count.is_none() && !is_int(count)) return type_error("replace count must be an integer");
-        std::string out = py_replace(py_str(v), py_str(*o), py_str(*n), count.is_none() ? -1 : count.as_int());
-        EXL3_RETURN_IF_ERROR(check_size(out.size()));
-        return Value::string(std::move(out));
-    }
-    if (name == "unique") {
-        Value cs = r.get(0, "case_sensitive", Value::boolean(false));
-        Value attribute = r.get(1, "attribute", Value::none());
-        EXL3_RETURN_IF_ERROR(done(2));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        List out, seen;
-        for (auto& item : items) {
-            EXL3_RETURN_IF_ERROR(step());
-            Value key = item;
-            if (!attribute.is_none()) {
-                EXL3_ASSIGN_OR_RETURN(key, get_attr_path(item, py_str(attribute)));
-            }
-            key = sort_key(key, truthy(cs));
-            if (key.kind == Kind::kList || key.kind == Kind::kDict)
-                return type_error("unhashable type: '" + type_name(key) + "'");
-            bool dup = false;
-            for (const auto& s : seen) dup = dup || py_equal(s, key);
-            if (dup) continue;
-            seen.push_back(key);
-            out.push_back(std::move(item));
-        }
-        return Value::make_generator(std::move(out));
-    }
-    if (name == "sort") {
-        Value reverse = r.get(0, "reverse", Value::boolean(false));
-        Value cs = r.get(1, "case_sensitive", Value::boolean(false));
-        Value attribute = r.get(2, "attribute", Value::none());
-        EXL3_RETURN_IF_ERROR(done(3));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        std::vector<std::pair<Value, Value>> keyed;
-        for (auto& item : items) {
-            Value key = item;
-            if (!attribute.is_none()) {
-                EXL3_ASSIGN_OR_RETURN(key, get_attr_path(item, py_str(attribute)));
-            }
-            keyed.emplace_back(sort_key(key, truthy(cs)), std::move(item));
-        }
-        EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
-        List out;
-        for (auto& kv : keyed) out.push_back(std::move(kv.second));
-        return Value::make_list(std::move(out));
-    }
-    if (name == "dictsort") {
-        Value cs = r.get(0, "case_sensitive", Value::boolean(false));
-        Value by = r.get(1, "by", Value::string("key"));
-        Value reverse = r.get(2, "reverse", Value::boolean(false));
-        EXL3_RETURN_IF_ERROR(done(3));
-        if (v.kind != Kind::kDict) return type_error("dictsort needs a mapping, not " + type_name(v));
-        std::string b = py_str(by);
-        if (b != "key" && b != "value")
-            return invalid_argument("FilterArgumentError: You can only sort by either 'key' or 'value'");
-        std::vector<std::pair<Value, Value>> keyed;
-        for (const auto& [k, x] : v.dict->items)
-            keyed.emplace_back(sort_key(b == "key" ? k : x, truthy(cs)), Value::make_tuple({k, x}));
-        EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
-        List out;
-        for (auto& kv : keyed) out.push_back(std::move(kv.second));
-        return Value::make_list(std::move(out));
-    }
-    if (name == "reverse") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (v.kind == Kind::kString) {
-            std::u32string cps = utf8_decode(v.s);
-            std::reverse(cps.begin(), cps.end());
-            return Value::string(utf8_encode(cps), v.safe);
-        }
-        if (v.kind == Kind::kGenerator) return type_error("'generator' object is not reversible");
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        std::reverse(items.begin(), items.end());
-        return Value::make_generator(std::move(items));  // Python gives a reverse iterator
-    }
-    if (name == "int") {
-        Value dflt = r.get(0, "default", Value::integer(0));
-        Value base = r.get(1, "base", Value::integer(10));
-        EXL3_RETURN_IF_ERROR(done(2));
-        if (v.kind == Kind::kInt || v.kind == Kind::kBool) return Value::integer(v.as_int());
-        if (v.kind == Kind::kFloat) {
-            if (!std::isfinite(v.f) || std::fabs(v.f) >= 9.2e18)
-                return invalid_argument("OverflowError: cannot convert float to a 64-bit integer");
-            return Value::integer(int64_t(v.f));
-        }
-        if (v.kind == Kind::kString) {
-            int64_t i = 0;
-            if (is_int(base) && base.as_int() != 10) {
-                std::string t = py_strip(v.s, nullptr, true, true);
-                char* end = nullptr;
-                errno = 0;
-                long long x = std::strtoll(t.c_str(), &end, int(std::clamp<int64_t>(base.as_int(), 0, 36)));
-                if (!t.empty() && end && *end == '\0' && errno == 0) return Value::integer(x);
-                return dflt;
-            }
-            if (parse_py_int(v.s, i)) return Value::integer(i);
-            double f = 0;
-            if (parse_py_float(v.s, f)) {
-                if (!std::isfinite(f) || std::fabs(f) >= 9.2e18)
-                    return invalid_argument("OverflowError: cannot convert float to a 64-bit integer");
-                return Value::integer(int64_t(f));
-            }
-        }
-        return dflt;
-    }
-    if (name == "float") {
-        Value dflt = r.get(0, "default", Value::number(0.0));
-        EXL3_RETURN_IF_ERROR(done(1));
-        if (v.is_number()) return Value::number(v.as_double());
-        double f = 0;
-        if (v.kind == Kind::kString && parse_py_float(v.s, f)) return Value::number(f);
-        return dflt;
-    }
-    if (name == "abs") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        if (v.kind == Kind::kFloat) return Value::number(std::fabs(v.f));
-        if (is_int(v)) {
-            if (v.as_int() == INT64_MIN) return out_of_range("integer overflow in abs");
-            return Value::integer(std::abs(v.as_int()));
-        }
-        return type_error("bad operand type for abs(): '" + type_name(v) + "'");
-    }
-    if (name == "round") {
-        Value precision = r.get(0, "precision", Value::integer(0));
-        Value method = r.get(1, "method", Value::string("common"));
-        EXL3_RETURN_IF_ERROR(done(2));
-        if (!v.is_number() || !is_int(precision)) return type_error("round needs a number and an integer precision");
-        std::string m = py_str(method);
-        double x = v.as_double();
-        int64_t p = precision.as_int();
-        if (m == "common") {
-            if (is_int(v)) return Value::integer(p >= 0 ? v.as_int() : int64_t(py_round(x, p)));  // round(int) is int
-            return Value::number(py_round(x, p));
-        }
-        if (m != "ceil" && m != "floor")
-            return invalid_argument("FilterArgumentError: method must be common, ceil or floor");
-        double scale = std::pow(10.0, double(std::clamp<int64_t>(p, -300, 300)));
-        double y = m == "ceil" ? std::ceil(x * scale) : std::floor(x * scale);
-        return Value::number(y / scale);
-    }
-    if (name == "batch") {
-        const Value* count = r.find(0, "linecount");
-        Value fill = r.get(1, "fill_with", Value::none());
-        EXL3_RETURN_IF_ERROR(done(2));
-        if (!count || !is_int(*count) || count->as_int() <= 0) return type_error("batch needs a positive linecount");
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        size_t n = size_t(count->as_int());
-        List out, cur;
-        for (auto& item : items) {
-            cur.push_back(std::move(item));
-            if (cur.size() == n) {
-                out.push_back(Value::make_list(std::move(cur)));
-                cur.clear();
-            }
-        }
-        if (!cur.empty()) {
-            if (!fill.is_none())
-                while (cur.size() < n) cur.push_back(fill);
-            out.push_back(Value::make_list(std::move(cur)));
-        }
-        return Value::make_generator(std::move(out));
-    }
-    if (name == "sum") {
-        Value attribute = r.get(0, "attribute", Value::none());
-        Value start = r.get(1, "start", Value::integer(0));
-        EXL3_RETURN_IF_ERROR(done(2));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        Value acc = start;
-        for (auto& item : items) {
-            Value x = item;
-            if (!attribute.is_none()) {
-                EXL3_ASSIGN_OR_RETURN(x, get_attr_path(item, py_str(attribute)));
-            }
-            EXL3_ASSIGN_OR_RETURN(acc, binary("+", acc, x));
-        }
-        return acc;
-    }
-    if (name == "min" || name == "max") {
-        Value cs = r.get(0, "case_sensitive", Value::boolean(false));
-        Value attribute = r.get(1, "attribute", Value::none());
-        EXL3_RETURN_IF_ERROR(done(2));
-        EXL3_ASSIGN_OR_RETURN(List items, iterate(v));
-        if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
-        size_t best = 0;
-        Value best_key;
-        for (size_t k = 0; k < items.size(); ++k) {
-            Value key = items[k];
-            if (!attribute.is_none()) {
-                EXL3_ASSIGN_OR_RETURN(key, get_attr_path(items[k], py_str(attribute)));
-            }
-            key = sort_key(key, truthy(cs));
-            if (k == 0) {
-                best_key = key;
-                continue;
-            }
-            EXL3_ASSIGN_OR_RETURN(bool better, name == "min" ? py_less(key, best_key) : py_less(best_key, key));
-            if (better) {
-                best = k;
-                best_key = key;
-            }
-        }
-        return items[best];
-    }
-    if (name == "center") {
-        Value width = r.get(0, "width", Value::integer(80));
-        EXL3_RETURN_IF_ERROR(done(1));
-        if (!is_int(width)) return type_error("center width must be an integer");
-        EXL3_RETURN_IF_ERROR(check_size(size_t(std::clamp<int64_t>(width.as_int(), 0, INT32_MAX))));
-        return Value::string(py_center(py_str(v), width.as_int(), " "));
-    }
-    if (name == "wordcount") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        int64_t n = 0;
-        bool in_word = false;
-        for (char32_t c : utf8_decode(py_str(v))) {
-            bool w = is_alpha(c) || is_digit32(c) || c == '_';
-            if (w && !in_word) ++n;
-            in_word = w;
-        }
-        return Value::integer(n);
-    }
-    if (name == "attr") {
-        const Value* a = r.find(0, "name");
-        EXL3_RETURN_IF_ERROR(done(1));
-        if (!a) return type_error("attr needs a name");
-        std::string n = py_str(*a);
-        if (v.kind == Kind::kNamespace || is_method(v, n) || v.kind == Kind::kUndefined) return get_attr(v, n);
-        return Value::undefined("'" + type_name(v) + " object' has no attribute '" + n + "'");
-    }
-    if (name == "pprint") {
-        EXL3_RETURN_IF_ERROR(done(0));
-        return Value::string(py_repr(v));
-    }
-    if (name == "format") {
-        if (!args.kw.empty() && !args.pos.empty())
-            return invalid_argument(
-                "FilterArgumentError: can't handle positional and keyword arguments at the same time");
-        if (!args.kw.empty()) return unsupported("the format filter with keyword arguments is not supported");
-        EXL3_ASSIGN_OR_RETURN(std::string out, py_percent(py_str(v), args.pos));
-        return Value::string(std::move(out));
-    }
-    if (name == "striptags" || name == "truncate")
-        return unsupported("filter '" + name + "' is not supported in chat templates");
-    return invalid_argument("TemplateAssertionError: No filter named '" + name + "'");
+    const auto& table = filter_table();
+    auto it = table.find(name);
+    if (it == table.end()) return invalid_argument("TemplateAssertionError: No filter named '" + name + "'");
+    FilterCall c{*this, name, v, args, ArgReader(args, "filter '" + name + "'")};
+    return it->second(c);
 }
 
 }  // namespace exl3::chat

@@ -102,9 +102,15 @@ public:
 
     const RenderLimits& limits() const { return limits_; }
     Status check_size(size_t n) const;
+    // Python's binary operators (interpreter.cpp); the sum filter adds with it.
+    Result<Value> binary(const std::string& op, const Value& a, const Value& b);
 
 private:
+    Result<Value> call_str_method(const Value& base, const std::string& name, CallArgs& args, ArgReader& r);
+    Result<Value> call_str_pad_or_cut(const Value& base, const std::string& name, ArgReader& r);
     Result<Value> eval_inner(const Expr& e);
+    Result<Value> eval_slice(const Expr& e);
+    Status eval_filter_args(const Expr& e, CallArgs* args);
     Status exec_inner(const Stmt& s);
     Status exec_for(const Stmt& s);
     Status exec_set(const Stmt& s);
@@ -112,7 +118,6 @@ private:
     Result<Value> apply_filter_chain(const std::vector<ExprPtr>& filters, Value v);
     Result<Value> eval_call(const Expr& e, const Value* caller);
     Result<Value> call_macro(const Stmt& macro, CallArgs& args);
-    Result<Value> binary(const std::string& op, const Value& a, const Value& b);
     Result<bool> compare(const std::string& op, const Value& a, const Value& b);
     Status assign_targets(Scope& scope, const Stmt& s, const Value& v);
     Status located(Status st, Loc loc);

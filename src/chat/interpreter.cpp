@@ -582,6 +582,49 @@ Seq slice_seq(const Seq& s, int64_t b, int64_t e, int64_t st) {
 
 }  // namespace
 
+// base[start:stop:step] of a list, tuple or str (by code point), as Python slices.
+Result<Value> Interp::eval_slice(const Expr& e) {
+    EXL3_ASSIGN_OR_RETURN(Value base, eval(*e.args[0]));
+    Value parts[3];
+    for (int k = 0; k < 3; ++k) {
+        if (e.args[size_t(k) + 1]) {
+            EXL3_ASSIGN_OR_RETURN(parts[k], eval(*e.args[size_t(k) + 1]));
+        } else {
+            parts[k] = Value::none();
+        }
+    }
+    int64_t b = 0, en = 0, st = 1;
+    if (base.kind == Kind::kList || base.kind == Kind::kTuple) {
+        EXL3_RETURN_IF_ERROR(slice_indices(parts[0], parts[1], parts[2], int64_t(base.list->size()), b, en, st));
+        List out = slice_seq(*base.list, b, en, st);
+        return base.kind == Kind::kList ? Value::make_list(std::move(out)) : Value::make_tuple(std::move(out));
+    }
+    if (base.kind == Kind::kString) {
+        if (is_ascii(base.s)) {
+            EXL3_RETURN_IF_ERROR(slice_indices(parts[0], parts[1], parts[2], int64_t(base.s.size()), b, en, st));
+            return Value::string(slice_seq(base.s, b, en, st), base.safe);
+        }
+        std::u32string cps = utf8_decode(base.s);
+        EXL3_RETURN_IF_ERROR(slice_indices(parts[0], parts[1], parts[2], int64_t(cps.size()), b, en, st));
+        return Value::string(utf8_encode(slice_seq(cps, b, en, st)), base.safe);
+    }
+    if (base.kind == Kind::kUndefined) return undefined_error(base, "an undefined value cannot be sliced");
+    return Value::undefined("'" + type_name(base) + "' object is not subscriptable");
+}
+
+// The arguments after a filter's or test's subject (e.args[1..]) and its keyword arguments, evaluated in order.
+Status Interp::eval_filter_args(const Expr& e, CallArgs* args) {
+    for (size_t k = 1; k < e.args.size(); ++k) {
+        EXL3_ASSIGN_OR_RETURN(Value a, eval(*e.args[k]));
+        args->pos.push_back(std::move(a));
+    }
+    for (const auto& [name, x] : e.kwargs) {
+        EXL3_ASSIGN_OR_RETURN(Value a, eval(*x));
+        args->kw.emplace_back(name, std::move(a));
+    }
+    return Status::ok();
+}
+
 Result<Value> Interp::eval_inner(const Expr& e) {
     switch (e.kind) {
         case ExprKind::kLiteral:
@@ -618,63 +661,21 @@ Result<Value> Interp::eval_inner(const Expr& e) {
             EXL3_ASSIGN_OR_RETURN(Value key, eval(*e.args[1]));
             return get_item(base, key);
         }
-        case ExprKind::kSlice: {
-            EXL3_ASSIGN_OR_RETURN(Value base, eval(*e.args[0]));
-            Value parts[3];
-            for (int k = 0; k < 3; ++k) {
-                if (e.args[size_t(k) + 1]) {
-                    EXL3_ASSIGN_OR_RETURN(parts[k], eval(*e.args[size_t(k) + 1]));
-                } else {
-                    parts[k] = Value::none();
-                }
-            }
-            int64_t b = 0, en = 0, st = 1;
-            if (base.kind == Kind::kList || base.kind == Kind::kTuple) {
-                EXL3_RETURN_IF_ERROR(
-                    slice_indices(parts[0], parts[1], parts[2], int64_t(base.list->size()), b, en, st));
-                List out = slice_seq(*base.list, b, en, st);
-                return base.kind == Kind::kList ? Value::make_list(std::move(out)) : Value::make_tuple(std::move(out));
-            }
-            if (base.kind == Kind::kString) {
-                if (is_ascii(base.s)) {
-                    EXL3_RETURN_IF_ERROR(
-                        slice_indices(parts[0], parts[1], parts[2], int64_t(base.s.size()), b, en, st));
-                    return Value::string(slice_seq(base.s, b, en, st), base.safe);
-                }
-                std::u32string cps = utf8_decode(base.s);
-                EXL3_RETURN_IF_ERROR(slice_indices(parts[0], parts[1], parts[2], int64_t(cps.size()), b, en, st));
-                return Value::string(utf8_encode(slice_seq(cps, b, en, st)), base.safe);
-            }
-            if (base.kind == Kind::kUndefined) return undefined_error(base, "an undefined value cannot be sliced");
-            return Value::undefined("'" + type_name(base) + "' object is not subscriptable");
-        }
+        case ExprKind::kSlice:
+            return eval_slice(e);
         case ExprKind::kCall:
             return eval_call(e, nullptr);
         case ExprKind::kFilter: {
             EXL3_ASSIGN_OR_RETURN(Value base, eval(*e.args[0]));
             CallArgs args;
-            for (size_t k = 1; k < e.args.size(); ++k) {
-                EXL3_ASSIGN_OR_RETURN(Value a, eval(*e.args[k]));
-                args.pos.push_back(std::move(a));
-            }
-            for (const auto& [name, x] : e.kwargs) {
-                EXL3_ASSIGN_OR_RETURN(Value a, eval(*x));
-                args.kw.emplace_back(name, std::move(a));
-            }
+            EXL3_RETURN_IF_ERROR(eval_filter_args(e, &args));
             EXL3_RETURN_IF_ERROR(step());
             return apply_filter(e.name, base, args);
         }
         case ExprKind::kTest: {
             EXL3_ASSIGN_OR_RETURN(Value base, eval(*e.args[0]));
             CallArgs args;
-            for (size_t k = 1; k < e.args.size(); ++k) {
-                EXL3_ASSIGN_OR_RETURN(Value a, eval(*e.args[k]));
-                args.pos.push_back(std::move(a));
-            }
-            for (const auto& [name, x] : e.kwargs) {
-                EXL3_ASSIGN_OR_RETURN(Value a, eval(*x));
-                args.kw.emplace_back(name, std::move(a));
-            }
+            EXL3_RETURN_IF_ERROR(eval_filter_args(e, &args));
             EXL3_ASSIGN_OR_RETURN(bool r, apply_test(e.name, base, args));
             return Value::boolean(r != e.negated);
         }

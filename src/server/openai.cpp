@@ -217,12 +217,7 @@ std::optional<ApiError> parse_messages(const ojson& b, ParsedRequest* out) {
 std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
     out->tools = nullptr;
     if (auto it = b.find("tools"); it != b.end() && !it->is_null()) {
-        if (!it->is_array()) return bad_request("'tools' must be a list", "tools", "invalid_type");
-        for (const auto& t : *it)
-            if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
-                !t["function"].contains("name") || !t["function"]["name"].is_string())
-                return bad_request("every tool needs a 'function' object with a string 'name'", "tools",
-                                   "invalid_type");
+        if (std::string e = chat::tools_error(*it); !e.empty()) return bad_request(e, "tools", "invalid_type");
         if (!it->empty()) out->tools = *it;
     }
     if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
@@ -251,10 +246,7 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
                 if (t["function"]["name"] != out->tool_function) continue;
                 found = true;
                 // Its arguments under the parameters' schema where that compiles (none: an empty object).
-                const auto& fn = t["function"];
-                const std::string schema = fn.contains("parameters") && fn["parameters"].is_object()
-                                               ? fn["parameters"].dump()
-                                               : std::string(R"({"type": "object", "additionalProperties": false})");
+                const std::string schema = chat::tool_arguments_schema(t);
                 if (JsonSchema::compile(schema).is_ok()) {
                     out->constrained_call = true;
                     out->gen.json_schema = schema;
@@ -445,8 +437,8 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
 #undef EXL3_TRY
 }
 
-bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out) {
-    return parse_tool_calls(ToolFormat::kHermes, text, out);
+bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out) {
+    return chat::parse_tool_calls(chat::ToolFormat::kHermes, text, out);
 }
 
 int json_depth(const ojson& j) {
@@ -470,14 +462,6 @@ const char* openai_finish_reason(FinishReason r) {
         case FinishReason::kCancelled: return "abort";
         default: return "stop";
     }
-}
-
-std::string random_id(size_t hex_chars) {
-    thread_local std::mt19937_64 rng(std::random_device{}());
-    static constexpr char kHex[] = "0123456789abcdef";
-    std::string s(hex_chars, '0');
-    for (auto& c : s) c = kHex[rng() & 15];
-    return s;
 }
 
 }  // namespace exl3::server

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "chat/tool_calls.h"
 #include "exl3/generator.h"
-#include "server/tool_calls.h"
 
 namespace exl3::server {
 
@@ -54,8 +54,8 @@ struct ParsedRequest {
 // tools reach the template with their keys in the client's order (as Python's dicts keep them for transformers).
 std::optional<ApiError> parse_request(const nlohmann::ordered_json& body, bool chat, ParsedRequest* out);
 
-// Hermes / Qwen tool calls: parse_tool_calls(ToolFormat::kHermes, ...) (see tool_calls.h for every format).
-bool parse_hermes_tool_calls(const std::string& text, ParsedToolCalls* out);
+// Hermes / Qwen tool calls: chat::parse_tool_calls(ToolFormat::kHermes, ...) (chat/tool_calls.h has every format).
+bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out);
 
 // Nesting depth of a JSON value (a scalar is 0), walked without recursion.
 int json_depth(const nlohmann::ordered_json& j);
@@ -63,7 +63,7 @@ int json_depth(const nlohmann::ordered_json& j);
 // OpenAI's finish_reason for a Generator FinishReason ("stop", "length"; "" for kNone).
 const char* openai_finish_reason(FinishReason r);
 
-// A random identifier suffix (hex): ids must be unique across restarts, not secret.
-std::string random_id(size_t hex_chars = 24);
+// Reply ids share the tool calls' random suffixes (unique across restarts, not secret).
+using chat::random_id;
 
 }  // namespace exl3::server

@@ -81,8 +81,8 @@ struct Choice {
     int cached = 0;  // prompt tokens its job took from the prefix cache
     int drafted = 0, accepted = 0;  // speculative decoding's proposals for its job, and those kept
     bool role_sent = false;
-    std::optional<ToolCallParser> parser;       // chat with tools: splits the reply into content and tool calls
-    std::vector<ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
+    std::optional<chat::ToolCallParser> parser;      // chat with tools: splits the reply into content and tool calls
+    std::vector<chat::ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
 };
 
 // A non-streaming request whose reply takes a while (see generate()).
@@ -97,6 +97,33 @@ struct Whole {
 constexpr auto kWholeReplyGrace = std::chrono::milliseconds(1000);
 constexpr auto kWholeReplyPing = std::chrono::milliseconds(500);
 
+// A streaming request's state, shared by the calls of its content provider.
+struct StreamState {
+    std::shared_ptr<Stream> stream;
+    std::vector<Choice> choices;
+    int finished = 0;
+    bool done = false;
+    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
+};
+
+// One server-sent event; false when the write failed (the client went away).
+bool send_event(StreamState& st, httplib::DataSink& sink, const json& j) {
+    const std::string line = "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+    st.last_write = std::chrono::steady_clock::now();
+    return sink.write(line.data(), line.size());
+}
+
+// What every part of one reply needs: the request as parsed and the ids it is answered under.
+struct ReplyInfo {
+    ParsedRequest p;
+    bool chat = false;
+    std::string id;
+    int64_t created = 0;
+    std::string echo;     // completions with echo: the prompt as the client gave it
+    std::string closing;  // appended to a named call's arguments once they close (constrained_call)
+    int prompt_len = 0;
+};
+
 }  // namespace
 
 struct Server::Impl {
@@ -104,7 +131,7 @@ struct Server::Impl {
     std::shared_ptr<const Tokenizer> tok;
     ServerOptions o;
     std::optional<ChatTemplate> tmpl;
-    ToolFormat tool_format = ToolFormat::kHermes;
+    chat::ToolFormat tool_format = chat::ToolFormat::kHermes;
     bool tool_markers_special = false;  // the format's markers are special tokens of this tokenizer
     std::unique_ptr<Generator> gen;
     std::unique_ptr<JobQueue> queue;
@@ -118,10 +145,25 @@ struct Server::Impl {
         : model(m), tok(std::move(t)), o(opts) {}
 
     void setup_routes();
+    void setup_transport();
+    void tokenize(const httplib::Request& req, httplib::Response& res) const;
+    void detokenize(const httplib::Request& req, httplib::Response& res) const;
+    std::string metrics_text() const;
     std::optional<ApiError> parse_body(const httplib::Request& req, ojson* body) const;
     std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
                                     std::string* opening) const;
+    // POST /v1/chat/completions and /v1/completions: validate, submit, then answer whole or streamed.
     void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+    void reply_whole(httplib::Response& res, std::shared_ptr<const ReplyInfo> info, std::shared_ptr<Stream> stream,
+                     std::vector<Choice> choices, const std::string& opening);
+    bool collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wait) const;
+    std::optional<ApiError> whole_json(const ReplyInfo& r, Whole& w, json* out);
+    void reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyInfo> info, std::shared_ptr<Stream> stream,
+                        std::vector<Choice> choices, const std::string& opening);
+    bool send_update(const ReplyInfo& r, StreamState& st, int index, const JobUpdate& u, httplib::DataSink& sink);
+    bool send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& sink);
+    std::vector<json> chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const;
+    json chunk_base(const ReplyInfo& r) const;
     void add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk_logprobs) const;
     json choice_json(const ParsedRequest& p, bool chat, int index, Choice& c, const std::string& echo) const;
 };
@@ -159,7 +201,8 @@ std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat,
                                "template_error");
         opening->clear();
         if (!p.tools.is_null() && (p.tool_choice == "required" || p.tool_choice == "function")) {
-            *opening = tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
+            *opening =
+                chat::tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
             *text += *opening;
         }
         auto ids = tok->encode(*text, /*add_special_tokens=*/false);
@@ -224,7 +267,7 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
         json msg = {{"role", "assistant"}, {"content", c.text}};
         if (c.parser) {
             // The same parser as the streaming path, fed the whole reply: the same content and calls.
-            std::vector<ToolCallParser::Piece> pieces;
+            std::vector<chat::ToolCallParser::Piece> pieces;
             c.parser->feed(c.text, &pieces);
             c.parser->finish(&pieces);
             std::string content;
@@ -233,7 +276,7 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
                 if (piece.tool_call.is_null())
                     content += piece.content;
                 else
-                    merge_tool_call_delta(piece.tool_call, &calls);
+                    chat::merge_tool_call_delta(piece.tool_call, &calls);
             }
             if (c.parser->calls() > 0) {
                 msg["content"] = content.empty() ? json(nullptr) : json(content);
@@ -258,7 +301,8 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
 void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     ojson body;
     if (auto e = parse_body(req, &body)) return send_error(res, *e);
-    ParsedRequest p;
+    auto info = std::make_shared<ReplyInfo>();
+    ParsedRequest& p = info->p;
     if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
     std::vector<int32_t> prompt;
     std::string opening;
@@ -271,7 +315,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     // calls them special tokens (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
     const bool tools_on = chat && !p.tools.is_null();
     if (tools_on && tool_markers_special && !p.has_skip_special_tokens) p.gen.skip_special_tokens = false;
-    const int prompt_len = static_cast<int>(prompt.size());
+    info->prompt_len = static_cast<int>(prompt.size());
     std::vector<GenerationRequest> jobs(p.n, p.gen);
     for (int i = 0; i < p.n; ++i) {
         jobs[i].prompt_ids = prompt;
@@ -286,139 +330,256 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         }
         return send_error(res, bad_request(submitted.status().message()));
     }
-    metrics.prompt_tokens += static_cast<uint64_t>(prompt_len);
-    std::shared_ptr<Stream> stream = std::move(*submitted);
-    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
-    const int64_t created = std::time(nullptr);
-    const std::string object = chat ? "chat.completion" : "text_completion";
+    metrics.prompt_tokens += static_cast<uint64_t>(info->prompt_len);
+    info->chat = chat;
+    info->id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
+    info->created = std::time(nullptr);
     // echo: the prompt as the client gave it (a string as it is; ids decoded), not the BOS the server added.
-    const std::string echo =
-        !chat && p.echo ? (p.prompt_ids.empty() ? p.prompt : tok->decode(p.prompt_ids)) : std::string();
+    if (!chat && p.echo) info->echo = p.prompt_ids.empty() ? p.prompt : tok->decode(p.prompt_ids);
     std::vector<Choice> choices(p.n);
     if (tools_on)
         for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
     // A named call's arguments generated under their schema end the job when they close (kStop): the server closes
     // the call after them.
-    const std::string closing = p.constrained_call ? tool_call_closing(tool_format) : std::string();
+    if (p.constrained_call) info->closing = chat::tool_call_closing(tool_format);
+    if (p.stream)
+        reply_streamed(res, std::move(info), std::move(*submitted), std::move(choices), opening);
+    else
+        reply_whole(res, std::move(info), std::move(*submitted), std::move(choices), opening);
+}
 
-    if (!p.stream) {
-        // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
-        for (auto& c : choices) c.text = opening;
-        auto state = std::make_shared<Whole>();
-        state->stream = std::move(stream);
-        state->choices = std::move(choices);
-        auto collect = [this, chat, lp = p.logprobs, closing](Whole& w, std::chrono::milliseconds wait) {
-            std::vector<Stream::Item> items;
-            const bool more = w.stream->next(wait, &items);
-            for (auto& [index, u] : items) {
-                Choice& c = w.choices[index];
-                c.text += u.text;
-                if (u.finish == FinishReason::kStop) c.text += closing;
-                json unused;
-                if (lp) add_logprobs(u, chat, &c, &unused);
-                c.generated = u.generated_tokens;
-                c.cached = std::max(c.cached, u.cached_tokens);
-                c.drafted = std::max(c.drafted, u.draft_tokens);
-                c.accepted = std::max(c.accepted, u.accepted_tokens);
-                if (u.finish != FinishReason::kNone) {
-                    c.finish = u.finish;
-                    c.error = u.error;
-                }
-            }
-            return more;
-        };
-        // The reply as JSON, or the error that replaces it.
-        auto reply = [this, p, chat, id, created, object, echo, prompt_len](Whole& w, json* out) -> std::optional<ApiError> {
-            json out_choices = json::array();
-            int completion_tokens = 0;
-            for (int i = 0; i < p.n; ++i) {
-                if (w.choices[i].finish == FinishReason::kError)
-                    return api_error(500, "generation failed: " + w.choices[i].error.message(), "server_error",
-                                     "generation_failed");
-                completion_tokens += w.choices[i].generated;
-                out_choices.push_back(choice_json(p, chat, i, w.choices[i], echo));
-                metrics.draft_tokens += static_cast<uint64_t>(w.choices[i].drafted);
-                metrics.accepted_tokens += static_cast<uint64_t>(w.choices[i].accepted);
-            }
-            metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
-            metrics.cached_prompt_tokens += static_cast<uint64_t>(w.choices[0].cached);
-            *out = {{"id", id},
-                    {"object", object},
-                    {"created", created},
-                    {"model", o.model_name},
-                    {"choices", out_choices},
-                    {"usage",
-                     {{"prompt_tokens", prompt_len},
-                      {"completion_tokens", completion_tokens},
-                      {"total_tokens", prompt_len + completion_tokens},
-                      {"prompt_tokens_details", {{"cached_tokens", w.choices[0].cached}}}}}};
-            return std::nullopt;
-        };
-        // Short replies are answered from this thread with their real status.
-        const auto grace = std::chrono::steady_clock::now() + kWholeReplyGrace;
-        bool more = true;
-        while (more && std::chrono::steady_clock::now() < grace) more = collect(*state, std::chrono::milliseconds(100));
-        if (!more) {
-            json out;
-            if (auto e = reply(*state, &out)) return send_error(res, *e);
-            res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-            return;
+bool Server::Impl::collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wait) const {
+    std::vector<Stream::Item> items;
+    const bool more = w.stream->next(wait, &items);
+    for (auto& [index, u] : items) {
+        Choice& c = w.choices[index];
+        c.text += u.text;
+        if (u.finish == FinishReason::kStop) c.text += r.closing;
+        json unused;
+        if (r.p.logprobs) add_logprobs(u, r.chat, &c, &unused);
+        c.generated = u.generated_tokens;
+        c.cached = std::max(c.cached, u.cached_tokens);
+        c.drafted = std::max(c.drafted, u.draft_tokens);
+        c.accepted = std::max(c.accepted, u.accepted_tokens);
+        if (u.finish != FinishReason::kNone) {
+            c.finish = u.finish;
+            c.error = u.error;
         }
-        // A longer one: the body goes out chunked, a space (JSON ignores leading whitespace) every half second while
-        // the jobs run, so that a client that has gone away is noticed when a write fails and its jobs are cancelled
-        // (httplib tells a handler nothing else about the connection). Status 200 is sent with the first space: an
-        // error after that is the body's OpenAI error object.
-        res.set_chunked_content_provider(
-            "application/json",
-            [state, collect, reply](size_t, httplib::DataSink& sink) {
-                if (state->done) return false;
-                if (!collect(*state, std::chrono::milliseconds(100))) {
-                    json out;
-                    if (auto e = reply(*state, &out)) out = error_body(*e);
-                    const std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
-                    state->done = true;
-                    if (!sink.write(text.data(), text.size())) return false;
-                    sink.done();
-                    return true;
-                }
-                if (std::chrono::steady_clock::now() - state->last_write >= kWholeReplyPing) {
-                    state->last_write = std::chrono::steady_clock::now();
-                    if (!sink.write(" ", 1)) return false;
-                }
-                return true;
-            },
-            [this, state](bool) {
-                if (!state->done) {
-                    ++metrics.cancelled;
-                    state->stream->cancel();
-                }
-            });
+    }
+    return more;
+}
+
+std::optional<ApiError> Server::Impl::whole_json(const ReplyInfo& r, Whole& w, json* out) {
+    json out_choices = json::array();
+    int completion_tokens = 0;
+    for (int i = 0; i < r.p.n; ++i) {
+        if (w.choices[i].finish == FinishReason::kError)
+            return api_error(500, "generation failed: " + w.choices[i].error.message(), "server_error",
+                             "generation_failed");
+        completion_tokens += w.choices[i].generated;
+        out_choices.push_back(choice_json(r.p, r.chat, i, w.choices[i], r.echo));
+        metrics.draft_tokens += static_cast<uint64_t>(w.choices[i].drafted);
+        metrics.accepted_tokens += static_cast<uint64_t>(w.choices[i].accepted);
+    }
+    metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+    metrics.cached_prompt_tokens += static_cast<uint64_t>(w.choices[0].cached);
+    *out = {{"id", r.id},
+            {"object", r.chat ? "chat.completion" : "text_completion"},
+            {"created", r.created},
+            {"model", o.model_name},
+            {"choices", out_choices},
+            {"usage",
+             {{"prompt_tokens", r.prompt_len},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", r.prompt_len + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", w.choices[0].cached}}}}}};
+    return std::nullopt;
+}
+
+void Server::Impl::reply_whole(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
+                               std::shared_ptr<Stream> stream, std::vector<Choice> choices,
+                               const std::string& opening) {
+    // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
+    for (auto& c : choices) c.text = opening;
+    auto state = std::make_shared<Whole>();
+    state->stream = std::move(stream);
+    state->choices = std::move(choices);
+    // Short replies are answered from this thread with their real status.
+    const auto grace = std::chrono::steady_clock::now() + kWholeReplyGrace;
+    bool more = true;
+    while (more && std::chrono::steady_clock::now() < grace)
+        more = collect(*info, *state, std::chrono::milliseconds(100));
+    if (!more) {
+        json out;
+        if (auto e = whole_json(*info, *state, &out)) return send_error(res, *e);
+        res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
         return;
     }
+    // A longer one: the body goes out chunked, a space (JSON ignores leading whitespace) every half second while
+    // the jobs run, so that a client that has gone away is noticed when a write fails and its jobs are cancelled
+    // (httplib tells a handler nothing else about the connection). Status 200 is sent with the first space: an
+    // error after that is the body's OpenAI error object.
+    res.set_chunked_content_provider(
+        "application/json",
+        [this, state, info](size_t, httplib::DataSink& sink) {
+            if (state->done) return false;
+            if (!collect(*info, *state, std::chrono::milliseconds(100))) {
+                json out;
+                if (auto e = whole_json(*info, *state, &out)) out = error_body(*e);
+                const std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
+                state->done = true;
+                if (!sink.write(text.data(), text.size())) return false;
+                sink.done();
+                return true;
+            }
+            if (std::chrono::steady_clock::now() - state->last_write >= kWholeReplyPing) {
+                state->last_write = std::chrono::steady_clock::now();
+                if (!sink.write(" ", 1)) return false;
+            }
+            return true;
+        },
+        [this, state](bool) {
+            if (!state->done) {
+                ++metrics.cancelled;
+                state->stream->cancel();
+            }
+        });
+}
 
-    // Streaming: server-sent events, one chunk per update with text, then finish reasons, usage and [DONE]. The
-    // provider runs on this connection's thread; a failed write (the client went away) ends it and the stream's
-    // destructor cancels the jobs.
-    struct StreamState {
-        std::shared_ptr<Stream> stream;
-        std::vector<Choice> choices;
-        int finished = 0;
-        bool done = false;
-        std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
-    };
+json Server::Impl::chunk_base(const ReplyInfo& r) const {
+    json j = {{"id", r.id},
+              {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", r.created},
+              {"model", o.model_name}};
+    if (r.p.include_usage) j["usage"] = nullptr;
+    return j;
+}
+
+// The deltas of one update of a chat choice: content, or (with tools) content and tool-call deltas in order; the
+// first carries the role.
+std::vector<json> Server::Impl::chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const {
+    std::vector<json> deltas;
+    if (c.parser) {
+        std::vector<chat::ToolCallParser::Piece> pieces = std::move(c.early);
+        c.early.clear();
+        c.parser->feed(u.text, &pieces);
+        if (u.finish == FinishReason::kStop) c.parser->feed(r.closing, &pieces);
+        if (u.finish != FinishReason::kNone) c.parser->finish(&pieces);
+        for (auto& piece : pieces) {
+            if (!piece.tool_call.is_null())
+                deltas.push_back({{"tool_calls", json::array({std::move(piece.tool_call)})}});
+            else if (!deltas.empty() && deltas.back().contains("content"))
+                deltas.back()["content"] = deltas.back()["content"].get<std::string>() + piece.content;
+            else if (!piece.content.empty())
+                deltas.push_back({{"content", std::move(piece.content)}});
+        }
+    } else if (!u.text.empty()) {
+        deltas.push_back({{"content", u.text}});
+    }
+    if (!c.role_sent) {
+        c.role_sent = true;
+        if (!deltas.empty() && deltas.front().contains("content"))
+            deltas.front()["role"] = "assistant";
+        else
+            deltas.insert(deltas.begin(), json{{"role", "assistant"}, {"content", ""}});
+    }
+    if (deltas.empty() && r.p.logprobs) deltas.push_back(json::object());
+    return deltas;
+}
+
+// The events of one update: its text (or deltas), then, when the job ended, its error and finish reason. False when
+// a write failed (the client went away).
+bool Server::Impl::send_update(const ReplyInfo& r, StreamState& st, int index, const JobUpdate& u,
+                               httplib::DataSink& sink) {
+    Choice& c = st.choices[index];
+    json lp = nullptr;
+    if (r.p.logprobs) add_logprobs(u, r.chat, &c, &lp);
+    c.generated = u.generated_tokens;
+    c.cached = std::max(c.cached, u.cached_tokens);
+    c.drafted = std::max(c.drafted, u.draft_tokens);
+    c.accepted = std::max(c.accepted, u.accepted_tokens);
+    if (r.chat) {
+        std::vector<json> deltas = chat_deltas(r, c, u);
+        for (size_t k = 0; k < deltas.size(); ++k) {
+            json choice = {
+                {"index", index}, {"delta", std::move(deltas[k])}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+            if (k == 0 && r.p.logprobs && lp.is_array()) choice["logprobs"] = {{"content", lp}};
+            json j = chunk_base(r);
+            j["choices"] = json::array({std::move(choice)});
+            if (!send_event(st, sink, j)) return false;
+        }
+    } else {
+        std::string t = u.text;
+        if (!c.role_sent) {
+            t = r.echo + t;  // echo rides on the first chunk
+            c.role_sent = true;
+        }
+        if (!t.empty() || r.p.logprobs) {
+            json j = chunk_base(r);
+            j["choices"] =
+                json::array({json{{"index", index}, {"text", t}, {"logprobs", lp}, {"finish_reason", nullptr}}});
+            if (!send_event(st, sink, j)) return false;
+        }
+    }
+    if (u.finish == FinishReason::kNone) return true;
+    c.finish = u.finish;
+    ++st.finished;
+    if (u.finish == FinishReason::kError) {
+        json j =
+            error_body(api_error(500, "generation failed: " + u.error.message(), "server_error", "generation_failed"));
+        if (!send_event(st, sink, j)) return false;
+    }
+    json fin = {{"index", index}, {"logprobs", nullptr}, {"finish_reason", openai_finish_reason(u.finish)}};
+    if (r.chat) {
+        fin["delta"] = json::object();
+        if (c.parser && c.parser->calls() > 0 && u.finish != FinishReason::kLength) fin["finish_reason"] = "tool_calls";
+    } else {
+        fin["text"] = "";
+    }
+    json j = chunk_base(r);
+    j["choices"] = json::array({fin});
+    return send_event(st, sink, j);
+}
+
+// Every job has ended: the counters, the usage chunk (when asked) and [DONE].
+bool Server::Impl::send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& sink) {
+    int completion_tokens = 0;
+    for (const auto& c : st.choices) {
+        completion_tokens += c.generated;
+        metrics.draft_tokens += static_cast<uint64_t>(c.drafted);
+        metrics.accepted_tokens += static_cast<uint64_t>(c.accepted);
+    }
+    metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
+    metrics.cached_prompt_tokens += static_cast<uint64_t>(st.choices[0].cached);
+    if (r.p.include_usage) {
+        json j = chunk_base(r);
+        j["choices"] = json::array();
+        j["usage"] = {{"prompt_tokens", r.prompt_len},
+                      {"completion_tokens", completion_tokens},
+                      {"total_tokens", r.prompt_len + completion_tokens},
+                      {"prompt_tokens_details", {{"cached_tokens", st.choices[0].cached}}}};
+        if (!send_event(st, sink, j)) return false;
+    }
+    static constexpr std::string_view kDone = "data: [DONE]\n\n";
+    if (!sink.write(kDone.data(), kDone.size())) return false;
+    st.done = true;
+    sink.done();
+    return true;
+}
+
+// Streaming: server-sent events, one chunk per update with text, then finish reasons, usage and [DONE]. The provider
+// runs on this connection's thread; a failed write (the client went away) ends it and the stream's destructor cancels
+// the jobs.
+void Server::Impl::reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
+                                  std::shared_ptr<Stream> stream, std::vector<Choice> choices,
+                                  const std::string& opening) {
     auto st = std::make_shared<StreamState>();
     st->stream = std::move(stream);
     st->choices = std::move(choices);
     ++metrics.streaming;
-    auto chunk_base = [=, this] {
-        json j = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                  {"model", o.model_name}};
-        if (p.include_usage) j["usage"] = nullptr;
-        return j;
-    };
     // The opening the server wrote goes to the parser first: it holds it as the start of a call.
     for (auto& c : st->choices) {
-        std::vector<ToolCallParser::Piece> unused;
+        std::vector<chat::ToolCallParser::Piece> unused;
         if (c.parser) c.parser->feed(opening, &unused);
         if (!unused.empty()) c.early = std::move(unused);
     }
@@ -426,118 +587,13 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     res.set_header("X-Accel-Buffering", "no");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [this, st, p, chat, echo, prompt_len, chunk_base, closing](size_t, httplib::DataSink& sink) {
-            auto send = [&](const json& j) {
-                const std::string line =
-                    "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-                st->last_write = std::chrono::steady_clock::now();
-                return sink.write(line.data(), line.size());
-            };
+        [this, st, info](size_t, httplib::DataSink& sink) {
             if (st->done) return false;
             std::vector<Stream::Item> items;
             const bool more = st->stream->next(std::chrono::milliseconds(250), &items);
-            for (auto& [index, u] : items) {
-                Choice& c = st->choices[index];
-                json lp = nullptr;
-                if (p.logprobs) add_logprobs(u, chat, &c, &lp);
-                c.generated = u.generated_tokens;
-                c.cached = std::max(c.cached, u.cached_tokens);
-                c.drafted = std::max(c.drafted, u.draft_tokens);
-                c.accepted = std::max(c.accepted, u.accepted_tokens);
-                if (chat) {
-                    // Deltas of this update: content, or (with tools) content and tool-call deltas in order.
-                    std::vector<json> deltas;
-                    if (c.parser) {
-                        std::vector<ToolCallParser::Piece> pieces = std::move(c.early);
-                        c.early.clear();
-                        c.parser->feed(u.text, &pieces);
-                        if (u.finish == FinishReason::kStop) c.parser->feed(closing, &pieces);
-                        if (u.finish != FinishReason::kNone) c.parser->finish(&pieces);
-                        for (auto& piece : pieces) {
-                            if (!piece.tool_call.is_null())
-                                deltas.push_back({{"tool_calls", json::array({std::move(piece.tool_call)})}});
-                            else if (!deltas.empty() && deltas.back().contains("content"))
-                                deltas.back()["content"] = deltas.back()["content"].get<std::string>() + piece.content;
-                            else if (!piece.content.empty())
-                                deltas.push_back({{"content", std::move(piece.content)}});
-                        }
-                    } else if (!u.text.empty()) {
-                        deltas.push_back({{"content", u.text}});
-                    }
-                    if (!c.role_sent) {
-                        c.role_sent = true;
-                        if (!deltas.empty() && deltas.front().contains("content"))
-                            deltas.front()["role"] = "assistant";
-                        else
-                            deltas.insert(deltas.begin(), json{{"role", "assistant"}, {"content", ""}});
-                    }
-                    if (deltas.empty() && p.logprobs) deltas.push_back(json::object());
-                    for (size_t k = 0; k < deltas.size(); ++k) {
-                        json choice = {{"index", index}, {"delta", std::move(deltas[k])}, {"logprobs", nullptr},
-                                       {"finish_reason", nullptr}};
-                        if (k == 0 && p.logprobs && lp.is_array()) choice["logprobs"] = {{"content", lp}};
-                        json j = chunk_base();
-                        j["choices"] = json::array({std::move(choice)});
-                        if (!send(j)) return false;
-                    }
-                } else {
-                    std::string t = u.text;
-                    if (!c.role_sent) {
-                        t = echo + t;  // echo rides on the first chunk
-                        c.role_sent = true;
-                    }
-                    if (!t.empty() || p.logprobs) {
-                        json j = chunk_base();
-                        j["choices"] = json::array(
-                            {json{{"index", index}, {"text", t}, {"logprobs", lp}, {"finish_reason", nullptr}}});
-                        if (!send(j)) return false;
-                    }
-                }
-                if (u.finish == FinishReason::kNone) continue;
-                c.finish = u.finish;
-                ++st->finished;
-                if (u.finish == FinishReason::kError) {
-                    json j = error_body(api_error(500, "generation failed: " + u.error.message(), "server_error",
-                                                  "generation_failed"));
-                    if (!send(j)) return false;
-                }
-                json fin = {{"index", index}, {"logprobs", nullptr},
-                            {"finish_reason", openai_finish_reason(u.finish)}};
-                if (chat) {
-                    fin["delta"] = json::object();
-                    if (c.parser && c.parser->calls() > 0 && u.finish != FinishReason::kLength)
-                        fin["finish_reason"] = "tool_calls";
-                } else {
-                    fin["text"] = "";
-                }
-                json j = chunk_base();
-                j["choices"] = json::array({fin});
-                if (!send(j)) return false;
-            }
-            if (!more) {
-                int completion_tokens = 0;
-                for (const auto& c : st->choices) {
-                    completion_tokens += c.generated;
-                    metrics.draft_tokens += static_cast<uint64_t>(c.drafted);
-                    metrics.accepted_tokens += static_cast<uint64_t>(c.accepted);
-                }
-                metrics.completion_tokens += static_cast<uint64_t>(completion_tokens);
-                metrics.cached_prompt_tokens += static_cast<uint64_t>(st->choices[0].cached);
-                if (p.include_usage) {
-                    json j = chunk_base();
-                    j["choices"] = json::array();
-                    j["usage"] = {{"prompt_tokens", prompt_len},
-                                  {"completion_tokens", completion_tokens},
-                                  {"total_tokens", prompt_len + completion_tokens},
-                                  {"prompt_tokens_details", {{"cached_tokens", st->choices[0].cached}}}};
-                    if (!send(j)) return false;
-                }
-                static constexpr std::string_view kDone = "data: [DONE]\n\n";
-                if (!sink.write(kDone.data(), kDone.size())) return false;
-                st->done = true;
-                sink.done();
-                return true;
-            }
+            for (auto& [index, u] : items)
+                if (!send_update(*info, *st, index, u, sink)) return false;
+            if (!more) return send_end(*info, *st, sink);
             // A comment line now and then keeps proxies from timing out, and finds out early when a client has gone
             // (a write to a closed connection fails) during a long prefill.
             if (std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(2)) {
@@ -547,7 +603,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
             }
             return true;
         },
-        [this, st](bool success) {
+        [this, st](bool) {
             --metrics.streaming;
             if (!st->done) {
                 ++metrics.cancelled;
@@ -556,7 +612,8 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
         });
 }
 
-void Server::Impl::setup_routes() {
+// Threads, limits, CORS, auth, counters and the OpenAI error bodies of whatever httplib answers itself.
+void Server::Impl::setup_transport() {
     const size_t threads = o.http_threads > 0 ? static_cast<size_t>(o.http_threads)
                                               : static_cast<size_t>(o.max_queue) + 16;
     http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
@@ -612,7 +669,10 @@ void Server::Impl::setup_routes() {
         log_warn("serve: a handler threw: {}", what);
         send_error(res, api_error(500, "internal error: " + what, "server_error", "internal_error"));
     });
+}
 
+void Server::Impl::setup_routes() {
+    setup_transport();
     http.Post("/v1/chat/completions",
               [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
     http.Post("/v1/completions",
@@ -634,100 +694,111 @@ void Server::Impl::setup_routes() {
         const QueueStats q = queue->stats();
         res.set_content(json{{"status", "ok"}, {"jobs", q.jobs}}.dump(), "application/json");
     });
-    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        ojson body;
-        if (auto e = parse_body(req, &body)) return send_error(res, *e);
-        std::vector<int32_t> ids;
-        if (body.contains("messages")) {
-            ParsedRequest p;
-            if (auto e = parse_request(body, true, &p)) return send_error(res, *e);
-            if (!tmpl) return send_error(res, bad_request("this model has no chat template", "messages"));
-            ojson ctx = {{"messages", p.messages}, {"tools", p.tools}, {"documents", nullptr},
-                         {"add_generation_prompt", true}, {"bos_token", tok->bos_token()},
-                         {"eos_token", tok->eos_token()}};
-            auto text = tmpl->render(ctx);
-            if (!text.is_ok()) return send_error(res, bad_request(text.status().message(), "messages"));
-            auto r = tok->encode(*text, false);
-            if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), "messages"));
-            ids = std::move(*r);
-        } else {
-            std::string text;
-            const char* key = body.contains("prompt") ? "prompt" : "content";
-            auto it = body.find(key);
-            if (it == body.end() || !it->is_string())
-                return send_error(res, bad_request("give 'prompt' (a string) or 'messages'", "prompt",
-                                                   "invalid_type"));
-            bool add_special = true;
-            if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
-                if (!a->is_boolean())
-                    return send_error(res, bad_request("'add_special_tokens' must be a boolean",
-                                                       "add_special_tokens", "invalid_type"));
-                add_special = a->get<bool>();
-            }
-            auto r = tok->encode(it->get<std::string>(), add_special);
-            if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), key));
-            ids = std::move(*r);
-        }
-        res.set_content(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", context}}.dump(),
-                        "application/json");
-    });
-    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-        ojson body;
-        if (auto e = parse_body(req, &body)) return send_error(res, *e);
-        auto it = body.find("tokens");
-        if (it == body.end() || !it->is_array())
-            return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
-        std::vector<int32_t> ids;
-        for (const auto& t : *it) {
-            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-                return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
-            // An id past the vocabulary would decode to nothing, silently.
-            if (t.get<int64_t>() >= vocab)
-                return send_error(
-                    res, bad_request(fmt::format("token id {} is outside the vocabulary ({})", t.get<int64_t>(), vocab),
-                                     "tokens", "invalid_value"));
-            ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-        }
-        res.set_content(json{{"prompt", tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
-                        "application/json");
-    });
+    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
+    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-        const QueueStats q = queue->stats();
-        std::string out;
-        out += "# HELP exl3_requests_total HTTP requests received, by route.\n# TYPE exl3_requests_total counter\n";
-        for (int r = 0; r < kRouteCount; ++r)
-            out += fmt::format("exl3_requests_total{{route=\"{}\"}} {}\n", kRouteNames[r], metrics.requests[r].load());
-        out += "# HELP exl3_responses_total HTTP responses sent, by status class.\n"
-               "# TYPE exl3_responses_total counter\n";
-        for (int c = 1; c <= 5; ++c)
-            out += fmt::format("exl3_responses_total{{class=\"{}xx\"}} {}\n", c, metrics.responses_by_class[c].load());
-        out += fmt::format("# TYPE exl3_prompt_tokens_total counter\nexl3_prompt_tokens_total {}\n",
-                           metrics.prompt_tokens.load());
-        out += fmt::format("# TYPE exl3_generation_tokens_total counter\nexl3_generation_tokens_total {}\n",
-                           metrics.completion_tokens.load());
-        out += fmt::format("# HELP exl3_prompt_tokens_cached_total Prompt tokens taken from the prefix cache.\n"
-                           "# TYPE exl3_prompt_tokens_cached_total counter\nexl3_prompt_tokens_cached_total {}\n",
-                           metrics.cached_prompt_tokens.load());
-        out += fmt::format(
-            "# HELP exl3_spec_draft_tokens_total Speculative decoding: tokens proposed.\n"
-            "# TYPE exl3_spec_draft_tokens_total counter\nexl3_spec_draft_tokens_total {}\n",
-            metrics.draft_tokens.load());
-        out += fmt::format(
-            "# HELP exl3_spec_accepted_tokens_total Speculative decoding: proposals kept.\n"
-            "# TYPE exl3_spec_accepted_tokens_total counter\nexl3_spec_accepted_tokens_total {}\n",
-            metrics.accepted_tokens.load());
-        out += fmt::format("# TYPE exl3_rejected_queue_full_total counter\nexl3_rejected_queue_full_total {}\n",
-                           metrics.rejected_queue_full.load());
-        out += fmt::format("# TYPE exl3_cancelled_total counter\nexl3_cancelled_total {}\n", metrics.cancelled.load());
-        out += fmt::format("# HELP exl3_queue_depth Jobs queued or running.\n# TYPE exl3_queue_depth gauge\n"
-                           "exl3_queue_depth {}\n",
-                           q.jobs);
-        out += fmt::format("# TYPE exl3_requests_in_flight gauge\nexl3_requests_in_flight {}\n", q.streams);
-        out += fmt::format("# TYPE exl3_streaming_responses gauge\nexl3_streaming_responses {}\n",
-                           metrics.streaming.load());
-        out += fmt::format("# TYPE exl3_generator_steps_total counter\nexl3_generator_steps_total {}\n", q.steps);
-        res.set_content(out, "text/plain; version=0.0.4");
+        res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
+}
+
+void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res) const {
+    ojson body;
+    if (auto e = parse_body(req, &body)) return send_error(res, *e);
+    std::vector<int32_t> ids;
+    if (body.contains("messages")) {
+        ParsedRequest p;
+        if (auto e = parse_request(body, true, &p)) return send_error(res, *e);
+        if (!tmpl) return send_error(res, bad_request("this model has no chat template", "messages"));
+        ojson ctx = {{"messages", p.messages},        {"tools", p.tools},
+                     {"documents", nullptr},          {"add_generation_prompt", true},
+                     {"bos_token", tok->bos_token()}, {"eos_token", tok->eos_token()}};
+        auto text = tmpl->render(ctx);
+        if (!text.is_ok()) return send_error(res, bad_request(text.status().message(), "messages"));
+        auto r = tok->encode(*text, false);
+        if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), "messages"));
+        ids = std::move(*r);
+    } else {
+        std::string text;
+        const char* key = body.contains("prompt") ? "prompt" : "content";
+        auto it = body.find(key);
+        if (it == body.end() || !it->is_string())
+            return send_error(res, bad_request("give 'prompt' (a string) or 'messages'", "prompt", "invalid_type"));
+        bool add_special = true;
+        if (auto a = body.find("add_special_tokens"); a != body.end() && !a->is_null()) {
+            if (!a->is_boolean())
+                return send_error(
+                    res, bad_request("'add_special_tokens' must be a boolean", "add_special_tokens", "invalid_type"));
+            add_special = a->get<bool>();
+        }
+        auto r = tok->encode(it->get<std::string>(), add_special);
+        if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), key));
+        ids = std::move(*r);
+    }
+    res.set_content(json{{"tokens", ids}, {"count", ids.size()}, {"max_model_len", context}}.dump(),
+                    "application/json");
+}
+
+void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& res) const {
+    ojson body;
+    if (auto e = parse_body(req, &body)) return send_error(res, *e);
+    auto it = body.find("tokens");
+    if (it == body.end() || !it->is_array())
+        return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+    std::vector<int32_t> ids;
+    for (const auto& t : *it) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+            return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+        // An id past the vocabulary would decode to nothing, silently.
+        if (t.get<int64_t>() >= vocab)
+            return send_error(
+                res, bad_request(fmt::format("token id {} is outside the vocabulary ({})", t.get<int64_t>(), vocab),
+                                 "tokens", "invalid_value"));
+        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+    }
+    res.set_content(json{{"prompt", tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
+                    "application/json");
+}
+
+// GET /metrics in Prometheus' text format.
+std::string Server::Impl::metrics_text() const {
+    const QueueStats q = queue->stats();
+    std::string out;
+    out += "# HELP exl3_requests_total HTTP requests received, by route.\n# TYPE exl3_requests_total counter\n";
+    for (int r = 0; r < kRouteCount; ++r)
+        out += fmt::format("exl3_requests_total{{route=\"{}\"}} {}\n", kRouteNames[r], metrics.requests[r].load());
+    out +=
+        "# HELP exl3_responses_total HTTP responses sent, by status class.\n"
+        "# TYPE exl3_responses_total counter\n";
+    for (int c = 1; c <= 5; ++c)
+        out += fmt::format("exl3_responses_total{{class=\"{}xx\"}} {}\n", c, metrics.responses_by_class[c].load());
+    out += fmt::format("# TYPE exl3_prompt_tokens_total counter\nexl3_prompt_tokens_total {}\n",
+                       metrics.prompt_tokens.load());
+    out += fmt::format("# TYPE exl3_generation_tokens_total counter\nexl3_generation_tokens_total {}\n",
+                       metrics.completion_tokens.load());
+    out += fmt::format(
+        "# HELP exl3_prompt_tokens_cached_total Prompt tokens taken from the prefix cache.\n"
+        "# TYPE exl3_prompt_tokens_cached_total counter\nexl3_prompt_tokens_cached_total {}\n",
+        metrics.cached_prompt_tokens.load());
+    out += fmt::format(
+        "# HELP exl3_spec_draft_tokens_total Speculative decoding: tokens proposed.\n"
+        "# TYPE exl3_spec_draft_tokens_total counter\nexl3_spec_draft_tokens_total {}\n",
+        metrics.draft_tokens.load());
+    out += fmt::format(
+        "# HELP exl3_spec_accepted_tokens_total Speculative decoding: proposals kept.\n"
+        "# TYPE exl3_spec_accepted_tokens_total counter\nexl3_spec_accepted_tokens_total {}\n",
+        metrics.accepted_tokens.load());
+    out += fmt::format("# TYPE exl3_rejected_queue_full_total counter\nexl3_rejected_queue_full_total {}\n",
+                       metrics.rejected_queue_full.load());
+    out += fmt::format("# TYPE exl3_cancelled_total counter\nexl3_cancelled_total {}\n", metrics.cancelled.load());
+    out += fmt::format(
+        "# HELP exl3_queue_depth Jobs queued or running.\n# TYPE exl3_queue_depth gauge\n"
+        "exl3_queue_depth {}\n",
+        q.jobs);
+    out += fmt::format("# TYPE exl3_requests_in_flight gauge\nexl3_requests_in_flight {}\n", q.streams);
+    out +=
+        fmt::format("# TYPE exl3_streaming_responses gauge\nexl3_streaming_responses {}\n", metrics.streaming.load());
+    out += fmt::format("# TYPE exl3_generator_steps_total counter\nexl3_generator_steps_total {}\n", q.steps);
+    return out;
 }
 
 Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -755,19 +826,16 @@ Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_p
         auto t = ChatTemplate::parse(*source);
         if (!t.is_ok()) return t.status().with_context("parsing the model's chat template");
         impl->tmpl = std::move(*t);
-        std::string how = "--tool-format " + options.tool_format;
-        if (options.tool_format.empty() || options.tool_format == "auto") {
-            impl->tool_format = detect_tool_format(*source, &how);
-        } else if (auto f = tool_format_from_name(options.tool_format)) {
-            impl->tool_format = *f;
-        } else {
+        std::string how;
+        const auto format = chat::choose_tool_format(options.tool_format, *source, &how);
+        if (!format)
             return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, hermes, llama3, mistral, "
                                                 "mistral-args",
                                                 options.tool_format));
-        }
-        for (const std::string& m : tool_call_markers(impl->tool_format))
+        impl->tool_format = *format;
+        for (const std::string& m : chat::tool_call_markers(impl->tool_format))
             if (auto id = tokenizer->token_to_id(m); id && tokenizer->is_special(*id)) impl->tool_markers_special = true;
-        log_info("serve: tool calls parsed as {} ({})", tool_format_name(impl->tool_format), how);
+        log_info("serve: tool calls parsed as {} ({})", chat::tool_format_name(impl->tool_format), how);
     } else {
         log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
     }

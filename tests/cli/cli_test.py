@@ -2,8 +2,10 @@
 """The exl3 program driven as a user drives it: `exl3 chat` through a pseudo-terminal, `exl3 run`, `exl3 ppl` and
 `exl3 bench --jobs` output, and bad inputs (each must fail with a message on stderr and a non-zero exit code, never a crash).
 
-Usage: cli_test.py --exl3 PATH [unittest arguments, e.g. a test class name]. Runs from the repository root (it uses
-tests/models/tiny-draft and tests/fixtures/ppl/sample.txt). Python standard library only.
+Usage: cli_test.py --exl3 PATH [--shared DIR] [unittest arguments, e.g. a test class name]. Runs from the repository
+root (it uses tests/models/tiny-draft and tests/fixtures/ppl/sample.txt; the tool tests use DIR/models/tiny-target,
+EXL3_SHARED_DIR overriding DIR, when it is there, else tiny-draft, which has the same ChatML-with-tools template).
+Python standard library only.
 """
 import json
 import os
@@ -18,6 +20,7 @@ import unittest
 
 EXL3 = None
 DRAFT = "tests/models/tiny-draft"
+TARGET = None  # the shared tiny-target when found (main), else DRAFT
 SAMPLE = "tests/fixtures/ppl/sample.txt"
 TIMEOUT = 30
 
@@ -417,15 +420,137 @@ class ErrorTest(unittest.TestCase):
             self.assertIn("no user messages here", err)
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                      "parameters": {"type": "object",
+                                                     "properties": {"city": {"type": "string", "maxLength": 16}},
+                                                     "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "now", "description": "The local time"}},
+]
+
+
+class ToolsTest(unittest.TestCase):
+    """`exl3 chat --tools`: the tools reach the template as the server passes them, and calls in the replies are
+    printed as `tool_call: {"name", "arguments"}` lines. The real model rarely calls a tool by itself; --tool-choice
+    NAME makes every reply a call (its arguments drawn under the tool's schema), which makes the parsing path
+    deterministic without a mock. The parser's formats on fixed text: tests/chat/tool_calls_test.cpp."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.tools = os.path.join(self.dir.name, "tools.json")
+        with open(self.tools, "w") as f:
+            json.dump(TOOLS, f)
+        self.args = ["chat", "-m", TARGET, "--temperature", "0", "-t", "2"]
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def write(self, name, data):
+        path = os.path.join(self.dir.name, name)
+        with open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def test_the_prompt_offers_the_tools(self):
+        rc, out, err = exl3(*self.args, "-n", "4", "--tools", self.tools, "--show-prompt",
+                            stdin=b"What is the weather in Paris?\n")
+        self.assertEqual(rc, 0, err)
+        prompt = err.split("--- prompt ---\n", 1)[1].split("\n--- end of prompt ---", 1)[0]
+        # Qwen-style ChatML: each tool as tojson writes it (json.dumps), in the file's key order, inside <tools>.
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in TOOLS)
+        self.assertIn("<tools>\n" + listed + "\n</tools>", prompt)
+        self.assertTrue(prompt.endswith("<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n"
+                                        "<|im_start|>assistant\n"), prompt)
+        self.assertIn("tool calls parsed as hermes", err)
+        self.assertNotIn(b"<tools>", out)  # the prompt goes to stderr; stdout is only the reply
+        # Without --tools (or with an empty list, or --tool-choice none) the same template offers none.
+        empty = self.write("empty.json", b"[]")
+        for extra in ((), ("--tools", empty), ("--tools", self.tools, "--tool-choice", "none")):
+            rc, _, err = exl3(*self.args, "-n", "4", "--show-prompt", *extra, stdin=b"Hi\n")
+            self.assertEqual(rc, 0, err)
+            self.assertIn("--- prompt ---\n<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n", err)
+            self.assertNotIn("<tools>", err)
+
+    def test_a_named_tool_is_called_every_turn(self):
+        args = (*self.args, "-n", "48", "--tools", self.tools, "--tool-choice", "get_weather")
+        rc, out, err = exl3(*args, stdin=b"What is the weather in Paris?\nAnd in Rome?\n")
+        self.assertEqual(rc, 0, err)
+        lines = out.decode("utf-8").splitlines()
+        self.assertEqual(len(lines), 2, out)  # one call a turn, nothing else
+        for line in lines:
+            self.assertTrue(line.startswith("tool_call: "), line)
+            call = json.loads(line[len("tool_call: "):])
+            self.assertEqual(list(call), ["name", "arguments"])
+            self.assertEqual(call["name"], "get_weather")
+            self.assertEqual(list(call["arguments"]), ["city"])  # held to the tool's schema
+            self.assertIsInstance(call["arguments"]["city"], str)
+            self.assertLessEqual(len(call["arguments"]["city"]), 16)
+        rc, again, _ = exl3(*args, stdin=b"What is the weather in Paris?\nAnd in Rome?\n")
+        self.assertEqual((rc, again), (0, out))  # greedy: the same calls
+        # A tool without parameters: its arguments are an empty object.
+        rc, out, err = exl3(*self.args, "-n", "48", "--tools", self.tools, "--tool-choice", "now",
+                            stdin=b"What time is it?\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, b'tool_call: {"name":"now","arguments":{}}\n')
+        # A reply cut off (-n) inside its call made no call: it is printed as the text it is, opening included.
+        rc, out, err = exl3(*self.args, "-n", "2", "--tools", self.tools, "--tool-choice", "get_weather",
+                            stdin=b"What is the weather in Paris?\n")
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.startswith(b'<tool_call>\n{"name": "get_weather", "arguments": '), out)
+        self.assertNotIn(b"tool_call: ", out)
+
+    def test_auto_and_required_print_text_as_without_tools(self):
+        # auto: the model decides; a reply without a call is its text and a newline, as without --tools.
+        rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, stdin=b"Hello there\n")
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(out.endswith(b"\n") and out.strip(), out)
+        # required: the reply is opened with <tool_call>; what the model writes after it is a call or, malformed,
+        # text that starts with the opening (never lost, never a crash).
+        rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, "--tool-choice", "required",
+                            stdin=b"Weather?\n")
+        self.assertEqual(rc, 0, err)
+        text = out.decode("utf-8", "replace")
+        self.assertTrue(text.startswith("tool_call: {") or text.startswith("<tool_call>\n"), text)
+
+    def test_bad_tool_files(self):
+        cases = (
+            (("--tools", os.path.join(self.dir.name, "missing.json")), "cannot open"),
+            (("--tools", self.dir.name), "directory"),
+            (("--tools", self.write("bad.json", b'[{"type": "function",')), "is not valid JSON: parse error at line 1"),
+            (("--tools", self.write("bin.json", b"\xff\xfe[")), "is not valid JSON"),
+            (("--tools", self.write("obj.json", b'{"tools": []}')), "must hold a list of tools"),
+            (("--tools", self.write("noname.json", b'[{"type": "function", "function": {"description": "x"}}]')),
+             "every tool needs a 'function' object with a string 'name'"),
+            (("--tools", self.write("str.json", b'["get_weather"]')), "every tool needs"),
+            (("--tool-choice", "get_weather"), "--tool-choice needs --tools"),
+            (("--tools", self.tools, "--tool-choice", "fly"), "names the function 'fly', which is not in"),
+            (("--tools", self.tools, "--tool-format", "gpt"), "--tool-format 'gpt' is not one of"),
+        )
+        for args, expect in cases:
+            rc, out, err = exl3(*self.args, *args, stdin=b"Hi\n")
+            self.assertGreater(rc, 0, f"{args}: exit {rc} (negative: a signal)\n{err}")
+            self.assertIn(expect, err, args)
+            self.assertEqual(out, b"", args)
+            for crash in ("terminate called", "Segmentation", "Assertion", "AddressSanitizer", "runtime error"):
+                self.assertNotIn(crash, err)
+
+
 def main():
-    global EXL3
+    global EXL3, TARGET
     argv = sys.argv[1:]
     if len(argv) < 2 or argv[0] != "--exl3":
-        sys.exit("usage: cli_test.py --exl3 PATH [unittest args]")
+        sys.exit("usage: cli_test.py --exl3 PATH [--shared DIR] [unittest args]")
     EXL3 = os.path.abspath(argv[1])
     if not os.access(EXL3, os.X_OK):
         sys.exit(f"{EXL3}: not an executable")
-    unittest.main(argv=[sys.argv[0], *argv[2:]], verbosity=2)
+    argv = argv[2:]
+    shared = None
+    if len(argv) >= 2 and argv[0] == "--shared":
+        shared, argv = argv[1], argv[2:]
+    shared = os.environ.get("EXL3_SHARED_DIR") or shared
+    target = os.path.join(shared, "models", "tiny-target") if shared else None
+    TARGET = target if target and os.path.isfile(os.path.join(target, "config.json")) else DRAFT
+    unittest.main(argv=[sys.argv[0], *argv], verbosity=2)
 
 
 if __name__ == "__main__":

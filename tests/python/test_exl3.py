@@ -422,5 +422,80 @@ class GeneratorTest(unittest.TestCase):
         self.assertIn("temperature", exl3.request_keywords())
 
 
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                      "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                     "required": ["city"]}}},
+    {"type": "function", "function": {"name": "now", "description": "The local time"}},
+]
+
+
+class ToolCallsTest(unittest.TestCase):
+    """Generator.chat(tools=...) and exl3.parse_tool_calls: the server's parser. A tiny model seldom writes a call of
+    its own, so the parsing is checked on fixed replies, and chat on the real model for what reaches the template."""
+
+    def test_parse_tool_calls(self):
+        content, calls = exl3.parse_tool_calls(
+            'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+            '<tool_call>{"name": "now"}</tool_call>')
+        self.assertEqual(content, "Let me look.")
+        self.assertEqual([(c["name"], c["arguments"]) for c in calls], [("get_weather", {"city": "Paris"}),
+                                                                         ("now", {})])
+        self.assertTrue(all(c["id"].startswith("call_") for c in calls))
+        self.assertNotEqual(calls[0]["id"], calls[1]["id"])
+        content, calls = exl3.parse_tool_calls('{"name": "now", "parameters": {}}', "llama3")
+        self.assertEqual((content, [c["name"] for c in calls]), ("", ["now"]))
+        content, calls = exl3.parse_tool_calls('[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}', "mistral-args")
+        self.assertEqual([c["arguments"] for c in calls], [{"city": "Rome"}])
+        self.assertEqual(len(calls[0]["id"]), 9)  # Mistral's templates check the length
+        for text in ("no calls here", "<tool_call>{not json}</tool_call>", '<tool_call>{"name": "cut'):
+            self.assertEqual(exl3.parse_tool_calls(text), (text, []))  # not a call: the text as it is
+        with self.assertRaises(exl3.InvalidArgumentError) as e:
+            exl3.parse_tool_calls("x", "gpt")
+        self.assertIn("'gpt' is not one of", str(e.exception))
+
+    def test_tool_call_format(self):
+        self.assertEqual(tokenizer().tool_call_format(), "hermes")  # ChatML with <tool_call>, as Qwen's
+        with self.assertRaises(exl3.NotFoundError):
+            tokenizer().tool_call_format("no-such-template")
+
+    def test_chat_with_tools(self):
+        g = exl3.Generator(model(), tokenizer())
+        messages = [{"role": "user", "content": "What is the weather in Paris?"}]
+        c = g.chat(messages, tools=TOOLS, max_new_tokens=12)
+        # The tools reach the template as apply_chat_template (and the server) gives them: the same prompt.
+        prompt = tokenizer().apply_chat_template(messages, tools=TOOLS)
+        self.assertIn("<tools>\n" + "\n".join(json.dumps(t) for t in TOOLS) + "\n</tools>", prompt)
+        ids = tokenizer().encode(prompt, add_special_tokens=False)
+        self.assertEqual(c.tokens, g.generate(ids, max_new_tokens=12).tokens)
+        # The reply read by the parser: its calls, and its text outside them (all of it when there is none).
+        content, calls = exl3.parse_tool_calls(c.text)
+        self.assertEqual(c.content, content)
+        self.assertEqual([(x["name"], x["arguments"]) for x in c.tool_calls],
+                         [(x["name"], x["arguments"]) for x in calls])  # ids aside: they are random
+        if not calls:
+            self.assertEqual(c.content, c.text)
+        # No tools, or an empty list: the plain template, content is the text.
+        plain = g.chat(messages, max_new_tokens=12)
+        self.assertEqual((plain.content, plain.tool_calls), (plain.text, []))
+        self.assertEqual(g.chat(messages, tools=[], max_new_tokens=12).tokens, plain.tokens)
+        self.assertNotEqual(ids, tokenizer().encode(tokenizer().apply_chat_template(messages), add_special_tokens=False))
+        # generate() leaves content unset: it reads no template.
+        self.assertIsNone(g.generate("Hi", max_new_tokens=2).content)
+
+    def test_bad_tools(self):
+        g = exl3.Generator(model(), tokenizer())
+        messages = [{"role": "user", "content": "Hi"}]
+        for bad, message in (({"function": {"name": "f"}}, "'tools' must be a list"),
+                             ([{"type": "function"}], "every tool needs a 'function' object with a string 'name'"),
+                             (["get_weather"], "every tool needs")):
+            with self.assertRaises(exl3.InvalidArgumentError, msg=str(bad)) as e:
+                g.chat(messages, tools=bad)
+            self.assertIn(message, str(e.exception))
+        with self.assertRaises(TypeError):  # not JSON at all
+            g.chat(messages, tools=[{"type": "function", "function": {"name": object()}}])
+        self.assertFalse(g.has_work)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -96,7 +96,7 @@ TEST(OpenAiSchema, WrongTypesNameTheField) {
 }
 
 TEST(OpenAiSchema, HermesToolCalls) {
-    ParsedToolCalls out;
+    chat::ParsedToolCalls out;
     ASSERT_TRUE(parse_hermes_tool_calls(
         "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"
         "<tool_call>{\"name\": \"now\"}</tool_call>",
@@ -108,7 +108,7 @@ TEST(OpenAiSchema, HermesToolCalls) {
     EXPECT_EQ(json::parse(out.calls[0]["function"]["arguments"].get<std::string>())["city"], "Paris");
     EXPECT_EQ(out.calls[1]["function"]["arguments"], "{}");  // a call with no parameters gives {}
     EXPECT_NE(out.calls[0]["id"], out.calls[1]["id"]);
-    ParsedToolCalls none;
+    chat::ParsedToolCalls none;
     EXPECT_FALSE(parse_hermes_tool_calls("no calls here", &none));
     EXPECT_FALSE(parse_hermes_tool_calls("<tool_call>not json</tool_call>", &none));
 }

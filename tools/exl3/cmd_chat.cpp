@@ -3,12 +3,16 @@
 // special tokens (the template writes BOS itself where the model wants it), then runs it as one Generator job.
 // The KV cache carries over between turns through prefix caching: the pages of the previous turns (prompt and
 // reply) are still in the model's cache, so a turn prefills little more than what is new.
+// With --tools the template is given the tools as `exl3 serve` gives a request's, and each reply goes through the
+// server's tool-call parser (chat/tool_calls.h): its text is printed as it streams, each call as a line
+// `tool_call: {"name": ..., "arguments": {...}}`.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 
 #include "core/log.h"
@@ -17,8 +21,10 @@
 #include "tools/exl3/commands.h"
 #if defined(EXL3_HAVE_TOKENIZER) && defined(EXL3_HAVE_CHAT)
 #define EXL3_CHAT_ENABLED 1
-#include "exl3/tokenizer.h"
+#include "chat/tool_calls.h"
 #include "exl3/chat_template.h"
+#include "exl3/tokenizer.h"
+#include "runtime/json_schema.h"
 #endif
 
 namespace exl3::cli {
@@ -36,23 +42,137 @@ struct ChatOptions {
     bool no_prefix_cache = false;
     SamplerSettings sampling;
     SpeculativeFlags spec;
+    std::string tools_file;            // --tools: a JSON file with an OpenAI tools list
+    std::string tool_choice = "auto";  // auto, none, required, or a function's name
+    std::string tool_format = "auto";  // auto (from the template's markers), hermes, llama3, mistral, mistral-args
+    bool show_prompt = false;          // print each turn's rendered prompt on stderr
 };
 
 #ifdef EXL3_CHAT_ENABLED
 
 constexpr const char* kHelp = "commands: /reset clears the conversation, /exit (or end of input) quits";
 
+using ojson = nlohmann::ordered_json;
+
+// The tools a session offers and how its replies are read: everything --tools, --tool-choice and --tool-format decide.
+struct ChatTools {
+    ojson tools = nullptr;  // the template's `tools`: null when none are offered (no file, an empty list, "none")
+    chat::ToolFormat format = chat::ToolFormat::kHermes;
+    std::string opening;        // written after the assistant header: --tool-choice required or a function's name
+    std::string closing;        // closes a named call whose arguments were generated under their schema
+    std::string schema;         // that schema (empty: the arguments are not constrained)
+    bool keep_special = false;  // the format's markers are special tokens: they must reach the parser
+    bool on() const { return !tools.is_null(); }
+};
+
+// Reads and checks --tools and its companions before the model loads, so that a bad file costs nothing.
+Result<ChatTools> load_tools(const ChatOptions& o, const std::string& template_source, const Tokenizer& tok) {
+    ChatTools t;
+    if (o.tools_file.empty()) {
+        if (o.tool_choice != "auto") return invalid_argument("--tool-choice needs --tools");
+        return t;
+    }
+    auto text = read_file(o.tools_file);
+    if (!text.is_ok()) return text.status().with_context("--tools");
+    ojson tools;
+    try {
+        tools = ojson::parse(*text);
+    } catch (const ojson::parse_error& e) {
+        std::string why = e.what();
+        if (auto at = why.find("] "); at != std::string::npos) why.erase(0, at + 2);  // nlohmann's "[json...] " tag
+        return invalid_argument("--tools " + o.tools_file + " is not valid JSON: " + why);
+    }
+    if (std::string e = chat::tools_error(tools); !e.empty())
+        return invalid_argument("--tools " + o.tools_file + ": " +
+                                (tools.is_array() ? e
+                                                  : std::string("the file must hold a list of tools, [{\"type\": "
+                                                                "\"function\", \"function\": {\"name\": ...}}, ...]")));
+    std::string how;
+    const auto format = chat::choose_tool_format(o.tool_format, template_source, &how);
+    if (!format)
+        return invalid_argument("--tool-format '" + o.tool_format +
+                                "' is not one of auto, hermes, llama3, mistral, mistral-args");
+    t.format = *format;
+    // As the server does: an empty list, or tool_choice "none", offers the model no tools at all.
+    if (tools.empty() || o.tool_choice == "none") return t;
+    t.tools = std::move(tools);
+    if (o.tool_choice == "required") {
+        t.opening = chat::tool_call_opening(t.format, "");
+    } else if (o.tool_choice != "auto") {
+        const ojson* tool = chat::find_tool(t.tools, o.tool_choice);
+        if (!tool)
+            return invalid_argument("--tool-choice names the function '" + o.tool_choice + "', which is not in " +
+                                    o.tools_file + " (or give auto, none, required)");
+        t.opening = chat::tool_call_opening(t.format, o.tool_choice);
+        // Its arguments under the parameters' schema where that compiles (none: an empty object), as the server's.
+        std::string schema = chat::tool_arguments_schema(*tool);
+        if (JsonSchema::compile(schema).is_ok()) {
+            t.schema = std::move(schema);
+            t.closing = chat::tool_call_closing(t.format);
+        }
+    }
+    for (const std::string& m : chat::tool_call_markers(t.format))
+        if (auto id = tok.token_to_id(m); id && tok.is_special(*id)) t.keep_special = true;
+    log_info("chat: {} tool(s) offered; tool calls parsed as {} ({})", t.tools.size(), chat::tool_format_name(t.format),
+             how);
+    return t;
+}
+
+// A reply on stdout: its text as it streams (as without tools), each tool call on a line of its own.
+class ReplyPrinter {
+public:
+    void text(const std::string& s) {
+        if (s.empty()) return;
+        std::fwrite(s.data(), 1, s.size(), stdout);
+        std::fflush(stdout);
+        line_start_ = s.back() == '\n';
+        call_last_ = false;
+    }
+    // The parser's pieces: content is text; a call is printed once its arguments arrive (its second delta).
+    void pieces(std::vector<chat::ToolCallParser::Piece>& pieces) {
+        for (auto& p : pieces) {
+            if (p.tool_call.is_null()) {
+                text(p.content);
+                continue;
+            }
+            chat::merge_tool_call_delta(p.tool_call, &calls_);
+            if (p.tool_call.contains("id")) continue;  // the first delta: the name, arguments still to come
+            const auto& call = calls_[p.tool_call["index"].get<size_t>()]["function"];
+            const std::string& text = call["arguments"].get_ref<const std::string&>();
+            ojson args = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+            if (args.is_discarded()) args = text;  // never: the parser makes calls of JSON objects only
+            const ojson line = {{"name", call["name"].get<std::string>()}, {"arguments", std::move(args)}};
+            if (!line_start_) std::fputc('\n', stdout);
+            const std::string out = "tool_call: " + line.dump(-1, ' ', false, ojson::error_handler_t::replace) + "\n";
+            std::fwrite(out.data(), 1, out.size(), stdout);
+            std::fflush(stdout);
+            line_start_ = call_last_ = true;
+        }
+        pieces.clear();
+    }
+    // The reply ends with a newline, as it always has; a call line already did.
+    void end() {
+        if (!call_last_) std::fputc('\n', stdout);
+        std::fflush(stdout);
+    }
+
+private:
+    nlohmann::json calls_ = nlohmann::json::array();
+    bool line_start_ = true;
+    bool call_last_ = false;
+};
+
 class ChatSession {
 public:
     ChatSession(const ChatOptions& o, const Model& m, std::shared_ptr<const Tokenizer> tok, ChatTemplate tmpl,
-                std::unique_ptr<Generator> gen)
-        : o_(o), m_(m), tok_(std::move(tok)), tmpl_(std::move(tmpl)), gen_(std::move(gen)) {
+                std::unique_ptr<Generator> gen, ChatTools tools)
+        : o_(o), m_(m), tok_(std::move(tok)), tmpl_(std::move(tmpl)), gen_(std::move(gen)), tools_(std::move(tools)) {
         reset();
     }
 
     // The conversation starts over; what the cache holds stays (a turn that renders the same tokens reuses it).
     void reset() {
-        messages_ = nlohmann::ordered_json::array();
+        messages_ = ojson::array();
         if (!o_.system.empty()) messages_.push_back({{"role", "system"}, {"content", o_.system}});
     }
 
@@ -68,14 +188,13 @@ public:
 
 private:
     Result<std::vector<int32_t>> render() const {
-        nlohmann::ordered_json ctx = {{"messages", messages_},
-                                      {"add_generation_prompt", true},
-                                      {"bos_token", tok_->bos_token()},
-                                      {"eos_token", tok_->eos_token()},
-                                      {"tools", nullptr},
-                                      {"documents", nullptr}};
+        ojson ctx = {{"messages", messages_},          {"add_generation_prompt", true},
+                     {"bos_token", tok_->bos_token()}, {"eos_token", tok_->eos_token()},
+                     {"tools", tools_.tools},          {"documents", nullptr}};
         auto text = tmpl_.render(ctx);
         if (!text.is_ok()) return text.status().with_context("rendering the chat template");
+        *text += tools_.opening;  // --tool-choice: the reply starts inside a call
+        if (o_.show_prompt) std::fprintf(stderr, "--- prompt ---\n%s\n--- end of prompt ---\n", text->c_str());
         // As transformers tokenizes a rendered chat: no special tokens added, special-token strings parsed.
         auto ids = tok_->encode(*text, /*add_special_tokens=*/false);
         if (!ids.is_ok()) return ids.status().with_context("tokenizing the rendered conversation");
@@ -94,30 +213,43 @@ private:
         rq.sampling = o_.sampling;
         rq.sampling.seed = o_.sampling.seed + turns_++;  // reproducible, yet not the same draws every turn
         rq.max_new_tokens = o_.max_tokens;                // lowered to what the context leaves (finish: length)
-        rq.skip_special_tokens = true;
+        rq.skip_special_tokens = !tools_.keep_special;
+        rq.json_schema = tools_.schema;  // a named tool's arguments, generated under its parameters
         const int prompt_tokens = static_cast<int>(rq.prompt_ids.size());
         EXL3_ASSIGN_OR_RETURN(uint64_t job, gen_->submit(std::move(rq)));
         (void)job;
 
-        std::string reply;
+        // With tools the reply is read by the server's parser, fed first what the prompt opened the reply with.
+        std::optional<chat::ToolCallParser> parser;
+        std::vector<chat::ToolCallParser::Piece> pieces;
+        if (tools_.on()) {
+            parser.emplace(tools_.format);
+            parser->feed(tools_.opening, &pieces);
+        }
+        ReplyPrinter printer;
+        std::string reply = tools_.opening;  // the assistant's turn as the model wrote it, for the next render
         JobUpdate last;
         EXL3_RETURN_IF_ERROR(gen_->run_until_idle([&](const JobUpdate& u) {
-            if (!u.text.empty()) {
-                std::fwrite(u.text.data(), 1, u.text.size(), stdout);
-                std::fflush(stdout);
-                reply += u.text;
+            std::string text = u.text;
+            if (u.finish == FinishReason::kStop) text += tools_.closing;  // the named call's arguments closed
+            reply += text;
+            if (!parser) {
+                printer.text(text);
+            } else {
+                parser->feed(text, &pieces);
+                if (u.finish != FinishReason::kNone) parser->finish(&pieces);
+                printer.pieces(pieces);
             }
             if (u.finish != FinishReason::kNone) last = u;
         }));
         log_debug("chat: prompt {} tokens, {} reused from the cache", prompt_tokens, last.cached_tokens);
         if (last.finish == FinishReason::kError) {
-            if (!reply.empty()) std::fputc('\n', stdout);  // the part already streamed keeps its own line
+            if (reply.size() > tools_.opening.size()) std::fputc('\n', stdout);  // what streamed keeps its own line
             return last.error;
         }
         if (last.finish == FinishReason::kLength && last.generated_tokens < o_.max_tokens)
             log_warn("chat: the context of {} tokens is full; the reply stops here (/reset starts over)", limit);
-        std::fputc('\n', stdout);
-        std::fflush(stdout);
+        printer.end();
         messages_.push_back({{"role", "assistant"}, {"content", reply}});
         return Status::ok();
     }
@@ -127,7 +259,8 @@ private:
     std::shared_ptr<const Tokenizer> tok_;
     ChatTemplate tmpl_;
     std::unique_ptr<Generator> gen_;
-    nlohmann::ordered_json messages_;
+    ChatTools tools_;
+    ojson messages_;
     uint64_t turns_ = 0;
 };
 
@@ -148,6 +281,8 @@ int chat(const ChatOptions& o) {
                                 "plain completion");
     auto tmpl = ChatTemplate::parse(*source);
     if (!tmpl.is_ok()) return fail("chat", tmpl.status().to_string());
+    auto tools = load_tools(o, *source, **tok);
+    if (!tools.is_ok()) return fail("chat", tools.status().message());
     LoadOptions lo;
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
@@ -165,7 +300,7 @@ int chat(const ChatOptions& o) {
     auto gen = Generator::create(**model, *tok, go);
     if (!gen.is_ok()) return fail("chat", gen.status().to_string());
 
-    ChatSession session(o, **model, *tok, std::move(*tmpl), std::move(*gen));
+    ChatSession session(o, **model, *tok, std::move(*tmpl), std::move(*gen), std::move(*tools));
     const bool interactive = ::isatty(STDIN_FILENO) != 0;
     if (interactive) std::fprintf(stderr, "%s\n", kHelp);
     std::string line;
@@ -207,7 +342,9 @@ Runner add_chat(CLI::App& app) {
         "conversation, /exit or end of input quits. The prompt is the model's chat template rendered over the whole "
         "conversation (add_generation_prompt=true), tokenized without added special tokens; generation stops at the "
         "end-of-sequence tokens of tokenizer_config.json, generation_config.json and config.json. Earlier turns stay "
-        "in the KV cache (prefix caching): a turn computes only what is new.");
+        "in the KV cache (prefix caching): a turn computes only what is new. With --tools FILE the template is "
+        "given the tools as `exl3 serve` gives a request's; a reply's text prints as it streams and each tool call "
+        "in it (parsed as the server parses them) as a line 'tool_call: {\"name\": ..., \"arguments\": {...}}'.");
     app.add_option("-m,--model", o->model, "model directory (HF layout, with a chat template)")->required();
     app.add_option("--system", o->system, "system prompt (the first message of every conversation)");
     app.add_option("-n,--max-tokens", o->max_tokens, "maximum new tokens per reply")->capture_default_str();
@@ -219,6 +356,20 @@ Runner add_chat(CLI::App& app) {
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,
                  "recompute the whole conversation every turn instead of reusing the cached KV of earlier turns");
+    app.add_option("--tools", o->tools_file,
+                   "a JSON file with an OpenAI tools list ([{\"type\": \"function\", \"function\": {\"name\", "
+                   "\"description\", \"parameters\"}}]): the template offers them; each call in a reply is printed "
+                   "as a line 'tool_call: {\"name\": ..., \"arguments\": {...}}'");
+    app.add_option("--tool-choice", o->tool_choice,
+                   "with --tools: auto (the model decides), none (no tools offered), required (every reply opens a "
+                   "call) or a function's name (every reply calls it, its arguments held to its parameters' schema)")
+        ->capture_default_str();
+    app.add_option("--tool-format", o->tool_format,
+                   "with --tools: how calls are written: auto (from the template's markers), hermes, llama3, "
+                   "mistral, mistral-args")
+        ->capture_default_str();
+    app.add_flag("--show-prompt", o->show_prompt,
+                 "print each turn's rendered prompt (the chat template's output) on stderr before the reply");
     return [o] { return chat(*o); };
 }
 

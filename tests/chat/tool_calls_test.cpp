@@ -1,16 +1,16 @@
 // Tool-call parsing per model family on fixed model output: whole replies, the same replies streamed in every
 // chunking (the deltas must assemble into the same calls), malformed output (plain content, never a crash), format
 // detection on the real templates of ../shared/templates, and the openings written for tool_choice.
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
 #include <gtest/gtest.h>
 
 #include <random>
 
-#include "server/openai.h"
+#include "exl3/tool_calls.h"
 #include "test_util.h"
 
-namespace exl3::server {
+namespace exl3::chat {
 namespace {
 
 using json = nlohmann::json;
@@ -231,6 +231,36 @@ TEST(ToolCalls, OpeningsForToolChoice) {
     expect_parse(ToolFormat::kHermes, bad, bad, json::array());
 }
 
+// The tools list every front end takes (server, exl3 chat --tools, Python's chat(tools=...)), and the schema a named
+// call's arguments are generated under.
+TEST(ToolCalls, ToolsListsAndArgumentSchemas) {
+    using ojson = nlohmann::ordered_json;
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "now"}}])");
+    EXPECT_EQ(tools_error(tools), "");
+    EXPECT_EQ(tools_error(ojson::array()), "");
+    EXPECT_EQ(tools_error(ojson::object()), "'tools' must be a list");
+    EXPECT_EQ(tools_error(ojson("get_weather")), "'tools' must be a list");
+    for (const char* bad : {R"([1])", R"([{"type": "function"}])", R"([{"function": "f"}])",
+                            R"([{"function": {"name": 3}}])", R"([{"function": {"description": "no name"}}])"})
+        EXPECT_EQ(tools_error(ojson::parse(bad)), "every tool needs a 'function' object with a string 'name'") << bad;
+
+    ASSERT_NE(find_tool(tools, "get_weather"), nullptr);
+    EXPECT_EQ(find_tool(tools, "now"), &tools[1]);
+    EXPECT_EQ(find_tool(tools, "missing"), nullptr);
+    EXPECT_EQ(find_tool(ojson::parse(R"([{"function": {"name": 3}}, 5])"), "3"), nullptr);  // never throws
+    EXPECT_EQ(tool_arguments_schema(*find_tool(tools, "get_weather")),
+              R"({"type":"object","properties":{"city":{"type":"string"}}})");
+    EXPECT_EQ(tool_arguments_schema(tools[1]), R"({"type": "object", "additionalProperties": false})");
+
+    const std::string a = random_id(), b = random_id(7);
+    EXPECT_EQ(a.size(), 24u);
+    EXPECT_EQ(b.size(), 7u);
+    EXPECT_EQ(a.find_first_not_of("0123456789abcdef"), std::string::npos);
+    EXPECT_NE(a, random_id());
+}
+
 TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXL3_REQUIRE_SHARED("templates", dir);
     struct Case {
@@ -260,6 +290,65 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXPECT_EQ(tool_format_from_name("llama3"), ToolFormat::kLlama3);
     EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
     EXPECT_FALSE(tool_format_from_name("gpt").has_value());
+}
+
+// The public face (include/exl3/tool_calls.h, what Python's Generator.chat uses): the same parser, whole replies.
+TEST(ToolCalls, PublicApi) {
+    EXPECT_EQ(exl3::tool_call_format("say <tool_call>"), "hermes");
+    EXPECT_EQ(exl3::tool_call_format("{{ '<|python_tag|>' }}"), "llama3");
+    EXPECT_EQ(exl3::tool_call_format("[TOOL_CALLS] [ARGS]"), "mistral-args");
+    EXPECT_EQ(exl3::tool_call_format("no markers"), "hermes");
+
+    auto r = exl3::parse_tool_calls(
+        "hermes",
+        "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+        "</tool_call>\n<tool_call>{\"name\": \"now\"}</tool_call>");
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_EQ(r->content, "Let me look.");
+    ASSERT_EQ(r->calls.size(), 2u);
+    EXPECT_EQ(r->calls[0].name, "get_weather");
+    EXPECT_EQ(r->calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(r->calls[0].id.rfind("call_", 0), 0u);
+    EXPECT_EQ(r->calls[1].name, "now");
+    EXPECT_EQ(r->calls[1].arguments, "{}");
+    EXPECT_NE(r->calls[0].id, r->calls[1].id);
+
+    r = exl3::parse_tool_calls("mistral", R"([TOOL_CALLS][{"name": "f", "arguments": {"x": 1}, "id": "abcdefghi"}])");
+    ASSERT_TRUE(r.is_ok());
+    ASSERT_EQ(r->calls.size(), 1u);
+    EXPECT_EQ(r->calls[0].id, "abcdefghi");
+    EXPECT_EQ(r->content, "");
+
+    for (const char* text : {"no calls here\n", "<tool_call>{not json}</tool_call>", "<tool_call>{\"name\": \"cut"}) {
+        r = exl3::parse_tool_calls("hermes", text);
+        ASSERT_TRUE(r.is_ok());
+        EXPECT_EQ(r->content, text);  // no call: the reply as it is
+        EXPECT_TRUE(r->calls.empty());
+    }
+    r = exl3::parse_tool_calls("gpt", "x");
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().message().find("'gpt' is not one of"), std::string::npos);
+
+    auto markers = exl3::tool_call_markers("llama3");
+    ASSERT_TRUE(markers.is_ok());
+    EXPECT_EQ(*markers, std::vector<std::string>{"<|python_tag|>"});
+    EXPECT_FALSE(exl3::tool_call_markers("").is_ok());
+
+    EXPECT_TRUE(exl3::check_tools(nlohmann::ordered_json::parse(R"([{"function": {"name": "f"}}])")).is_ok());
+    const Status bad = exl3::check_tools(nlohmann::ordered_json::parse(R"({"function": {"name": "f"}})"));
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(bad.message(), "'tools' must be a list");
+}
+
+TEST(ToolCalls, ChoosesTheRequestedFormat) {
+    std::string how;
+    EXPECT_EQ(choose_tool_format("auto", "say [TOOL_CALLS]", &how), ToolFormat::kMistral);
+    EXPECT_EQ(how, "the template writes [TOOL_CALLS]");
+    EXPECT_EQ(choose_tool_format("", "<tool_call>", &how), ToolFormat::kHermes);
+    EXPECT_EQ(choose_tool_format("llama3", "<tool_call>", &how), ToolFormat::kLlama3);
+    EXPECT_EQ(how, "--tool-format llama3");
+    EXPECT_EQ(choose_tool_format("mistral-args", ""), ToolFormat::kMistralArgs);
+    EXPECT_FALSE(choose_tool_format("gpt", "<tool_call>").has_value());
 }
 
 // Random splices of markers, JSON fragments and text: no crash, and chunking never changes the result.
@@ -310,4 +399,4 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
 }
 
 }  // namespace
-}  // namespace exl3::server
+}  // namespace exl3::chat

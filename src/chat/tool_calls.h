@@ -19,7 +19,7 @@
 #include <string_view>
 #include <vector>
 
-namespace exl3::server {
+namespace exl3::chat {
 
 enum class ToolFormat {
     kHermes,
@@ -33,13 +33,17 @@ std::optional<ToolFormat> tool_format_from_name(std::string_view name);  // "her
 // The format a chat template teaches, from the markers it contains; *how says which marker decided (or that none did
 // and Hermes, the most widely copied format, is the fallback).
 ToolFormat detect_tool_format(std::string_view template_source, std::string* how = nullptr);
+// The format a front end asked for (`--tool-format` of exl3 serve and exl3 chat): "auto" or empty detects it from the
+// template, else a name for tool_format_from_name. nullopt for an unknown name; *how says what decided.
+std::optional<ToolFormat> choose_tool_format(std::string_view requested, std::string_view template_source,
+                                             std::string* how = nullptr);
 
-// The text the server appends to the rendered prompt (after the assistant header) so that the reply starts inside a
-// tool call: for tool_choice "required" (function empty) the opening marker, for a named function the opening up to
-// its arguments. The parser is then fed this text before the model's.
+// The text a front end (the server, `exl3 chat`) appends to the rendered prompt (after the assistant header) so that
+// the reply starts inside a tool call: for tool_choice "required" (function empty) the opening marker, for a named
+// function the opening up to its arguments. The parser is then fed this text before the model's.
 std::string tool_call_opening(ToolFormat f, const std::string& function);
-// What closes a named function's call after its arguments (the server appends it when the arguments were generated
-// under their schema and closed: the job then ends there).
+// What closes a named function's call after its arguments (appended when the arguments were generated under their
+// schema and closed: the job then ends there).
 std::string tool_call_closing(ToolFormat f);
 
 // The strings that start a tool call in this format (to check whether the tokenizer treats them as special tokens,
@@ -74,6 +78,10 @@ private:
     void run(bool final, std::vector<Piece>* out);
     bool step_content(bool final, std::vector<Piece>* out);
     bool step_call(bool final, std::vector<Piece>* out);
+    bool step_mistral(size_t i, bool final, std::vector<Piece>* out);
+    bool wait_or_give_up(bool final, std::vector<Piece>* out);
+    size_t value_at(size_t i, bool final, nlohmann::ordered_json* v, bool* gave_up, std::vector<Piece>* out);
+    bool finish_call(size_t consumed);
     void emit_content(std::string_view text, std::vector<Piece>* out);
     bool emit_call(const nlohmann::ordered_json& call, std::vector<Piece>* out);
     void give_up(std::vector<Piece>* out);
@@ -102,4 +110,16 @@ bool parse_tool_calls(ToolFormat format, std::string_view text, ParsedToolCalls*
 // Folds streamed tool-call deltas into whole calls by index, as a client does.
 void merge_tool_call_delta(const nlohmann::json& delta, nlohmann::json* calls);
 
-}  // namespace exl3::server
+// An OpenAI `tools` list as every front end takes it: [{"type": "function", "function": {"name": N, ...}}, ...].
+// The message saying what is wrong, or empty when the list is well-formed.
+std::string tools_error(const nlohmann::ordered_json& tools);
+// The tool of that function name in a well-formed list, or null.
+const nlohmann::ordered_json* find_tool(const nlohmann::ordered_json& tools, const std::string& function);
+// The JSON Schema a named call's arguments are generated under: the function's "parameters" object, or (none given)
+// that of an empty object. The caller checks that it compiles (runtime/json_schema.h) before constraining.
+std::string tool_arguments_schema(const nlohmann::ordered_json& tool);
+
+// A random identifier suffix (hex) for tool calls and replies: ids must be unique across restarts, not secret.
+std::string random_id(size_t hex_chars = 24);
+
+}  // namespace exl3::chat

@@ -1,8 +1,8 @@
-#include "server/tool_calls.h"
+#include "chat/tool_calls.h"
 
-#include "server/openai.h"
+#include <random>
 
-namespace exl3::server {
+namespace exl3::chat {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
@@ -123,6 +123,13 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
     }
     set_how("no known tool-call marker in the template: falling back to <tool_call> (Hermes)");
     return ToolFormat::kHermes;
+}
+
+std::optional<ToolFormat> choose_tool_format(std::string_view requested, std::string_view template_source,
+                                             std::string* how) {
+    if (requested.empty() || requested == "auto") return detect_tool_format(template_source, how);
+    if (how) *how = "--tool-format " + std::string(requested);
+    return tool_format_from_name(requested);
 }
 
 std::string tool_call_opening(ToolFormat f, const std::string& function) {
@@ -318,41 +325,44 @@ bool ToolCallParser::emit_call(const ojson& call, std::vector<Piece>* out) {
     return true;
 }
 
+bool ToolCallParser::wait_or_give_up(bool final, std::vector<Piece>* out) {
+    if (!final) return false;
+    give_up(out);
+    return true;
+}
+
+// One JSON object or list at buf_[i]: its end, or npos (waiting, or given up: *gave_up says which).
+size_t ToolCallParser::value_at(size_t i, bool final, ojson* v, bool* gave_up, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    *gave_up = false;
+    bool bad = false;
+    const size_t end = json_container_end(b, i, &bad);
+    if (bad || (end == std::string::npos && final)) {
+        give_up(out);
+        *gave_up = true;
+        return std::string::npos;
+    }
+    if (end == std::string::npos) return end;
+    *v = ojson::parse(b.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
+    if (v->is_discarded()) {
+        give_up(out);
+        *gave_up = true;
+        return std::string::npos;
+    }
+    return end;
+}
+
+bool ToolCallParser::finish_call(size_t consumed) {
+    buf_.erase(0, consumed);
+    marker_.clear();
+    state_ = State::kContent;
+    return true;
+}
+
 // Waits (returns false) while the call is incomplete; on a complete call emits it and returns to content; on anything
 // malformed gives the text back as content.
 bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
     const std::string_view b = buf_;
-    auto wait_or_give_up = [&] {
-        if (!final) return false;
-        give_up(out);
-        return true;
-    };
-    // One JSON object or list at b[i]: its end, or npos (waiting, or given up: *done says which).
-    auto value_at = [&](size_t i, ojson* v, bool* gave_up) -> size_t {
-        *gave_up = false;
-        bool bad = false;
-        const size_t end = json_container_end(b, i, &bad);
-        if (bad || (end == std::string::npos && final)) {
-            give_up(out);
-            *gave_up = true;
-            return std::string::npos;
-        }
-        if (end == std::string::npos) return end;
-        *v = ojson::parse(b.substr(i, end - i), nullptr, /*allow_exceptions=*/false);
-        if (v->is_discarded()) {
-            give_up(out);
-            *gave_up = true;
-            return std::string::npos;
-        }
-        return end;
-    };
-    auto finish_call = [&](size_t consumed) {
-        buf_.erase(0, consumed);
-        marker_.clear();
-        state_ = State::kContent;
-        return true;
-    };
-
     if (format_ == ToolFormat::kLlama3 && llama_next_) {
         // After a Llama call: another one after ';' or a newline, or the rest is content.
         size_t i = 0;
@@ -375,12 +385,12 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
     }
 
     const size_t i = skip_ws(b, 0);
-    if (i == b.size()) return wait_or_give_up();
+    if (i == b.size()) return wait_or_give_up(final, out);
     ojson v;
     bool gave_up = false;
     switch (format_) {
         case ToolFormat::kHermes: {
-            const size_t end = value_at(i, &v, &gave_up);
+            const size_t end = value_at(i, final, &v, &gave_up, out);
             if (gave_up) return true;
             if (end == std::string::npos) return false;
             const size_t j = skip_ws(b, end);
@@ -394,7 +404,7 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
             return finish_call(rest.starts_with(kHermesClose) ? j + kHermesClose.size() : end);
         }
         case ToolFormat::kLlama3: {
-            const size_t end = value_at(i, &v, &gave_up);
+            const size_t end = value_at(i, final, &v, &gave_up, out);
             if (gave_up) return true;
             if (end == std::string::npos) return false;
             if (!emit_call(v, out)) {
@@ -407,77 +417,83 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
             return true;
         }
         case ToolFormat::kMistral:
-        case ToolFormat::kMistralArgs: {
-            if (b[i] == '[' || b[i] == '{') {
-                const size_t end = value_at(i, &v, &gave_up);
-                if (gave_up) return true;
-                if (end == std::string::npos) return false;
-                if (v.is_object()) v = ojson::array({v});
-                // All of the list or none of it.
-                std::string name, args, id;
-                bool ok = !v.empty();
-                for (const auto& call : v) ok = ok && call_fields(call, &name, &args, &id);
-                if (!ok) {
-                    give_up(out);
-                    return true;
-                }
-                for (const auto& call : v) emit_call(call, out);
-                return finish_call(end);
-            }
-            // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}
-            const size_t args_at = b.find(kMistralArgs, i);
-            const size_t limit = args_at == std::string::npos ? b.size() : args_at;
-            size_t name_end = i;
-            while (name_end < limit && valid_name_char(b[name_end])) ++name_end;
-            // Text after the name that may still become [ARGS] or [CALL_ID].
-            auto arriving = [&](size_t at) {
-                const std::string_view rest = b.substr(at);
-                return !final && args_at == std::string::npos &&
-                       (kMistralArgs.starts_with(rest) || kMistralCallId.starts_with(rest));
-            };
-            std::string id;
-            if (name_end < limit) {
-                // Only [CALL_ID]id may stand between the name and [ARGS].
-                if (!b.substr(name_end).starts_with(kMistralCallId)) {
-                    if (arriving(name_end)) return false;
-                    give_up(out);
-                    return true;
-                }
-                const size_t id_at = name_end + kMistralCallId.size();
-                size_t id_end = id_at;
-                while (id_end < limit && valid_name_char(b[id_end])) ++id_end;
-                if (id_end < limit && arriving(id_end)) return false;
-                if (id_end < limit || id_end - id_at > kMaxNameBytes ||
-                    (id_end == id_at && args_at != std::string::npos)) {
-                    give_up(out);
-                    return true;
-                }
-                id = std::string(b.substr(id_at, id_end - id_at));
-            }
-            if (name_end == i || name_end - i > kMaxNameBytes) {
-                give_up(out);
-                return true;
-            }
-            if (args_at == std::string::npos) return wait_or_give_up();
-            const size_t j = skip_ws(b, args_at + kMistralArgs.size());
-            if (j == b.size()) return wait_or_give_up();
-            const size_t end = value_at(j, &v, &gave_up);
-            if (gave_up) return true;
-            if (end == std::string::npos) return false;
-            if (!v.is_object()) {
-                give_up(out);
-                return true;
-            }
-            ojson call = {{"name", std::string(b.substr(i, name_end - i))}, {"arguments", v}};
-            if (!id.empty()) call["id"] = id;
-            if (!emit_call(call, out)) {
-                give_up(out);
-                return true;
-            }
-            return finish_call(end);
-        }
+        case ToolFormat::kMistralArgs:
+            return step_mistral(i, final, out);
     }
     return false;
+}
+
+// Mistral's call at buf_[i]: a JSON list (or one object) of calls, or name[ARGS]{...} / name[CALL_ID]id[ARGS]{...}.
+bool ToolCallParser::step_mistral(size_t i, bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    ojson v;
+    bool gave_up = false;
+    if (b[i] == '[' || b[i] == '{') {
+        const size_t end = value_at(i, final, &v, &gave_up, out);
+        if (gave_up) return true;
+        if (end == std::string::npos) return false;
+        if (v.is_object()) v = ojson::array({v});
+        // All of the list or none of it.
+        std::string name, args, id;
+        bool ok = !v.empty();
+        for (const auto& call : v) ok = ok && call_fields(call, &name, &args, &id);
+        if (!ok) {
+            give_up(out);
+            return true;
+        }
+        for (const auto& call : v) emit_call(call, out);
+        return finish_call(end);
+    }
+    // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}
+    const size_t args_at = b.find(kMistralArgs, i);
+    const size_t limit = args_at == std::string::npos ? b.size() : args_at;
+    size_t name_end = i;
+    while (name_end < limit && valid_name_char(b[name_end])) ++name_end;
+    // Text after the name that may still become [ARGS] or [CALL_ID].
+    auto arriving = [&](size_t at) {
+        const std::string_view rest = b.substr(at);
+        return !final && args_at == std::string::npos &&
+               (kMistralArgs.starts_with(rest) || kMistralCallId.starts_with(rest));
+    };
+    std::string id;
+    if (name_end < limit) {
+        // Only [CALL_ID]id may stand between the name and [ARGS].
+        if (!b.substr(name_end).starts_with(kMistralCallId)) {
+            if (arriving(name_end)) return false;
+            give_up(out);
+            return true;
+        }
+        const size_t id_at = name_end + kMistralCallId.size();
+        size_t id_end = id_at;
+        while (id_end < limit && valid_name_char(b[id_end])) ++id_end;
+        if (id_end < limit && arriving(id_end)) return false;
+        if (id_end < limit || id_end - id_at > kMaxNameBytes || (id_end == id_at && args_at != std::string::npos)) {
+            give_up(out);
+            return true;
+        }
+        id = std::string(b.substr(id_at, id_end - id_at));
+    }
+    if (name_end == i || name_end - i > kMaxNameBytes) {
+        give_up(out);
+        return true;
+    }
+    if (args_at == std::string::npos) return wait_or_give_up(final, out);
+    const size_t j = skip_ws(b, args_at + kMistralArgs.size());
+    if (j == b.size()) return wait_or_give_up(final, out);
+    const size_t end = value_at(j, final, &v, &gave_up, out);
+    if (gave_up) return true;
+    if (end == std::string::npos) return false;
+    if (!v.is_object()) {
+        give_up(out);
+        return true;
+    }
+    ojson call = {{"name", std::string(b.substr(i, name_end - i))}, {"arguments", v}};
+    if (!id.empty()) call["id"] = id;
+    if (!emit_call(call, out)) {
+        give_up(out);
+        return true;
+    }
+    return finish_call(end);
 }
 
 bool parse_tool_calls(ToolFormat format, std::string_view text, ParsedToolCalls* out, bool parallel) {
@@ -516,4 +532,39 @@ void merge_tool_call_delta(const json& delta, json* calls) {
     }
 }
 
-}  // namespace exl3::server
+std::string tools_error(const ojson& tools) {
+    if (!tools.is_array()) return "'tools' must be a list";
+    for (const auto& t : tools)
+        if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+            !t["function"].contains("name") || !t["function"]["name"].is_string())
+            return "every tool needs a 'function' object with a string 'name'";
+    return {};
+}
+
+const ojson* find_tool(const ojson& tools, const std::string& function) {
+    if (!tools.is_array()) return nullptr;
+    for (const auto& t : tools) {
+        if (!t.is_object()) continue;
+        auto fn = t.find("function");
+        if (fn == t.end() || !fn->is_object()) continue;
+        auto name = fn->find("name");
+        if (name != fn->end() && name->is_string() && name->get_ref<const std::string&>() == function) return &t;
+    }
+    return nullptr;
+}
+
+std::string tool_arguments_schema(const ojson& tool) {
+    if (auto fn = tool.find("function"); fn != tool.end() && fn->is_object())
+        if (auto params = fn->find("parameters"); params != fn->end() && params->is_object()) return params->dump();
+    return R"({"type": "object", "additionalProperties": false})";
+}
+
+std::string random_id(size_t hex_chars) {
+    thread_local std::mt19937_64 rng(std::random_device{}());
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string s(hex_chars, '0');
+    for (auto& c : s) c = kHex[rng() & 15];
+    return s;
+}
+
+}  // namespace exl3::chat
