@@ -416,160 +416,83 @@ int bench_jobs(const BenchOptions& o) {
     return 0;
 }
 
-int bench(const BenchOptions& o) {
-    if (!o.jobs.empty()) return bench_jobs(o);
-    auto prompts = int_list(o.prompts, "--prompt");
-    auto batches = int_list(o.batches, "--batch");
-    auto contexts = int_list(o.contexts, "--context");
-    auto check_rows = int_list(o.check_rows.empty() ? "1" : o.check_rows, "--check-rows");
-    for (auto* r : {&prompts, &batches, &contexts, &check_rows})
-        if (!r->is_ok()) return fail("bench", r->status().message());
-    const int max_rows = *std::max_element(check_rows->begin(), check_rows->end());
-    if (max_rows > 33) return fail("bench", "--check-rows: at most 33 tokens a sequence (1 + 32 proposals)");
-    if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
-    const bool gpu = o.device != "cpu";
-    const int64_t max_ctx =
-        std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
-                          int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen + max_rows);
-    const int max_batch = *std::max_element(batches->begin(), batches->end());
-    if ((max_ctx + 64) * max_batch > std::numeric_limits<int>::max())
-        return fail("bench", "--batch x (--context + --gen) is too large for one KV cache");
-    LoadOptions lo;
-    lo.threads = o.threads;
-    o.kv_bits.apply(lo);
-    lo.device = o.device;
-    lo.context_length = static_cast<int>(max_ctx + 64);
-    lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
-    lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
-    double load_s = 0.0;
-    auto model = load_timed(o.model, lo, &load_s);
-    if (!model.is_ok()) return fail("bench", model.status().to_string());
-    const Model& m = **model;
-    const ModelInfo& info = m.info();
-
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
-    const double bandwidth = ceil.bandwidth;
-    const std::string& bw_label = ceil.source;
-    const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
-    const bool tied = info.tied_embeddings;
-    const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
-
-    std::mt19937 rng(1234);
-    std::uniform_int_distribution<int32_t> tok(0, info.vocab_size - 1);
-    auto random_tokens = [&](int n) {
+// Random token ids of one stream (seeded: every run of the bench feeds the same ones).
+class Tokens {
+public:
+    explicit Tokens(int vocab) : tok_(0, vocab - 1) {}
+    std::vector<int32_t> operator()(int n) {
         std::vector<int32_t> t(static_cast<size_t>(n));
-        for (auto& v : t) v = tok(rng);
+        for (auto& v : t) v = tok_(rng_);
         return t;
+    }
+
+private:
+    std::mt19937 rng_{1234};
+    std::uniform_int_distribution<int32_t> tok_;
+};
+
+// The time of one decode step (R = 1) or speculative check step (R > 1, R - 1 rows dropped again) of B sequences
+// holding C tokens each, over o.gen - 1 timed steps after a warm-up one, as the generator runs it: on CUDA the
+// logits stay on the GPU and each row is drawn there (greedy; the token ids come back); on the CPU they are the
+// host's.
+Result<double> time_step(const Model& m, const BenchOptions& o, Tokens& random, int R, int C, int B) {
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    std::vector<float> logits;
+    for (int b = 0; b < B; ++b) {
+        auto seq = m.new_sequence(C + o.gen + R);
+        if (!seq.is_ok()) return seq.status();
+        seqs.push_back(std::move(*seq));
+        for (int done = 0; done < C;) {  // prefill in chunks to bound scratch memory
+            const int n = std::min(4096, C - done);
+            EXL3_RETURN_IF_ERROR(m.forward(*seqs.back(), random(n), false, &logits));
+            done += n;
+        }
+    }
+    std::vector<Model::BatchItem> items(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+        items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
+        items[static_cast<size_t>(b)].all_logits = R > 1;
+        items[static_cast<size_t>(b)].tentative = R - 1;
+    }
+    const std::vector<DrawSettings> greedy(static_cast<size_t>(B) * R);
+    std::vector<Drawn> drawn;
+    // (R > 1: the rows of a check step, then the sequences back to one new token each.)
+    auto drop = [&]() -> Status {
+        for (auto& it : items)
+            if (R > 1) EXL3_RETURN_IF_ERROR(m.truncate(*it.seq, it.seq->length() - (R - 1)));
+        return Status::ok();
     };
-    nlohmann::json out = {{"model", o.model},
-                          {"device", m.device()},
-                          {"architecture", info.architecture},
-                          {"parameters", info.num_parameters},
-                          {"load_seconds", load_s},
-                          {"bandwidth_gb_s", bandwidth / 1e9},
-                          {"bandwidth_source", bw_label},
-                          {"kv_bits_k", info.kv_bits_k},
-                          {"kv_bits_v", info.kv_bits_v},
-                          {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
-                          {"prefill", nlohmann::json::array()},
-                          {"decode", nlohmann::json::array()}};
-
-    for (int P : *prompts) {
-        std::vector<double> times;
-        auto toks = random_tokens(P);
-        std::vector<float> logits;
-        for (int r = 0; r < o.reps + 1; ++r) {
-            auto seq = m.new_sequence(P);
-            if (!seq.is_ok()) return fail("bench", seq.status().to_string());
-            auto t0 = std::chrono::steady_clock::now();
-            if (Status s = m.forward(**seq, toks, false, &logits); !s.is_ok()) return fail("bench", s.to_string());
-            if (r > 0) times.push_back(seconds_since(t0));  // the first run warms up
-        }
-        const double t = median(times);
-        const double flops = linear_flops_per_token * P +
-                             4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
-        nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
-        if (gpu) row["roofline_tok_s"] = P / (flops / kGpuMatrixFlops);
-        out["prefill"].push_back(row);
-    }
-
-    std::vector<std::pair<int, int>> cases;  // (R, C): the plain decode step (R = 1), then the check steps
-    for (int R : *check_rows)
-        for (int C : *contexts) cases.emplace_back(R, C);
-    for (const auto& rc : cases) {
-        const int R = rc.first, C = rc.second;  // (plain ints: lambdas below capture them)
-        for (int B : *batches) {
-            std::vector<std::unique_ptr<Sequence>> seqs;
-            std::vector<float> logits;
-            for (int b = 0; b < B; ++b) {
-                auto seq = m.new_sequence(C + o.gen + R);
-                if (!seq.is_ok()) return fail("bench", seq.status().to_string());
-                seqs.push_back(std::move(*seq));
-                for (int done = 0; done < C;) {  // prefill in chunks to bound scratch memory
-                    const int n = std::min(4096, C - done);
-                    if (Status s = m.forward(*seqs.back(), random_tokens(n), false, &logits); !s.is_ok())
-                        return fail("bench", s.to_string());
-                    done += n;
-                }
-            }
-            std::vector<Model::BatchItem> items(static_cast<size_t>(B));
-            for (int b = 0; b < B; ++b) {
-                items[static_cast<size_t>(b)].seq = seqs[static_cast<size_t>(b)].get();
-                items[static_cast<size_t>(b)].all_logits = R > 1;
-                items[static_cast<size_t>(b)].tentative = R - 1;
-            }
-            // A decode step as the generator runs it: on CUDA the logits stay on the GPU and each row is drawn
-            // there (greedy; the token ids come back); on the CPU the logits are the host's.
-            const std::vector<DrawSettings> greedy(static_cast<size_t>(B) * R);
-            std::vector<Drawn> drawn;
-            // (R > 1: the rows of a check step, then the sequences back to one new token each.)
-            auto drop = [&]() -> Status {
-                for (auto& it : items)
-                    if (R > 1) EXL3_RETURN_IF_ERROR(m.truncate(*it.seq, it.seq->length() - (R - 1)));
-                return Status::ok();
-            };
-            auto step = [&]() -> Status {
-                for (auto& it : items) {
-                    it.tokens.clear();
-                    for (int r = 0; r < R; ++r) it.tokens.push_back(tok(rng));
-                }
-                if (m.draws_on_device())
-                    EXL3_RETURN_IF_ERROR(m.forward_draw(items, greedy, false, &drawn));
-                else
-                    EXL3_RETURN_IF_ERROR(m.forward_batch(items, &logits));
-                return drop();
-            };
-            if (Status s = step(); !s.is_ok()) return fail("bench", s.to_string());  // warm-up (graph capture)
-            auto t0 = std::chrono::steady_clock::now();
-            for (int g = 1; g < o.gen; ++g) {
+    auto step = [&]() -> Status {
+        for (auto& it : items) it.tokens = random(R);
+        if (m.draws_on_device())
+            EXL3_RETURN_IF_ERROR(m.forward_draw(items, greedy, false, &drawn));
+        else
+            EXL3_RETURN_IF_ERROR(m.forward_batch(items, &logits));
+        return drop();
+    };
+    EXL3_RETURN_IF_ERROR(step());  // warm-up (graph capture)
+    auto t0 = std::chrono::steady_clock::now();
+    for (int g = 1; g < o.gen; ++g) {
 #ifdef EXL3_HAVE_CUDA
-                // The last timed step of each batch in an NVTX range, so that a profiler can take just that step
-                // (scripts/device_step_profile.sh: ncu --nvtx --nvtx-include "exl3_bench_last_step/").
-                const bool mark = g == o.gen - 1;
-                if (mark) nvtxRangePushA("exl3_bench_last_step");
+        // The last timed step of each batch in an NVTX range, so that a profiler can take just that step
+        // (scripts/device_step_profile.sh: ncu --nvtx --nvtx-include "exl3_bench_last_step/").
+        const bool mark = g == o.gen - 1;
+        if (mark) nvtxRangePushA("exl3_bench_last_step");
 #endif
-                const Status s = step();
+        const Status s = step();
 #ifdef EXL3_HAVE_CUDA
-                if (mark) nvtxRangePop();
+        if (mark) nvtxRangePop();
 #endif
-                if (!s.is_ok()) return fail("bench", s.to_string());
-            }
-            const double per_step = seconds_since(t0) / (o.gen - 1);
-            const double avg_ctx = C + o.gen / 2.0;
-            if (R > 1) {
-                out["check"].push_back({{"batch", B}, {"context", C}, {"rows", R}, {"ms_per_step", per_step * 1e3}});
-                continue;
-            }
-            out["decode"].push_back({{"batch", B},
-                                     {"context", C},
-                                     {"ms_per_step", per_step * 1e3},
-                                     {"tok_s", B / per_step},
-                                     {"roofline_tok_s", ceil.roofline_tok_s(B, avg_ctx)},
-                                     {"bytes_per_step", ceil.bytes_per_step(B, avg_ctx)},
-                                     {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token}});
-        }
+        EXL3_RETURN_IF_ERROR(s);
     }
+    return seconds_since(t0) / (o.gen - 1);
+}
 
+// The tables of bench() (or its JSON).
+int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& out, double load_s, bool gpu) {
+    const ModelInfo& info = m.info();
+    const double bandwidth = out["bandwidth_gb_s"].get<double>() * 1e9;
+    const std::string bw_label = out["bandwidth_source"].get<std::string>();
     if (o.json) {
         std::printf("%s\n", out.dump(2).c_str());
         return 0;
@@ -617,6 +540,105 @@ int bench(const BenchOptions& o) {
         }
     }
     return 0;
+}
+
+
+int bench(const BenchOptions& o) {
+    if (!o.jobs.empty()) return bench_jobs(o);
+    auto prompts = int_list(o.prompts, "--prompt");
+    auto batches = int_list(o.batches, "--batch");
+    auto contexts = int_list(o.contexts, "--context");
+    auto check_rows = int_list(o.check_rows.empty() ? "1" : o.check_rows, "--check-rows");
+    for (auto* r : {&prompts, &batches, &contexts, &check_rows})
+        if (!r->is_ok()) return fail("bench", r->status().message());
+    const int max_rows = *std::max_element(check_rows->begin(), check_rows->end());
+    if (max_rows > 33) return fail("bench", "--check-rows: at most 33 tokens a sequence (1 + 32 proposals)");
+    if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
+    const bool gpu = o.device != "cpu";
+    const int64_t max_ctx =
+        std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
+                          int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen + max_rows);
+    const int max_batch = *std::max_element(batches->begin(), batches->end());
+    if ((max_ctx + 64) * max_batch > std::numeric_limits<int>::max())
+        return fail("bench", "--batch x (--context + --gen) is too large for one KV cache");
+    LoadOptions lo;
+    lo.threads = o.threads;
+    o.kv_bits.apply(lo);
+    lo.device = o.device;
+    lo.context_length = static_cast<int>(max_ctx + 64);
+    lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
+    lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
+    double load_s = 0.0;
+    auto model = load_timed(o.model, lo, &load_s);
+    if (!model.is_ok()) return fail("bench", model.status().to_string());
+    const Model& m = **model;
+    const ModelInfo& info = m.info();
+
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const double bandwidth = ceil.bandwidth;
+    const std::string& bw_label = ceil.source;
+    const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
+    const bool tied = info.tied_embeddings;
+    const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
+
+    Tokens random_tokens(info.vocab_size);
+    nlohmann::json out = {{"model", o.model},
+                          {"device", m.device()},
+                          {"architecture", info.architecture},
+                          {"parameters", info.num_parameters},
+                          {"load_seconds", load_s},
+                          {"bandwidth_gb_s", bandwidth / 1e9},
+                          {"bandwidth_source", bw_label},
+                          {"kv_bits_k", info.kv_bits_k},
+                          {"kv_bits_v", info.kv_bits_v},
+                          {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
+                          {"prefill", nlohmann::json::array()},
+                          {"decode", nlohmann::json::array()}};
+
+    for (int P : *prompts) {
+        std::vector<double> times;
+        auto toks = random_tokens(P);
+        std::vector<float> logits;
+        for (int r = 0; r < o.reps + 1; ++r) {
+            auto seq = m.new_sequence(P);
+            if (!seq.is_ok()) return fail("bench", seq.status().to_string());
+            auto t0 = std::chrono::steady_clock::now();
+            if (Status s = m.forward(**seq, toks, false, &logits); !s.is_ok()) return fail("bench", s.to_string());
+            if (r > 0) times.push_back(seconds_since(t0));  // the first run warms up
+        }
+        const double t = median(times);
+        const double flops = linear_flops_per_token * P +
+                             4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
+        nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
+        if (gpu) row["roofline_tok_s"] = P / (flops / kGpuMatrixFlops);
+        out["prefill"].push_back(row);
+    }
+
+    std::vector<std::pair<int, int>> cases;  // (R, C): the plain decode step (R = 1), then the check steps
+    for (int R : *check_rows)
+        for (int C : *contexts) cases.emplace_back(R, C);
+    for (const auto& rc : cases) {
+        const auto [R, C] = rc;
+        for (int B : *batches) {
+            auto t = time_step(m, o, random_tokens, R, C, B);
+            if (!t.is_ok()) return fail("bench", t.status().to_string());
+            const double per_step = *t;
+            const double avg_ctx = C + o.gen / 2.0;
+            if (R > 1) {
+                out["check"].push_back({{"batch", B}, {"context", C}, {"rows", R}, {"ms_per_step", per_step * 1e3}});
+                continue;
+            }
+            out["decode"].push_back({{"batch", B},
+                                     {"context", C},
+                                     {"ms_per_step", per_step * 1e3},
+                                     {"tok_s", B / per_step},
+                                     {"roofline_tok_s", ceil.roofline_tok_s(B, avg_ctx)},
+                                     {"bytes_per_step", ceil.bytes_per_step(B, avg_ctx)},
+                                     {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token}});
+        }
+    }
+
+    return print_tables(o, m, out, load_s, gpu);
 }
 
 }  // namespace
