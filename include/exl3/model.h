@@ -71,16 +71,12 @@ struct LoadOptions {
 // edits, which the caller computes (they depend on the tokens so far) and the device applies in this order per edit:
 // l += bias; l = l > 0 ? l / rep : l * rep; l -= sub; l -= dry; banned: -inf.
 struct DrawSettings {
-    float temperature = 0.0f;  // 0: greedy (argmax after the edits)
-    int top_k = 0;
-    float top_p = 1.0f;
-    float min_p = 0.0f;
-    float typical_p = 1.0f;
-    float xtc_threshold = 0.1f;
-    float xtc_probability = 0.0f;
-    int top_logprobs = 0;  // how many of the most likely tokens to return with their logprobs (at most 100)
-    uint64_t seed = 0;     // the draw is reproducible for a given (seed, step)
-    uint64_t step = 0;
+    float temperature = 0.0f;                           // 0: greedy (argmax after the edits)
+    int top_k = 0;                                      // the truncations and XTC: SamplerSettings' meaning
+    float top_p = 1.0f, min_p = 0.0f, typical_p = 1.0f;
+    float xtc_threshold = 0.1f, xtc_probability = 0.0f;
+    int top_logprobs = 0;         // how many of the most likely tokens to return with their logprobs (at most 100)
+    uint64_t seed = 0, step = 0;  // the draw is reproducible for a given (seed, step)
     struct Edit {
         int32_t id = 0;
         float bias = 0.0f, rep = 1.0f, sub = 0.0f, dry = 0.0f;

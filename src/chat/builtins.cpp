@@ -516,9 +516,7 @@ struct FilterCall {
 using FilterFn = Result<Value> (*)(FilterCall&);
 
 Result<Value> filter_tojson(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     // transformers' tojson: json.dumps(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False).
     Value ensure_ascii = r.get(0, "ensure_ascii", Value::boolean(false));
     Value indent = r.get(1, "indent", Value::none());
@@ -552,7 +550,7 @@ Result<Value> filter_tojson(FilterCall& c) {
 }
 
 Result<Value> filter_length(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     switch (v.kind) {
         case Kind::kUndefined:
@@ -570,8 +568,7 @@ Result<Value> filter_length(FilterCall& c) {
 }
 
 Result<Value> filter_trim(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value chars = r.get(0, "chars", Value::none());
     EXL3_RETURN_IF_ERROR(c.done(1));
     if (!chars.is_none() && chars.kind != Kind::kString) return type_error("trim chars must be a string");
@@ -580,7 +577,7 @@ Result<Value> filter_trim(FilterCall& c) {
 }
 
 Result<Value> filter_items(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (v.kind == Kind::kUndefined) return Value::make_generator({});
     if (v.kind != Kind::kDict) return type_error("Can only get item pairs from a mapping.");
@@ -590,15 +587,14 @@ Result<Value> filter_items(FilterCall& c) {
 }
 
 Result<Value> filter_string(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (v.kind == Kind::kString) return v;
     return Value::string(py_str(v));
 }
 
 Result<Value> filter_case(FilterCall& c) {
-    const std::string& name = c.name;
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     std::string s = py_str(v);
     bool safe = v.kind == Kind::kString && v.safe;
@@ -609,22 +605,20 @@ Result<Value> filter_case(FilterCall& c) {
 }
 
 Result<Value> filter_safe(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     return Value::string(py_str(v), true);
 }
 
 Result<Value> filter_escape(FilterCall& c) {
-    const std::string& name = c.name;
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (v.kind == Kind::kString && v.safe && name != "forceescape") return v;
     return Value::string(html_escape(py_str(v)), true);
 }
 
 Result<Value> filter_default(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value dflt = r.get(0, "default_value", Value::string(""));
     Value boolean = r.get(1, "boolean", Value::boolean(false));
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -633,17 +627,14 @@ Result<Value> filter_default(FilterCall& c) {
 }
 
 Result<Value> filter_list(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
     return Value::make_list(std::move(items));
 }
 
 Result<Value> filter_join(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value sep = r.get(0, "d", Value::string(""));
     Value attribute = r.get(1, "attribute", Value::none());
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -663,9 +654,7 @@ Result<Value> filter_join(FilterCall& c) {
 }
 
 Result<Value> filter_first_last(FilterCall& c) {
-    Interp& in = c.in;
-    const std::string& name = c.name;
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (name == "first" && v.kind == Kind::kGenerator) {
         if (v.gen->pos >= v.gen->items.size()) return Value::undefined("No first item, sequence was empty.");
@@ -680,10 +669,7 @@ Result<Value> filter_first_last(FilterCall& c) {
 }
 
 Result<Value> filter_select(FilterCall& c) {
-    Interp& in = c.in;
-    const std::string& name = c.name;
-    const Value& v = c.v;
-    CallArgs& args = c.args;
+    auto& [in, name, v, args, r] = c;
     // jinja2 yields nothing for a falsy value (None included) without looking at the arguments.
     if (!truthy(v)) return Value::make_generator({});
     bool by_attr = name == "selectattr" || name == "rejectattr";
@@ -722,10 +708,7 @@ Result<Value> filter_select(FilterCall& c) {
 }
 
 Result<Value> filter_map(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    CallArgs& args = c.args;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     if (!truthy(v)) return Value::make_generator({});
     EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
     List out;
@@ -755,9 +738,7 @@ Result<Value> filter_map(FilterCall& c) {
 }
 
 Result<Value> filter_indent(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value width = r.get(0, "width", Value::integer(4));
     Value first = r.get(1, "first", Value::boolean(false));
     Value blank = r.get(2, "blank", Value::boolean(false));
@@ -792,9 +773,7 @@ Result<Value> filter_indent(FilterCall& c) {
 }
 
 Result<Value> filter_replace(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     const Value* o = r.find(0, "old");
     const Value* n = r.find(1, "new");
     Value count = r.get(2, "count", Value::none());
@@ -806,14 +785,24 @@ Result<Value> filter_replace(FilterCall& c) {
     return Value::string(std::move(out));
 }
 
-Result<Value> filter_unique(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
-    Value cs = r.get(0, "case_sensitive", Value::boolean(false));
-    Value attribute = r.get(1, "attribute", Value::none());
+// The (case_sensitive, attribute) arguments of unique, min and max, and the items they run over.
+struct CaseAttrCall {
+    Value cs, attribute;
+    List items;
+};
+Result<CaseAttrCall> case_attr_call(FilterCall& c) {
+    CaseAttrCall k;
+    k.cs = c.r.get(0, "case_sensitive", Value::boolean(false));
+    k.attribute = c.r.get(1, "attribute", Value::none());
     EXL3_RETURN_IF_ERROR(c.done(2));
-    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    EXL3_ASSIGN_OR_RETURN(k.items, c.in.iterate(c.v));
+    return k;
+}
+
+Result<Value> filter_unique(FilterCall& c) {
+    auto& [in, name, v, args, r] = c;
+    EXL3_ASSIGN_OR_RETURN(CaseAttrCall k, case_attr_call(c));
+    auto& [cs, attribute, items] = k;
     List out, seen;
     for (auto& item : items) {
         EXL3_RETURN_IF_ERROR(in.step());
@@ -833,10 +822,16 @@ Result<Value> filter_unique(FilterCall& c) {
     return Value::make_generator(std::move(out));
 }
 
+// The values of (key, value) pairs in key order (stable), as a list.
+Result<Value> sorted_values(std::vector<std::pair<Value, Value>>& keyed, bool reverse) {
+    EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, reverse));
+    List out;
+    for (auto& kv : keyed) out.push_back(std::move(kv.second));
+    return Value::make_list(std::move(out));
+}
+
 Result<Value> filter_sort(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value reverse = r.get(0, "reverse", Value::boolean(false));
     Value cs = r.get(1, "case_sensitive", Value::boolean(false));
     Value attribute = r.get(2, "attribute", Value::none());
@@ -850,15 +845,11 @@ Result<Value> filter_sort(FilterCall& c) {
         }
         keyed.emplace_back(sort_key(key, truthy(cs)), std::move(item));
     }
-    EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
-    List out;
-    for (auto& kv : keyed) out.push_back(std::move(kv.second));
-    return Value::make_list(std::move(out));
+    return sorted_values(keyed, truthy(reverse));
 }
 
 Result<Value> filter_dictsort(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value cs = r.get(0, "case_sensitive", Value::boolean(false));
     Value by = r.get(1, "by", Value::string("key"));
     Value reverse = r.get(2, "reverse", Value::boolean(false));
@@ -870,15 +861,11 @@ Result<Value> filter_dictsort(FilterCall& c) {
     std::vector<std::pair<Value, Value>> keyed;
     for (const auto& [k, x] : v.dict->items)
         keyed.emplace_back(sort_key(b == "key" ? k : x, truthy(cs)), Value::make_tuple({k, x}));
-    EXL3_RETURN_IF_ERROR(stable_sort_values(keyed, truthy(reverse)));
-    List out;
-    for (auto& kv : keyed) out.push_back(std::move(kv.second));
-    return Value::make_list(std::move(out));
+    return sorted_values(keyed, truthy(reverse));
 }
 
 Result<Value> filter_reverse(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (v.kind == Kind::kString) {
         std::u32string cps = utf8_decode(v.s);
@@ -892,8 +879,7 @@ Result<Value> filter_reverse(FilterCall& c) {
 }
 
 Result<Value> filter_int(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value dflt = r.get(0, "default", Value::integer(0));
     Value base = r.get(1, "base", Value::integer(10));
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -925,8 +911,7 @@ Result<Value> filter_int(FilterCall& c) {
 }
 
 Result<Value> filter_float(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value dflt = r.get(0, "default", Value::number(0.0));
     EXL3_RETURN_IF_ERROR(c.done(1));
     if (v.is_number()) return Value::number(v.as_double());
@@ -936,7 +921,7 @@ Result<Value> filter_float(FilterCall& c) {
 }
 
 Result<Value> filter_abs(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     if (v.kind == Kind::kFloat) return Value::number(std::fabs(v.f));
     if (is_int(v)) {
@@ -947,8 +932,7 @@ Result<Value> filter_abs(FilterCall& c) {
 }
 
 Result<Value> filter_round(FilterCall& c) {
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value precision = r.get(0, "precision", Value::integer(0));
     Value method = r.get(1, "method", Value::string("common"));
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -968,9 +952,7 @@ Result<Value> filter_round(FilterCall& c) {
 }
 
 Result<Value> filter_batch(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     const Value* count = r.find(0, "linecount");
     Value fill = r.get(1, "fill_with", Value::none());
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -994,9 +976,7 @@ Result<Value> filter_batch(FilterCall& c) {
 }
 
 Result<Value> filter_sum(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value attribute = r.get(0, "attribute", Value::none());
     Value start = r.get(1, "start", Value::integer(0));
     EXL3_RETURN_IF_ERROR(c.done(2));
@@ -1013,14 +993,9 @@ Result<Value> filter_sum(FilterCall& c) {
 }
 
 Result<Value> filter_min_max(FilterCall& c) {
-    Interp& in = c.in;
-    const std::string& name = c.name;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
-    Value cs = r.get(0, "case_sensitive", Value::boolean(false));
-    Value attribute = r.get(1, "attribute", Value::none());
-    EXL3_RETURN_IF_ERROR(c.done(2));
-    EXL3_ASSIGN_OR_RETURN(List items, in.iterate(v));
+    auto& [in, name, v, args, r] = c;
+    EXL3_ASSIGN_OR_RETURN(CaseAttrCall k, case_attr_call(c));
+    auto& [cs, attribute, items] = k;
     if (items.empty()) return Value::undefined("No aggregated item, sequence was empty.");
     size_t best = 0;
     Value best_key;
@@ -1044,9 +1019,7 @@ Result<Value> filter_min_max(FilterCall& c) {
 }
 
 Result<Value> filter_center(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     Value width = r.get(0, "width", Value::integer(80));
     EXL3_RETURN_IF_ERROR(c.done(1));
     if (!is_int(width)) return type_error("center width must be an integer");
@@ -1055,7 +1028,7 @@ Result<Value> filter_center(FilterCall& c) {
 }
 
 Result<Value> filter_wordcount(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     int64_t n = 0;
     bool in_word = false;
@@ -1068,9 +1041,7 @@ Result<Value> filter_wordcount(FilterCall& c) {
 }
 
 Result<Value> filter_attr(FilterCall& c) {
-    Interp& in = c.in;
-    const Value& v = c.v;
-    ArgReader& r = c.r;
+    auto& [in, name, v, args, r] = c;
     const Value* a = r.find(0, "name");
     EXL3_RETURN_IF_ERROR(c.done(1));
     if (!a) return type_error("attr needs a name");
@@ -1080,14 +1051,13 @@ Result<Value> filter_attr(FilterCall& c) {
 }
 
 Result<Value> filter_pprint(FilterCall& c) {
-    const Value& v = c.v;
+    auto& [in, name, v, args, r] = c;
     EXL3_RETURN_IF_ERROR(c.done(0));
     return Value::string(py_repr(v));
 }
 
 Result<Value> filter_format(FilterCall& c) {
-    const Value& v = c.v;
-    CallArgs& args = c.args;
+    auto& [in, name, v, args, r] = c;
     if (!args.kw.empty() && !args.pos.empty())
         return invalid_argument("FilterArgumentError: can't handle positional and keyword arguments at the same time");
     if (!args.kw.empty()) return unsupported("the format filter with keyword arguments is not supported");
@@ -1096,7 +1066,7 @@ Result<Value> filter_format(FilterCall& c) {
 }
 
 Result<Value> filter_unsupported(FilterCall& c) {
-    const std::string& name = c.name;
+    auto& [in, name, v, args, r] = c;
     return unsupported("filter '" + name + "' is not supported in chat templates");
 }
 

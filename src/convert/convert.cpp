@@ -131,27 +131,24 @@ Status dequantize_into(const quant::QuantizedLinear& q, Lin* l) {
 
 // The resume state's fingerprint: everything the output depends on (not the device: same codes).
 nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
-    nlohmann::ordered_json fp;
     std::error_code ec;
     uint64_t in_bytes = 0;
     for (const auto& e : fs::directory_iterator(opt.input_dir, ec))
         if (e.path().extension() == ".safetensors") in_bytes += e.file_size(ec);
-    fp["format"] = 1;
-    fp["input"] = fs::weakly_canonical(opt.input_dir, ec).string();
-    fp["input_config_hash"] = fmt::format("{:016x}", file_hash(opt.input_dir + "/config.json"));
-    fp["input_safetensors_bytes"] = in_bytes;
-    fp["bits"] = opt.bpw;
-    fp["head_bits"] = opt.head_bits;
-    fp["codebook"] = std::string(quant::codebook_name(opt.codebook));
-    fp["calibration"] = opt.calibration_file.empty() ? std::string("sampled-v1")
-                                                    : fs::weakly_canonical(opt.calibration_file, ec).string();
-    fp["calibration_hash"] =
-        opt.calibration_file.empty() ? std::string() : fmt::format("{:016x}", file_hash(opt.calibration_file));
-    fp["calibration_rows"] = opt.calibration_rows;
-    fp["calibration_cols"] = opt.calibration_cols;
-    fp["sensitivity_tiles"] = opt.sensitivity_tiles;
-    fp["seed"] = opt.seed;
-    return fp;
+    const bool sampled = opt.calibration_file.empty();
+    return {{"format", 1},
+            {"input", fs::weakly_canonical(opt.input_dir, ec).string()},
+            {"input_config_hash", fmt::format("{:016x}", file_hash(opt.input_dir + "/config.json"))},
+            {"input_safetensors_bytes", in_bytes},
+            {"bits", opt.bpw},
+            {"head_bits", opt.head_bits},
+            {"codebook", std::string(quant::codebook_name(opt.codebook))},
+            {"calibration", sampled ? std::string("sampled-v1") : fs::weakly_canonical(opt.calibration_file, ec).string()},
+            {"calibration_hash", sampled ? std::string() : fmt::format("{:016x}", file_hash(opt.calibration_file))},
+            {"calibration_rows", opt.calibration_rows},
+            {"calibration_cols", opt.calibration_cols},
+            {"sensitivity_tiles", opt.sensitivity_tiles},
+            {"seed", opt.seed}};
 }
 
 // One conversion, pass by pass (convert.h).
