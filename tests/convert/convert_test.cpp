@@ -16,6 +16,7 @@
 
 #include "convert/convert.h"
 #include "exl3/model.h"
+#include "exl3_pair.h"
 #include "format/safetensors_writer.h"
 #include "quant/exl3_model.h"
 #include "test_util.h"
@@ -179,9 +180,11 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
         }
     }
 
-    // The layout ExLlamaV3 reads, against the reference implementation's own file (when ../shared is there).
-    if (const std::string ref = test::shared_dir() + "/models/tiny-target-exl3-4.0bpw"; test::path_exists(ref))
-        expect_same_layout(o.output_dir, ref);
+    // The layout ExLlamaV3 reads, against the reference implementation's own file: ../shared's, else its cut in the
+    // extract, which keeps the config and every tensor_storage entry's keys, dtypes and ranks.
+    const auto ref = test::exl3_pair();
+    ASSERT_TRUE(ref.has_value()) << "neither ../shared nor the unpacked extract has the reference EXL3 file";
+    expect_same_layout(o.output_dir, ref->exl3);
 
     std::vector<int32_t> toks;
     std::mt19937 rng(11);

@@ -157,7 +157,6 @@ namespace {
 // its space (a lone decode strips it: "1" then "▁2" would be checked as 12 where the output says "1 2"), and the texts
 // of a sentence's tokens add up to its decode (byte-level tokenizers exactly; SentencePiece up to the first space).
 TEST(TokenTexts, AreTheTextsTokensAddInContext) {
-    const std::string shared = test::shared_dir();
     struct Case {
         const char* dir;
         const char* spaced;  // a token that starts with a space
@@ -170,7 +169,7 @@ TEST(TokenTexts, AreTheTextsTokensAddInContext) {
                "the",
                false},
           Case{"tokenizers/llama-3.1", "\xc4\xa0{", true}, Case{"tokenizers/qwen3", "\xc4\xa0{", true}}) {
-        const std::string dir = shared.empty() ? std::string() : shared + "/" + c.dir;
+        const std::string dir = test::shared_or_extract(c.dir);  // ../shared or the committed extract
         if (dir.empty() || !test::path_exists(dir + "/tokenizer.json")) continue;
         ++tried;
         auto tok = Tokenizer::load(dir);
@@ -192,7 +191,7 @@ TEST(TokenTexts, AreTheTextsTokensAddInContext) {
             EXPECT_TRUE(joined == decoded || joined == " " + decoded) << c.dir << ": " << joined;
         for (int32_t s : (*tok)->eos_ids()) EXPECT_EQ(texts[static_cast<size_t>(s)], "") << c.dir;
     }
-    if (tried == 0) GTEST_SKIP() << "needs ../shared/tokenizers";
+    if (tried == 0) GTEST_SKIP() << "needs tokenizers/ from ../shared or the unpacked extract";
 }
 
 }  // namespace

@@ -1,14 +1,20 @@
 // Speculative decoding on the CPU: Model::truncate (the KV cache drops a rejected tail, prefix-cache pages included),
 // then the Generator with n-gram proposals (the committed tiny-draft model) and with a draft model (tiny-draft
-// proposing for ../shared's tiny-target): every kept token is the model's own draw, so greedy and seeded outputs equal
-// plain decoding's, token for token.
+// proposing for ../shared's tiny-target; without ../shared, tiny-draft's first two layers proposing for the whole of
+// it): every kept token is the model's own draw, so greedy and seeded outputs equal plain decoding's, token for token.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "exl3/generator.h"
 #include "exl3/model.h"
+#include "format/safetensors.h"
+#include "format/safetensors_writer.h"
 #include "test_util.h"
 
 namespace exl3 {
@@ -243,11 +249,46 @@ TEST_F(SpeculativeTest, BadOptions) {
     EXPECT_EQ(bad(o), StatusCode::kInvalidArgument);
 }
 
+// A smaller model with tiny-draft's vocabulary: its first `layers` layers, its final norm and head (an early exit,
+// the self-speculative kind of draft), written with our safetensors writer into a scratch folder.
+class TruncatedDraft {
+public:
+    explicit TruncatedDraft(int layers) {
+        namespace fs = std::filesystem;
+        dir = fs::temp_directory_path() / ("exl3_truncated_draft_" + std::to_string(::getpid()));
+        fs::create_directories(dir);
+        const std::string src = test::repo_path("tests/models/tiny-draft");
+        auto store = TensorStore::open_dir(src);
+        EXPECT_TRUE(store.is_ok()) << store.status().to_string();
+        if (!store.is_ok()) return;
+        SafetensorsWriter w;
+        const std::string layer = "model.layers.";
+        for (const std::string& name : store->names()) {
+            if (name.rfind(layer, 0) == 0 && std::stoi(name.substr(layer.size())) >= layers) continue;
+            TensorView t = *store->get(name);
+            EXPECT_TRUE(w.add(name, t.dtype, t.shape, t.data, t.nbytes()).is_ok()) << name;
+        }
+        EXPECT_TRUE(w.write(dir + "/model.safetensors").is_ok());
+        std::ifstream in(src + "/config.json");
+        nlohmann::json c = nlohmann::json::parse(in);
+        EXPECT_GT(c["num_hidden_layers"].get<int>(), layers);
+        c["num_hidden_layers"] = layers;
+        std::ofstream(dir + "/config.json") << c.dump(2);
+    }
+    ~TruncatedDraft() { std::filesystem::remove_all(dir); }
+    std::string dir;
+};
+
 TEST(SpeculativeDraftModel, TinyDraftProposesForTinyTarget) {
-    EXL3_REQUIRE_SHARED("models/tiny-target", target_dir);
-    auto target = load(target_dir);
-    auto draft = load(test::repo_path("tests/models/tiny-draft"));
+    const std::string shared = test::shared_dir();
+    const bool have_target = !shared.empty() && test::path_exists(shared + "/models/tiny-target/config.json");
+    std::unique_ptr<TruncatedDraft> truncated;
+    if (!have_target) truncated = std::make_unique<TruncatedDraft>(2);
+    auto target = load(have_target ? shared + "/models/tiny-target" : test::repo_path("tests/models/tiny-draft"));
+    auto draft = load(have_target ? test::repo_path("tests/models/tiny-draft") : truncated->dir);
     ASSERT_TRUE(target && draft);
+    std::printf("[ draft model ] %s proposing for %s\n", have_target ? "tiny-draft" : "tiny-draft's first 2 layers",
+                have_target ? "tiny-target" : "tiny-draft");
     GeneratorOptions plain;
     plain.prefill_chunk = 32;
     GeneratorOptions spec = plain;

@@ -73,9 +73,7 @@ TEST(VocabWalk, FindsWhatAWholeCheckFindsOnShortStrings) {
 
 #ifdef EXL3_HAVE_TOKENIZER
 TEST(VocabWalk, FindsWhatAWholeCheckFindsOnARealVocabulary) {
-    const std::string shared = test::shared_dir();
-    const std::string dir = shared.empty() ? std::string() : shared + "/tokenizers/llama-3.1";
-    if (dir.empty() || !test::path_exists(dir + "/tokenizer.json")) GTEST_SKIP() << "needs ../shared/tokenizers";
+    EXL3_REQUIRE_DATA("tokenizers/llama-3.1", dir);
     auto tok = Tokenizer::load(dir);
     ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
     const std::vector<std::string> texts = token_texts(**tok, static_cast<int>((*tok)->vocab_size()));

@@ -60,22 +60,22 @@ TEST(TokenizerGolden, TinyTarget) {
 }
 
 TEST(TokenizerGolden, Llama31) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-3.1/tokenizer.json", dir);
-    auto tok = shared_tokenizer(shared_dir() + "/tokenizers/llama-3.1");
+    EXL3_REQUIRE_DATA("tokenizers/llama-3.1", dir);
+    auto tok = shared_tokenizer(dir);
     ASSERT_TRUE(tok);
     check_fixture(*tok, load_fixture("llama-3.1.json"));
 }
 
 TEST(TokenizerGolden, Qwen3) {
-    EXL3_REQUIRE_SHARED("tokenizers/qwen3/tokenizer.json", dir);
-    auto tok = shared_tokenizer(shared_dir() + "/tokenizers/qwen3");
+    EXL3_REQUIRE_DATA("tokenizers/qwen3", dir);
+    auto tok = shared_tokenizer(dir);
     ASSERT_TRUE(tok);
     check_fixture(*tok, load_fixture("qwen3.json"));
 }
 
 TEST(TokenizerGolden, Llama2) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-2/tokenizer.json", dir);
-    auto tok = shared_tokenizer(shared_dir() + "/tokenizers/llama-2");
+    EXL3_REQUIRE_DATA("tokenizers/llama-2", dir);
+    auto tok = shared_tokenizer(dir);
     ASSERT_TRUE(tok);
     check_fixture(*tok, load_fixture("llama-2.json"));
 }

@@ -331,9 +331,9 @@ TEST(Tokenizer, RoundTripTiny) {
 }
 
 TEST(Tokenizer, RoundTripShared) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-3.1/tokenizer.json", dir);
     for (const char* name : {"llama-3.1", "llama-2"}) {
-        auto t = Tokenizer::load(shared_dir() + "/tokenizers/" + name);
+        EXL3_REQUIRE_DATA(std::string("tokenizers/") + name, dir);
+        auto t = Tokenizer::load(dir);
         ASSERT_TRUE(t.is_ok());
         check_round_trip(**t, load_fixture(std::string(name) + ".json"));
     }
@@ -376,18 +376,18 @@ TEST(IncrementalDetokenizer, TinyTarget) {
 }
 
 TEST(IncrementalDetokenizer, SharedTokenizers) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-2/tokenizer.json", dir);
     for (const char* name : {"llama-2", "llama-3.1", "qwen3"}) {
         SCOPED_TRACE(name);
-        auto t = Tokenizer::load(shared_dir() + "/tokenizers/" + name);
+        EXL3_REQUIRE_DATA(std::string("tokenizers/") + name, dir);
+        auto t = Tokenizer::load(dir);
         ASSERT_TRUE(t.is_ok());
         check_stream_fixture(*t, load_fixture(std::string(name) + ".json"), 300);
     }
 }
 
 TEST(IncrementalDetokenizer, HoldsIncompleteCharacters) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-2/tokenizer.json", dir);
-    auto t = Tokenizer::load(shared_dir() + "/tokenizers/llama-2");
+    EXL3_REQUIRE_DATA("tokenizers/llama-2", dir);
+    auto t = Tokenizer::load(dir);
     ASSERT_TRUE(t.is_ok());
     // U+1F9A9 by byte fallback (<0xF0> <0x9F> <0xA6> <0xA9>): held until the run of byte tokens ends, since one
     // more byte could still turn all four into U+FFFD.
@@ -442,15 +442,21 @@ namespace {
 
 // Llama-2 sees the whole text as one word; cutting it before each "▁" must not change a single id.
 TEST(Tokenizer, LongWordCutMatchesWholeWordMerge) {
-    EXL3_REQUIRE_SHARED("tokenizers/llama-2/tokenizer.json", dir);
-    auto t = Tokenizer::load(shared_dir() + "/tokenizers/llama-2");
+    EXL3_REQUIRE_DATA("tokenizers/llama-2", dir);
+    auto t = Tokenizer::load(dir);
     ASSERT_TRUE(t.is_ok());
     const auto& model = *(*t)->impl().model;
     ASSERT_TRUE(model.has_boundary());
     std::string text;
     for (const char* name : {"llama-2.json", "llama-3.1.json"})
         for (auto& c : load_fixture(name)["cases"]) text += c["text"].get<std::string>() + " ";
-    std::string eval = read_file(shared_dir() + "/data/eval.txt").substr(0, 30000);
+    // The head of eval.txt: from ../shared, or the extract's copy of exactly those bytes.
+    const std::string shared = shared_dir();
+    const std::string eval_path = !shared.empty() && path_exists(shared + "/data/eval.txt")
+                                      ? shared + "/data/eval.txt"
+                                      : extract_dir() + "/data/eval-first-30000-bytes.txt";
+    std::string eval = read_file(eval_path).substr(0, 30000);
+    ASSERT_EQ(eval.size(), 30000u) << eval_path;
     text += eval;
     for (const std::string& s : {text, eval}) {
         std::string word;

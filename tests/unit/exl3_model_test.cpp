@@ -1,7 +1,8 @@
 // EXL3 checkpoints end to end on the CPU: the reference implementation's conversion of tiny-target (MUL1, 4.0 bpw,
 // 6-bit head) must predict like the bf16 original (top-1 agreement, perplexity within 2 %), decoding on the fly
 // must equal dequantizing at load, broken files must be rejected naming the tensor, and `exl3 inspect` must
-// describe the quantization.
+// describe the quantization. Without ../shared all but the two prediction tests run on the committed cut of both
+// models (exl3_pair.h).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <sstream>
 
 #include "exl3/model.h"
+#include "exl3_pair.h"
 #include "format/safetensors.h"
 #include "test_util.h"
 #ifdef EXL3_HAVE_TOKENIZER
@@ -26,13 +28,13 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
-const char* kExl3 = "models/tiny-target-exl3-4.0bpw";
-const char* kBf16 = "models/tiny-target";
+using test::Exl3Pair;
 
 std::string slurp(const std::string& path) { return test::read_file(path); }
 
-// The real-text token sequences of the tiny-target golden fixture.
-std::vector<std::vector<int32_t>> golden_sequences() {
+// The real-text token sequences of the tiny-target golden fixture, folded into a vocabulary of `vocab` ids (a no-op
+// on the whole model; the cut has the first 128).
+std::vector<std::vector<int32_t>> golden_sequences(int vocab) {
     std::vector<std::vector<int32_t>> out;
     auto store = TensorStore::open_files({test::repo_path("tests/fixtures/golden/tiny_target.safetensors")});
     EXPECT_TRUE(store.is_ok()) << store.status().to_string();
@@ -40,6 +42,7 @@ std::vector<std::vector<int32_t>> golden_sequences() {
     for (const char* name : {"seq0.tokens", "seq1.tokens"}) {
         TensorView t = *store->get(name);
         out.emplace_back(t.as<int32_t>(), t.as<int32_t>() + t.numel());
+        for (int32_t& id : out.back()) id %= vocab;
     }
     return out;
 }
@@ -77,28 +80,32 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(Exl3Model, LoadsAndReportsQuantization) {
-    EXL3_REQUIRE_SHARED(kExl3, dir);
-    auto m = load(dir);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    auto m = load(p.exl3);
     ASSERT_TRUE(m);
     const ModelInfo& i = m->info();
     EXPECT_EQ(i.quantization, "exl3 4.00 bpw, head 6 bpw, mul1");
-    EXPECT_EQ(i.num_layers, 6);
+    EXPECT_EQ(i.num_layers, p.cut ? 3 : 6);
     // Linears count as in x out, like the bf16 original (not as trellis words).
-    auto ref = load(test::shared_dir() + "/" + kBf16);
+    auto ref = load(p.bf16);
     ASSERT_TRUE(ref);
     EXPECT_EQ(i.num_parameters, ref->info().num_parameters);
     EXPECT_TRUE(ref->info().quantization.empty());
     EXPECT_LT(i.weight_bytes, ref->info().weight_bytes / 2);
 }
 
+// This one and the perplexity test measure how well the whole quantized language model predicts text, so they need
+// the whole models: the cut computes no language (on it the top-1 agreement is about 67 %, as with any two nearby
+// random networks), and the whole pair is 45 MB.
 TEST(Exl3Model, TopOneAgreesWithBf16OnGoldenText) {
-    EXL3_REQUIRE_SHARED(kExl3, dir);
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    EXL3_REQUIRE_SHARED("models/tiny-target", ref_dir);
     auto q = load(dir);
-    auto ref = load(test::shared_dir() + "/" + kBf16);
+    auto ref = load(ref_dir);
     ASSERT_TRUE(q && ref);
     const int V = q->info().vocab_size;
     int agree = 0, total = 0;
-    for (const auto& toks : golden_sequences()) {
+    for (const auto& toks : golden_sequences(V)) {
         auto a = all_logits(*q, toks), b = all_logits(*ref, toks);
         for (size_t r = 0; r < toks.size(); ++r, ++total)
             agree += argmax(a.data() + r * V, V) == argmax(b.data() + r * V, V);
@@ -110,18 +117,18 @@ TEST(Exl3Model, TopOneAgreesWithBf16OnGoldenText) {
 }
 
 TEST(Exl3Model, OnTheFlyEqualsDequantizedAtLoad) {
-    EXL3_REQUIRE_SHARED(kExl3, dir);
-    auto fly = load(dir), deq = load(dir, true);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    auto fly = load(p.exl3), deq = load(p.exl3, true);
     ASSERT_TRUE(fly && deq);
     EXPECT_EQ(deq->info().quantization, "exl3 4.00 bpw, head 6 bpw, mul1, dequantized to fp32 at load");
-    for (const auto& toks : golden_sequences()) {
+    for (const auto& toks : golden_sequences(p.vocab)) {
         const double d = max_rel_diff(all_logits(*fly, toks), all_logits(*deq, toks));
         std::printf("  on the fly vs dequantized at load, %zu tokens: max relative logit difference %.2e\n",
                     toks.size(), d);
         EXPECT_LE(d, 1e-4);
     }
     // Decoding one token at a time goes through the same matmul with T = 1.
-    const auto toks = golden_sequences()[0];
+    const auto toks = golden_sequences(p.vocab)[0];
     const auto full = all_logits(*fly, toks);
     auto seq = fly->new_sequence();
     ASSERT_TRUE(seq.is_ok());
@@ -173,9 +180,9 @@ TEST(Exl3Model, PerplexityWithinTwoPercentOfBf16) {
 #ifndef EXL3_HAVE_TOKENIZER
     GTEST_SKIP() << "this build has no tokenizer";
 #else
-    EXL3_REQUIRE_SHARED(kExl3, dir);
+    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
+    EXL3_REQUIRE_SHARED("models/tiny-target", ref_dir);
     EXL3_REQUIRE_SHARED("data/eval.txt", eval);
-    const std::string ref_dir = test::shared_dir() + "/" + kBf16;
     auto tok = Tokenizer::load(dir);
     ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
     // A prefix of the text is plenty for kTokens; cut at a line end so no UTF-8 sequence is split.
@@ -247,14 +254,19 @@ public:
     std::string dir;
 };
 
-const std::string kQ = "model.layers.2.self_attn.q_proj";
+// The layer the crafted breakages hit: [hidden, hidden], a trellis of hidden/16 x hidden/16 tiles.
+std::string q_proj(const Exl3Pair& p) {
+    return p.layer(2, "self_attn.q_proj");
+}
 
 TEST(Exl3ModelLoad, ZeroBitsRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p), src = p.exl3;
+    const int t16 = p.hidden / 16;
     BrokenExl3 b(src);
-    b.edit_header([](json& h) {
+    b.edit_header([&](json& h) {
         json& t = h[kQ + ".trellis"];
-        t["shape"] = {24, 24, 0};
+        t["shape"] = {t16, t16, 0};
         t["data_offsets"][1] = t["data_offsets"][0];  // an empty tensor; its old bytes stay unreferenced
     });
     std::string e = b.load_error();
@@ -263,26 +275,32 @@ TEST(Exl3ModelLoad, ZeroBitsRejected) {
 }
 
 TEST(Exl3ModelLoad, TrellisOfTheWrongSizeRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
-    b.edit_header([](json& h) { h[kQ + ".trellis"]["shape"] = {48, 12, 64}; });  // same bytes, wrong tile grid
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p);
+    const int t16 = p.hidden / 16;
+    BrokenExl3 b(p.exl3);
+    b.edit_header([&](json& h) { h[kQ + ".trellis"]["shape"] = {2 * t16, t16 / 2, 64}; });  // same bytes, wrong grid
     std::string e = b.load_error();
-    EXPECT_NE(e.find("tensor '" + kQ + ".trellis' has shape [48, 12, 64], expected [24, 24, 64]"), std::string::npos)
-        << e;
+    const std::string want = "tensor '" + kQ + ".trellis' has shape [" + std::to_string(2 * t16) + ", " +
+                             std::to_string(t16 / 2) + ", 64], expected [" + std::to_string(t16) + ", " +
+                             std::to_string(t16) + ", 64]";  // [48, 12, 64] for [24, 24, 64] on the whole model
+    EXPECT_NE(e.find(want), std::string::npos) << e;
 }
 
 TEST(Exl3ModelLoad, MissingSuhRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
-    b.edit_header([](json& h) { h.erase("model.layers.4.mlp.down_proj.suh"); });
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string suh = p.layer(4, "mlp.down_proj.suh");
+    BrokenExl3 b(p.exl3);
+    b.edit_header([&](json& h) { h.erase(suh); });
     std::string e = b.load_error();
-    EXPECT_NE(e.find("'model.layers.4.mlp.down_proj.suh'"), std::string::npos) << e;
+    EXPECT_NE(e.find("'" + suh + "'"), std::string::npos) << e;
 }
 
 TEST(Exl3ModelLoad, UnknownCodebookMarkerValueRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
-    b.edit([](json& h, std::string& data) {
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p);
+    BrokenExl3 b(p.exl3);
+    b.edit([&](json& h, std::string& data) {
         const size_t off = h[kQ + ".mul1"]["data_offsets"][0].get<size_t>();
         data[off] = static_cast<char>(data[off] ^ 1);
     });
@@ -292,10 +310,11 @@ TEST(Exl3ModelLoad, UnknownCodebookMarkerValueRejected) {
 }
 
 TEST(Exl3ModelLoad, UnknownCodebookMarkerNameRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p);
+    BrokenExl3 b(p.exl3);
     // A marker we do not know would otherwise be ignored, and the layer decoded with the 3INST default.
-    b.edit_header([](json& h) {
+    b.edit_header([&](json& h) {
         h[kQ + ".mul2"] = h[kQ + ".mul1"];
         h.erase(kQ + ".mul1");
     });
@@ -305,19 +324,24 @@ TEST(Exl3ModelLoad, UnknownCodebookMarkerNameRejected) {
 }
 
 TEST(Exl3ModelLoad, WrongScaleLengthRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
-    b.edit_header([](json& h) {
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p);
+    const int half = p.hidden / 2;
+    BrokenExl3 b(p.exl3);
+    b.edit_header([&](json& h) {
         json& t = h[kQ + ".svh"];
-        t["shape"] = {192};
-        t["data_offsets"][1] = t["data_offsets"][0].get<size_t>() + 384;
+        t["shape"] = {half};
+        t["data_offsets"][1] = t["data_offsets"][0].get<size_t>() + 2 * half;
     });
     std::string e = b.load_error();
-    EXPECT_NE(e.find("tensor '" + kQ + ".svh' has shape [192], expected [384]"), std::string::npos) << e;
+    const std::string want = "tensor '" + kQ + ".svh' has shape [" + std::to_string(half) + "], expected [" +
+                             std::to_string(p.hidden) + "]";  // [192] for [384] on the whole model
+    EXPECT_NE(e.find(want), std::string::npos) << e;
 }
 
 TEST(Exl3ModelLoad, BiasMustMatchTheConfig) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string kQ = q_proj(p), src = p.exl3;
     {
         BrokenExl3 b(src);
         b.edit_config([](json& c) { c["attention_bias"] = true; });
@@ -325,14 +349,14 @@ TEST(Exl3ModelLoad, BiasMustMatchTheConfig) {
         EXPECT_NE(e.find("'model.layers.0.self_attn.q_proj.bias' is missing"), std::string::npos) << e;
     }
     {
-        // A stray bias on an EXL3 layer whose config has none: the svh bytes reused as an F16 [384] bias.
+        // A stray bias on an EXL3 layer whose config has none: the svh bytes reused as an F16 [hidden] bias.
         BrokenExl3 b(src);
-        b.edit([](json& h, std::string& data) {
+        b.edit([&](json& h, std::string& data) {
             const json svh = h[kQ + ".svh"];
             const auto o0 = svh["data_offsets"][0].get<size_t>(), o1 = svh["data_offsets"][1].get<size_t>();
             const size_t at = data.size();
             data += data.substr(o0, o1 - o0);
-            h[kQ + ".bias"] = {{"dtype", "F16"}, {"shape", {384}}, {"data_offsets", {at, data.size()}}};
+            h[kQ + ".bias"] = {{"dtype", "F16"}, {"shape", {p.hidden}}, {"data_offsets", {at, data.size()}}};
         });
         std::string e = b.load_error();
         EXPECT_NE(e.find("tensor '" + kQ + ".bias' is present but the config has no such bias"), std::string::npos)
@@ -343,11 +367,12 @@ TEST(Exl3ModelLoad, BiasMustMatchTheConfig) {
 // With a bias on every q/k/v/o (Llama's attention_bias) the bias must be added exactly once, on the fly and
 // dequantized alike.
 TEST(Exl3ModelLoad, BiasAddedOnce) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string src = p.exl3;
     BrokenExl3 b(src);
     b.edit_config([](json& c) { c["attention_bias"] = true; });
-    b.edit([](json& h, std::string& data) {
-        for (int l = 0; l < 6; ++l)
+    b.edit([&](json& h, std::string& data) {
+        for (int l = 0; l < p.layers; ++l)
             for (const char* p : {"q_proj", "k_proj", "v_proj", "o_proj"}) {
                 const std::string pre = "model.layers." + std::to_string(l) + ".self_attn." + p;
                 const json svh = h[pre + ".svh"];  // n_pad F16 values of sensible size
@@ -359,26 +384,27 @@ TEST(Exl3ModelLoad, BiasAddedOnce) {
     });
     auto fly = load(b.dir), deq = load(b.dir, true), plain = load(src);
     ASSERT_TRUE(fly && deq && plain);
-    const auto toks = golden_sequences()[0];
-    const auto a = all_logits(*fly, toks), d = all_logits(*deq, toks), p = all_logits(*plain, toks);
+    const auto toks = golden_sequences(p.vocab)[0];
+    const auto a = all_logits(*fly, toks), d = all_logits(*deq, toks), u = all_logits(*plain, toks);
     EXPECT_LE(max_rel_diff(a, d), 1e-4);
-    EXPECT_GT(max_rel_diff(a, p), 1e-3);  // the bias does change the result
+    EXPECT_GT(max_rel_diff(a, u), 1e-3);  // the bias does change the result
 }
 
 TEST(Exl3ModelLoad, TiedConfigStillUsesTheQuantizedHead) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string src = p.exl3;
     BrokenExl3 b(src);
     b.edit_config([](json& c) { c["tie_word_embeddings"] = true; });
     auto tied = load(b.dir), untied = load(src);
     ASSERT_TRUE(tied && untied);
     EXPECT_EQ(tied->info().quantization, "exl3 4.00 bpw, head 6 bpw, mul1");
-    const auto toks = golden_sequences()[1];
+    const auto toks = golden_sequences(p.vocab)[1];
     EXPECT_EQ(all_logits(*tied, toks), all_logits(*untied, toks));
 }
 
 TEST(Exl3ModelLoad, ForeignQuantMethodRejected) {
-    EXL3_REQUIRE_SHARED(kExl3, src);
-    BrokenExl3 b(src);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    BrokenExl3 b(p.exl3);
     b.edit_config([](json& c) { c["quantization_config"]["quant_method"] = "gptq"; });
     std::string e = b.load_error();
     EXPECT_NE(e.find("disagree"), std::string::npos) << e;  // config.json vs quantization_config.json
@@ -401,7 +427,8 @@ std::string run_cli(const std::string& args) {
 }
 
 TEST(Exl3Inspect, DescribesTheQuantization) {
-    EXL3_REQUIRE_SHARED(kExl3, dir);
+    EXL3_REQUIRE_EXL3_PAIR(p);
+    const std::string dir = p.exl3;
     const std::string text = run_cli("inspect " + dir);
     EXPECT_NE(text.find("EXL3 1.4.1: decoder 4.00 bpw"), std::string::npos) << text;
     EXPECT_NE(text.find("head 6 bpw, codebook mul1"), std::string::npos) << text;
@@ -412,14 +439,15 @@ TEST(Exl3Inspect, DescribesTheQuantization) {
     EXPECT_DOUBLE_EQ(q["decoder_bpw"].get<double>(), 4.0);
     EXPECT_DOUBLE_EQ(q["head_bpw"].get<double>(), 6.0);
     EXPECT_EQ(q["codebooks"], json::array({"mul1"}));
-    EXPECT_EQ(q["quantized_tensors"], 43);
-    ASSERT_EQ(q["tensors"].size(), 43u);
+    const int quantized = p.cut ? 22 : 43;  // 6 layers (the cut: 3) x 7 linears + lm_head
+    EXPECT_EQ(q["quantized_tensors"], quantized);
+    ASSERT_EQ(q["tensors"].size(), static_cast<size_t>(quantized));
     for (const json& t : q["tensors"]) {
         EXPECT_EQ(t["codebook"], "mul1");
         EXPECT_EQ(t["K"], t["name"] == "lm_head" ? 6 : 4) << t["name"];
     }
     // Parameters counted as HF weights: the same as the bf16 original's.
-    const json ref = json::parse(run_cli("inspect --json " + test::shared_dir() + "/" + kBf16));
+    const json ref = json::parse(run_cli("inspect --json " + p.bf16));
     EXPECT_EQ(ref["format"], "hf");
     EXPECT_EQ(j["parameters"], ref["parameters"]);
 
