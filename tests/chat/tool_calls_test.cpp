@@ -261,8 +261,9 @@ TEST(ToolCalls, ToolsListsAndArgumentSchemas) {
     EXPECT_NE(a, random_id());
 }
 
+// The real templates as committed (tests/fixtures/chat/templates: copies of ../shared/templates).
 TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
-    EXL3_REQUIRE_SHARED("templates", dir);
+    const std::string dir = test::repo_path("tests/fixtures/chat/templates");
     struct Case {
         const char* file;
         ToolFormat want;

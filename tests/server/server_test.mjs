@@ -13,7 +13,10 @@ const [exl3, fallbackModel, sharedArg] = process.argv.slice(2);
 const shared = process.env.EXL3_SHARED_DIR || sharedArg;
 const modelDir = shared && existsSync(`${shared}/models/tiny-target/config.json`) ? `${shared}/models/tiny-target`
                                                                                    : fallbackModel;
-const templates = shared && existsSync(`${shared}/templates`) ? `${shared}/templates` : null;
+// The real templates: ../shared's, else the copies committed for the tests.
+const committed = new URL("../fixtures/chat/templates", import.meta.url).pathname;
+const templates = shared && existsSync(`${shared}/templates`) ? `${shared}/templates`
+                                                               : existsSync(committed) ? committed : null;
 const KEY = "test-key";
 const CONTEXT = 512;  // room for the tool prompts of the templates tested
 const deadline = setTimeout(() => fail("the whole test took over 100 s"), 100_000);
