@@ -2,8 +2,8 @@
 # A lab variant of the EXL3 matmul without a second build tree: compiles src/backend/cuda/exl3/exl3_matmul.cu with the
 # build's own nvcc line plus extra -D flags, puts the object into a copy of libexl3_cuda.a and relinks exl3,
 # bench_cuda_exl3 and exl3_cuda_tests with the build's link lines (build.ninja).
-# Usage: bash scripts/lab/relink_variant.sh BUILD_DIR OUT_DIR -DFLAG=VALUE ...
-#   e.g. bash scripts/lab/relink_variant.sh build-90 /tmp/var/p4 -DEXL3_PAIR_DEEP=1
+# Usage: bash bench/lab/scripts/relink_variant.sh BUILD_DIR OUT_DIR -DFLAG=VALUE ...
+#   e.g. bash bench/lab/scripts/relink_variant.sh build-90 /tmp/var/p4 -DEXL3_PAIR_DEEP=1
 #   PREBUILT=file.o: use that object instead of compiling (flags ignored).
 set -euo pipefail
 build=$(realpath "$1"); out=$2; shift 2
