@@ -79,3 +79,5 @@ print('== tests'); print(open(f'{out}/tests.txt').read().strip())
 print('== resources'); print(open(f'{out}/res.txt').read().strip()[-1200:])
 print('== sass'); print(open(f'{out}/sass.txt').read().strip()[-1500:])
 PY
+# Everything under $OUT in one archive (the device returns at most 8 files).
+(cd "$OUT" && tar czf /tmp/s40a_logs.tgz -- * && rm -rf -- ./* && mv /tmp/s40a_logs.tgz .)
