@@ -1,5 +1,7 @@
 // The EXL3 decode kernels: the trellis to fp16 codebook values, bit-identical to the host codec (tests), and in the
 // transposed layout cuBLAS reads on the large-batch path.
+// Included only by exl3_kernels.cu (the one translation unit of the EXL3 kernels).
+#pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 

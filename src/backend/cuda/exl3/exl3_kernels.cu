@@ -1,6 +1,10 @@
-// The fused kernels of every K, codebook and build (exl3_fused_launch.cuh). One translation unit for all of them, as
-// before issue 40: cicc specialises the codec's non-template helpers (lane_window takes K as an argument) by the
-// calls a translation unit holds, so a unit a K compiled K = 1 differently (PTX compared, docs/kernels/exl3.md).
+// Every EXL3 kernel, in one translation unit as before issue 40: the rotation kernels, the fused kernels of every K,
+// codebook and build (exl3_fused_launch.cuh), the decode kernels. One unit, because both compilers specialise by what
+// a unit holds: cicc the codec's non-template helpers (lane_window takes K as an argument: a unit a K compiled K = 1
+// differently), ptxas the kernels that share static shared memory (the 2- and 3-resident builds of one segment: in
+// units of their own, 14 kernels got 1-2 registers more or fewer). Measured against 1f29d98, docs/kernels/exl3.md.
+#include "backend/cuda/exl3/exl3_rotate_kernels.cuh"
+// (the fused kernels' instantiations sit between the two, where the single file of 1f29d98 made them)
 #include "backend/cuda/exl3/exl3_fused_launch.cuh"
 
 namespace exl3::cuda::exl3k {
@@ -15,3 +19,5 @@ template cudaError_t launch_fused_k<7>(const FusedParams& p, int groups, int cb,
 template cudaError_t launch_fused_k<8>(const FusedParams& p, int groups, int cb, const FusedLaunch& o, cudaStream_t s);
 
 }  // namespace exl3::cuda::exl3k
+
+#include "backend/cuda/exl3/exl3_decode_kernels.cuh"

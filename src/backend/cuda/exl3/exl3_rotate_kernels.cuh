@@ -1,6 +1,8 @@
 // The EXL3 rotation kernels: x * suh, H128, fp16 into xh for the fused path (every part of a call at once, the norm
 // or GLU fusion computed on the way) and for the large-batch path, and the large path's output rotation (H, svh,
 // bias from the cuBLAS products). The arithmetic is exl3_rotate.cuh's, shared with the attention merge.
+// Included only by exl3_kernels.cu (the one translation unit of the EXL3 kernels).
+#pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
