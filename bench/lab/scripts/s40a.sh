@@ -9,7 +9,9 @@
 # shared/models/tiny-target-exl3-4.0bpw). Prints a compact table last; full logs under $OUT.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-D=$PWD/.device/k1
+D=${S40_DIR:-$PWD/.device/k1}  # where the carried folder landed
+# A short run (a lease nearly spent): S40_ROUNDS=1 S40_ASYM=0 S40_TESTS_S=80 S40_OTHER_S=8 S40_TABLE_S=40
+rounds=${S40_ROUNDS:-2} asym=${S40_ASYM:-1}
 mkdir -p /tmp/b && xz -dc "$D/bins.tar.xz" | tar xf - -C /tmp/b
 export LD_LIBRARY_PATH=$D:${LD_LIBRARY_PATH:-}
 export EXL3_SHARED_DIR=$D/shared
@@ -27,24 +29,24 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,no
  python3 "$D/sass_compare.py" --res /tmp/res_base.txt /tmp/res_new.txt > "$OUT/res.txt" 2>&1) &
 cpu=$!
 
+# (2) bench, interleaved
+for r in $(seq 1 "$rounds"); do
+  for v in base new; do
+    timeout "${S40_TABLE_S:-75}" /tmp/b/$v/bench_cuda_exl3 > "$OUT/table_${v}_$r.txt" 2>&1
+    [ "$asym" = 1 ] && timeout 40 /tmp/b/$v/bench_cuda_exl3 --asymptote --ks 4 > "$OUT/asym_${v}_$r.txt" 2>&1
+  done
+done
 # (1) tests
 : > "$OUT/tests.txt"
 for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3_cuda_prefix_cache_tests \
          exl3_cuda_sampler_tests exl3_viterbi_cuda_tests; do
-  lim=60; [ $t = exl3_cuda_tests ] && lim=170
+  lim=${S40_OTHER_S:-60}; [ $t = exl3_cuda_tests ] && lim=${S40_TESTS_S:-170}
   timeout $lim /tmp/b/new/$t > "$OUT/$t.log" 2>&1
   rc=$?
   echo "$t rc=$rc $(grep -E '^\[  PASSED  \]|^\[  FAILED  \]|^\[  SKIPPED \]' "$OUT/$t.log" | tr '\n' ' ')" >> "$OUT/tests.txt"
   grep -E '^\[  FAILED  \] [A-Za-z]' "$OUT/$t.log" | head -5 >> "$OUT/tests.txt"
 done
 
-# (2) bench, interleaved
-for r in 1 2; do
-  for v in base new; do
-    timeout 75 /tmp/b/$v/bench_cuda_exl3 > "$OUT/table_${v}_$r.txt" 2>&1
-    timeout 40 /tmp/b/$v/bench_cuda_exl3 --asymptote --ks 4 > "$OUT/asym_${v}_$r.txt" 2>&1
-  done
-done
 wait $cpu
 
 python3 - "$OUT" <<'PY'
@@ -60,6 +62,8 @@ def cells(path):
     return rows
 print('\n== anchor table, us a call (K2 K3 K4 K5 K6 K8 | K4 b8): base r1 / r2 -> new r1 / r2')
 t = {(v, r): cells(f'{out}/table_{v}_{r}.txt') for v in ('base', 'new') for r in (1, 2)}
+for v in ('base', 'new'):
+    if not t[(v, 2)]: t[(v, 2)] = t[(v, 1)]  # one round only
 worst = 0.0
 for shape in t[('base', 1)]:
     cols = []

@@ -1,8 +1,7 @@
 // Every EXL3 kernel, in one translation unit as before issue 40: the rotation kernels, the fused kernels of every K,
-// codebook and build (exl3_fused_launch.cuh), the decode kernels. One unit, because both compilers specialise by what
-// a unit holds: cicc the codec's non-template helpers (lane_window takes K as an argument: a unit a K compiled K = 1
-// differently), ptxas the kernels that share static shared memory (the 2- and 3-resident builds of one segment: in
-// units of their own, 14 kernels got 1-2 registers more or fewer). Measured against 1f29d98, docs/kernels/exl3.md.
+// codebook and build (exl3_fused_launch.cuh), the decode kernels, in the old file's order. One unit, because cicc
+// specialises the codec's non-template helpers by the calls a unit holds (lane_window takes K as an argument): a unit
+// a K compiled K = 1 differently. PTX compared with 1f29d98's (docs/kernels/exl3.md, "The split into files").
 #include "backend/cuda/exl3/exl3_rotate_kernels.cuh"
 // (the fused kernels' instantiations sit between the two, where the single file of 1f29d98 made them)
 #include "backend/cuda/exl3/exl3_fused_launch.cuh"

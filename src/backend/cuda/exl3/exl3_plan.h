@@ -60,7 +60,7 @@ struct FusedLaunch {
 // instantiated in exl3_fused_k<K>.cu), codebook cb.
 template <int K>
 cudaError_t launch_fused_k(const FusedParams& p, int groups, int cb, const FusedLaunch& o, cudaStream_t s);
-// The input rotation of up to three parts (their own suh) for the fused path: xh[part][row][k_pad] (exl3_rotate.cu).
+// The input rotation of up to three parts (their own suh) for the fused path: xh[part][row][k_pad] (exl3_rotate_kernels.cuh).
 struct RotateParts {
     const float* suh[kMaxParts];
 };
