@@ -8,13 +8,13 @@ target_link_libraries(bench_cuda_gemv PRIVATE exl3_cuda exl3_options)
 add_executable(bench_cuda_exl3 ${CMAKE_CURRENT_LIST_DIR}/cuda_exl3_bench.cpp)
 target_link_libraries(bench_cuda_exl3 PRIVATE exl3_cuda exl3_options)
 
-add_executable(bench_cuda_int_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_int_lab.cu)
+add_executable(bench_cuda_int_lab ${CMAKE_CURRENT_LIST_DIR}/lab/cuda_int_lab.cu)
 set_target_properties(bench_cuda_int_lab PROPERTIES CUDA_STANDARD 17)
 
-add_executable(bench_cuda_decode_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_decode_lab.cu)
+add_executable(bench_cuda_decode_lab ${CMAKE_CURRENT_LIST_DIR}/lab/cuda_decode_lab.cu)
 set_target_properties(bench_cuda_decode_lab PROPERTIES CUDA_STANDARD 17)
 target_include_directories(bench_cuda_decode_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)
 
-add_executable(bench_cuda_hop_lab ${CMAKE_CURRENT_LIST_DIR}/cuda_hop_lab.cu)
+add_executable(bench_cuda_hop_lab ${CMAKE_CURRENT_LIST_DIR}/lab/cuda_hop_lab.cu)
 set_target_properties(bench_cuda_hop_lab PROPERTIES CUDA_STANDARD 17)
 target_include_directories(bench_cuda_hop_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)

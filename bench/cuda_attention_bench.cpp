@@ -26,6 +26,9 @@ namespace {
 
 using namespace exl3::cuda;
 
+// The planning every call of this run takes (flags in main: the lab's variants).
+AttentionTuning g_tuning;
+
 constexpr double kRoofGBs = 4200.0;   // anchors.md: measured memory roofline
 constexpr double kMmaTFlops = 790.0;  // KINDS.md: bf16 dense matmul on random data, measured
 
@@ -133,7 +136,7 @@ struct Setup {
         CK(cudaMemcpy(d_len, len.data(), len.size() * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(d_pt, pt.data(), pt.size() * 4, cudaMemcpyHostToDevice));
         plan = {batch, d_qs, d_len, d_pt, max_pages, total_q, max_q, max_seq};
-        ws_bytes = attention_workspace_bytes(plan, sh.n_heads, sh.head_dim, k_bits, v_bits);
+        ws_bytes = attention_workspace_bytes(plan, sh.n_heads, sh.head_dim, k_bits, v_bits, g_tuning);
         if (ws_bytes) CK(cudaMalloc(&ws, ws_bytes));
     }
     ~Setup() {
@@ -220,8 +223,27 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-    // `bench_cuda_attention [substring]` runs only the cases whose name contains it (e.g. "decode").
-    const std::string filter = argc > 1 ? argv[1] : "";
+    // `bench_cuda_attention [substring] [flags]` runs only the cases whose name contains the substring (e.g.
+    // "decode"). Flags (AttentionTuning, paged_attention.cuh; the planner's choices otherwise): --decode-splits N
+    // (the split count of single-token steps), --decode-warps 4|8 (the decode shape), --decode-lean (the 2-stage
+    // decode shape of the smaller GPUs), --block-merge (the block-per-row merge of the splits).
+    std::string filter;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if ((a == "--decode-splits" || a == "--decode-warps") && i + 1 < argc) {
+            (a == "--decode-splits" ? g_tuning.decode_splits : g_tuning.decode_warps) = std::atoi(argv[++i]);
+        } else if (a == "--decode-lean") {
+            g_tuning.decode_lean = true;
+        } else if (a == "--block-merge") {
+            g_tuning.combine_warp = false;
+        } else if (a.rfind("--", 0) == 0) {
+            std::fprintf(stderr, "unknown flag %s (--decode-splits N, --decode-warps 4|8, --decode-lean, --block-merge)\n",
+                         a.c_str());
+            return 1;
+        } else {
+            filter = a;
+        }
+    }
     auto want = [&](const std::string& name) { return name.find(filter) != std::string::npos; };
     int dev_count = 0;
     if (cudaGetDeviceCount(&dev_count) != cudaSuccess || dev_count == 0) {
@@ -248,12 +270,12 @@ int main(int argc, char** argv) {
             Setup s(std::vector<std::pair<int, int>>(static_cast<size_t>(batch), {ctx, 1}), copies, block);
             const int per_graph = copies * std::max(1, 32 / copies);
             const Timing t = time_calls(per_graph, 20, copies, [&](int c, cudaStream_t st) {
-                CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st));
+                CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st, nullptr, nullptr, g_tuning));
             });
-            // The planner's decode shape: "8w" marks the wide one (8 warps; EXL3_ATTN_DECODE_WARPS=4|8 forces one).
-            const bool wide = attention_decode_warps(s.plan, sh.n_heads, sh.n_kv, sh.head_dim) == 8;
+            // The planner's decode shape: "8w" marks the wide one (8 warps; --decode-warps 4|8 forces one).
+            const bool wide = attention_decode_warps(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, 0, 0, g_tuning) == 8;
             rows.push_back({name + (wide ? " 8w" : ""), t, kv_bytes / t.graph_us * 1e-3, kRoofGBs, "GB/s",
-                            attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim)});
+                            attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, 0, 0, g_tuning)});
         }
     }
 
@@ -278,12 +300,12 @@ int main(int argc, char** argv) {
             Setup s(std::vector<std::pair<int, int>>(static_cast<size_t>(batch), {ctx, 1}), copies, block, kb, kb);
             const int per_graph = copies * std::max(1, 32 / copies);
             const Timing t = time_calls(per_graph, 20, copies, [&](int c, cudaStream_t st) {
-                CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st));
+                CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st, nullptr, nullptr, g_tuning));
             });
             const double gbs = kv_bytes / t.graph_us * 1e-3;
             if (bits != 16)
                 rows.push_back({name, t, gbs, kRoofGBs, "GB/s",
-                                attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, kb, kb)});
+                                attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, kb, kb, g_tuning)});
             qrows.push_back({name, batch, bits, t.graph_us, gbs, kv_bytes});
         }
     }
@@ -295,10 +317,10 @@ int main(int argc, char** argv) {
         const double pairs = 0.5 * static_cast<double>(L) * (L + 1);
         const double flops = 4.0 * pairs * sh.n_heads * sh.head_dim;
         const Timing t = time_calls(L >= 8192 ? 4 : 16, 10, 1, [&](int c, cudaStream_t st) {
-            CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st));
+            CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st, nullptr, nullptr, g_tuning));
         });
         rows.push_back({"prefill " + std::to_string(L), t, flops / t.graph_us * 1e-6, kMmaTFlops, "TFLOP/s",
-                        attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim)});
+                        attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, 0, 0, g_tuning)});
     }
 
     // Mixed step: one 2048-token prefill chunk beside 31 decodes at 4096 (time only; both are in one launch).
@@ -309,10 +331,10 @@ int main(int argc, char** argv) {
         const double pairs = 0.5 * 2048.0 * 2049 + 31.0 * 4096;
         const double flops = 4.0 * pairs * sh.n_heads * sh.head_dim;
         const Timing t = time_calls(8, 10, 1, [&](int c, cudaStream_t st) {
-            CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st));
+            CK(attention(s.q, s.kv(c), s.plan, sh.n_heads, 0, scale, s.out, s.ws, st, nullptr, nullptr, g_tuning));
         });
         rows.push_back({"mixed 2048 prefill + 31 dec @4096", t, flops / t.graph_us * 1e-6, kMmaTFlops, "TFLOP/s",
-                        attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim)});
+                        attention_num_splits(s.plan, sh.n_heads, sh.n_kv, sh.head_dim, 0, 0, g_tuning)});
     }
 
     // kv_append: bytes read + written (K and V rows).

@@ -10,6 +10,10 @@
 //        bench_cuda_exl3 --asymptote [--ks ...] [--ceiling W]   (batch 1 on ever wider shapes: the per-call fixed
 //                                            cost and the marginal rate by a line fit, and the bounds they set on the
 //                                            table and on a Llama-3-8B decode step)
+//        any of them with --tune KEY=VALUE[,KEY=VALUE...]: the fused path's planning (Exl3Tuning, exl3_matmul.cuh)
+//            instead of its defaults, for A/B runs: pair, q8, q8_max_rows, q8_max_k, q8_min_stages, cluster, dual,
+//            res_cap, res2, split_over, split_target, pair_overhead, stream_k, stream_k_segment, smem_limit
+//            (e.g. --tune dual=0,cluster=0 or --tune smem_limit=101376 for a 99 KB GPU's plans)
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -28,6 +32,52 @@ using namespace exl3;
 using namespace exl3::cuda;
 
 namespace {
+
+// --tune: the fields of Exl3Tuning by name. False (with a message) on an unknown key or a value that is no integer.
+bool parse_tuning(const char* arg, Exl3Tuning* t) {
+    struct Field {
+        const char* name;
+        bool* b;
+        int* i;
+        long long* ll;
+    };
+    const Field fields[] = {{"pair", &t->pair, nullptr, nullptr},
+                            {"q8", nullptr, &t->q8, nullptr},
+                            {"q8_max_rows", nullptr, &t->q8_max_rows, nullptr},
+                            {"q8_max_k", nullptr, &t->q8_max_k, nullptr},
+                            {"q8_min_stages", nullptr, &t->q8_min_stages, nullptr},
+                            {"cluster", nullptr, &t->cluster, nullptr},
+                            {"dual", &t->dual, nullptr, nullptr},
+                            {"res_cap", &t->res_cap, nullptr, nullptr},
+                            {"res2", &t->res2, nullptr, nullptr},
+                            {"split_over", nullptr, &t->split_over, nullptr},
+                            {"split_target", nullptr, &t->split_target, nullptr},
+                            {"pair_overhead", nullptr, &t->pair_overhead, nullptr},
+                            {"stream_k", nullptr, &t->stream_k, nullptr},
+                            {"stream_k_segment", nullptr, &t->stream_k_segment, nullptr},
+                            {"smem_limit", nullptr, nullptr, &t->smem_limit}};
+    for (std::string rest = arg; !rest.empty();) {
+        const size_t comma = rest.find(',');
+        const std::string kv = rest.substr(0, comma);
+        rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+        const size_t eq = kv.find('=');
+        const std::string key = kv.substr(0, eq);
+        char* end = nullptr;
+        const long long v = eq == std::string::npos ? 0 : std::strtoll(kv.c_str() + eq + 1, &end, 10);
+        const Field* f = nullptr;
+        for (const Field& c : fields)
+            if (key == c.name) f = &c;
+        if (!f || eq == std::string::npos || end == kv.c_str() + eq + 1 || *end) {
+            std::fprintf(stderr, "--tune: '%s' is not KEY=INTEGER with a key of Exl3Tuning (see the usage)\n",
+                         kv.c_str());
+            return false;
+        }
+        if (f->b) *f->b = v != 0;
+        if (f->i) *f->i = static_cast<int>(v);
+        if (f->ll) *f->ll = v;
+    }
+    return true;
+}
 
 struct Shape {
     const char* name;
@@ -101,7 +151,7 @@ bool make_layer(int k, int n, int K, Exl3Codebook cb, const std::vector<uint64_t
 // Median microseconds per call over 10 replays of a graph of 20 calls. path: 0 the fused kernel (rows <= 32),
 // 1 fused passes (exl3_fused_call_rows rows each), 2 decode + cuBLAS.
 double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb,
-                  int path = 0) {
+                  const Exl3Tuning& tuning, int path = 0) {
     cudaStream_t s = ctx.stream();
     Exl3Out o;
     o.y = y;
@@ -110,8 +160,9 @@ double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int row
     o.ldy = l.w[0].n;
     auto run = [&](int i) -> cudaError_t {
         const Exl3Part part{l.w[static_cast<size_t>(i) % l.w.size()], 0, nullptr};
-        if (path == 0) return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
-        const Status st = path == 1 ? exl3_matmul_fused_passes(ctx, &part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb)
+        if (path == 0) return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s, nullptr, tuning);
+        const Status st = path == 1 ? exl3_matmul_fused_passes(ctx, &part, 1, x, ActType::kF16, part.w.k, rows, o, ws,
+                                                               wsb, nullptr, tuning)
                                     : exl3_matmul_large(ctx, &part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb);
         return st.is_ok() ? cudaSuccess : cudaErrorUnknown;
     };
@@ -144,15 +195,16 @@ double time_calls(const CudaContext& ctx, const Layer& l, const void* x, int row
     return t[t.size() / 2];
 }
 
-// --trace SHAPE K ROWS: the per-block timeline (exl3_lab_set_trace) of calls 8..10 of a graph of 20, printed as
+// --trace SHAPE K ROWS: the per-block timeline (Exl3Tuning::trace) of calls 8..10 of a graph of 20, printed as
 // distributions (us): when blocks enter relative to the call's first block and to the previous call's last block,
 // the grid-dependency wait, the prologue (activations ready), the main loop, the tail (reduction, store); entries and
 // ends in 1-us buckets show the waves.
-int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb) {
+int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows, void* y, void* ws, size_t wsb,
+                const Exl3Tuning& tuning) {
     constexpr int kCalls = 20, kMaxBlocks = 16384, kW = 12;
     {
         const Exl3Part part{l.w[0], 0, nullptr};
-        const int64_t blocks = static_cast<int64_t>(l.w[0].n_pad / 128) * exl3_fused_splits(&part, 1, rows);
+        const int64_t blocks = static_cast<int64_t>(l.w[0].n_pad / 128) * exl3_fused_splits(&part, 1, rows, tuning);
         if (rows < 1 || rows > kExl3PairMaxRows || blocks > kMaxBlocks) {
             std::fprintf(stderr, "--trace: rows must be 1..%d and the grid at most %d blocks (this call: %lld)\n",
                          kExl3PairMaxRows, kMaxBlocks, static_cast<long long>(blocks));
@@ -169,8 +221,9 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
     o.ldy = l.w[0].n;
     auto run = [&](int i, bool tr) {
         const Exl3Part part{l.w[static_cast<size_t>(i) % l.w.size()], 0, nullptr};
-        if (tr) exl3_lab_set_trace(tb.as<unsigned long long>() + static_cast<size_t>(i) * per_call);
-        return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s);
+        Exl3Tuning t = tuning;
+        t.trace = tr ? tb.as<unsigned long long>() + static_cast<size_t>(i) * per_call : nullptr;
+        return exl3_fused(&part, 1, x, ActType::kF16, part.w.k, rows, o, ws, wsb, s, nullptr, t);
     };
     for (int i = 0; i < 3; ++i) run(i, false);
     cudaGraph_t g;
@@ -288,7 +341,8 @@ int trace_calls(const CudaContext& ctx, const Layer& l, const void* x, int rows,
 // head) counting the matmuls' main loops only. --ceiling W (weights/clk/SM, e.g. bench_cuda_decode_lab's rate for
 // the kernel's K4 instruction mix with no memory traffic at all) prints the same K4 bounds for any kernel built on
 // that mix.
-int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook cb, double ceiling) {
+int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook cb, double ceiling,
+              const Exl3Tuning& tuning) {
     int khz = 0;
     cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
     int sms = 0;
@@ -316,10 +370,10 @@ int asymptote(const CudaContext& ctx, const std::vector<int>& ks, Exl3Codebook c
         for (size_t i = 0; i < std::size(ns); ++i) {
             Layer l;
             if (!make_layer(k, ns[i], K, cb, noise, &l)) return 1;
-            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 1), kExl3CounterBytes);
+            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 1, tuning), kExl3CounterBytes);
             if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), ctx.stream()) != cudaSuccess)
                 return 1;
-            const double us = time_calls(ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes());
+            const double us = time_calls(ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes(), tuning);
             const double w = static_cast<double>(k) * ns[i];
             best = std::max(best, w / (us * 1e-6));
             std::printf(" %.1f, %.2f, %.1f |", us, w * K / 8 / us / 1e6, w / (us * 1e-6) / clk / sms);
@@ -392,6 +446,7 @@ int main(int argc, char** argv) {
     bool batch_sweep = false;         // --batch-sweep: beyond 16 rows, fused passes vs decode + cuBLAS (--shapes 0: only that)
     bool asym = false;                // --asymptote: the fixed cost and marginal rate, and the bounds they set
     double ceiling = 0;               // --ceiling W: with --asymptote, the K4 bounds at W weights/clk/SM too
+    Exl3Tuning tuning;                // --tune KEY=VALUE,...: the fused path's planning
     for (int i = 1; i < argc; ++i) batch_sweep |= !std::strcmp(argv[i], "--batch-sweep");
     for (int i = 1; i < argc; ++i) asym |= !std::strcmp(argv[i], "--asymptote");
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -421,6 +476,8 @@ int main(int argc, char** argv) {
         if (!std::strcmp(argv[i], "--codebook")) {
             std::string c = argv[i + 1];
             cb = c == "mcg" ? Exl3Codebook::kMcg : c == "3inst" ? Exl3Codebook::k3Inst : Exl3Codebook::kMul1;
+        } else if (!std::strcmp(argv[i], "--tune")) {
+            if (!parse_tuning(argv[i + 1], &tuning)) return 1;
         } else if (!std::strcmp(argv[i], "--ceiling")) {
             ceiling = std::atof(argv[i + 1]);
         } else if (!std::strcmp(argv[i], "--shapes")) {
@@ -444,7 +501,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", ctx.status().to_string().c_str());
         return 1;
     }
-    if (asym) return asymptote(**ctx, ks, cb, ceiling);
+    if (asym) return asymptote(**ctx, ks, cb, ceiling, tuning);
     if (trace_shape >= 0 && trace_shape < n_shapes) {
         std::vector<uint64_t> noise((size_t{128} << 20) / 8);
         fill_random(noise);
@@ -466,12 +523,12 @@ int main(int argc, char** argv) {
         if (!make_layer(sh.k, sh.n, trace_k, cb, noise, &l) || !x.upload(xh.data(), xh.size() * 2).is_ok() ||
             !y.reserve(static_cast<size_t>(trace_rows) * sh.n * 4).is_ok())
             return 1;
-        const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], trace_rows), kExl3CounterBytes);
+        const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], trace_rows, tuning), kExl3CounterBytes);
         if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
             return 1;
         std::printf("trace %s (%d->%d) K%d rows %d: %.1f us a call (graph of 20)\n", sh.name, sh.k, sh.n, trace_k,
-                    trace_rows, time_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes()));
-        return trace_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes());
+                    trace_rows, time_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes(), tuning));
+        return trace_calls(**ctx, l, x.get(), trace_rows, y.get(), ws.get(), ws.bytes(), tuning);
     }
     const double bw = measure_copy_bandwidth(0);
     std::printf("EXL3 fused matmul, codebook %s, fp16 activations, batch 1 unless noted. Device copy bandwidth %.2f TB/s.\n",
@@ -500,17 +557,17 @@ int main(int argc, char** argv) {
             const int ki = static_cast<int>(std::find(std::begin(kKs), std::end(kKs), K) - std::begin(kKs));
             Layer l;
             if (!make_layer(sh.k, sh.n, K, cb, noise, &l)) return 1;
-            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 8), kExl3CounterBytes);
+            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 8, tuning), kExl3CounterBytes);
             if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
                 return 1;
-            const double us = time_calls(**ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes());
+            const double us = time_calls(**ctx, l, x.get(), 1, y.get(), ws.get(), ws.bytes(), tuning);
             const double bytes = static_cast<double>(sh.k) * sh.n * K / 8;
             if (ki < 6)
                 std::printf(" %.1f us, %.2f TB/s, %.1fx |", us, bytes / us / 1e6, sh.ref_us[ki] / us);
             else
                 std::printf(" %.1f us, %.2f TB/s, - |", us, bytes / us / 1e6);  // no reference figure
             std::fflush(stdout);
-            if (K == 4) b8 = time_calls(**ctx, l, x.get(), 8, y.get(), ws.get(), ws.bytes());
+            if (K == 4) b8 = time_calls(**ctx, l, x.get(), 8, y.get(), ws.get(), ws.bytes(), tuning);
         }
         const double bytes4 = static_cast<double>(sh.k) * sh.n * 4 / 8;
         if (b8 > 0)
@@ -534,21 +591,22 @@ int main(int argc, char** argv) {
             const Shape& sh = kShapes[si];
             Layer l;
             if (!make_layer(sh.k, sh.n, 4, cb, noise, &l)) return 1;
-            const size_t wsb = std::max(exl3_workspace_bytes(l.w[0], 96), kExl3CounterBytes);
+            Exl3Tuning unpaired = tuning;
+            unpaired.pair = false;
+            const size_t wsb = std::max({exl3_workspace_bytes(l.w[0], 96, tuning),
+                                         exl3_workspace_bytes(l.w[0], 96, unpaired), kExl3CounterBytes});
             if (!ws.reserve(wsb).is_ok() || exl3_workspace_init(ws.get(), ws.bytes(), (*ctx)->stream()) != cudaSuccess)
                 return 1;
             for (int v : {0, 1, 2}) {  // passes of 32 rows (paired kernel), passes of 16, decode + cuBLAS
                 const char* name[] = {"fused passes of 32", "fused passes of 16", "decode + cuBLAS"};
                 std::printf("| %s | %s |", sh.name, name[v]);
-                exl3_lab_set_pair(v == 0);
                 for (int b : batches) {
                     std::printf(" %.1f |", time_calls(**ctx, l, xw.get(), b, yw.get(), ws.get(), ws.bytes(),
-                                                      v == 2 ? 2 : 1));
+                                                      v == 1 ? unpaired : tuning, v == 2 ? 2 : 1));
                     std::fflush(stdout);
                 }
                 std::printf("\n");
             }
-            exl3_lab_set_pair(true);
         }
     }
     const cudaError_t e = cudaDeviceSynchronize();

@@ -65,10 +65,10 @@ for tool in racecheck synccheck; do
     echo "$tool rc $?: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED' "$OUT/$tool.log" | tr '\n' ' ')"
 done
 
-echo "== lab: decode split count forced (EXL3_ATTN_SPLITS), default plan in the main table below"
+echo "== lab: decode split count forced (--decode-splits), default plan in the main table below"
 for n in ${LAB_SPLITS:-16}; do
     echo "-- splits $n"
-    EXL3_ATTN_SPLITS=$n timeout 60 "$BENCH_BIN" "decode ctx 16384" 2>&1 | grep -E "^decode" | tee -a "$OUT/lab.log"
+    timeout 60 "$BENCH_BIN" "decode ctx 16384" --decode-splits $n 2>&1 | grep -E "^decode" | tee -a "$OUT/lab.log"
 done
 
 echo "== ncu: per-kernel device time of one batch-1 16k decode step (attention kernel + split combine)"

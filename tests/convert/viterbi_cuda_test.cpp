@@ -95,7 +95,7 @@ TEST(ViterbiCuda, IdenticalToCpuForEveryKAndCodebook) {
 }
 
 // On a GPU whose blocks cannot hold the K-bit kernel's shared memory (K = 1-2 need 128 KB; sm_86 / sm_89 have 99 KB,
-// emulated here by EXL3_SMEM_LIMIT, which the encoder reads per call) the encoder gives the same states and costs from
+// emulated here by the encoder's shared-memory limit) the encoder gives the same states and costs from
 // the CPU's encode_tile, on its pool.
 TEST(ViterbiCuda, SmallerGpusEncodeTheKernelsTheyCannotHoldOnTheCpu) {
     EXL3_REQUIRE_GPU();
@@ -103,10 +103,7 @@ TEST(ViterbiCuda, SmallerGpusEncodeTheKernelsTheyCannotHoldOnTheCpu) {
     ASSERT_TRUE(enc.is_ok()) << enc.status().message();
     ThreadPool pool(2);
     (*enc)->set_cpu_pool(&pool);
-    struct Restore {
-        ~Restore() { unsetenv("EXL3_SMEM_LIMIT"); }
-    } restore;
-    setenv("EXL3_SMEM_LIMIT", "101376", 1);
+    (*enc)->set_smem_limit(101376);
     const int n = 4;
     for (int K : {1, 2, 3}) {
         EXPECT_EQ((*enc)->on_gpu(K), K >= 3) << "K=" << K;

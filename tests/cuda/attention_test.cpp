@@ -303,7 +303,8 @@ void upload(const Step& s, DevStep& d) {
     if (s.c.v_bits) UPLOAD(d.vq.p, s.vq.bytes);
 }
 
-void run_case(const Case& c, uint32_t seed) {
+// tuning: the plan's (the defaults unless a test forces a decode shape).
+void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning = {}) {
     const Step s(c, seed);
     DevStep d(s);
     ASSERT_NO_FATAL_FAILURE(upload(s, d));
@@ -349,31 +350,35 @@ void run_case(const Case& c, uint32_t seed) {
     }
 
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    const size_t ws_bytes = cuda::attention_workspace_bytes(d.plan, c.n_heads, c.head_dim, c.k_bits, c.v_bits);
+    const size_t ws_bytes =
+        cuda::attention_workspace_bytes(d.plan, c.n_heads, c.head_dim, c.k_bits, c.v_bits, tuning);
     DevBuf<unsigned char> ws(ws_bytes);
     if (ws_bytes) {
         ASSERT_NE(ws.p, nullptr);
     }
-    const int splits = cuda::attention_num_splits(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits);
+    const int splits =
+        cuda::attention_num_splits(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits, tuning);
 
     EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));  // 0xFFFF is NaN in bf16 and fp16
-    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr));
+    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
+                                 nullptr, tuning));
     EXL3_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint16_t> got(s.q_bits.size());
     DOWNLOAD(got, d.out.p);
     const auto ref = s.reference(scale);
     const ErrStats e = compare(got, ref, c.dtype);
-    const int warps = cuda::attention_decode_warps(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits);
+    const int warps =
+        cuda::attention_decode_warps(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits, tuning);
     std::printf("[attn] %-34s splits %3d  warps %d  max|ref| %.3f  max abs err %.3e  rel %.3e\n", c.name.c_str(),
                 splits, warps, e.max_ref, e.max_abs, e.max_abs / e.max_ref);
     EXPECT_EQ(e.bad, 0u) << c.name << ": non-finite or unwritten outputs";
     EXPECT_LE(e.max_abs, 2e-2 * e.max_ref) << c.name;
     if (splits > 1) {  // both merge kernels (a warp per 128 columns, the default; a block per row): the same bits
-        cuda::attention_lab_set_combine_warp(false);
+        cuda::AttentionTuning block_merge = tuning;
+        block_merge.combine_warp = false;
         EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));
-        const cudaError_t ce = cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr);
-        cuda::attention_lab_set_combine_warp(true);
-        EXL3_CUDA_OK(ce);
+        EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
+                                     nullptr, block_merge));
         EXL3_CUDA_OK(cudaDeviceSynchronize());
         std::vector<uint16_t> blk(s.q_bits.size());
         DOWNLOAD(blk, d.out.p);
@@ -399,7 +404,7 @@ void run_case(const Case& c, uint32_t seed) {
     rot.xh = xh.p;
     bool rotated = false;
     EXL3_CUDA_OK(
-        cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated));
+        cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated, tuning));
     EXPECT_EQ(rotated, splits > 1) << c.name;  // a merge kernel runs where the plan splits
     cuda::Exl3DevWeights w;                    // only suh and the shape are read by the rotation kernel
     w.trellis = reinterpret_cast<const uint16_t*>(dsuh.p);
@@ -478,18 +483,18 @@ TEST_P(PagedAttention, BothDecodeShapes) {
     const bool one_token = std::all_of(c.seqs.begin(), c.seqs.end(), [](const auto& q) { return q.q_len == 1; });
     if (!one_token) GTEST_SKIP() << "not a decode step";
     for (int warps : {4, 8}) {
-        cuda::attention_lab_set_decode_warps(warps);
-        run_case(c, 4321u + static_cast<uint32_t>(GetParam()));
-        cuda::attention_lab_set_decode_warps(0);
+        cuda::AttentionTuning t;
+        t.decode_warps = warps;
+        run_case(c, 4321u + static_cast<uint32_t>(GetParam()), t);
     }
-    cuda::attention_lab_set_decode_lean(true);
-    run_case(c, 4321u + static_cast<uint32_t>(GetParam()));
-    cuda::attention_lab_set_decode_lean(false);
+    cuda::AttentionTuning lean;
+    lean.decode_lean = true;
+    run_case(c, 4321u + static_cast<uint32_t>(GetParam()), lean);
 }
 
 // A CUDA graph captured at one step must replay correctly at a later step with longer device-side lengths, as
 // long as they stay inside the host-side bounds it was captured with.
-void run_graph_replay(bool decode) {
+void run_graph_replay(bool decode, const cuda::AttentionTuning& tuning = {}) {
     EXL3_REQUIRE_GPU();
     const int D = 128, H = 32, KV = 8, P = 64;
     // Bounds: captured with these; device values start smaller and grow before the replay.
@@ -532,7 +537,7 @@ void run_graph_replay(bool decode) {
     ASSERT_LE(e2.num_pages, s_late.num_pages);
 
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    const size_t ws_bytes = cuda::attention_workspace_bytes(d.plan, H, D);
+    const size_t ws_bytes = cuda::attention_workspace_bytes(d.plan, H, D, 0, 0, tuning);
     DevBuf<unsigned char> ws(ws_bytes);
     cudaStream_t st;
     EXL3_CUDA_OK(cudaStreamCreate(&st));
@@ -541,7 +546,7 @@ void run_graph_replay(bool decode) {
     upload_step(e2);
     // First (eager) call: sets kernel attributes outside capture, as an engine's warm-up step would.
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, st));
-    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, H, 0, scale, d.out.p, ws.p, st));
+    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, H, 0, scale, d.out.p, ws.p, st, nullptr, nullptr, tuning));
     EXL3_CUDA_OK(cudaStreamSynchronize(st));
 
     cudaGraph_t graph;
@@ -549,7 +554,7 @@ void run_graph_replay(bool decode) {
     EXL3_CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
     EXL3_CUDA_OK(cudaMemsetAsync(d.out.p, 0xFF, out_bytes, st));
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, st));
-    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, H, 0, scale, d.out.p, ws.p, st));
+    EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, H, 0, scale, d.out.p, ws.p, st, nullptr, nullptr, tuning));
     EXL3_CUDA_OK(cudaStreamEndCapture(st, &graph));
     EXL3_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
 
@@ -577,9 +582,9 @@ TEST(PagedAttentionGraph, DecodeReplaysWithLongerLengths) { run_graph_replay(tru
 TEST(PagedAttentionGraph, PrefillReplaysWithLongerLengths) { run_graph_replay(false); }
 TEST(PagedAttentionGraph, BothDecodeShapesReplay) {
     for (int warps : {4, 8}) {
-        cuda::attention_lab_set_decode_warps(warps);
-        run_graph_replay(true);
-        cuda::attention_lab_set_decode_warps(0);
+        cuda::AttentionTuning t;
+        t.decode_warps = warps;
+        run_graph_replay(true, t);
     }
 }
 

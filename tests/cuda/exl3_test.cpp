@@ -35,8 +35,8 @@ struct DevLayer {
 
 // The matmul's workspace for `rows` rows of these parts, reserved and initialised (counters zeroed).
 void make_workspace(const cuda::Exl3Part* parts, int nparts, int rows, cudaStream_t st, DeviceBuffer* ws,
-                    size_t* wsb) {
-    *wsb = cuda::exl3_workspace_bytes(parts, nparts, rows);
+                    size_t* wsb, const cuda::Exl3Tuning& tuning = {}) {
+    *wsb = cuda::exl3_workspace_bytes(parts, nparts, rows, tuning);
     ASSERT_TRUE(ws->reserve(std::max<size_t>(*wsb, 1)).is_ok());
     EXL3_CUDA_OK(cuda::exl3_workspace_init(ws->get(), *wsb, st));
 }
@@ -102,9 +102,10 @@ struct MatmulCase {
 
 // Runs exl3_matmul for `rows` rows and compares with the CPU; returns max |err| / rms(ref). path: 0 exl3_matmul's
 // choice, 1 fused passes (32 rows each), 2 decode + cuBLAS (whatever exl3_matmul would pick for these shapes).
-// spike > 0: every 97th activation is multiplied by it (a row whose largest value dwarfs the rest).
+// spike > 0: every 97th activation is multiplied by it (a row whose largest value dwarfs the rest). tuning: the
+// fused path's (the plan's defaults unless a test asks for another path).
 void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, ActType xt, bool out_f32,
-                  uint32_t seed, int path = 0, float spike = 0.0f) {
+                  uint32_t seed, int path = 0, float spike = 0.0f, const cuda::Exl3Tuning& tuning = {}) {
     auto s = quant::test::make_synthetic_layer(c.in, c.out, c.K, c.cb, c.bias, seed);
     const auto& l = s.layer;
     DevLayer d;
@@ -131,7 +132,7 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     ASSERT_TRUE(dy.upload(sentinel.data(), sentinel.size()).is_ok());
     const cuda::Exl3Part wpart{d.w, 0, nullptr};
     size_t wsb = 0;
-    make_workspace(&wpart, 1, rows, ctx.stream(), &ws, &wsb);
+    make_workspace(&wpart, 1, rows, ctx.stream(), &ws, &wsb, tuning);
     cuda::Exl3Out o;
     o.y = dy.get();
     o.f32 = out_f32;
@@ -142,9 +143,10 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     // Twice: the split-K counters must be back at zero after a call.
     for (int rep = 0; rep < 2; ++rep) {
         const cuda::Exl3Part p1{d.w, o.col0, o.bias};
-        Status st = path == 1   ? cuda::exl3_matmul_fused_passes(ctx, &p1, 1, dx.get(), xt, c.in, rows, o, ws.get(), wsb)
+        Status st = path == 1 ? cuda::exl3_matmul_fused_passes(ctx, &p1, 1, dx.get(), xt, c.in, rows, o, ws.get(), wsb,
+                                                               nullptr, tuning)
                     : path == 2 ? cuda::exl3_matmul_large(ctx, &p1, 1, dx.get(), xt, c.in, rows, o, ws.get(), wsb)
-                                : cuda::exl3_matmul(ctx, d.w, dx.get(), xt, c.in, rows, o, ws.get(), wsb);
+                                : cuda::exl3_matmul(ctx, d.w, dx.get(), xt, c.in, rows, o, ws.get(), wsb, tuning);
         ASSERT_TRUE(st.is_ok()) << st.to_string();
     }
     EXL3_CUDA_OK(cudaStreamSynchronize(ctx.stream()));
@@ -183,7 +185,7 @@ void check_matmul(const cuda::CudaContext& ctx, const MatmulCase& c, int rows, A
     const cuda::Exl3Part part{d.w, 0, nullptr};
     std::printf("  in %5d out %5d K %d cb %d rows %2d %s->%s splits %d%s: max err %.2e of rms\n", c.in, c.out, c.K,
                 static_cast<int>(c.cb), rows, xt == ActType::kBF16 ? "bf16" : "fp16", out_f32 ? "f32" : "act",
-                cuda::exl3_fused_splits(&part, 1, rows),
+                cuda::exl3_fused_splits(&part, 1, rows, tuning),
                 path == 1 ? " (fused passes)" : path == 2 ? " (decode + cuBLAS)" : "", worst);
 }
 
@@ -243,10 +245,8 @@ TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
     auto ctx = cuda::CudaContext::create(0);
     ASSERT_TRUE(ctx.is_ok());
     uint32_t seed = 4000;
-    cuda::exl3_lab_set_q8(1);
-    struct Restore {
-        ~Restore() { cuda::exl3_lab_set_q8(-1); }
-    } restore;
+    cuda::Exl3Tuning q8;
+    q8.q8 = 1;  // the digit kernel wherever it can run
     for (int K = 1; K <= 8; ++K) {
         // (the third: 288 column groups x 4 splits, more than 2 blocks an SM -- the kernel built for 3 resident)
         const MatmulCase cases[] = {{3000, 200, K, quant::Codebook::kMul1, K % 2 == 0},
@@ -256,7 +256,7 @@ TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
             for (int rows = 1; rows <= 4; ++rows) {
                 if (c.out > 10000 && (K % 2 || rows % 2 == 0)) continue;  // K 2, 4, 6 at 1 and 3 rows
                 check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows != 2, seed++, 0,
-                             rows >= 3 ? 50.0f : 0.0f);
+                             rows >= 3 ? 50.0f : 0.0f, q8);
                 if (HasFatalFailure()) return;
             }
     }
@@ -266,7 +266,8 @@ TEST(Exl3Cuda, DigitPathMatchesCpuForEveryKAndOneToFourRows) {
 // bits: the same adds in the same split order. Splits 2..8, 1-2 rows (the digit kernel) and 5 / 8 rows (the fp16
 // kernel, K = 2, 4, 6), bias, 16-bit and fp32 outputs, accumulation into y; then against the CPU as every other case.
 std::vector<uint8_t> fused_output(const cuda::CudaContext& ctx, const DevLayer& d, const std::vector<uint16_t>& x16,
-                                  int in, int out, int rows, bool f32, bool acc, const float* bias) {
+                                  int in, int out, int rows, bool f32, bool acc, const float* bias,
+                                  const cuda::Exl3Tuning& tuning) {
     DeviceBuffer dx, dy, ws;
     EXPECT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
     const size_t ysz = f32 ? 4 : 2;
@@ -275,7 +276,7 @@ std::vector<uint8_t> fused_output(const cuda::CudaContext& ctx, const DevLayer& 
     EXPECT_TRUE(dy.upload(y.data(), y.size()).is_ok());
     const cuda::Exl3Part part{d.w, 0, bias};
     size_t wsb = 0;
-    make_workspace(&part, 1, rows, ctx.stream(), &ws, &wsb);
+    make_workspace(&part, 1, rows, ctx.stream(), &ws, &wsb, tuning);
     cuda::Exl3Out o;
     o.y = dy.get();
     o.f32 = f32;
@@ -284,7 +285,7 @@ std::vector<uint8_t> fused_output(const cuda::CudaContext& ctx, const DevLayer& 
     o.ldy = out;
     o.bias = bias;
     for (int rep = 0; rep < 2 - acc; ++rep) {  // twice (where y is not accumulated): the call must be repeatable
-        const Status st = cuda::exl3_matmul(ctx, d.w, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb);
+        const Status st = cuda::exl3_matmul(ctx, d.w, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb, tuning);
         EXPECT_TRUE(st.is_ok()) << st.to_string();
     }
     EXPECT_EQ(cudaStreamSynchronize(ctx.stream()), cudaSuccess);
@@ -296,13 +297,10 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
     ASSERT_TRUE(ctx.is_ok());
-    cuda::exl3_lab_set_q8(1);  // the digit kernel for every split (its default wants >= 6 stages a block)
-    struct Restore {
-        ~Restore() {
-            cuda::exl3_lab_set_cluster(-1);
-            cuda::exl3_lab_set_q8(-1);
-        }
-    } restore;
+    cuda::Exl3Tuning off, on;
+    off.q8 = on.q8 = 1;  // the digit kernel for every split (its default wants >= 6 stages a block)
+    off.cluster = 0;
+    on.cluster = 1;
     // (in, out): q|k|v-like (48 groups x 2 splits), few groups (2 x 8), 8B q|o (32 x 4), down-like (32 x 4). The
     // first two take a cluster kernel on any sm_90 GPU (at 5 / 8 rows for even K); the others where their 32
     // clusters of 4 fit at once.
@@ -326,11 +324,9 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
             for (int mode = 0; mode < 3; ++mode) {  // 16-bit out, fp32 out, fp32 accumulated
                 const bool f32 = mode > 0, acc = mode == 2;
                 const float* bias = c.bias ? d.bias.as<float>() : nullptr;
-                cuda::exl3_lab_set_cluster(0);
-                const auto off = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias);
-                cuda::exl3_lab_set_cluster(1);
+                const auto y_off = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias, off);
                 const long long before = cuda::exl3_lab_cluster_launches();
-                const auto on = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias);
+                const auto y_on = fused_output(**ctx, d, x16, c.in, c.out, rows, f32, acc, bias, on);
                 const bool taken = cuda::exl3_lab_cluster_launches() > before;
                 if (must) {
                     EXPECT_TRUE(taken) << "in " << c.in << " out " << c.out << ": cluster kernel not taken";
@@ -339,10 +335,10 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
                     std::printf("  in %5d out %5d K %d rows %d splits %d: %s\n", c.in, c.out, c.K, rows, splits,
                                 taken ? "cluster kernel" : "global path (the clusters do not fit at once)");
                 if (HasFatalFailure()) return;
-                EXPECT_TRUE(off == on) << "in " << c.in << " out " << c.out << " K " << c.K << " rows " << rows
+                EXPECT_TRUE(y_off == y_on) << "in " << c.in << " out " << c.out << " K " << c.K << " rows " << rows
                                        << " splits " << splits << " mode " << mode;
             }
-            check_matmul(**ctx, c, rows, ActType::kF16, rows % 2 == 1, seed++);  // cluster still on
+            check_matmul(**ctx, c, rows, ActType::kF16, rows % 2 == 1, seed++, 0, 0.0f, on);
             if (HasFatalFailure()) return;
         }
     }
@@ -351,20 +347,18 @@ TEST(Exl3Cuda, ClusterExchangeGivesTheGlobalPathsBits) {
 // On a GPU with less shared memory a block (sm_80: 163 KB, sm_86 / sm_89: 99 KB) every plan must fit it: the splits
 // grow until a block's activations fit, the dual grid is left out where its halves do not fit, the paired kernel
 // (17-32 rows) takes its lean build (2-stage ring, one exchange stage) where the default one does not fit, and nothing
-// asks the device for more than it has. Emulated here by the plans' limit (exl3_lab_set_smem_limit): K 1 / 4 / 8,
+// asks the device for more than it has. Emulated here by the plans' limit (Exl3Tuning::smem_limit): K 1 / 4 / 8,
 // 1-48 rows, long and short k, against the CPU; at 99 KB every paired call (17-32 rows) takes the lean build, at
 // 163 KB none of these K do.
 TEST(Exl3Cuda, PlansFitTheSharedMemoryOfSmallerGpus) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
     ASSERT_TRUE(ctx.is_ok());
-    struct Restore {
-        ~Restore() { cuda::exl3_lab_set_smem_limit(0); }
-    } restore;
     const int sms = cuda::current_device_sm_count();
     uint32_t seed = 9900;
     for (long long limit : {101376LL, 166912LL}) {
-        cuda::exl3_lab_set_smem_limit(limit);
+        cuda::Exl3Tuning t;
+        t.smem_limit = limit;
         std::printf(" shared memory limit %lld bytes\n", limit);
         for (int K : {1, 4, 8}) {
             const MatmulCase cases[] = {{14336, 512, K, quant::Codebook::kMul1, false},
@@ -373,11 +367,12 @@ TEST(Exl3Cuda, PlansFitTheSharedMemoryOfSmallerGpus) {
                 for (int rows : {1, 2, 8, 16, 24, 32, 48}) {
                     if (rows > 16 && c.in < 10000 && K != 4) continue;
                     const long long lean = cuda::exl3_lab_pair_lean_launches();
-                    check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 2, seed++);
+                    check_matmul(**ctx, c, rows, rows % 2 ? ActType::kBF16 : ActType::kF16, rows == 2, seed++, 0, 0.0f,
+                                 t);
                     if (HasFatalFailure()) return;
                     // 48 rows are past the paired kernel (passes of 32 + 16 or dequantize + cuBLAS, by crossover).
                     if (rows > 32) continue;
-                    const bool want = cuda::exl3_smem_limit() < 160000 && rows > 16;  // EXL3_SMEM_LIMIT may be lower
+                    const bool want = cuda::exl3_smem_limit(t) < 160000 && rows > 16;  // the device's may be lower
                     EXPECT_EQ(cuda::exl3_lab_pair_lean_launches() > lean, want)
                         << "limit " << limit << " in " << c.in << " K " << K << " rows " << rows;
                 }
@@ -394,10 +389,6 @@ TEST(Exl3Cuda, DualGridMatchesCpu) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
     ASSERT_TRUE(ctx.is_ok());
-    struct Restore {
-        ~Restore() { cuda::exl3_lab_set_dual(true); }
-    } restore;
-    cuda::exl3_lab_set_dual(true);
     const int sms = cuda::current_device_sm_count();
     const int out = 128 * (sms + sms / 2) - 40;  // 1.5 groups an SM, the last one ragged
     uint32_t seed = 9700;
@@ -471,18 +462,18 @@ TEST(Exl3Cuda, DualGridMatchesCpu) {
                         << "row " << r << " col " << j << " rows " << rows;
                 }
         }
-        // A workspace sized while the dual grid was off still serves the dual grid when it is switched on (the
-        // size covers both plans): the call runs it and gives the same bits.
-        cuda::exl3_lab_set_dual(false);
+        // A workspace sized for a tuning without the dual grid still serves a call with it (the size covers both
+        // plans): the call runs it and gives the same bits.
+        cuda::Exl3Tuning no_dual;
+        no_dual.dual = false;
         DeviceBuffer ws_off;
         size_t wsb_off = 0;
-        make_workspace(parts, 2, rows, (*ctx)->stream(), &ws_off, &wsb_off);
-        cuda::exl3_lab_set_dual(true);
+        make_workspace(parts, 2, rows, (*ctx)->stream(), &ws_off, &wsb_off, no_dual);
         const long long before = cuda::exl3_lab_dual_launches();
         const Status st =
             cuda::exl3_matmul(**ctx, parts, 2, dx.get(), ActType::kF16, in, rows, o, ws_off.get(), wsb_off);
         ASSERT_TRUE(st.is_ok()) << st.to_string();
-        EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "workspace sized with the dual grid off, rows " << rows;
+        EXPECT_GT(cuda::exl3_lab_dual_launches(), before) << "workspace sized without the dual grid, rows " << rows;
         std::vector<float> y(static_cast<size_t>(rows) * 2 * n);
         EXL3_CUDA_OK(cudaStreamSynchronize((*ctx)->stream()));
         EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
@@ -506,9 +497,6 @@ TEST(Exl3Cuda, NonFiniteActivationsReachTheOutputOfTheirRowOnly) {
     ASSERT_TRUE(dy.reserve(static_cast<size_t>(rows) * out * 4).is_ok());
     size_t wsb = 0;
     make_workspace(&part, 1, rows, st, &ws, &wsb);
-    struct Restore {
-        ~Restore() { cuda::exl3_lab_set_q8(-1); }
-    } restore;
     for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
         std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, 8u, 1.0f);
         x[1500] = bad;  // row 0, in the second half of k (another split than k = 0)
@@ -517,13 +505,15 @@ TEST(Exl3Cuda, NonFiniteActivationsReachTheOutputOfTheirRowOnly) {
         ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
         for (int q8 : {1, 0}) {
             SCOPED_TRACE(std::string(std::isnan(bad) ? "NaN" : "inf") + (q8 ? ", digit kernel" : ", fp16 kernel"));
-            cuda::exl3_lab_set_q8(q8);
+            cuda::Exl3Tuning t;
+            t.q8 = q8;
             cuda::Exl3Out o;
             o.y = dy.get();
             o.f32 = true;
             o.act = ActType::kF16;
             o.ldy = out;
-            ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb).is_ok());
+            ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), ActType::kF16, in, rows, o, ws.get(), wsb, nullptr, t)
+                            .is_ok());
             std::vector<float> y(static_cast<size_t>(rows) * out);
             EXL3_CUDA_OK(cudaStreamSynchronize(st));
             EXL3_CUDA_OK(cudaMemcpy(y.data(), dy.get(), y.size() * 4, cudaMemcpyDeviceToHost));
@@ -734,6 +724,56 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 fn.norm_w = dh.as<float>();
                 EXPECT_FALSE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb, &fn).is_ok());
             }
+        }
+    }
+}
+
+// A call whose xh was written by someone else (Exl3InFusion::prerotated: the attention merge for the o projection)
+// gives the bits of the call that rotates x itself, where xh holds exl3_rotate_in's bits of x (which the merge
+// writes: PagedAttention.MatchesCpuReference) -- 1 to 32 rows (the 1-8 and 9-16-row kernels, the digit kernel, the
+// paired kernel), MUL1 and 3INST, bf16 and fp16 activations.
+TEST(Exl3Cuda, PrerotatedInputGivesTheRotationKernelsBits) {
+    EXL3_REQUIRE_GPU();
+    auto ctx = cuda::CudaContext::create(0);
+    ASSERT_TRUE(ctx.is_ok());
+    cudaStream_t st = (*ctx)->stream();
+    const int in = 2048, out = 640;  // k = k_pad, as the o projection of a model with whole heads
+    for (quant::Codebook cb : {quant::Codebook::kMul1, quant::Codebook::k3Inst}) {
+        auto sl = quant::test::make_synthetic_layer(in, out, 4, cb, true, 91u + static_cast<int>(cb));
+        DevLayer d;
+        upload(sl.layer, &d);
+        const cuda::Exl3Part part{d.w, 0, d.bias.as<float>()};
+        for (int rows : {1, 2, 5, 16, 32}) {
+            if (rows > cuda::exl3_fused_call_rows(false, 4)) continue;
+            const ActType xt = rows % 2 ? ActType::kBF16 : ActType::kF16;
+            SCOPED_TRACE("codebook " + std::to_string(static_cast<int>(cb)) + " rows " + std::to_string(rows));
+            ASSERT_TRUE(cuda::exl3_takes_prerotated(&part, 1, rows, false));
+            const std::vector<float> x = test::random_floats(static_cast<size_t>(rows) * in, 13u + rows, 1.0f);
+            std::vector<uint16_t> x16(x.size());
+            for (size_t i = 0; i < x.size(); ++i) x16[i] = xt == ActType::kBF16 ? f32_to_bf16(x[i]) : f32_to_f16(x[i]);
+            DeviceBuffer dx, y0, y1, ws;
+            ASSERT_TRUE(dx.upload(x16.data(), x16.size() * 2).is_ok());
+            ASSERT_TRUE(y0.reserve(static_cast<size_t>(rows) * out * 4).is_ok());
+            ASSERT_TRUE(y1.reserve(static_cast<size_t>(rows) * out * 4).is_ok());
+            size_t wsb = 0;
+            make_workspace(&part, 1, rows, st, &ws, &wsb);
+            cuda::Exl3Out o;
+            o.f32 = true;
+            o.act = xt;
+            o.ldy = out;
+            o.y = y0.get();
+            ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, rows, o, ws.get(), wsb).is_ok());
+            EXL3_CUDA_OK(cuda::exl3_rotate_in(d.w, dx.get(), xt, in, rows, cuda::exl3_prerotated_xh(ws.get()), st));
+            cuda::Exl3InFusion pre;
+            pre.prerotated = true;
+            o.y = y1.get();
+            const Status s = cuda::exl3_matmul(**ctx, &part, 1, nullptr, xt, in, rows, o, ws.get(), wsb, &pre);
+            ASSERT_TRUE(s.is_ok()) << s.to_string();
+            std::vector<float> a(static_cast<size_t>(rows) * out), b(a.size());
+            EXL3_CUDA_OK(cudaStreamSynchronize(st));
+            EXL3_CUDA_OK(cudaMemcpy(a.data(), y0.get(), a.size() * 4, cudaMemcpyDeviceToHost));
+            EXL3_CUDA_OK(cudaMemcpy(b.data(), y1.get(), b.size() * 4, cudaMemcpyDeviceToHost));
+            EXPECT_TRUE(std::memcmp(a.data(), b.data(), a.size() * 4) == 0);
         }
     }
 }

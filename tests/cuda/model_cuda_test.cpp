@@ -78,33 +78,31 @@ TEST(CudaModel, TinyTargetExl3MatchesCpu) {
     compare_model(dir);
 }
 
-// The o projection's input rotation done by the attention merge (decode steps whose attention splits: contexts past
-// 128 tokens) gives the same logits, bit for bit, as the rotation kernel it replaces.
-TEST(CudaModel, Exl3RotationInTheAttentionMergeIsExact) {
+// The o projection's input rotation is done by the attention merge in decode steps whose attention splits (contexts
+// past 128 tokens): the model's decode steps take that path, and their logits stay with the CPU's. That they are the
+// bits the rotation kernel would give follows from two kernel tests: the merge writes the rotation kernel's xh
+// (PagedAttention.MatchesCpuReference), and a prerotated EXL3 call gives the unrotated call's bits
+// (Exl3Cuda.PrerotatedInputGivesTheRotationKernelsBits).
+TEST(CudaModel, Exl3DecodeStepsRotateInTheAttentionMerge) {
     EXL3_REQUIRE_GPU();
     EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
-    std::vector<std::vector<float>> runs[2];
-    for (int on = 0; on < 2; ++on) {
-        cuda::attention_lab_set_out_rotation(on != 0);
-        auto gpu = load(dir, "cuda");  // a model per setting: its decode graphs are captured under that setting
-        ASSERT_TRUE(gpu);
-        const auto prompt = tokens(300, 5, gpu->info().vocab_size);
-        const long long before = cuda::attention_lab_out_rotations();
-        auto sq = gpu->new_sequence();
-        std::vector<float> l;
-        ASSERT_TRUE(gpu->forward(**sq, prompt, false, &l).is_ok());
-        for (int i = 0; i < 12; ++i) {
-            ASSERT_TRUE(gpu->forward(**sq, {prompt[static_cast<size_t>(i)]}, false, &l).is_ok());
-            runs[on].push_back(l);
-        }
-        // The comparison means something only if the decode steps took the fused path (and the others did not).
-        if (on)
-            EXPECT_GT(cuda::attention_lab_out_rotations(), before);
-        else
-            EXPECT_EQ(cuda::attention_lab_out_rotations(), before);
+    auto cpu = load(dir, "cpu");
+    auto gpu = load(dir, "cuda");
+    ASSERT_TRUE(cpu && gpu);
+    const int V = gpu->info().vocab_size;
+    const auto prompt = tokens(300, 5, V);
+    auto sc = cpu->new_sequence(), sg = gpu->new_sequence();
+    std::vector<float> lc, lg;
+    ASSERT_TRUE(cpu->forward(**sc, prompt, false, &lc).is_ok());
+    ASSERT_TRUE(gpu->forward(**sg, prompt, false, &lg).is_ok());
+    const long long before = cuda::attention_lab_out_rotations();
+    for (int i = 0; i < 12; ++i) {
+        const std::vector<int32_t> t = {prompt[static_cast<size_t>(i)]};
+        ASSERT_TRUE(cpu->forward(**sc, t, false, &lc).is_ok());
+        ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
+        EXPECT_LT(rel_err(lg.data(), lc.data(), V), 3e-2) << "decode step " << i;
     }
-    cuda::attention_lab_set_out_rotation(true);
-    for (size_t i = 0; i < runs[0].size(); ++i) EXPECT_TRUE(runs[0][i] == runs[1][i]) << "decode step " << i;
+    EXPECT_GT(cuda::attention_lab_out_rotations(), before) << "no decode step rotated in the attention merge";
 }
 
 TEST(CudaModel, GreedyContinuationsIdentical) {

@@ -67,7 +67,7 @@ private:
 Status gemm(const CudaContext& ctx, const void* x, const void* w, void* out, ActType t, bool out_f32, int n, int m,
             int k, const float* bias = nullptr, bool static_w = true);
 
-// Whether gemm() takes the GEMV (gemv.cuh) for this case: one token, supported shape, not turned off (EXL3_GEMV=0).
+// Whether gemm() takes the GEMV (gemv.cuh) for this case: one token, supported shape (bench_cuda_gemv times both).
 bool use_gemv(int n, int k, const void* x, const void* w);
 
 // The gated MLP's first half: out[n, inter] (act) = silu(x . Wg^T) * (x . Wu^T) for w [2 * inter, k] = gate | up;

@@ -1,10 +1,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
 #include <vector>
 
 #include "backend/cuda/device.h"
+#include "backend/cuda/device_testing.h"
 
 namespace exl3::cuda {
 
@@ -74,15 +75,17 @@ Status self_test(int device) {
         y[i] = static_cast<float>(n - i);
     }
     float *dx = nullptr, *dy = nullptr;
-    EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dx, n * sizeof(float)), "cudaMalloc"));
-    Status st = check(cudaMalloc(&dy, n * sizeof(float)), "cudaMalloc");
-    if (st.is_ok()) st = check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy x");
-    if (st.is_ok()) st = check(cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy y");
-    if (st.is_ok()) {
+    // The device work in one function, so that its first failure returns and the buffers are freed either way.
+    auto run = [&]() -> Status {
+        EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dx, n * sizeof(float)), "cudaMalloc"));
+        EXL3_RETURN_IF_ERROR(check(cudaMalloc(&dy, n * sizeof(float)), "cudaMalloc"));
+        EXL3_RETURN_IF_ERROR(check(cudaMemcpy(dx, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy x"));
+        EXL3_RETURN_IF_ERROR(check(cudaMemcpy(dy, y.data(), n * sizeof(float), cudaMemcpyHostToDevice), "copy y"));
         axpy_kernel<<<(n + 255) / 256, 256>>>(n, 2.0f, dx, dy);
-        st = check(cudaGetLastError(), "axpy launch");
-    }
-    if (st.is_ok()) st = check(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
+        EXL3_RETURN_IF_ERROR(check(cudaGetLastError(), "axpy launch"));
+        return check(cudaMemcpy(y.data(), dy, n * sizeof(float), cudaMemcpyDeviceToHost), "copy back");
+    };
+    const Status st = run();
     cudaFree(dx);
     cudaFree(dy);
     EXL3_RETURN_IF_ERROR(st);
@@ -115,15 +118,21 @@ int current_device_smem_per_sm() {
     return n;
 }
 
+namespace {
+std::atomic<long long> g_smem_limit_for_tests{0};  // testing::set_smem_per_block_limit
+}  // namespace
+
 int current_device_smem_per_block() {
-    static const int n = [] {
-        int v = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
-        const char* e = std::getenv("EXL3_SMEM_LIMIT");
-        const long long lim = e && *e ? std::atoll(e) : 0;
-        if (lim > 0 && (v <= 0 || lim < v)) v = static_cast<int>(std::min<long long>(lim, 1 << 30));
-        return v;
-    }();
-    return n;
+    static const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
+    const long long lim = g_smem_limit_for_tests.load(std::memory_order_relaxed);
+    if (lim > 0 && (optin <= 0 || lim < optin)) return static_cast<int>(std::min<long long>(lim, 1 << 30));
+    return optin;
 }
+
+namespace testing {
+void set_smem_per_block_limit(long long bytes) {
+    g_smem_limit_for_tests.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed);
+}
+}  // namespace testing
 
 }  // namespace exl3::cuda

@@ -33,8 +33,8 @@ int current_device_sm_count();
 // Shared memory of one SM of the current device in bytes, queried once per process (0 if the query fails).
 int current_device_smem_per_sm();
 // Dynamic shared memory one block may opt in to on the current device in bytes (227 KB on sm_90, 163 KB on sm_80,
-// 99 KB on sm_86 / sm_89), queried once per process (0 if the query fails). EXL3_SMEM_LIMIT=<bytes> lowers it: every
-// kernel then plans as on a GPU that allows no more (tests of the smaller GPUs' paths on this one).
+// 99 KB on sm_86 / sm_89), queried once per process (0 if the query fails). Tests may lower it
+// (device_testing.h): every kernel then plans as on a GPU that allows no more.
 int current_device_smem_per_block();
 
 }  // namespace exl3::cuda

@@ -1,7 +1,6 @@
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
-#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -89,13 +88,9 @@ CudaContext::~CudaContext() {
 }
 
 // One token: the bandwidth-bound GEMV beats cuBLAS by 3-15 % on Llama-3-8B shapes; from two tokens on cuBLAS wins
-// (bench/cuda_gemv_bench, docs/kernels/gemv.md). EXL3_GEMV=0 turns it off for comparisons.
+// (bench/cuda_gemv_bench times both, docs/kernels/gemv.md).
 bool use_gemv(int n, int k, const void* x, const void* w) {
-    static const bool on = [] {
-        const char* e = std::getenv("EXL3_GEMV");
-        return !(e && std::string(e) == "0");
-    }();
-    return on && n == 1 && gemv_supported(n, k, x, w);
+    return n == 1 && gemv_supported(n, k, x, w);
 }
 
 Status gemm_glu(const CudaContext& ctx, const void* x, const void* w, void* gu, void* out, ActType t, int n, int inter,

@@ -95,7 +95,7 @@ Status ViterbiEncoder::reserve(int n, int K) {
 }
 
 bool ViterbiEncoder::on_gpu(int K) const {
-    return viterbi_fits(K, device_);
+    return viterbi_fits(K, device_, smem_limit_);
 }
 
 Status ViterbiEncoder::encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states,

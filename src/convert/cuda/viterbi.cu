@@ -273,16 +273,14 @@ int resident_k(int device) {
 
 }  // namespace
 
-bool viterbi_fits(int K, int device) {
+bool viterbi_fits(int K, int device, long long smem_limit) {
     if (K < 1 || K > 8) return false;
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
         cudaGetLastError();
         return true;  // unknown: let the launch report
     }
-    const char* e = std::getenv("EXL3_SMEM_LIMIT");
-    const long long lim = e && *e ? std::atoll(e) : 0;
-    const long long cap = lim > 0 ? std::min<long long>(lim, optin) : optin;
+    const long long cap = smem_limit > 0 ? std::min<long long>(smem_limit, optin) : optin;
     return static_cast<long long>(smem_bytes(K)) <= cap;
 }
 

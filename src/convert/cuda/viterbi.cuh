@@ -15,8 +15,8 @@ namespace exl3::convert::cuda {
 // scratch slots worth allocating. 0 on error.
 int viterbi_resident_blocks(int K, int device);
 // Whether a block of the K-bit kernel fits the device's shared memory (K = 1-2 take 128 KB: not on sm_86 / sm_89,
-// 99 KB). EXL3_SMEM_LIMIT=<bytes> lowers the device's limit (tests of the smaller GPUs' path on this one).
-bool viterbi_fits(int K, int device);
+// 99 KB). smem_limit > 0 lowers the device's limit to that many bytes (tests of the smaller GPUs' path on this one).
+bool viterbi_fits(int K, int device, long long smem_limit = 0);
 
 // Bytes of back-pointer scratch per slot: 256 steps x 2^(16-K) groups, one byte each.
 size_t viterbi_slot_bytes(int K);

@@ -33,6 +33,9 @@ public:
     // Whether encode runs K on the GPU (else on the CPU, above).
     bool on_gpu(int K) const;
     void set_cpu_pool(ThreadPool* pool) { cpu_pool_ = pool; }
+    // Tests: decide on_gpu as on a GPU whose blocks allow at most `bytes` of shared memory (e.g. 101376 for sm_86 /
+    // sm_89); <= 0: the device's own limit.
+    void set_smem_limit(long long bytes) { smem_limit_ = bytes; }
 
     // The codebook as the kernel computes it, [65536] (tests compare it with quant::codebook_lut).
     Status codebook_values(quant::Codebook cb, float* out);
@@ -53,6 +56,7 @@ private:
     int cap_tiles_ = 0;
     size_t back_bytes_ = 0;
     ThreadPool* cpu_pool_ = nullptr;
+    long long smem_limit_ = 0;
 };
 
 }  // namespace exl3::convert::cuda

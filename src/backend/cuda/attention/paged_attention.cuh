@@ -77,6 +77,24 @@ struct AttentionBatch {
 // the way (codes and parameters bit-identical to kv::kv_quantize of the same values, converted to fp32).
 cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_new, const void* v_new, cudaStream_t s);
 
+// How the attention is planned. The defaults are the measured choices (docs/kernels/attention.md) and what the
+// model runs; benchmarks and tests pass their own to compare variants or reach a path on this GPU. A CUDA graph keeps
+// what was launched when it was captured: a tuning reaches the graphs captured with it.
+struct AttentionTuning {
+    // 0: the planner picks the decode shape; 4 or 8 forces DecodeShape or DecodeWideShape.
+    int decode_warps = 0;
+    // Every decode step in the 2-stage shape that GPUs with less shared memory a block take where the default one
+    // does not fit (sm_86 / sm_89); false: only there.
+    bool decode_lean = false;
+    // Split partials merged with a warp per 128 output columns; false: with the block-per-row kernel (the same bits).
+    bool combine_warp = true;
+    // > 0: the split count of single-token steps (kernel lab); 0: the planner's.
+    int decode_splits = 0;
+    // The o projection's input rotation in the merge kernel where the caller asks for it (AttnOutRotation); false:
+    // always left to the caller.
+    bool out_rotation = true;
+};
+
 // Causal attention, GQA (n_heads a multiple of n_kv_heads), optional sliding window (window > 0: a query at
 // position p sees keys p-window+1..p), scale = 1/sqrt(head_dim) usually. q, out: [total_q, n_heads, head_dim].
 // Any mix of query lengths; dispatches to the decode kernel when max_q_len == 1. workspace for split-K partials:
@@ -84,7 +102,8 @@ cudaError_t kv_append(const PagedKV& kv, const AttentionBatch& b, const void* k_
 // depends only on the host-side bounds, the device's SM count and the KV bits (a quantized cache needs less shared
 // memory, so more CTAs fit and the plan may split more): pass the cache's k_bits / v_bits. One workspace serves every
 // layer of a step.
-size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim, int k_bits = 0, int v_bits = 0);
+size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_dim, int k_bits = 0, int v_bits = 0,
+                                 const AttentionTuning& tuning = {});
 
 // The o projection's EXL3 input rotation, done by the kernel that merges the splits (it holds whole heads):
 // xh[token][n_heads * head_dim] (fp16 bits) = fp16(H128(fp16(out * suh)) / sqrt(128)) per 128 columns -- the bits
@@ -99,30 +118,17 @@ struct AttnOutRotation {
 // (if not, `out` alone is written and the caller rotates). `out` is written either way, with the same bits.
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
                       void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot = nullptr,
-                      bool* rotated = nullptr);
-// Kernel lab / tests: false leaves the rotation to the caller always (as EXL3_ATTN_ROT=0 in the environment). A
-// CUDA graph keeps what was launched when it was captured: the setting reaches the graphs captured after the call.
-void attention_lab_set_out_rotation(bool on);
+                      bool* rotated = nullptr, const AttentionTuning& tuning = {});
 // Tests: how many merge kernels were launched with the rotation so far in this process (host-side launches: a CUDA
 // graph counts when it is captured, not when it is replayed).
 long long attention_lab_out_rotations();
 
 // Split count the plan will use (the bench and tests report it); 1 means no workspace is needed.
 int attention_num_splits(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
-                         int v_bits = 0);
+                         int v_bits = 0, const AttentionTuning& tuning = {});
 // Warps of the decode kernel the plan will launch: 4 (DecodeShape), 8 (DecodeWideShape, where a step is
 // latency-bound), 0 for a step with prompt rows (the bench and tests report it).
 int attention_decode_warps(const AttentionBatch& b, int n_heads, int n_kv_heads, int head_dim, int k_bits = 0,
-                           int v_bits = 0);
-// Kernel lab / tests: 4 or 8 forces that decode shape, 0 gives the choice back to the planner (as
-// EXL3_ATTN_DECODE_WARPS=4|8 in the environment). Like the rotation setting, it reaches the graphs captured after
-// the call.
-void attention_lab_set_decode_warps(int warps);
-// Tests: true runs every decode step in the 2-stage shape that GPUs with less shared memory a block take where the
-// default one does not fit (sm_86 / sm_89), false (the default) only there.
-void attention_lab_set_decode_lean(bool on);
-// Kernel lab / tests: true (the default; EXL3_ATTN_COMBINE=0 sets false at start) merges split partials with a warp
-// per 128 output columns, false with the block-per-row kernel; the same bits either way.
-void attention_lab_set_combine_warp(bool on);
+                           int v_bits = 0, const AttentionTuning& tuning = {});
 
 }  // namespace exl3::cuda

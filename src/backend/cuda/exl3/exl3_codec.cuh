@@ -49,7 +49,7 @@ __device__ __forceinline__ Bits96 align_window(uint32_t w0, uint32_t w1, uint32_
 // A word's low or high 16 bits by IDP.2A (a.lo * sel.b0 + a.hi * sel.b1 with sel = 1 or 0x100, held in registers
 // the compiler cannot see through: a kernel parameter), i.e. on the IMAD pipe instead of the ALU pipe (LOP3 / SHF).
 // 3INST and MCG keep the ALU pipe busiest (a LOP3 a weight besides the extraction) and the IMAD pipe half idle (one
-// IMAD a weight), so their kernels take states this way (bench/cuda_decode_lab.cu variant 18: 19.9 -> 21.5
+// IMAD a weight), so their kernels take states this way (bench/lab/cuda_decode_lab.cu variant 18: 19.9 -> 21.5
 // weights/clk/SM at K4); MUL1's K4 digit kernel fills both pipes alike and gains nothing (variant 19). Which states
 // take it, per codebook and K: dp2a_states below (D / DM: the template switches of the extraction functions).
 struct HalfSel {
@@ -164,7 +164,7 @@ __device__ __forceinline__ uint32_t mul1_raw_pair(uint32_t s0, uint32_t s1) {
 // too: in a u8 mma.m16n8k32 whose B is the 0/1 selector sel0/sel1 (lane gq, q: sel0 = 0x01010101 when gq is even and
 // q = gq / 2, sel1 when gq is odd and q = gq / 2), output d0 is the byte sum of A register a0, d1 of a2, d2 of a1,
 // d3 of a3 -- each lane's own four products. That leaves one IMAD per state on the integer pipe (instead of IMAD +
-// IDP4A), measured in bench/cuda_decode_lab.cu (variant 14). A matmul using this multiplies by b * 2^-24 and applies
+// IDP4A), measured in bench/lab/cuda_decode_lab.cu (variant 14). A matmul using this multiplies by b * 2^-24 and applies
 // value = (1024 + b) * scale + offset to the sums: 2^24 * scale * sum + (1024 * scale + offset) * sum(x).
 __device__ __forceinline__ void mul1_bytesums(uint32_t (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                               uint32_t sel0, uint32_t sel1) {
@@ -238,7 +238,7 @@ __device__ __forceinline__ void split_pair(uint32_t s0, uint32_t s1, uint32_t ma
 // 3INST / MCG, one state -> one register {lo half, hi half} of x = s * mult (+ add), masked and flipped (mask / flip
 // in registers: one LOP3): the codebook's value is lo + hi. A matmul that multiplies both halves by the same
 // activation (the activations duplicated in its B fragment: k = 2q and 2q + 1 both hold x[2q]) adds them in the
-// tensor core's fp32 accumulation -- one LOP3 a weight and no packing (bench/cuda_decode_lab.cu variant 12: 14.0 ->
+// tensor core's fp32 accumulation -- one LOP3 a weight and no packing (bench/lab/cuda_decode_lab.cu variant 12: 14.0 ->
 // 19.9 weights/clk/SM against split_pair's two PRMT + two LOP3 a pair, variant 20).
 template <int CB>
 __device__ __forceinline__ uint32_t halves_of(uint32_t s, uint32_t mask, uint32_t flip) {

@@ -44,10 +44,10 @@ LargeLayout large_layout(const Exl3DevWeights& w, int rows) {
 // Enough for any call of up to `rows` rows (a step with fewer tokens than the reserved capacity must fit too): the
 // large path's layout is not monotonic in rows (its column chunk shrinks as rows grow, rounded to 128), so this bounds
 // each term by its largest value over 17..rows instead of taking the layout at `rows`.
-size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows) {
+size_t exl3_workspace_bytes(const Exl3Part* parts, int nparts, int rows, const Exl3Tuning& tuning) {
     size_t m = 0;  // the fused path's split count depends on rows too
     for (int r = 1; r <= std::min(rows, kExl3PairMaxRows); ++r)
-        m = std::max(m, exl3_fused_workspace_bytes(parts, nparts, r));
+        m = std::max(m, exl3_fused_workspace_bytes(parts, nparts, r, tuning));
     if (rows <= kExl3FusedMaxRows) return m;
     const int r = std::min(rows, kLargeRows);
     for (int i = 0; i < nparts; ++i) {
@@ -97,11 +97,11 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
 
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
                                 int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
-                                const Exl3InFusion* fuse) {
+                                const Exl3InFusion* fuse, const Exl3Tuning& tuning) {
     // Passes share the workspace safely: each pass's rotation kernel waits for the previous matmul grid to complete
     // (programmatic dependent launch lets it start early, not run ahead of that).
     const size_t y_size = out.f32 ? 4 : 2;
-    const int step = exl3_fused_call_rows(out.invariant, parts[0].w.K);
+    const int step = exl3_fused_call_rows(out.invariant, parts[0].w.K, tuning);
     for (int r0 = 0; r0 < rows; r0 += step) {
         const int nr = std::min(step, rows - r0);
         Exl3Out o = out;
@@ -110,7 +110,7 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
         Exl3InFusion f = fuse ? *fuse : Exl3InFusion{};
         if (f.norm_h) f.norm_h += static_cast<size_t>(r0) * parts[0].w.k;
         EXL3_RETURN_IF_ERROR(check_cuda(exl3_fused(parts, nparts, xr, xt, ldx, nr, o, ws, ws_bytes, ctx.stream(),
-                                                   fuse ? &f : nullptr),
+                                                   fuse ? &f : nullptr, tuning),
                                         "exl3 fused"));
     }
     return Status::ok();
@@ -121,16 +121,16 @@ Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, i
 // at 48 / 64 / 96 rows, passes of 32 against decode + cuBLAS): 4096x14336 78.9 / 83.6 / 125.6 against 93.1 / 94.7 /
 // 99.6; 14336x4096 76.9 / 86.2 / 128.9 against 90.3 / 91.3 / 96.3; 4096x4096 43.0 / 42.9 against 27.8 / 28.0. So:
 // passes up to 64 rows for matrices of >= 32 M weights; up to 32 rows (one call) every matrix is fused.
-static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows) {
-    if (rows <= exl3_fused_call_rows(false, parts[0].w.K)) return true;
+static bool use_fused_passes(const Exl3Part* parts, int nparts, int rows, const Exl3Tuning& tuning) {
+    if (rows <= exl3_fused_call_rows(false, parts[0].w.K, tuning)) return true;
     if (rows > kExl3FusedPassMaxRows) return false;
     int64_t weights = 0;
     for (int i = 0; i < nparts; ++i) weights += static_cast<int64_t>(parts[i].w.k_pad) * parts[i].w.n_pad;
     return weights >= (int64_t{32} << 20);
 }
 
-bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant) {
-    return rows >= 1 && nparts >= 1 && (invariant || use_fused_passes(parts, nparts, rows));
+bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant, const Exl3Tuning& tuning) {
+    return rows >= 1 && nparts >= 1 && (invariant || use_fused_passes(parts, nparts, rows, tuning));
 }
 
 bool exl3_takes_glu(const Exl3Part*, int nparts, int rows) {
@@ -138,13 +138,14 @@ bool exl3_takes_glu(const Exl3Part*, int nparts, int rows) {
 }
 
 Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse) {
+                   int rows, const Exl3Out& out, void* ws, size_t ws_bytes, const Exl3InFusion* fuse,
+                   const Exl3Tuning& tuning) {
     if (rows <= 0) return Status::ok();
-    if (fuse && fuse->prerotated && !exl3_takes_prerotated(parts, nparts, rows, out.invariant))
+    if (fuse && fuse->prerotated && !exl3_takes_prerotated(parts, nparts, rows, out.invariant, tuning))
         return invalid_argument(
             "exl3_matmul: a prerotated input needs one fused call of one part (exl3_takes_prerotated)");
-    if (out.invariant || use_fused_passes(parts, nparts, rows))
-        return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse);
+    if (out.invariant || use_fused_passes(parts, nparts, rows, tuning))
+        return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse, tuning);
     if (fuse && fuse->norm_h)
         return invalid_argument("exl3_matmul: the norm fusion needs the fused path (exl3_takes_fusion)");
     return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse ? fuse->glu_off : 0);

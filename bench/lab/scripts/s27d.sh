@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 27 run D: the paired kernel (17-32 rows) with four ring stages at K = 6-8 (p4: -DEXL3_PAIR_DEEP=1, built by
-# scripts/lab/relink_variant.sh) against main (f). The Exl3Cuda tests on p4, then end to end at 6.0 and 4.0 bpw,
+# bench/lab/scripts/relink_variant.sh) against main (f). The Exl3Cuda tests on p4, then end to end at 6.0 and 4.0 bpw,
 # batch 17 / 24 / 32, two rounds.
 set -uo pipefail
 mkdir -p /tmp/b && xz -dc .device/r1/bins.tar.xz | tar xf - -C /tmp/b

@@ -4,4 +4,4 @@ export LD_LIBRARY_PATH=$PWD/.device/r1:${LD_LIBRARY_PATH:-}
 export EXL3_SHARED_DIR=$PWD/.device
 echo "== PlansFit"; /tmp/r1/exl3_cuda_tests --gtest_filter='*PlansFit*' 2>&1 | grep -E "limit [0-9]+ in|shared memory limit" | head -20
 echo "== 99KB"; EXL3_SMEM_LIMIT=101376 /tmp/r1/exl3_cuda_tests 2>&1 | grep -E '^\[ *(FAILED|PASSED) ' | head -20
-bash scripts/lab/s21b_pair_lean_bench.sh
+bash bench/lab/scripts/s21b_pair_lean_bench.sh

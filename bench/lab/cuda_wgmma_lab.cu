@@ -1,7 +1,7 @@
 // Kernel lab (session 24): does Hopper's asynchronous warpgroup mma lift the decode's instruction ceiling?
 //
 // The digit kernel's main loop (docs/kernels/exl3.md note 34) runs at ~25 weights/clk/SM with no memory traffic
-// (bench/cuda_decode_lab.cu variant 17): per tile of 256 weights and lane, two shared-memory loads, 10 ALU
+// (bench/lab/cuda_decode_lab.cu variant 17): per tile of 256 weights and lane, two shared-memory loads, 10 ALU
 // instructions of extraction, 8 IMAD products and two synchronous u8 x s8 `mma.m16n8k32`. Adding two more IMMA a tile
 // (variant 16) costs their whole tensor-pipe time, as if the mma did not overlap the integer work. Here, all with the
 // tiles in shared memory and no global traffic (the rate is a ceiling for a kernel built on the mix):
@@ -17,7 +17,7 @@
 //             (one 16-byte load of the lane's four x a tile; `prmt`: four PRMT from one word; `2 rows`: 16 IDP4A)
 // and first each mma kind alone, fixed operands, several independent accumulators (its cost a sub-partition).
 // Outcome (H200): docs/kernels/exl3.md notes 50 and 51. Needs sm_90a (wgmma): built by nvcc -arch=sm_90a, not by the
-// project's CMake (scripts/lab/s24a.sh, s26a.sh).
+// project's CMake (bench/lab/scripts/s24a.sh, s26a.sh).
 #pragma nv_diag_suppress 128  // the pipe-only variants return before the main loop
 #include <cuda_runtime.h>
 

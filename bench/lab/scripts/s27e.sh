@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 27 run E: three ring stages at K = 6-8 (t3: built by scripts/lab/relink_variant.sh with a lab macro,
+# Session 27 run E: three ring stages at K = 6-8 (t3: built by bench/lab/scripts/relink_variant.sh with a lab macro,
 # EXL3_DEEP_STAGES=3, in place of ring_stages' 4; the macro is not kept in the source) against main's four (p4, whose
 # PTX main's equals): the MUL1 anchor table at K6 / K8 and end to end at 6.0 bpw, two rounds.
 set -uo pipefail
