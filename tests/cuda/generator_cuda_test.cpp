@@ -459,7 +459,9 @@ TEST(GeneratorCuda, JsonModeOnTheGpu) {
         std::vector<std::pair<std::vector<int32_t>, std::string>> v;
         for (size_t i = 0; i < ids.size(); ++i) {
             const auto& [t, text] = out[ids[i]];
-            if (i == 1) EXPECT_EQ(lps[ids[i]], t.size());
+            if (i == 1) {
+                EXPECT_EQ(lps[ids[i]], t.size());
+            }
             bool fed = false, complete = false;
             if (reqs[i].json_schema.empty()) {
                 JsonGrammar gr;
@@ -472,7 +474,9 @@ TEST(GeneratorCuda, JsonModeOnTheGpu) {
             }
             EXPECT_TRUE(fed) << text;
             EXPECT_EQ(complete, why[ids[i]] == FinishReason::kStop) << text;
-            if (why[ids[i]] != FinishReason::kStop) EXPECT_EQ(why[ids[i]], FinishReason::kLength);
+            if (why[ids[i]] != FinishReason::kStop) {
+                EXPECT_EQ(why[ids[i]], FinishReason::kLength);
+            }
             std::printf("  %s job %zu (%s sampling, %s): %s\n", reqs[i].json_schema.empty() ? "JSON" : "schema", i,
                         device_sampling ? "GPU" : "host", complete ? "closed" : "cut", text.c_str());
             v.push_back(out[ids[i]]);

@@ -59,26 +59,23 @@ TEST(TokenizerGolden, TinyTarget) {
     check_fixture(*tok, load_fixture("tiny-target.json"));
 }
 
-TEST(TokenizerGolden, Llama31) {
-    EXL3_REQUIRE_DATA("tokenizers/llama-3.1", dir);
+// The real HF tokenizers (../shared, or the committed copies) against tokenizers' encodings.
+class SharedTokenizerGolden : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(SharedTokenizerGolden, MatchesTokenizers) {
+    const std::string name = GetParam();
+    EXL3_REQUIRE_DATA("tokenizers/" + name, dir);
     auto tok = shared_tokenizer(dir);
     ASSERT_TRUE(tok);
-    check_fixture(*tok, load_fixture("llama-3.1.json"));
+    check_fixture(*tok, load_fixture(name + ".json"));
 }
 
-TEST(TokenizerGolden, Qwen3) {
-    EXL3_REQUIRE_DATA("tokenizers/qwen3", dir);
-    auto tok = shared_tokenizer(dir);
-    ASSERT_TRUE(tok);
-    check_fixture(*tok, load_fixture("qwen3.json"));
-}
-
-TEST(TokenizerGolden, Llama2) {
-    EXL3_REQUIRE_DATA("tokenizers/llama-2", dir);
-    auto tok = shared_tokenizer(dir);
-    ASSERT_TRUE(tok);
-    check_fixture(*tok, load_fixture("llama-2.json"));
-}
+INSTANTIATE_TEST_SUITE_P(TokenizerGolden, SharedTokenizerGolden, ::testing::Values("llama-3.1", "qwen3", "llama-2"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                             std::string n = i.param;
+                             std::erase_if(n, [](char c) { return c == '-' || c == '.'; });
+                             return n;
+                         });
 
 // transformers' own encoding where it differs from tokenizers': only Llama-2, whose LlamaTokenizer class in
 // transformers 5 rebuilds the pipeline (Metaspace, prepend "always") instead of tokenizer.json's Prepend normalizer.

@@ -102,26 +102,11 @@ FusedParams fused_params(const Exl3Part* parts, int nparts, int rows, const Exl3
 }
 
 cudaError_t launch_k(const FusedParams& p, int groups, int K, int cb, const FusedLaunch& o, cudaStream_t s) {
-    switch (K) {
-        case 1:
-            return launch_fused_k<1>(p, groups, cb, o, s);
-        case 2:
-            return launch_fused_k<2>(p, groups, cb, o, s);
-        case 3:
-            return launch_fused_k<3>(p, groups, cb, o, s);
-        case 4:
-            return launch_fused_k<4>(p, groups, cb, o, s);
-        case 5:
-            return launch_fused_k<5>(p, groups, cb, o, s);
-        case 6:
-            return launch_fused_k<6>(p, groups, cb, o, s);
-        case 7:
-            return launch_fused_k<7>(p, groups, cb, o, s);
-        case 8:
-            return launch_fused_k<8>(p, groups, cb, o, s);
-        default:
-            return cudaErrorInvalidValue;
-    }
+    using Launch = cudaError_t (*)(const FusedParams&, int, int, const FusedLaunch&, cudaStream_t);
+    static constexpr Launch kByK[] = {launch_fused_k<1>, launch_fused_k<2>, launch_fused_k<3>, launch_fused_k<4>,
+                                      launch_fused_k<5>, launch_fused_k<6>, launch_fused_k<7>, launch_fused_k<8>};
+    if (K < 1 || K > 8) return cudaErrorInvalidValue;
+    return kByK[K - 1](p, groups, cb, o, s);
 }
 
 }  // namespace
