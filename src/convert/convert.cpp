@@ -209,7 +209,7 @@ Status Converter::load() {
     if (!hf_.quantization.empty())
         return invalid_argument("the checkpoint is already quantized (" + hf_.quantization +
                                 "): convert from the unquantized one");
-    const TensorNames& names = tensor_names(c_.arch);
+    const TensorNames& names = *hf_.names;
     // One part of a HostLinear (its columns [col, col + out) of the bias) as a Lin.
     auto take = [&](const HostLinear& hl, size_t part, int col, const std::string& prefix, Lin* l) -> Status {
         const HostPart& p = hl.parts[part];
@@ -407,7 +407,7 @@ Status Converter::quantize(Lin& l, const Hess& h, int K, uint64_t seed, Safetens
 // Pass 2, layer by layer: Hessians from the calibration state propagated through the layers already quantized, LDLQ
 // + Viterbi per linear at its allocated K, then the layer's forward with its quantized weights.
 Status Converter::quantize_layers() {
-    const TensorNames& names = tensor_names(c_.arch);
+    const TensorNames& names = *hf_.names;
     const int start = wd_->finished_layers();
     double tiles_total = 0, tiles_before = 0;
     for (size_t i = 0; i < alloc_.size(); ++i) {

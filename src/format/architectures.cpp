@@ -18,17 +18,42 @@ constexpr TensorNames kLlamaNames = {
      "self_attn.k_norm.weight"},
 };
 
+// Phi-3 / Phi-4: Llama's names, q|k|v and gate|up fused in HF checkpoints.
+constexpr TensorNames kPhi3Names = {
+    kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer, kLlamaNames.layer_tensors,
+    "self_attn.qkv_proj", "mlp.gate_up_proj",
+};
+
+// The language model inside a multimodal wrapper (Mistral 3): as transformers 5 holds it in memory (and saves it
+// with save_original_format=False), and the legacy layout of the Hub files (transformers 5's default save).
+constexpr TensorNames kWrappedNames = {
+    "model.language_model.embed_tokens.weight", "model.language_model.norm.weight", "lm_head",
+    "model.language_model.layers.{}.", kLlamaNames.layer_tensors,
+};
+constexpr TensorNames kWrappedLegacyNames = {
+    "language_model.model.embed_tokens.weight", "language_model.model.norm.weight", "language_model.lm_head",
+    "language_model.model.layers.{}.", kLlamaNames.layer_tensors,
+};
+
 const std::vector<ArchInfo> kArchs = {
-    {Arch::kLlama, "LlamaForCausalLM", "llama", &kLlamaNames},
-    {Arch::kMistral, "MistralForCausalLM", "mistral", &kLlamaNames},
-    {Arch::kQwen2, "Qwen2ForCausalLM", "qwen2", &kLlamaNames},
-    {Arch::kQwen3, "Qwen3ForCausalLM", "qwen3", &kLlamaNames},
+    {Arch::kLlama, "LlamaForCausalLM", "llama", {&kLlamaNames}},
+    {Arch::kMistral, "MistralForCausalLM", "mistral", {&kLlamaNames}},
+    {Arch::kQwen2, "Qwen2ForCausalLM", "qwen2", {&kLlamaNames}},
+    {Arch::kQwen3, "Qwen3ForCausalLM", "qwen3", {&kLlamaNames}},
+    {Arch::kPhi3, "Phi3ForCausalLM", "phi3", {&kPhi3Names}},
+    {Arch::kMistral3, "Mistral3ForConditionalGeneration", "mistral3", {&kWrappedNames, &kWrappedLegacyNames},
+     {"model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector."}},
+    {Arch::kSeedOss, "SeedOssForCausalLM", "seed_oss", {&kLlamaNames}},
+    {Arch::kSmolLM3, "SmolLM3ForCausalLM", "smollm3", {&kLlamaNames}},
+    {Arch::kGranite, "GraniteForCausalLM", "granite", {&kLlamaNames}},
 };
 
 }  // namespace
 
+std::string TensorNames::layer_prefix(int layer_index) const { return fmt::format(fmt::runtime(layer), layer_index); }
+
 std::string TensorNames::of(int layer_index, LayerTensor t) const {
-    return fmt::format(fmt::runtime(layer), layer_index) + layer_tensors[static_cast<size_t>(t)];
+    return layer_prefix(layer_index) + layer_tensors[static_cast<size_t>(t)];
 }
 
 const std::vector<ArchInfo>& supported_architectures() { return kArchs; }
@@ -37,6 +62,19 @@ const ArchInfo& arch_info(Arch arch) {
     for (const auto& a : kArchs)
         if (a.arch == arch) return a;
     return kArchs.front();  // unreachable: every Arch has a row
+}
+
+const TensorNames& tensor_names(Arch arch, const std::function<bool(const std::string&)>& has) {
+    const ArchInfo& a = arch_info(arch);
+    for (const TensorNames* n : a.layouts)
+        if (has(n->embed)) return *n;
+    return *a.layouts.front();  // none: the loader names the first layout's missing tensor
+}
+
+bool ignored_tensor(Arch arch, const std::string& name) {
+    for (const char* p : arch_info(arch).ignored)
+        if (name.rfind(p, 0) == 0) return true;
+    return false;
 }
 
 }  // namespace exl3

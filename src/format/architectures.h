@@ -4,12 +4,13 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace exl3 {
 
-enum class Arch { kLlama, kMistral, kQwen2, kQwen3 };
+enum class Arch { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite };
 
 // A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown).
 enum class LayerTensor { kQ, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm };
@@ -24,19 +25,31 @@ struct TensorNames {
     const char* head;  // the lm_head linear
     const char* layer;
     std::array<const char*, kLayerTensors> layer_tensors;
+    // HF checkpoints of some families store q|k|v and gate|up as one tensor each (rows in that order); the loader
+    // splits them, and EXL3 files (ours and the reference's) store the parts under the layer_tensors names.
+    const char* fused_qkv = nullptr;
+    const char* fused_gate_up = nullptr;
 
     std::string of(int layer_index, LayerTensor t) const;
+    std::string layer_prefix(int layer_index) const;
 };
 
 struct ArchInfo {
     Arch arch;
     const char* hf_class;    // "LlamaForCausalLM"
     const char* model_type;  // "llama"
-    const TensorNames* names;
+    // How checkpoints of the family name their tensors: one layout, or several (a multimodal wrapper saved by
+    // different transformers versions); the first whose embedding table a checkpoint holds is its layout.
+    std::vector<const TensorNames*> layouts;
+    // Tensors of other parts of the checkpoint (a vision tower) that the text model ignores: name prefixes.
+    std::vector<const char*> ignored = {};
 };
 
 const std::vector<ArchInfo>& supported_architectures();
 const ArchInfo& arch_info(Arch arch);
-inline const TensorNames& tensor_names(Arch arch) { return *arch_info(arch).names; }
+// The layout of a checkpoint: `has` says whether it holds a tensor.
+const TensorNames& tensor_names(Arch arch, const std::function<bool(const std::string&)>& has);
+// Whether the text model ignores the tensor `name` of a checkpoint of `arch`.
+bool ignored_tensor(Arch arch, const std::string& name);
 
 }  // namespace exl3

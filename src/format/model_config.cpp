@@ -112,9 +112,13 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
         params = &cfg["rope_scaling"];
         where = "rope_scaling";
     }
+    // Families whose config class gives another default theta than 10000 when the config names none.
+    if (mc->arch == Arch::kSmolLM3) r.theta = 2000000.0;
     EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
-    // A top-level partial_rotary_factor is ignored: none of the supported architectures rotate part of a head,
-    // and transformers ignores it for them too (checked in the RoPE fixtures). Inside rope_parameters it counts.
+    // A top-level partial_rotary_factor counts for Phi-3 (its config folds it into the rope parameters); Llama and
+    // the others ignore it, as transformers does (checked in the RoPE fixtures). Inside rope_parameters it counts.
+    if (mc->arch == Arch::kPhi3) EXL3_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &r.partial_rotary_factor));
+
     EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
     if (params) {
         if (!params->is_object())
@@ -163,14 +167,10 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
 
 }  // namespace
 
-Result<ModelConfig> parse_model_config(const std::string& text, const std::string& source) {
-    json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (cfg.is_discarded()) return invalid_argument(source + ": not valid JSON");
-    if (!cfg.is_object()) return invalid_argument(source + ": not a JSON object");
-    Fields f(cfg, source);
-    ModelConfig mc;
+namespace {
 
-    // Architecture: the first entry of "architectures", else model_type.
+// The architecture: the first entry of "architectures", else model_type.
+Result<const ArchInfo*> find_architecture(const json& cfg, const Fields& f, const std::string& source) {
     std::string arch_name, model_type;
     if (cfg.contains("architectures")) {
         const json& a = cfg["architectures"];
@@ -179,19 +179,17 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
         arch_name = a[0].get<std::string>();
     }
     EXL3_RETURN_IF_ERROR(f.get_string("model_type", &model_type));
-    const ArchInfo* info = nullptr;
     for (const auto& ai : supported_architectures())
         if ((!arch_name.empty() && arch_name == ai.hf_class) || (arch_name.empty() && model_type == ai.model_type))
-            info = &ai;
-    if (!info) {
-        std::string names;
-        for (const auto& ai : supported_architectures()) names += (names.empty() ? "" : ", ") + std::string(ai.hf_class);
-        return unsupported(fmt::format("{}: architecture '{}' is not supported (supported: {})", source,
-                                       arch_name.empty() ? model_type : arch_name, names));
-    }
-    mc.arch = info->arch;
-    mc.arch_name = info->hf_class;
+            return &ai;
+    std::string names;
+    for (const auto& ai : supported_architectures()) names += (names.empty() ? "" : ", ") + std::string(ai.hf_class);
+    return unsupported(fmt::format("{}: architecture '{}' is not supported (supported: {})", source,
+                                   arch_name.empty() ? model_type : arch_name, names));
+}
 
+// Shapes, norm epsilon, context and activation of the decoder (the text model's own config object).
+Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc) {
     EXL3_RETURN_IF_ERROR(f.get_int("vocab_size", &mc.vocab_size, true));
     EXL3_RETURN_IF_ERROR(f.get_int("hidden_size", &mc.hidden_size, true));
     EXL3_RETURN_IF_ERROR(f.get_int("intermediate_size", &mc.intermediate_size, true));
@@ -217,31 +215,46 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     mc.max_position_embeddings = 2048;
     EXL3_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &mc.max_position_embeddings, false));
     EXL3_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
-
     std::string act = "silu";
     EXL3_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
     if (act != "silu" && act != "swish")
         return unsupported(fmt::format("{}: hidden_act '{}' is not supported (only silu)", source, act));
+    return Status::ok();
+}
 
-    bool attention_bias = false;
+// Biases and q/k norms, by family.
+Status parse_biases(const Fields& f, ModelConfig& mc) {
+    bool attention_bias = false, out_bias = false;
     EXL3_RETURN_IF_ERROR(f.get_bool("attention_bias", &attention_bias));
     EXL3_RETURN_IF_ERROR(f.get_bool("mlp_bias", &mc.mlp_bias));
     switch (mc.arch) {
         case Arch::kLlama:
         case Arch::kQwen3:
+        case Arch::kSmolLM3:
+        case Arch::kGranite:
             mc.qkv_bias = mc.o_bias = attention_bias;
             break;
         case Arch::kQwen2:
             mc.qkv_bias = true;  // fixed by the architecture
             break;
+        case Arch::kSeedOss:  // q, k, v biased by attention_bias; o by attention_out_bias
+            EXL3_RETURN_IF_ERROR(f.get_bool("attention_out_bias", &out_bias));
+            mc.qkv_bias = attention_bias;
+            mc.o_bias = out_bias;
+            break;
         case Arch::kMistral:
+        case Arch::kMistral3:
+        case Arch::kPhi3:
             break;
     }
-    if (mc.arch != Arch::kLlama) mc.mlp_bias = false;
+    if (mc.arch != Arch::kLlama && mc.arch != Arch::kSeedOss && mc.arch != Arch::kGranite) mc.mlp_bias = false;
     mc.qk_norm = mc.arch == Arch::kQwen3;
+    return Status::ok();
+}
 
-    // Sliding windows: Mistral applies sliding_window to every layer; Qwen2/3 per layer_types (or, in older
-    // configs, use_sliding_window with layers from max_window_layers on).
+// Sliding windows: layer_types when given; else Mistral and Phi-3 apply sliding_window to every layer, Qwen2/3 from
+// max_window_layers on when use_sliding_window, SmolLM3 (with use_sliding_window) on its layers without RoPE.
+Status parse_windows(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
     int window = 0;
     EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false));
     mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
@@ -259,31 +272,120 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
                 return unsupported(fmt::format("{}: layer type '{}' is not supported", source, t));
             }
         }
-    } else if (mc.arch == Arch::kMistral) {
+        return Status::ok();
+    }
+    bool use = false;
+    EXL3_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &use));
+    if (mc.arch == Arch::kMistral || mc.arch == Arch::kMistral3 || mc.arch == Arch::kPhi3) {
         for (auto& w : mc.sliding_window) w = window;
     } else if (mc.arch == Arch::kQwen2 || mc.arch == Arch::kQwen3) {
-        bool use = false;
         int from = mc.num_layers;
-        EXL3_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &use));
         EXL3_RETURN_IF_ERROR(f.get_int("max_window_layers", &from, false, 0));
         if (use && window > 0)
             for (int i = from; i < mc.num_layers; ++i) mc.sliding_window[static_cast<size_t>(i)] = window;
+    } else if (mc.arch == Arch::kSmolLM3 && use && window > 0) {
+        for (int i = 0; i < mc.num_layers; ++i)
+            if (!mc.rope_layer[static_cast<size_t>(i)]) mc.sliding_window[static_cast<size_t>(i)] = window;
     }
+    return Status::ok();
+}
+
+// Which layers rotate q and k: all, but SmolLM3's no_rope_layers (1: RoPE, 0: none; by default every
+// no_rope_layer_interval-th layer has none).
+Status parse_rope_layers(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
+    mc.rope_layer.assign(static_cast<size_t>(mc.num_layers), 1);
+    if (mc.arch != Arch::kSmolLM3) return Status::ok();
+    if (cfg.contains("no_rope_layers") && !cfg["no_rope_layers"].is_null()) {
+        const json& l = cfg["no_rope_layers"];
+        if (!l.is_array() || l.size() != static_cast<size_t>(mc.num_layers))
+            return invalid_argument(fmt::format("{}: no_rope_layers must list {} layers", source, mc.num_layers));
+        for (size_t i = 0; i < l.size(); ++i) {
+            if (!l[i].is_number_integer() || (l[i].get<int64_t>() != 0 && l[i].get<int64_t>() != 1))
+                return invalid_argument(fmt::format("{}: no_rope_layers holds 0 or 1 per layer", source));
+            mc.rope_layer[i] = static_cast<uint8_t>(l[i].get<int64_t>());
+        }
+        return Status::ok();
+    }
+    int interval = 4;
+    EXL3_RETURN_IF_ERROR(f.get_int("no_rope_layer_interval", &interval, false, 1));
+    for (int i = 0; i < mc.num_layers; ++i) mc.rope_layer[static_cast<size_t>(i)] = (i + 1) % interval != 0;
+    return Status::ok();
+}
+
+// Granite's four scalars: embedding, residual-branch and attention multipliers, and the logit divisor.
+Status parse_multipliers(const Fields& f, const std::string& source, ModelConfig& mc) {
+    if (mc.arch != Arch::kGranite) return Status::ok();
+    double embed = 1.0, residual = 1.0, attention = 1.0, logits = 1.0;  // GraniteConfig's defaults
+    EXL3_RETURN_IF_ERROR(f.get_double("embedding_multiplier", &embed));
+    EXL3_RETURN_IF_ERROR(f.get_double("residual_multiplier", &residual));
+    EXL3_RETURN_IF_ERROR(f.get_double("attention_multiplier", &attention));
+    EXL3_RETURN_IF_ERROR(f.get_double("logits_scaling", &logits));
+    if (!(logits != 0.0)) return invalid_argument(source + ": logits_scaling must not be 0");
+    mc.embed_scale = static_cast<float>(embed);
+    mc.residual_scale = static_cast<float>(residual);
+    mc.attn_scale = static_cast<float>(attention);
+    mc.logit_scale = static_cast<float>(1.0 / logits);
+    return Status::ok();
+}
+
+// The object that describes the decoder: the config itself, or a multimodal wrapper's text_config.
+Result<const json*> text_config(const json& cfg, const ArchInfo& info, const std::string& source) {
+    if (info.arch != Arch::kMistral3) return &cfg;
+    if (!cfg.contains("text_config") || !cfg["text_config"].is_object())
+        return invalid_argument(source + ": a Mistral3ForConditionalGeneration config needs a text_config object");
+    const json& t = cfg["text_config"];
+    const std::string mt = t.contains("model_type") && t["model_type"].is_string() ? t["model_type"].get<std::string>()
+                                                                                    : "mistral";
+    if (mt != "mistral")
+        return unsupported(fmt::format("{}: text_config of model_type '{}' is not supported in a "
+                                       "Mistral3ForConditionalGeneration (only 'mistral')",
+                                       source, mt));
+    return &t;
+}
+
+}  // namespace
+
+Result<ModelConfig> parse_model_config(const std::string& text, const std::string& source) {
+    json cfg = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (cfg.is_discarded()) return invalid_argument(source + ": not valid JSON");
+    if (!cfg.is_object()) return invalid_argument(source + ": not a JSON object");
+    Fields top(cfg, source);
+    ModelConfig mc;
+    EXL3_ASSIGN_OR_RETURN(const ArchInfo* info, find_architecture(cfg, top, source));
+    mc.arch = info->arch;
+    mc.arch_name = info->hf_class;
+    EXL3_ASSIGN_OR_RETURN(const json* tc, text_config(cfg, *info, source));
+    const std::string tsource = tc == &cfg ? source : source + " text_config";
+    Fields f(*tc, tsource);
+    EXL3_RETURN_IF_ERROR(parse_shapes(f, tsource, mc));
+    // A wrapper's tie_word_embeddings is its own (transformers ties by the top-level key, true by default there).
+    if (tc != &cfg) {
+        mc.tie_word_embeddings = true;
+        EXL3_RETURN_IF_ERROR(top.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
+    }
+    EXL3_RETURN_IF_ERROR(parse_biases(f, mc));
+    EXL3_RETURN_IF_ERROR(parse_rope_layers(*tc, f, tsource, mc));
+    EXL3_RETURN_IF_ERROR(parse_windows(*tc, f, tsource, mc));
+    EXL3_RETURN_IF_ERROR(parse_multipliers(f, tsource, mc));
 
     std::string dtype = "bfloat16";
-    EXL3_RETURN_IF_ERROR(f.get_string("torch_dtype", &dtype));
-    EXL3_RETURN_IF_ERROR(f.get_string("dtype", &dtype));
+    for (const Fields* g : {&f, &top}) {  // the wrapper's dtype wins where both say
+        EXL3_RETURN_IF_ERROR(g->get_string("torch_dtype", &dtype));
+        EXL3_RETURN_IF_ERROR(g->get_string("dtype", &dtype));
+    }
     if (dtype == "bfloat16") mc.dtype = DType::kBF16;
     else if (dtype == "float16") mc.dtype = DType::kF16;
     else if (dtype == "float32") mc.dtype = DType::kF32;
     else return unsupported(fmt::format("{}: dtype '{}' is not supported (bfloat16, float16, float32)", source, dtype));
 
     std::vector<int> bos;
-    EXL3_RETURN_IF_ERROR(parse_token_ids(cfg, "bos_token_id", source, &bos));
+    EXL3_RETURN_IF_ERROR(parse_token_ids(*tc, "bos_token_id", tsource, &bos));
     if (!bos.empty()) mc.bos_token_id = bos[0];
-    EXL3_RETURN_IF_ERROR(parse_token_ids(cfg, "eos_token_id", source, &mc.eos_token_ids));
+    EXL3_RETURN_IF_ERROR(parse_token_ids(*tc, "eos_token_id", tsource, &mc.eos_token_ids));
+    if (tc != &cfg && mc.eos_token_ids.empty())
+        EXL3_RETURN_IF_ERROR(parse_token_ids(cfg, "eos_token_id", source, &mc.eos_token_ids));
 
-    EXL3_RETURN_IF_ERROR(parse_rope(cfg, source, &mc));
+    EXL3_RETURN_IF_ERROR(parse_rope(*tc, tsource, &mc));
     return mc;
 }
 

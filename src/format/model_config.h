@@ -2,6 +2,8 @@
 // (biases, q/k norm, sliding windows, RoPE variant), so they share one config and one forward pass.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,12 +32,19 @@ struct ModelConfig {
     bool mlp_bias = false;          // Llama with mlp_bias
     bool qk_norm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
     std::vector<int> sliding_window;  // [num_layers]; 0 = full attention, w = attend to the last w positions
+    std::vector<uint8_t> rope_layer;  // [num_layers]; 1: RoPE rotates q and k, 0: not (SmolLM3's NoPE layers)
+    // Scalars of the layer (Granite's multipliers; 1 / 0 where a family has none):
+    float embed_scale = 1.0f;     // h = embed(ids) * embed_scale
+    float residual_scale = 1.0f;  // h += residual_scale * (attention or MLP output)
+    float attn_scale = 0.0f;      // the softmax scale of q k^T; 0: 1 / sqrt(head_dim)
+    float logit_scale = 1.0f;     // logits = head(norm(h)) * logit_scale
     RopeConfig rope;
     DType dtype = DType::kBF16;     // torch_dtype / dtype as declared
     int bos_token_id = -1;
     std::vector<int> eos_token_ids;
 
     int q_dim() const { return num_heads * head_dim; }
+    float attention_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
     int kv_dim() const { return num_kv_heads * head_dim; }
 };
 

@@ -107,6 +107,40 @@ public:
         return Status::ok();
     }
 
+    // An HF tensor `<prefix>.weight` [sum of rows, in] holding several linears' rows in order (q|k|v, gate|up), as
+    // one part of `l` each: views into it (and its bias, when the config calls for one, split the same way).
+    Status fused(const std::string& prefix, std::initializer_list<int64_t> rows, int64_t in, bool bias,
+                 HostLinear* l) {
+        if (quant::is_exl3_linear(store_, prefix))
+            return unsupported(fmt::format("{}: EXL3 layer '{}' is fused; EXL3 files store its parts apart",
+                                           store_.file_of(prefix + ".trellis"), prefix));
+        int64_t total = 0;
+        for (int64_t r : rows) total += r;
+        EXL3_ASSIGN_OR_RETURN(TensorView t, matrix(prefix + ".weight", total, in));
+        std::vector<float> b;
+        if (bias) {
+            EXL3_ASSIGN_OR_RETURN(b, vec(prefix + ".bias", total));
+        } else if (store_.contains(prefix + ".bias")) {
+            return invalid_argument(fmt::format("{}: tensor '{}.bias' is present but the config has no such bias",
+                                                store_.file_of(prefix + ".bias"), prefix));
+        }
+        const size_t row_bytes = static_cast<size_t>(in) * dtype_size(t.dtype);
+        int64_t r0 = 0;
+        for (int64_t r : rows) {
+            HostPart p;
+            p.out = static_cast<int>(r);
+            p.dense = TensorView{static_cast<const uint8_t*>(t.data) + static_cast<size_t>(r0) * row_bytes, t.dtype,
+                                 {r, in}};
+            l->parts.push_back(p);
+            l->out += static_cast<int>(r);
+            r0 += r;
+        }
+        l->in = static_cast<int>(in);
+        l->bias.insert(l->bias.end(), b.begin(), b.end());
+        dense_linears_ += static_cast<int>(rows.size());
+        return Status::ok();
+    }
+
     // "exl3 4.00 bpw, head 6 bpw, mul1", or empty when no linear is EXL3.
     std::string quantization(bool tied_head) const {
         if (dec_weights_ == 0 && head_weights_ == 0) return {};
@@ -187,7 +221,11 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     // First: a config naming another quantization method explains the missing '.weight' tensors better.
     EXL3_RETURN_IF_ERROR(check_quant_config(options.dir, has_exl3));
     if (has_exl3) EXL3_RETURN_IF_ERROR(check_exl3_members(store));
-    const TensorNames& n = tensor_names(c.arch);
+    const TensorNames& n = tensor_names(c.arch, [&](const std::string& t) { return store.contains(t); });
+    w->names = &n;
+    int ignored = 0;
+    for (const auto& name : store.names()) ignored += ignored_tensor(c.arch, name);
+    if (ignored > 0) log_info("{} tensors of other parts of the checkpoint (a vision tower) are not read: text only", ignored);
     Loader ld(store, w, options, n.head);
     const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
     EXL3_ASSIGN_OR_RETURN(w->embed, ld.matrix(n.embed, V, H));
@@ -206,18 +244,27 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     for (int i = 0; i < c.num_layers; ++i) {
         HostLayer& L = w->layers[static_cast<size_t>(i)];
         auto name = [&](LayerTensor t) { return n.of(i, t); };
+        const std::string prefix = n.layer_prefix(i);
         EXL3_ASSIGN_OR_RETURN(L.attn_norm, ld.vec(name(LayerTensor::kAttnNorm), H));
         EXL3_ASSIGN_OR_RETURN(L.mlp_norm, ld.vec(name(LayerTensor::kMlpNorm), H));
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kQ), c.q_dim(), H, c.qkv_bias, &L.qkv));
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kK), c.kv_dim(), H, c.qkv_bias, &L.qkv));
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
+        if (n.fused_qkv && store.contains(prefix + n.fused_qkv + ".weight")) {
+            EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_qkv, {c.q_dim(), c.kv_dim(), c.kv_dim()}, H, c.qkv_bias, &L.qkv));
+        } else {
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kQ), c.q_dim(), H, c.qkv_bias, &L.qkv));
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kK), c.kv_dim(), H, c.qkv_bias, &L.qkv));
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
+        }
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
         if (c.qk_norm) {
             EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), c.head_dim));
             EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), c.head_dim));
         }
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kGate), I, H, c.mlp_bias, &L.gate_up));
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kUp), I, H, c.mlp_bias, &L.gate_up));
+        if (n.fused_gate_up && store.contains(prefix + n.fused_gate_up + ".weight")) {
+            EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_gate_up, {I, I}, H, c.mlp_bias, &L.gate_up));
+        } else {
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kGate), I, H, c.mlp_bias, &L.gate_up));
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kUp), I, H, c.mlp_bias, &L.gate_up));
+        }
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kDown), H, I, c.mlp_bias, &L.down));
     }
     w->quantization = ld.quantization(tied);

@@ -41,6 +41,7 @@ struct HostLayer {
 };
 
 struct HostWeights {
+    const TensorNames* names = nullptr;  // the checkpoint's layout (the architecture's table)
     TensorView embed;  // [vocab, hidden]
     HostLinear head;   // one part [vocab, hidden]: lm_head (EXL3 or dense), or the embedding when tied
     std::vector<float> final_norm;

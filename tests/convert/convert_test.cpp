@@ -17,6 +17,7 @@
 #include "convert/convert.h"
 #include "exl3/model.h"
 #include "exl3_pair.h"
+#include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "quant/exl3_model.h"
 #include "test_util.h"
@@ -28,20 +29,36 @@ namespace fs = std::filesystem;
 
 constexpr int kHidden = 128, kInter = 256, kLayers = 2, kHeads = 4, kKvHeads = 2, kVocab = 256;
 
-// poison: a NaN in layer 1's down_proj; skip: a tensor left out of the checkpoint.
-void write_model(const std::string& dir, bool poison = false, const std::string& skip = "") {
+// poison: a NaN in layer 1's down_proj; skip: a tensor left out of the checkpoint; fused: a Phi-3 checkpoint, its
+// q|k|v and gate|up one tensor each.
+void write_model(const std::string& dir, bool poison = false, const std::string& skip = "", bool fused = false) {
     fs::create_directories(dir);
-    std::ofstream(dir + "/config.json") << R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+    std::ofstream(dir + "/config.json") << (fused ? R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3",)"
+                                                  : R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama",)")
+                                        << R"(
         "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "vocab_size": 256, "rms_norm_eps": 1e-5, "max_position_embeddings": 512,
         "rope_theta": 10000.0, "tie_word_embeddings": false, "torch_dtype": "float32"})";
     std::mt19937 rng(7);
     std::normal_distribution<float> nd;
     SafetensorsWriter w;
+    std::vector<float> pending;  // the rows of a fused tensor so far
     auto add = [&](const std::string& name, int out, int in, float sd) {
         std::vector<float> v(static_cast<size_t>(out) * (in ? in : 1));
         for (auto& x : v) x = in ? nd(rng) * sd : 1.0f + 0.1f * nd(rng);
         if (name == skip) return;
+        if (fused && (name.find("_proj.weight") != std::string::npos) && name.find("o_proj") == std::string::npos &&
+            name.find("down_proj") == std::string::npos) {
+            pending.insert(pending.end(), v.begin(), v.end());  // the same values a split checkpoint would hold
+            const bool last = name.find("v_proj") != std::string::npos || name.find("up_proj") != std::string::npos;
+            if (!last) return;
+            const std::string fname = name.substr(0, name.rfind('.', name.rfind(".weight") - 1) + 1) +
+                                      (name.find("v_proj") != std::string::npos ? "qkv_proj.weight" : "gate_up_proj.weight");
+            const int64_t rows = static_cast<int64_t>(pending.size()) / in;
+            ASSERT_TRUE(w.add(fname, DType::kF32, {rows, in}, pending.data(), pending.size() * 4).is_ok());
+            pending.clear();
+            return;
+        }
         std::vector<int64_t> shape = in ? std::vector<int64_t>{out, in} : std::vector<int64_t>{out};
         ASSERT_TRUE(w.add(name, DType::kF32, shape, v.data(), v.size() * 4).is_ok());
     };
@@ -201,6 +218,22 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     std::printf("4.0 bpw logits relative error vs original: %.4f\n", rel);
     EXPECT_LT(rel, 0.3);  // random 2-layer model, measured 0.18 (per-tensor K=4 error ~0.07-0.09, compounding)
 
+    // The same model as a Phi-3 checkpoint (q|k|v and gate|up fused): the converter quantizes the parts and writes
+    // them under the names the reference implementation uses for Phi-3 (q_proj ... up_proj), so the file is the
+    // Llama one byte for byte.
+    write_model(base + "/phi3", false, "", /*fused=*/true);
+    ConvertOptions of = o;
+    of.input_dir = base + "/phi3";
+    of.output_dir = base + "/q40_phi3";
+    auto rf = convert_model(of, pool);
+    ASSERT_TRUE(rf.is_ok()) << rf.status().message();
+    EXPECT_EQ(test::read_file(of.output_dir + "/model.safetensors"), test::read_file(o.output_dir + "/model.safetensors"));
+    auto store = exl3::TensorStore::open_dir(of.output_dir);
+    ASSERT_TRUE(store.is_ok());
+    EXPECT_TRUE(store->contains("model.layers.1.self_attn.k_proj.trellis"));
+    EXPECT_TRUE(store->contains("model.layers.1.mlp.up_proj.trellis"));
+    EXPECT_FALSE(store->contains("model.layers.1.self_attn.qkv_proj.trellis"));
+
     // Fractional: K mixes 3 and 4 to land at (or just under) 3.5.
     o.output_dir = base + "/q35";
     o.bpw = 3.5;
@@ -213,6 +246,22 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     EXPECT_NEAR(sum2->decoder_bpw, r2->achieved_bpw, 1e-9);
     EXPECT_LE(sum2->decoder_bpw, 3.5 + 1e-9);
     EXPECT_GT(sum2->decoder_bpw, 3.3);
+    fs::remove_all(base);
+}
+
+// A Phi-3 checkpoint (q|k|v and gate|up fused) holds the same model as the split Llama checkpoint of the same values:
+// the loader's views of the fused rows are exactly the parts.
+TEST(Convert, FusedCheckpointLoadsAsItsParts) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_fused_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/phi3", false, "", /*fused=*/true);
+    write_model(base + "/llama");
+    std::vector<int32_t> toks;
+    std::mt19937 rng(5);
+    for (int i = 0; i < 24; ++i) toks.push_back(static_cast<int32_t>(rng() % kVocab));
+    const auto split = logits_of(base + "/llama", toks), fused = logits_of(base + "/phi3", toks);
+    ASSERT_FALSE(fused.empty());
+    EXPECT_EQ(fused, split);
     fs::remove_all(base);
 }
 

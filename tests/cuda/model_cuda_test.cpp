@@ -34,7 +34,9 @@ float rel_err(const float* a, const float* b, int n) {
     return md / mr;
 }
 
-void compare_model(const std::string& dir) {
+// `tol`: 3e-2 for trained models; the golden random-weight models (weights drawn at 1.5/sqrt(fan_in), so that
+// activations grow layer by layer) carry more 16-bit rounding through a 200-token prefill: 0.5-3.7 % measured.
+void compare_model(const std::string& dir, float tol = 3e-2f) {
     auto cpu = load(dir, "cpu");
     auto gpu = load(dir, "cuda");
     ASSERT_TRUE(cpu && gpu);
@@ -49,13 +51,13 @@ void compare_model(const std::string& dir) {
     float worst = 0;
     for (int r = 0; r < 200; ++r) worst = std::max(worst, rel_err(lg.data() + r * V, lc.data() + r * V, V));
     std::printf("  %s: prefill worst relative logit error CUDA vs CPU %.2e\n", dir.c_str(), worst);
-    EXPECT_LT(worst, 3e-2);
+    EXPECT_LT(worst, tol);
     // Decode steps after it (graph path).
     for (int i = 0; i < 20; ++i) {
         std::vector<int32_t> t = {prompt[static_cast<size_t>(i)]};
         ASSERT_TRUE(cpu->forward(**sc, t, false, &lc).is_ok());
         ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
-        EXPECT_LT(rel_err(lg.data(), lc.data(), V), 3e-2) << "decode step " << i;
+        EXPECT_LT(rel_err(lg.data(), lc.data(), V), tol) << "decode step " << i;
     }
 }
 
@@ -63,6 +65,18 @@ TEST(CudaModel, TinyDraftMatchesCpu) {
     EXL3_REQUIRE_GPU();
     compare_model(test::repo_path("tests/models/tiny-draft"));
 }
+
+// The families on the shared decoder (their golden random-weight models, at head_dim 64): CUDA against the CPU.
+class CudaFamilies : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(CudaFamilies, MatchCpu) {
+    EXL3_REQUIRE_GPU();
+    compare_model(test::repo_path(std::string("tests/models/golden/") + GetParam()), 6e-2f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, CudaFamilies,
+                         ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
+                                           "granite_mult"));
 
 TEST(CudaModel, TinyTargetMatchesCpu) {
     EXL3_REQUIRE_GPU();

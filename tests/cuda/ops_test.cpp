@@ -86,6 +86,25 @@ struct OpsFixture : ::testing::TestWithParam<ActType> {
     std::unique_ptr<cuda::CudaContext> ctx;
 };
 
+// The embedding's scale (Granite's embedding_multiplier): each row times it, in fp32.
+TEST_P(OpsFixture, EmbedScaled) {
+    const int n = 9, d = 384;
+    auto table = test::random_floats(static_cast<size_t>(50) * d, 11);
+    for (auto& v : table) v = round(v);
+    std::vector<int32_t> tok(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) tok[static_cast<size_t>(i)] = (i * 13 + 5) % 50;
+    DeviceBuffer dt = up_act(table), dtok, dh = poisoned(static_cast<size_t>(n) * d * 4);
+    ASSERT_TRUE(dtok.upload(tok.data(), tok.size() * 4).is_ok());
+    const float scale = 12.0f;
+    EXL3_CUDA_OK(cuda::embed(dt.get(), t(), dtok.as<int32_t>(), n, d, dh.as<float>(), ctx->stream(), scale));
+    EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+    std::vector<float> ref(static_cast<size_t>(n) * d);
+    for (int i = 0; i < n; ++i)
+        for (int j = 0; j < d; ++j)
+            ref[static_cast<size_t>(i) * d + j] = table[static_cast<size_t>(tok[static_cast<size_t>(i)]) * d + j] * scale;
+    EXPECT_LT(rel(down_f32(dh, ref.size()), ref), 1e-6);
+}
+
 TEST_P(OpsFixture, EmbedAddRmsNormAndBias) {
     for (auto [n, d] : {std::pair{1, 64}, {7, 384}, {33, 4096}, {3, 5000}}) {
         auto table = test::random_floats(static_cast<size_t>(50) * d, 1);

@@ -89,6 +89,11 @@ INSTANTIATE_TEST_SUITE_P(Golden, RandomModels,
                                            "llama_yarn", "llama_tied", "llama_old_style", "llama_new_style_dynamic",
                                            "llama_longrope"));
 
+// The families on the shared decoder (head_dim 64, so tests/cuda runs them as well).
+INSTANTIATE_TEST_SUITE_P(Families, RandomModels,
+                         ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
+                                           "granite_mult"));
+
 // The real trained models at hand against transformers' logits for them: the committed tiny-draft always, and the
 // whole tiny-target (31 MB, nothing smaller stands in for it) where ../shared holds it.
 TEST(TinyModels, MatchTransformers) {

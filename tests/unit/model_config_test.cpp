@@ -137,5 +137,113 @@ TEST(ModelConfig, ClearErrors) {
     EXPECT_NE(r.status().message().find("not valid JSON"), std::string::npos);
 }
 
+// The families on the shared decoder: what each config turns into.
+TEST(ModelConfig, Phi3PartialRotaryAtTheTop) {
+    json j = base("Phi3ForCausalLM");
+    j["partial_rotary_factor"] = 0.75;
+    j["attention_bias"] = true;  // Phi-3 has no biases whatever the config says
+    j["sliding_window"] = 32;
+    ModelConfig c = ok(j);
+    EXPECT_EQ(c.arch, Arch::kPhi3);
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.75);
+    EXPECT_FALSE(c.qkv_bias || c.o_bias || c.mlp_bias);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{32, 32}));
+    const TensorNames& n = tensor_names(c.arch, [](const std::string&) { return true; });
+    EXPECT_STREQ(n.fused_qkv, "self_attn.qkv_proj");
+    EXPECT_STREQ(n.fused_gate_up, "mlp.gate_up_proj");
+    // Llama ignores a top-level factor, as transformers does.
+    json l = base();
+    l["partial_rotary_factor"] = 0.5;
+    EXPECT_DOUBLE_EQ(ok(l).rope.partial_rotary_factor, 1.0);
+}
+
+TEST(ModelConfig, Mistral3TextConfig) {
+    json t = base("MistralForCausalLM");
+    t.erase("architectures");
+    t["model_type"] = "mistral";
+    t["rope_theta"] = 1e9;
+    json j = {{"architectures", {"Mistral3ForConditionalGeneration"}}, {"model_type", "mistral3"}, {"text_config", t},
+              {"vision_config", {{"model_type", "pixtral"}}}, {"torch_dtype", "float16"}};
+    ModelConfig c = ok(j);
+    EXPECT_EQ(c.arch, Arch::kMistral3);
+    EXPECT_EQ(c.hidden_size, 64);
+    EXPECT_DOUBLE_EQ(c.rope.theta, 1e9);
+    EXPECT_TRUE(c.tie_word_embeddings);  // the wrapper's default
+    EXPECT_EQ(c.dtype, DType::kF16);
+    j["tie_word_embeddings"] = false;
+    EXPECT_FALSE(ok(j).tie_word_embeddings);
+    // The two layouts of the wrapper's tensors, told apart by the embedding table.
+    auto has = [](const char* name) { return [name](const std::string& t) { return t == name; }; };
+    EXPECT_STREQ(tensor_names(c.arch, has("language_model.model.embed_tokens.weight")).head, "language_model.lm_head");
+    EXPECT_STREQ(tensor_names(c.arch, has("model.language_model.embed_tokens.weight")).head, "lm_head");
+    EXPECT_TRUE(ignored_tensor(c.arch, "vision_tower.transformer.layers.0.attention.q_proj.weight"));
+    EXPECT_FALSE(ignored_tensor(c.arch, "language_model.model.norm.weight"));
+    j["text_config"]["model_type"] = "ministral3";
+    EXPECT_NE(err(j).find("text_config of model_type 'ministral3' is not supported"), std::string::npos);
+    j.erase("text_config");
+    EXPECT_NE(err(j).find("needs a text_config"), std::string::npos);
+}
+
+TEST(ModelConfig, SeedOssBiases) {
+    json j = base("SeedOssForCausalLM");
+    j["attention_bias"] = true;
+    j["head_dim"] = 32;
+    ModelConfig c = ok(j);
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_FALSE(c.o_bias);
+    EXPECT_EQ(c.q_dim(), 128);
+    j["attention_out_bias"] = true;
+    EXPECT_TRUE(ok(j).o_bias);
+}
+
+TEST(ModelConfig, SmolLM3LayersWithoutRope) {
+    json j = base("SmolLM3ForCausalLM");
+    j["num_hidden_layers"] = 8;
+    ModelConfig c = ok(j);
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1, 1, 0}));  // every fourth layer: none
+    EXPECT_DOUBLE_EQ(c.rope.theta, 2e6);                                       // SmolLM3Config's default
+    j["no_rope_layers"] = {1, 0, 1, 1, 1, 1, 1, 1};
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = 16;
+    j["rope_theta"] = 5e6;
+    c = ok(j);
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 0, 1, 1, 1, 1, 1, 1}));
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{0, 16, 0, 0, 0, 0, 0, 0}));  // windows on the NoPE layers only
+    EXPECT_DOUBLE_EQ(c.rope.theta, 5e6);
+    j["no_rope_layers"] = {1, 2, 1, 1, 1, 1, 1, 1};
+    EXPECT_NE(err(j).find("no_rope_layers holds 0 or 1"), std::string::npos);
+    j["no_rope_layers"] = {1, 0};
+    EXPECT_NE(err(j).find("no_rope_layers must list 8 layers"), std::string::npos);
+}
+
+TEST(ModelConfig, GraniteMultipliers) {
+    json j = base("GraniteForCausalLM");
+    ModelConfig c = ok(j);
+    EXPECT_FLOAT_EQ(c.attention_scale(), 1.0f);  // attention_multiplier's default replaces 1/sqrt(head_dim)
+    j["embedding_multiplier"] = 12.0;
+    j["residual_multiplier"] = 0.22;
+    j["attention_multiplier"] = 0.0078125;
+    j["logits_scaling"] = 16.0;
+    c = ok(j);
+    EXPECT_FLOAT_EQ(c.embed_scale, 12.0f);
+    EXPECT_FLOAT_EQ(c.residual_scale, 0.22f);
+    EXPECT_FLOAT_EQ(c.attention_scale(), 0.0078125f);
+    EXPECT_FLOAT_EQ(c.logit_scale, 1.0f / 16.0f);
+    j["logits_scaling"] = 0.0;
+    EXPECT_NE(err(j).find("logits_scaling must not be 0"), std::string::npos);
+    // Llama has none of them.
+    c = ok(base());
+    EXPECT_FLOAT_EQ(c.embed_scale, 1.0f);
+    EXPECT_FLOAT_EQ(c.attention_scale(), 0.25f);
+}
+
+TEST(ModelConfig, UnknownArchitectureNamesTheSupportedOnes) {
+    std::string e = err(base("Gemma2ForCausalLM"));
+    EXPECT_NE(e.find("architecture 'Gemma2ForCausalLM' is not supported"), std::string::npos) << e;
+    for (const char* a : {"LlamaForCausalLM", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration",
+                          "SeedOssForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM"})
+        EXPECT_NE(e.find(a), std::string::npos) << a;
+}
+
 }  // namespace
 }  // namespace exl3

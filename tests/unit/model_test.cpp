@@ -11,6 +11,8 @@
 
 #include "core/thread_pool.h"
 #include "exl3/model.h"
+#include "format/safetensors.h"
+#include "format/safetensors_writer.h"
 #include "test_util.h"
 
 namespace exl3 {
@@ -235,6 +237,48 @@ TEST(Forward, CpuArgmaxAndDrawsThroughTheSeam) {
     std::vector<float> row;
     EXPECT_EQ(model.last_logits(0, &row).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ((*a2)->length(), 4);  // the refused draw changed nothing
+}
+
+// A multimodal wrapper's text model is read from either layout transformers writes (the golden model is in the one
+// transformers 5 saved it in): the same checkpoint renamed to the other layout gives the same logits, and the
+// vision tower's tensors are left alone.
+TEST(ModelLoad, WrapperLayoutsAreTheSameModel) {
+    const std::string src = test::repo_path("tests/models/golden/mistral3_text");
+    auto st = TensorStore::open_dir(src);
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    const bool legacy = st->contains("language_model.model.embed_tokens.weight");
+    auto rename = [&](std::string n) {
+        static const std::pair<const char*, const char*> kPairs[] = {
+            {"language_model.model.", "model.language_model."}, {"language_model.lm_head.", "lm_head."}};
+        for (auto [a, b] : kPairs) {
+            const std::string from = legacy ? a : b, to = legacy ? b : a;
+            if (n.rfind(from, 0) == 0) return to + n.substr(from.size());
+        }
+        return n;
+    };
+    char tmpl[] = "/tmp/exl3_wrapper_XXXXXX";
+    const std::string dir = mkdtemp(tmpl);
+    SafetensorsWriter w;
+    int vision = 0;
+    for (const std::string& n : st->names()) {
+        auto t = st->get(n);
+        ASSERT_TRUE(t.is_ok());
+        vision += n.find("vision_tower") != std::string::npos;
+        ASSERT_TRUE(w.add(rename(n), t->dtype, t->shape, t->data, t->nbytes()).is_ok());
+    }
+    EXPECT_GT(vision, 0);
+    ASSERT_TRUE(w.write(dir + "/model.safetensors").is_ok());
+    fs::copy_file(src + "/config.json", dir + "/config.json");
+    auto a = Model::load(src), b = Model::load(dir);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    const std::vector<int32_t> toks = {3, 17, 99, 4, 250, 31, 7};
+    std::vector<float> la, lb;
+    auto sa = (*a)->new_sequence(), sb = (*b)->new_sequence();
+    ASSERT_TRUE((*a)->forward(**sa, toks, true, &la).is_ok());
+    ASSERT_TRUE((*b)->forward(**sb, toks, true, &lb).is_ok());
+    EXPECT_EQ(la, lb);
+    fs::remove_all(dir);
 }
 
 }  // namespace

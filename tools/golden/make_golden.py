@@ -61,6 +61,83 @@ VARIANTS = {
 }
 OLD_STYLE = {"llama_old_style"}
 
+# The families on the shared decoder, at head_dim 64 so that the CUDA backend runs them too (tests/cuda compares it
+# with the CPU on these). name -> (class, model_type, fields replacing SMALL's, dtype, seq lengths).
+FAMILY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=2,
+              num_key_value_heads=1, max_position_embeddings=512)
+VARIANTS.update({
+    # q|k|v and gate|up fused in the checkpoint; a top-level partial_rotary_factor (Phi-4-mini style).
+    "phi3_fused": ("Phi3ForCausalLM", "phi3", dict(
+        FAMILY, partial_rotary_factor=0.5, rope_parameters=dict(rope_type="default", rope_theta=10000.0)),
+        "bfloat16", [7, 40]),
+    # A multimodal wrapper: the text model under model.language_model / language_model.model, a vision tower the
+    # engine ignores (see make_wrapped).
+    "mistral3_text": ("Mistral3ForConditionalGeneration", "mistral3", dict(FAMILY, sliding_window=None),
+                      "bfloat16", [7, 40]),
+    # q/k/v biased, o not; head_dim x heads != hidden.
+    "seed_oss_bias": ("SeedOssForCausalLM", "seed_oss", dict(
+        FAMILY, num_attention_heads=4, num_key_value_heads=2, head_dim=64, attention_bias=True,
+        attention_out_bias=False, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16",
+        [7, 40]),
+    # A layer without RoPE; the family's own default theta (none given).
+    "smollm3_nope": ("SmolLM3ForCausalLM", "smollm3", dict(FAMILY, no_rope_layers=[1, 1, 0], tie_word_embeddings=False),
+                     "bfloat16", [7, 40]),
+    # Granite's four multipliers.
+    "granite_mult": ("GraniteForCausalLM", "granite", dict(
+        FAMILY, embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=2.5,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+})
+SLIDE, FULL = "sliding_attention", "full_attention"
+VARIANTS.update({
+    # Sandwich (1+w) norms, GeGLU (tanh), embeddings * sqrt(hidden), both soft-caps, query_pre_attn_scalar, every
+    # other layer windowed, head_dim 256 (q_dim != hidden). Small caps so that they bite on random weights.
+    "gemma2_softcap": ("Gemma2ForCausalLM", "gemma2", dict(
+        FAMILY, num_hidden_layers=4, head_dim=256, query_pre_attn_scalar=128, sliding_window=8,
+        attn_logit_softcapping=5.0, final_logit_softcapping=10.0, hidden_activation="gelu_pytorch_tanh",
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    # Per-head (1+w) q/k norms; local layers on their own RoPE, global ones on a linearly scaled one.
+    "gemma3_text": ("Gemma3ForCausalLM", "gemma3_text", dict(
+        FAMILY, num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=64, sliding_window=8,
+        layer_types=[SLIDE, SLIDE, SLIDE, FULL], hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={SLIDE: dict(rope_type="default", rope_theta=10000.0),
+                         FULL: dict(rope_type="linear", rope_theta=1000000.0, factor=8.0)}), "bfloat16", [7, 40]),
+    # The same text model inside the multimodal wrapper (a tiny SigLIP tower the engine ignores).
+    "gemma3_wrapped": ("Gemma3ForConditionalGeneration", "gemma3", dict(
+        FAMILY, num_hidden_layers=4, head_dim=64, query_pre_attn_scalar=64, sliding_window=8,
+        layer_types=[SLIDE, SLIDE, SLIDE, FULL], hidden_activation="gelu_pytorch_tanh",
+        rope_parameters={SLIDE: dict(rope_type="default", rope_theta=10000.0),
+                         FULL: dict(rope_type="linear", rope_theta=1000000.0, factor=8.0)}), "bfloat16", [7, 40]),
+    # Post-attention and post-MLP norms besides the pre-norms, GPT-J RoPE over half the head, fused gate_up, qkv bias.
+    "glm4_post": ("Glm4ForCausalLM", "glm4", dict(
+        FAMILY, head_dim=64, attention_bias=True,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5)), "bfloat16",
+        [7, 40]),
+    # Post-norms only, q/k RMS-normed over all heads at once.
+    "olmo2_post": ("Olmo2ForCausalLM", "olmo2", dict(
+        FAMILY, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    "olmo3_sliding": ("Olmo3ForCausalLM", "olmo3", dict(
+        FAMILY, num_hidden_layers=4, sliding_window=8, layer_types=[SLIDE, SLIDE, SLIDE, FULL],
+        rope_parameters=dict(rope_type="default", rope_theta=500000.0)), "bfloat16", [7, 40]),
+    # Post-norms, per-head q/k norms, global layers without RoPE.
+    "exaone4_hybrid": ("Exaone4ForCausalLM", "exaone4", dict(
+        FAMILY, num_hidden_layers=4, sliding_window=8, layer_types=[SLIDE, SLIDE, SLIDE, FULL],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    # GPT-J (interleaved) RoPE over the whole head.
+    "ernie45_gptj": ("Ernie4_5ForCausalLM", "ernie4_5", dict(
+        FAMILY, use_bias=False, tie_word_embeddings=True,
+        rope_parameters=dict(rope_type="default", rope_theta=500000.0)), "bfloat16", [7, 40]),
+    # LayerNorm, attention and MLP in parallel off one norm, GPT-J RoPE, a logit multiplier.
+    "cohere_parallel": ("CohereForCausalLM", "cohere", dict(
+        FAMILY, layer_norm_eps=1e-5, logit_scale=0.25, use_qk_norm=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    # The same with windowed RoPE layers and global layers without RoPE.
+    "cohere2_sliding": ("Cohere2ForCausalLM", "cohere2", dict(
+        FAMILY, num_hidden_layers=4, layer_norm_eps=1e-5, logit_scale=0.25, sliding_window=8,
+        layer_types=[SLIDE, SLIDE, SLIDE, FULL],
+        rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+})
+WRAPPED = {"mistral3_text", "gemma3_wrapped"}
+
 
 def randomize(model, seed):
     """Weights with enough spread that logits are far from uniform (greedy ties would make tests flaky)."""
@@ -90,10 +167,33 @@ def to_old_style(cfg_path):
         json.dump(cfg, f, indent=2)
 
 
-def load_fp32(model_dir):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+def load_fp32(model_dir, cls=None):
+    loader = cls or AutoModelForCausalLM
+    model = loader.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     model.eval()
     return model
+
+
+def make_wrapped(fields, model_type):
+    """A multimodal wrapper whose text part has `fields`: Mistral 3 with a tiny Pixtral vision tower, Gemma 3 with a
+    tiny SigLIP one."""
+    text = dict(fields)
+    arch = text.pop("architectures")[0]
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        text.pop(k, None)
+    if model_type == "mistral3":
+        text["model_type"] = "mistral"
+        vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, image_size=32, patch_size=16, num_channels=3)
+        cfg = AutoConfig.for_model(model_type, text_config=text, vision_config=vision, tie_word_embeddings=False)
+    else:
+        text["model_type"] = "gemma3_text"
+        vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, image_size=32, patch_size=16, num_channels=3)
+        cfg = AutoConfig.for_model(model_type, text_config=text, vision_config=vision, mm_tokens_per_image=4,
+                                   boi_token_index=250, eoi_token_index=251, image_token_index=252)
+    cfg.architectures = [arch]
+    return cfg, getattr(transformers, arch)
 
 
 @torch.no_grad()
@@ -126,26 +226,43 @@ def golden_for(model, seqs, prompt, keep_last=None):
     return tensors
 
 
-def make_random_models(out):
+def make_random_models(out, only=()):
     for idx, (name, (arch, model_type, extra, dtype, lens)) in enumerate(VARIANTS.items()):
-        fields = dict(SMALL)
-        fields.update(extra)
-        fields["architectures"] = [arch]
+        if only and name not in only:
+            continue
+        try:
+            make_random_model(out, idx, name, arch, model_type, extra, dtype, lens)
+        except Exception as e:  # one family's failure must not cost the others' fixtures
+            print(f"{name}: FAILED: {type(e).__name__}: {e}", flush=True)
+
+
+def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
+    fields = dict(SMALL)
+    fields.update(extra)
+    fields["architectures"] = [arch]
+    cls = None
+    if name in WRAPPED:
+        cfg, cls = make_wrapped(fields, model_type)
+    else:
         cfg = AutoConfig.for_model(model_type, **fields)
-        torch.manual_seed(idx)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
-        randomize(model, 1000 + idx)
-        mdir = os.path.join(out, "models", name)
-        model.to(getattr(torch, dtype)).save_pretrained(mdir)
-        if name in OLD_STYLE:
-            to_old_style(os.path.join(mdir, "config.json"))
-        ref = load_fp32(mdir)  # reload: the reference reads the same file (and config style) we do
-        g = torch.Generator().manual_seed(77 + idx)
-        vocab = fields["vocab_size"]
-        seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]
-        prompt = torch.randint(2, vocab, (5,), generator=g).tolist()
-        save_file(golden_for(ref, seqs, prompt), os.path.join(out, "golden", name + ".safetensors"))
-        print(f"{name}: {arch} {dtype} seqs {lens}", flush=True)
+    torch.manual_seed(idx)
+    model = cls(cfg).to(torch.float32) if cls else AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    randomize(model, 1000 + idx)
+    mdir = os.path.join(out, "models", name)
+    model.to(getattr(torch, dtype)).save_pretrained(mdir)
+    if name in OLD_STYLE:
+        to_old_style(os.path.join(mdir, "config.json"))
+    ref = load_fp32(mdir, cls)  # reload: the reference reads the same file (and config style) we do
+    g = torch.Generator().manual_seed(77 + idx)
+    vocab = fields["vocab_size"]
+    seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]
+    prompt = torch.randint(2, vocab, (5,), generator=g).tolist()
+    save_file(golden_for(ref, seqs, prompt), os.path.join(out, "golden", name + ".safetensors"))
+    with open(os.path.join(mdir, "config.json")) as f:
+        saved = json.load(f)
+    saved = saved.get("text_config", saved)
+    print(f"{name}: {arch} {dtype} seqs {lens}; saved rope {saved.get('rope_parameters', saved.get('rope_theta'))}, "
+          f"layer_types {saved.get('layer_types')}, window {saved.get('sliding_window')}", flush=True)
 
 
 TINY_TEXTS = [
@@ -250,6 +367,7 @@ def main():
     ap.add_argument("--tiny", action="append", default=[])
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="all", choices=["all", "rope", "random", "tiny"])
+    ap.add_argument("--variants", default="", help="comma-separated names: only these random models")
     a = ap.parse_args()
     os.makedirs(os.path.join(a.out, "golden"), exist_ok=True)
     print(f"torch {torch.__version__} transformers {transformers.__version__}", flush=True)
@@ -257,7 +375,7 @@ def main():
     if a.only in ("all", "rope"):
         make_rope(a.out, tmp)
     if a.only in ("all", "random"):
-        make_random_models(a.out)
+        make_random_models(a.out, [v for v in a.variants.split(",") if v])
     if a.only in ("all", "tiny"):
         make_tiny(a.out, a.tiny)
     shutil.rmtree(tmp, ignore_errors=True)

@@ -22,14 +22,19 @@ Status CpuOps::embed() {
     const int H = cfg_.hidden_size;
     for (int t = 0; t < plan_->total(); ++t)
         cpu::embedding_row(w_.embed, plan_->tokens[static_cast<size_t>(t)], h_.data() + static_cast<size_t>(t) * H);
+    if (cfg_.embed_scale != 1.0f)
+        for (float& v : h_) v *= cfg_.embed_scale;
     return Status::ok();
 }
 
 Status CpuOps::add_residual(Slot delta) {
-    if (delta != Slot::kNone) {
-        const auto& d = buf(delta);
+    if (delta == Slot::kNone) return Status::ok();
+    const auto& d = buf(delta);
+    const float m = cfg_.residual_scale;
+    if (m == 1.0f)
         for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i];
-    }
+    else
+        for (size_t i = 0; i < h_.size(); ++i) h_[i] += d[i] * m;
     return Status::ok();
 }
 
@@ -108,7 +113,7 @@ Status CpuOps::rope(Slot s, int heads) {
 Status CpuOps::attention(int layer, int window) {
     const ModelConfig& c = cfg_;
     const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
-    const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    const float scale = c.attention_scale();
     for (int b = 0; b < plan_->batch(); ++b) {
         const Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
         const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
@@ -147,6 +152,7 @@ Status CpuOps::qkv_heads(int layer, bool qk_norm, float eps) {
         EXL3_RETURN_IF_ERROR(head_norm(Slot::kQ, cfg_.num_heads, L.q_norm, eps));
         EXL3_RETURN_IF_ERROR(head_norm(Slot::kK, cfg_.num_kv_heads, L.k_norm, eps));
     }
+    if (!cfg_.rope_layer[static_cast<size_t>(layer)]) return Status::ok();  // a layer without RoPE
     EXL3_RETURN_IF_ERROR(rope(Slot::kQ, cfg_.num_heads));
     return rope(Slot::kK, cfg_.num_kv_heads);
 }
@@ -177,6 +183,8 @@ Status CpuOps::logits(float eps, float* out) {
     cpu::rms_norm(rows.data(), w_.final_norm.data(), static_cast<int>(n_out), H, eps, x.data());
     const float* head_bias = w_.head.bias.empty() ? nullptr : w_.head.bias.data();
     part_matmul(x.data(), static_cast<int>(n_out), H, w_.head.parts[0], head_bias, out);
+    if (cfg_.logit_scale != 1.0f)
+        for (size_t i = 0; i < n_out * static_cast<size_t>(cfg_.vocab_size); ++i) out[i] *= cfg_.logit_scale;
     return Status::ok();
 }
 

@@ -34,7 +34,8 @@ public:
         return Status::ok();
     }
     Status embed() {
-        return ck(cuda::embed(s_.w.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st()),
+        return ck(cuda::embed(s_.w.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st(),
+                              s_.cfg.embed_scale),
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
@@ -110,7 +111,8 @@ public:
         return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
                                   s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
                                   qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
-                                  eps, positions(), s_.inv_freq.as<float>(), s_.rope.rotary_dim,
+                                  eps, positions(), s_.inv_freq.as<float>(),
+                                  s_.cfg.rope_layer[static_cast<size_t>(li)] ? s_.rope.rotary_dim : 0,
                                   s_.rope.attention_scaling, st(), paged),
                   "qkv_heads");
     }
@@ -120,7 +122,7 @@ public:
         if (!kv_appended_)
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         kv_appended_ = false;
-        const float scale = 1.0f / std::sqrt(static_cast<float>(s_.cfg.head_dim));
+        const float scale = s_.cfg.attention_scale();
         // An EXL3 o projection of one fused call takes its input rotated by the kernel that merges the attention
         // splits (when the plan splits): one kernel fewer in the chain of the step.
         const DevLinear& o = layer(li).o;

@@ -11,12 +11,12 @@ namespace exl3::cuda {
 
 namespace {
 
-// Host conversion of a checkpoint tensor to the activation type.
-std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
+// Host conversion of a checkpoint tensor to the activation type, times `scale`.
+std::vector<uint16_t> to_act(const TensorView& t, ActType act, float scale = 1.0f) {
     const int64_t n = t.numel();
     std::vector<uint16_t> out(static_cast<size_t>(n));
     const bool want_bf16 = act == ActType::kBF16;
-    if ((t.dtype == DType::kBF16 && want_bf16) || (t.dtype == DType::kF16 && !want_bf16)) {
+    if (scale == 1.0f && ((t.dtype == DType::kBF16 && want_bf16) || (t.dtype == DType::kF16 && !want_bf16))) {
         std::memcpy(out.data(), t.data, static_cast<size_t>(n) * 2);
         return out;
     }
@@ -24,6 +24,7 @@ std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
         float f = t.dtype == DType::kF32   ? t.as<float>()[i]
                   : t.dtype == DType::kBF16 ? bf16_to_f32(t.as<uint16_t>()[i])
                                             : f16_to_f32(t.as<uint16_t>()[i]);
+        f *= scale;
         out[static_cast<size_t>(i)] = want_bf16 ? f32_to_bf16(f) : f32_to_f16(f);
     }
     return out;
@@ -31,21 +32,29 @@ std::vector<uint16_t> to_act(const TensorView& t, ActType act) {
 
 // The same for one linear part; EXL3 parts are dequantized on the host (only for linears that mix EXL3 and dense
 // parts: otherwise they stay compressed, see upload_exl3; LoadOptions::exl3_dequantize makes them dense at load).
-std::vector<uint16_t> to_act(const HostPart& p, int in, ActType act) {
-    if (!p.is_exl3()) return to_act(p.dense, act);
+std::vector<uint16_t> to_act(const HostPart& p, int in, ActType act, float scale = 1.0f) {
+    if (!p.is_exl3()) return to_act(p.dense, act, scale);
     std::vector<float> w(static_cast<size_t>(p.out) * static_cast<size_t>(in));
     quant::exl3_dequantize(*p.exl3, w.data(), &ThreadPool::global());
-    return to_act(TensorView{w.data(), DType::kF32, {p.out, in}}, act);
+    return to_act(TensorView{w.data(), DType::kF32, {p.out, in}}, act, scale);
+}
+
+std::vector<float> scaled(const std::vector<float>& v, float scale) {
+    std::vector<float> out = v;
+    if (scale != 1.0f)
+        for (float& x : out) x *= scale;
+    return out;
 }
 
 Status upload_f32(DeviceBuffer& b, const std::vector<float>& v) {
     return b.upload(v.data(), v.size() * sizeof(float));
 }
 
-Status upload_exl3(const quant::Exl3Linear& q, int col0, DevExl3Part* d) {
+// `scale` multiplies the output: the output scales svh carry it.
+Status upload_exl3(const quant::Exl3Linear& q, int col0, DevExl3Part* d, float scale) {
     EXL3_RETURN_IF_ERROR(d->trellis.upload(q.trellis, q.trellis_bytes()));
     EXL3_RETURN_IF_ERROR(upload_f32(d->suh, q.suh));
-    EXL3_RETURN_IF_ERROR(upload_f32(d->svh, q.svh));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->svh, scaled(q.svh, scale)));
     d->col0 = col0;
     Exl3DevWeights& w = d->w;
     w.trellis = d->trellis.as<uint16_t>();
@@ -60,16 +69,17 @@ Status upload_exl3(const quant::Exl3Linear& q, int col0, DevExl3Part* d) {
     return Status::ok();
 }
 
-Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
+// `scale` multiplies the linear's output (weights and bias alike).
+Status upload_linear(const HostLinear& l, ActType act, DevLinear* d, float scale = 1.0f) {
     const bool all_exl3 = std::all_of(l.parts.begin(), l.parts.end(), [](const HostPart& p) { return p.is_exl3(); });
     d->in = l.in;
     d->out = l.out;
-    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, l.bias));
+    if (!l.bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(d->bias, scaled(l.bias, scale)));
     if (all_exl3) {
         d->exl3.resize(l.parts.size());
         int col0 = 0;
         for (size_t i = 0; i < l.parts.size(); ++i) {
-            EXL3_RETURN_IF_ERROR(upload_exl3(*l.parts[i].exl3, col0, &d->exl3[i]));
+            EXL3_RETURN_IF_ERROR(upload_exl3(*l.parts[i].exl3, col0, &d->exl3[i], scale));
             d->exl3_parts.push_back({d->exl3[i].w, col0, d->bias.get() ? d->bias.as<float>() + col0 : nullptr});
             col0 += l.parts[i].out;
         }
@@ -78,7 +88,7 @@ Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
     std::vector<uint16_t> all;
     all.reserve(static_cast<size_t>(l.out) * l.in);
     for (const HostPart& p : l.parts) {
-        auto part = to_act(p, l.in, act);
+        auto part = to_act(p, l.in, act, scale);
         all.insert(all.end(), part.begin(), part.end());
     }
     return d->w.upload(all.data(), all.size() * 2);
@@ -86,7 +96,7 @@ Status upload_linear(const HostLinear& l, ActType act, DevLinear* d) {
 
 }  // namespace
 
-Status DeviceWeights::upload(const HostWeights& w, ActType act) {
+Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfig& cfg) {
     EXL3_RETURN_IF_ERROR(embed.upload(to_act(w.embed, act).data(), static_cast<size_t>(w.embed.numel()) * 2));
     const HostPart& hp = w.head.parts[0];
     if (!hp.is_exl3() && hp.dense.data == w.embed.data) {
@@ -98,7 +108,8 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act) {
                                              static_cast<size_t>(w.head.out) * static_cast<size_t>(w.head.in) * 2));
         head = head_own.get();
     }
-    EXL3_RETURN_IF_ERROR(upload_f32(final_norm, w.final_norm));
+    // The logit scale rides on the final norm's weights: the head is linear in them.
+    EXL3_RETURN_IF_ERROR(upload_f32(final_norm, scaled(w.final_norm, cfg.logit_scale)));
     layers.resize(w.layers.size());
     for (size_t i = 0; i < w.layers.size(); ++i) {
         const HostLayer& hl = w.layers[i];
@@ -108,9 +119,10 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act) {
         if (!hl.q_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.q_norm, hl.q_norm));
         if (!hl.k_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.k_norm, hl.k_norm));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o));
+        // The residual branch's scale rides on the two linears whose outputs join the stream.
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, cfg.residual_scale));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, cfg.residual_scale));
     }
     return Status::ok();
 }

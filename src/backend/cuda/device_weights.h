@@ -10,6 +10,7 @@
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/ops.cuh"
 #include "exl3/status.h"
+#include "format/model_config.h"
 #include "models/weights.h"
 
 namespace exl3::cuda {
@@ -40,8 +41,9 @@ struct DeviceWeights {
     DevLinear head_exl3;         // an EXL3 lm_head (then `head` is null)
     std::vector<DevLayer> layers;
 
-    // Uploads every tensor. A linear that mixes EXL3 and dense parts is dequantized on the host and runs dense.
-    Status upload(const HostWeights& w, ActType act);
+    // Uploads every tensor. A linear that mixes EXL3 and dense parts is dequantized on the host and runs dense. The
+    // config's residual and logit scales are folded into the weights (o / down, and the final norm).
+    Status upload(const HostWeights& w, ActType act, const ModelConfig& cfg);
 };
 
 }  // namespace exl3::cuda

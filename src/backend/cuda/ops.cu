@@ -53,11 +53,11 @@ __device__ float block_sum(float v) {
 }
 
 template <typename T>
-__global__ void embed_kernel(const T* table, const int32_t* tokens, int d, float* h) {
+__global__ void embed_kernel(const T* table, const int32_t* tokens, int d, float scale, float* h) {
     EXL3_PDL_PROLOGUE();
     const int i = blockIdx.x;
     const T* row = table + static_cast<int64_t>(tokens[i]) * d;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) h[static_cast<int64_t>(i) * d + j] = to_f(row[j]);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) h[static_cast<int64_t>(i) * d + j] = to_f(row[j]) * scale;
 }
 
 template <typename T>
@@ -361,11 +361,12 @@ cudaError_t dispatch(ActType t, F&& f) {
 
 }  // namespace
 
-cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s) {
+cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s,
+                  float scale) {
     if (n == 0) return cudaSuccess;
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        return launch_pdl(embed_kernel<T>, dim3(n), dim3(threads_for(d)), 0, s, static_cast<const T*>(table), tokens, d, h);
+        return launch_pdl(embed_kernel<T>, dim3(n), dim3(threads_for(d)), 0, s, static_cast<const T*>(table), tokens, d, scale, h);
     });
 }
 

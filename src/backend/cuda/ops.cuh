@@ -11,7 +11,9 @@ namespace exl3::cuda {
 enum class ActType { kF16, kBF16 };
 
 // h[n, d] (fp32) = table[tokens[i], :] (act). Token ids are checked on the host before the step.
-cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s);
+// h[i] = table[tokens[i]] * scale (fp32).
+cudaError_t embed(const void* table, ActType t, const int32_t* tokens, int n, int d, float* h, cudaStream_t s,
+                  float scale = 1.0f);
 
 // If delta: h += delta (fp32, [n, d]). Then out[n, d] (act) = h / sqrt(mean(h^2) + eps) * w.
 // The fused residual add saves one pass over the hidden states per sub-layer. Deltas (attention and MLP outputs)
