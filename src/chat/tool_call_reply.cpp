@@ -7,8 +7,8 @@ namespace {
 
 Result<chat::ToolFormat> format_of(std::string_view name) {
     if (auto f = chat::tool_format_from_name(name)) return *f;
-    return invalid_argument("the tool-call format '" + std::string(name) +
-                            "' is not one of hermes, llama3, mistral, mistral-args");
+    return invalid_argument("the tool-call format '" + std::string(name) + "' is not one of " +
+                            chat::tool_format_names());
 }
 
 }  // namespace

@@ -12,6 +12,8 @@ namespace {
 constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
+constexpr std::string_view kGraniteCalls = "<|tool_call|>";
+constexpr std::string_view kCohereOpen = "<|START_ACTION|>", kCohereClose = "<|END_ACTION|>";
 // Deeper JSON in a call is not a call: dump() recurses, and no tool schema nests this far.
 constexpr int kMaxJsonDepth = 64;
 // A Mistral function name longer than this before its [ARGS] is not a name.
@@ -53,6 +55,7 @@ bool valid_name_char(char c) {
 bool call_fields(const ojson& call, std::string* name, std::string* args, std::string* id) {
     if (!call.is_object()) return false;
     auto n = call.find("name");
+    if (n == call.end()) n = call.find("tool_name");  // Command R's names
     if (n == call.end() || !n->is_string() || n->get_ref<const std::string&>().empty()) return false;
     *name = n->get<std::string>();
     auto a = call.find("arguments");
@@ -89,12 +92,25 @@ const char* tool_format_name(ToolFormat f) {
             return "mistral";
         case ToolFormat::kMistralArgs:
             return "mistral-args";
+        case ToolFormat::kGranite:
+            return "granite";
+        case ToolFormat::kCommandR:
+            return "command-r";
     }
     return "hermes";
 }
 
+std::string tool_format_names() {
+    std::string s;
+    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
+                         ToolFormat::kGranite, ToolFormat::kCommandR})
+        s += (s.empty() ? "" : ", ") + std::string(tool_format_name(f));
+    return s;
+}
+
 std::optional<ToolFormat> tool_format_from_name(std::string_view name) {
-    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs})
+    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
+                         ToolFormat::kGranite, ToolFormat::kCommandR})
         if (name == tool_format_name(f)) return f;
     if (name == "qwen") return ToolFormat::kHermes;
     return std::nullopt;
@@ -110,6 +126,14 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
         const bool args = src.find(kMistralArgs) != std::string_view::npos;
         set_how(args ? "the template writes [TOOL_CALLS] and [ARGS]" : "the template writes [TOOL_CALLS]");
         return args ? ToolFormat::kMistralArgs : ToolFormat::kMistral;
+    }
+    if (src.find(kCohereOpen) != std::string_view::npos) {
+        set_how("the template writes <|START_ACTION|>");
+        return ToolFormat::kCommandR;
+    }
+    if (src.find(kGraniteCalls) != std::string_view::npos) {
+        set_how("the template writes <|tool_call|>");
+        return ToolFormat::kGranite;
     }
     if (src.find(kHermesOpen) != std::string_view::npos) {
         set_how("the template writes <tool_call>");
@@ -143,6 +167,12 @@ std::string tool_call_opening(ToolFormat f, const std::string& function) {
             return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS][{\"name\": " + quoted + ", \"arguments\": ";
         case ToolFormat::kMistralArgs:
             return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS]" + function + "[ARGS]";
+        case ToolFormat::kGranite:
+            return function.empty() ? "<|tool_call|>" : "<|tool_call|>[{\"name\": " + quoted + ", \"arguments\": ";
+        case ToolFormat::kCommandR:
+            return function.empty() ? "<|START_ACTION|>"
+                                    : "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": " + quoted +
+                                          ", \"parameters\": ";
     }
     return {};
 }
@@ -154,9 +184,12 @@ std::string tool_call_closing(ToolFormat f) {
         case ToolFormat::kLlama3:
             return "}";
         case ToolFormat::kMistral:
+        case ToolFormat::kGranite:
             return "}]";
         case ToolFormat::kMistralArgs:
             return {};
+        case ToolFormat::kCommandR:
+            return "}]<|END_ACTION|>";
     }
     return {};
 }
@@ -170,6 +203,10 @@ std::vector<std::string> tool_call_markers(ToolFormat f) {
         case ToolFormat::kMistral:
         case ToolFormat::kMistralArgs:
             return {std::string(kMistralCalls), std::string(kMistralArgs), std::string(kMistralCallId)};
+        case ToolFormat::kGranite:
+            return {std::string(kGraniteCalls)};
+        case ToolFormat::kCommandR:
+            return {std::string(kCohereOpen), std::string(kCohereClose)};
     }
     return {};
 }
@@ -272,6 +309,12 @@ bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
         case ToolFormat::kMistral:
         case ToolFormat::kMistralArgs:
             marker = kMistralCalls;
+            break;
+        case ToolFormat::kGranite:
+            marker = kGraniteCalls;
+            break;
+        case ToolFormat::kCommandR:
+            marker = kCohereOpen;
             break;
     }
     size_t at = buf_.find(marker);
@@ -419,8 +462,43 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
         case ToolFormat::kMistral:
         case ToolFormat::kMistralArgs:
             return step_mistral(i, final, out);
+        case ToolFormat::kGranite:
+        case ToolFormat::kCommandR:
+            return step_list(i, final, out);
     }
     return false;
+}
+
+// Mistral's, Granite's and Command R's calls at buf_[i]: a JSON list of call objects (or one object), all of the
+// list or none of it; Command R closes it with <|END_ACTION|>, consumed when it follows.
+bool ToolCallParser::step_list(size_t i, bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    if (b[i] != '[' && b[i] != '{') {
+        give_up(out);
+        return true;
+    }
+    ojson v;
+    bool gave_up = false;
+    const size_t end = value_at(i, final, &v, &gave_up, out);
+    if (gave_up) return true;
+    if (end == std::string::npos) return false;
+    size_t consumed = end;
+    if (format_ == ToolFormat::kCommandR) {
+        const size_t j = skip_ws(b, end);
+        const std::string_view rest = b.substr(j);
+        if (!final && rest.size() < kCohereClose.size() && kCohereClose.starts_with(rest)) return false;
+        if (rest.starts_with(kCohereClose)) consumed = j + kCohereClose.size();
+    }
+    if (v.is_object()) v = ojson::array({v});
+    std::string name, args, id;
+    bool ok = !v.empty();
+    for (const auto& call : v) ok = ok && call_fields(call, &name, &args, &id);
+    if (!ok) {
+        give_up(out);
+        return true;
+    }
+    for (const auto& call : v) emit_call(call, out);
+    return finish_call(consumed);
 }
 
 // Mistral's call at buf_[i]: a JSON list (or one object) of calls, or name[ARGS]{...} / name[CALL_ID]id[ARGS]{...}.
@@ -428,22 +506,7 @@ bool ToolCallParser::step_mistral(size_t i, bool final, std::vector<Piece>* out)
     const std::string_view b = buf_;
     ojson v;
     bool gave_up = false;
-    if (b[i] == '[' || b[i] == '{') {
-        const size_t end = value_at(i, final, &v, &gave_up, out);
-        if (gave_up) return true;
-        if (end == std::string::npos) return false;
-        if (v.is_object()) v = ojson::array({v});
-        // All of the list or none of it.
-        std::string name, args, id;
-        bool ok = !v.empty();
-        for (const auto& call : v) ok = ok && call_fields(call, &name, &args, &id);
-        if (!ok) {
-            give_up(out);
-            return true;
-        }
-        for (const auto& call : v) emit_call(call, out);
-        return finish_call(end);
-    }
+    if (b[i] == '[' || b[i] == '{') return step_list(i, final, out);
     // name[ARGS]{...} or name[CALL_ID]id[ARGS]{...}
     const size_t args_at = b.find(kMistralArgs, i);
     const size_t limit = args_at == std::string::npos ? b.size() : args_at;

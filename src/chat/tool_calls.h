@@ -26,9 +26,14 @@ enum class ToolFormat {
     kLlama3,
     kMistral,      // [TOOL_CALLS][{...}] (JSON list); a named tool_choice is written in this form
     kMistralArgs,  // [TOOL_CALLS]name[ARGS]{...}: parsed like kMistral, differs in the forced opening
+    kGranite,      // <|tool_call|>[{"name": ..., "arguments": {...}}] (Granite 3.x)
+    kCommandR,     // <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>
+                   // (Command R7B / A)
 };
 const char* tool_format_name(ToolFormat f);
 std::optional<ToolFormat> tool_format_from_name(std::string_view name);  // "hermes", "llama3", "mistral"...
+// Every name tool_format_from_name takes, for messages: "hermes, llama3, mistral, mistral-args, granite, command-r".
+std::string tool_format_names();
 
 // The format a chat template teaches, from the markers it contains; *how says which marker decided (or that none did
 // and Hermes, the most widely copied format, is the fallback).
@@ -79,6 +84,7 @@ private:
     bool step_content(bool final, std::vector<Piece>* out);
     bool step_call(bool final, std::vector<Piece>* out);
     bool step_mistral(size_t i, bool final, std::vector<Piece>* out);
+    bool step_list(size_t i, bool final, std::vector<Piece>* out);
     bool wait_or_give_up(bool final, std::vector<Piece>* out);
     size_t value_at(size_t i, bool final, nlohmann::ordered_json* v, bool* gave_up, std::vector<Piece>* out);
     bool finish_call(size_t consumed);

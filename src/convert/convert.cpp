@@ -247,6 +247,8 @@ void Converter::bind_layer(int li) {
     L.mlp_norm = hf.mlp_norm;
     L.q_norm = hf.q_norm;
     L.k_norm = hf.k_norm;
+    L.post_attn_norm = hf.post_attn_norm;
+    L.post_mlp_norm = hf.post_mlp_norm;
     Layer& lins = layers_[static_cast<size_t>(li)];
     auto bind = [&](HostLinear& hl, std::initializer_list<int> idx) {
         hl = HostLinear{};
@@ -471,7 +473,8 @@ Status Converter::quantize_layers() {
 Status Converter::quantize_head(const Calib& cs) {
     const int T = cs.rows * cs.cols, D = c_.hidden_size;
     std::vector<float> x(static_cast<size_t>(T) * D);
-    cpu::rms_norm(cs.h.data(), hf_.final_norm.data(), T, D, static_cast<float>(c_.rms_norm_eps), x.data());
+    (c_.norm == NormKind::kLayerNorm ? cpu::layer_norm : cpu::rms_norm)(cs.h.data(), hf_.final_norm.data(), T, D,
+                                                                         static_cast<float>(c_.rms_norm_eps), x.data());
     Hess hh;
     hh.add(x.data(), T, D, pool_);
     return quantize(head_, hh, opt_.head_bits, opt_.seed + 999, nullptr).with_context("quantizing " + head_.prefix);

@@ -15,8 +15,35 @@ constexpr TensorNames kLlamaNames = {
     "model.layers.{}.",
     {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
      "mlp.down_proj", "input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_norm.weight",
-     "self_attn.k_norm.weight"},
+     "self_attn.k_norm.weight", nullptr, nullptr},
 };
+#define EXL3_LLAMA_LINEARS                                                                                          \
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", \
+        "mlp.down_proj"
+
+// Gemma 2/3: a norm before and after attention and the MLP each ("sandwich").
+constexpr std::array<const char*, kLayerTensors> kGemmaLayer = {
+    EXL3_LLAMA_LINEARS, "input_layernorm.weight", "pre_feedforward_layernorm.weight", "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight", "post_attention_layernorm.weight", "post_feedforward_layernorm.weight"};
+constexpr TensorNames kGemmaNames = {"model.embed_tokens.weight", "model.norm.weight", "lm_head", "model.layers.{}.",
+                                     kGemmaLayer};
+// GLM-4: four norms, named otherwise (post_attention_layernorm is the one before the MLP); gate|up fused in HF files.
+constexpr TensorNames kGlm4Names = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head", "model.layers.{}.",
+    {EXL3_LLAMA_LINEARS, "input_layernorm.weight", "post_attention_layernorm.weight", nullptr, nullptr,
+     "post_self_attn_layernorm.weight", "post_mlp_layernorm.weight"},
+    nullptr, "mlp.gate_up_proj"};
+// Olmo 2/3, EXAONE 4: norms after attention and the MLP only.
+constexpr TensorNames kPostNormNames = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head", "model.layers.{}.",
+    {EXL3_LLAMA_LINEARS, nullptr, nullptr, "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+     "post_attention_layernorm.weight", "post_feedforward_layernorm.weight"}};
+// Cohere: one norm a layer, read by attention and the MLP alike.
+constexpr TensorNames kCohereNames = {
+    "model.embed_tokens.weight", "model.norm.weight", "lm_head", "model.layers.{}.",
+    {EXL3_LLAMA_LINEARS, "input_layernorm.weight", nullptr, "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+     nullptr, nullptr}};
+#undef EXL3_LLAMA_LINEARS
 
 // Phi-3 / Phi-4: Llama's names, q|k|v and gate|up fused in HF checkpoints.
 constexpr TensorNames kPhi3Names = {
@@ -34,6 +61,15 @@ constexpr TensorNames kWrappedLegacyNames = {
     "language_model.model.embed_tokens.weight", "language_model.model.norm.weight", "language_model.lm_head",
     "language_model.model.layers.{}.", kLlamaNames.layer_tensors,
 };
+// Gemma 3's wrapper, both layouts likewise.
+constexpr TensorNames kGemmaWrappedNames = {
+    "model.language_model.embed_tokens.weight", "model.language_model.norm.weight", "lm_head",
+    "model.language_model.layers.{}.", kGemmaLayer,
+};
+constexpr TensorNames kGemmaWrappedLegacyNames = {
+    "language_model.model.embed_tokens.weight", "language_model.model.norm.weight", "language_model.lm_head",
+    "language_model.model.layers.{}.", kGemmaLayer,
+};
 
 const std::vector<ArchInfo> kArchs = {
     {Arch::kLlama, "LlamaForCausalLM", "llama", {&kLlamaNames}},
@@ -46,6 +82,18 @@ const std::vector<ArchInfo> kArchs = {
     {Arch::kSeedOss, "SeedOssForCausalLM", "seed_oss", {&kLlamaNames}},
     {Arch::kSmolLM3, "SmolLM3ForCausalLM", "smollm3", {&kLlamaNames}},
     {Arch::kGranite, "GraniteForCausalLM", "granite", {&kLlamaNames}},
+    {Arch::kGemma2, "Gemma2ForCausalLM", "gemma2", {&kGemmaNames}},
+    {Arch::kGemma3, "Gemma3ForCausalLM", "gemma3_text", {&kGemmaNames}},
+    {Arch::kGemma3Wrapped, "Gemma3ForConditionalGeneration", "gemma3", {&kGemmaWrappedNames, &kGemmaWrappedLegacyNames},
+     {"model.vision_tower.", "model.multi_modal_projector.", "vision_tower.", "multi_modal_projector."}},
+    {Arch::kGlm4, "Glm4ForCausalLM", "glm4", {&kGlm4Names}},
+    {Arch::kOlmo2, "Olmo2ForCausalLM", "olmo2", {&kPostNormNames}},
+    {Arch::kOlmo3, "Olmo3ForCausalLM", "olmo3", {&kPostNormNames}},
+    {Arch::kExaone4, "Exaone4ForCausalLM", "exaone4", {&kPostNormNames}},
+    {Arch::kErnie45, "Ernie4_5ForCausalLM", "ernie4_5", {&kLlamaNames}},
+    {Arch::kErnie45, "Ernie4_5_ForCausalLM", "ernie4_5", {&kLlamaNames}},  // the remote-code configs' name
+    {Arch::kCohere, "CohereForCausalLM", "cohere", {&kCohereNames}},
+    {Arch::kCohere2, "Cohere2ForCausalLM", "cohere2", {&kCohereNames}},
 };
 
 }  // namespace
@@ -53,6 +101,7 @@ const std::vector<ArchInfo> kArchs = {
 std::string TensorNames::layer_prefix(int layer_index) const { return fmt::format(fmt::runtime(layer), layer_index); }
 
 std::string TensorNames::of(int layer_index, LayerTensor t) const {
+    if (!has(t)) return {};
     return layer_prefix(layer_index) + layer_tensors[static_cast<size_t>(t)];
 }
 

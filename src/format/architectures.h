@@ -10,15 +10,21 @@
 
 namespace exl3 {
 
-enum class Arch { kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite };
+enum class Arch {
+    kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite,
+    kGemma2, kGemma3, kGemma3Wrapped, kGlm4, kOlmo2, kOlmo3, kExaone4, kErnie45, kCohere, kCohere2,
+};
 
 // A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown).
-enum class LayerTensor { kQ, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm };
-constexpr int kLayerTensors = 11;
+enum class LayerTensor {
+    kQ, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm, kPostAttnNorm, kPostMlpNorm,
+};
+constexpr int kLayerTensors = 13;
 constexpr int kLayerLinears = 7;  // kQ .. kDown
 
 // Linears are named by their prefix (`.weight`, `.bias`, or EXL3's `.trellis` ... follow); other tensors by their full
-// name. Layer tensors are relative to `layer`, in which "{}" stands for the layer index.
+// name. Layer tensors are relative to `layer`, in which "{}" stands for the layer index; nullptr where the family has
+// no such tensor (of() is then empty).
 struct TensorNames {
     const char* embed;
     const char* final_norm;
@@ -31,6 +37,7 @@ struct TensorNames {
     const char* fused_gate_up = nullptr;
 
     std::string of(int layer_index, LayerTensor t) const;
+    bool has(LayerTensor t) const { return layer_tensors[static_cast<size_t>(t)] != nullptr; }
     std::string layer_prefix(int layer_index) const;
 };
 

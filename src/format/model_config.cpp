@@ -22,6 +22,7 @@ public:
         auto it = j_.find(key);
         return it != j_.end() && !it->is_null();
     }
+    bool present(const char* key) const { return j_.contains(key); }  // null included
     Status get_int(const char* key, int* out, bool required, int lo = 1, int hi = 1 << 30) const {
         auto it = j_.find(key);
         if (it == j_.end() || it->is_null()) {
@@ -97,6 +98,50 @@ Status parse_token_ids(const json& j, const char* key, const std::string& source
     return add(*it);
 }
 
+// One set of RoPE parameters (rope_parameters, one layer type's entry of it, or rope_scaling) into r.
+Status parse_rope_params(const json& params, const std::string& source, RopeConfig& r) {
+    if (!params.is_object()) return invalid_argument(fmt::format("{} must be an object", source));
+    Fields p(params, source);
+    std::string type = "default";
+    EXL3_RETURN_IF_ERROR(p.get_string("type", &type));
+    EXL3_RETURN_IF_ERROR(p.get_string("rope_type", &type));
+    static const std::pair<const char*, RopeType> kTypes[] = {
+        {"default", RopeType::kDefault}, {"linear", RopeType::kLinear}, {"dynamic", RopeType::kDynamic},
+        {"yarn", RopeType::kYarn},       {"llama3", RopeType::kLlama3}, {"longrope", RopeType::kLongrope},
+        {"su", RopeType::kLongrope},  // the name Phi-3 configs used before "longrope"
+    };
+    bool known = false;
+    for (const auto& [name, t] : kTypes) {
+        if (type == name) {
+            r.type = t;
+            known = true;
+        }
+    }
+    if (!known)
+        return unsupported(fmt::format("{}: rope type '{}' is not supported (supported: default, linear, "
+                                       "dynamic, yarn, llama3, longrope)",
+                                       source, type));
+    EXL3_RETURN_IF_ERROR(p.get_double("rope_theta", &r.theta));
+    EXL3_RETURN_IF_ERROR(p.get_double("partial_rotary_factor", &r.partial_rotary_factor));
+    EXL3_RETURN_IF_ERROR(p.get_double("factor", &r.factor));
+    EXL3_RETURN_IF_ERROR(p.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
+    EXL3_RETURN_IF_ERROR(p.get_double("low_freq_factor", &r.low_freq_factor));
+    EXL3_RETURN_IF_ERROR(p.get_double("high_freq_factor", &r.high_freq_factor));
+    EXL3_RETURN_IF_ERROR(p.get_double("beta_fast", &r.beta_fast));
+    EXL3_RETURN_IF_ERROR(p.get_double("beta_slow", &r.beta_slow));
+    EXL3_RETURN_IF_ERROR(p.get_double("mscale", &r.mscale));
+    EXL3_RETURN_IF_ERROR(p.get_double("mscale_all_dim", &r.mscale_all_dim));
+    EXL3_RETURN_IF_ERROR(p.get_bool("truncate", &r.truncate));
+    EXL3_RETURN_IF_ERROR(p.get_double("attention_factor", &r.attention_factor));
+    EXL3_RETURN_IF_ERROR(p.get_double_list("short_factor", &r.short_factor));
+    EXL3_RETURN_IF_ERROR(p.get_double_list("long_factor", &r.long_factor));
+    if (r.attention_factor != -1.0 && !(r.attention_factor > 0))
+        return invalid_argument(fmt::format("{}: attention_factor must be positive", source));
+    return Status::ok();
+}
+
+bool two_ropes(Arch a) { return a == Arch::kGemma3 || a == Arch::kGemma3Wrapped || a == Arch::kOlmo3; }
+
 Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
     RopeConfig& r = mc->rope;
     r.max_position_embeddings = mc->max_position_embeddings;
@@ -113,55 +158,39 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
         where = "rope_scaling";
     }
     // Families whose config class gives another default theta than 10000 when the config names none.
-    if (mc->arch == Arch::kSmolLM3) r.theta = 2000000.0;
-    EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
-    // A top-level partial_rotary_factor counts for Phi-3 (its config folds it into the rope parameters); Llama and
-    // the others ignore it, as transformers does (checked in the RoPE fixtures). Inside rope_parameters it counts.
-    if (mc->arch == Arch::kPhi3) EXL3_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &r.partial_rotary_factor));
-
-    EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
-    if (params) {
-        if (!params->is_object())
-            return invalid_argument(fmt::format("{}: '{}' must be an object", source, where));
-        if (params->contains("full_attention") || params->contains("sliding_attention"))
-            return unsupported(fmt::format("{}: per-layer-type '{}' is not supported", source, where));
-        Fields p(*params, source + " " + where);
-        std::string type = "default";
-        EXL3_RETURN_IF_ERROR(p.get_string("type", &type));
-        EXL3_RETURN_IF_ERROR(p.get_string("rope_type", &type));
-        static const std::pair<const char*, RopeType> kTypes[] = {
-            {"default", RopeType::kDefault}, {"linear", RopeType::kLinear}, {"dynamic", RopeType::kDynamic},
-            {"yarn", RopeType::kYarn},       {"llama3", RopeType::kLlama3}, {"longrope", RopeType::kLongrope},
-            {"su", RopeType::kLongrope},  // the name Phi-3 configs used before "longrope"
-        };
-        bool known = false;
-        for (const auto& [name, t] : kTypes) {
-            if (type == name) {
-                r.type = t;
-                known = true;
-            }
-        }
-        if (!known)
-            return unsupported(fmt::format("{}: rope type '{}' is not supported (supported: default, linear, "
-                                           "dynamic, yarn, llama3, longrope)",
-                                           source, type));
-        EXL3_RETURN_IF_ERROR(p.get_double("rope_theta", &r.theta));
-        EXL3_RETURN_IF_ERROR(p.get_double("partial_rotary_factor", &r.partial_rotary_factor));
-        EXL3_RETURN_IF_ERROR(p.get_double("factor", &r.factor));
-        EXL3_RETURN_IF_ERROR(p.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
-        EXL3_RETURN_IF_ERROR(p.get_double("low_freq_factor", &r.low_freq_factor));
-        EXL3_RETURN_IF_ERROR(p.get_double("high_freq_factor", &r.high_freq_factor));
-        EXL3_RETURN_IF_ERROR(p.get_double("beta_fast", &r.beta_fast));
-        EXL3_RETURN_IF_ERROR(p.get_double("beta_slow", &r.beta_slow));
-        EXL3_RETURN_IF_ERROR(p.get_double("mscale", &r.mscale));
-        EXL3_RETURN_IF_ERROR(p.get_double("mscale_all_dim", &r.mscale_all_dim));
-        EXL3_RETURN_IF_ERROR(p.get_bool("truncate", &r.truncate));
-        EXL3_RETURN_IF_ERROR(p.get_double("attention_factor", &r.attention_factor));
-        EXL3_RETURN_IF_ERROR(p.get_double_list("short_factor", &r.short_factor));
-        EXL3_RETURN_IF_ERROR(p.get_double_list("long_factor", &r.long_factor));
-        if (r.attention_factor != -1.0 && !(r.attention_factor > 0))
-            return invalid_argument(fmt::format("{}: attention_factor must be positive", source));
+    switch (mc->arch) {
+        case Arch::kSmolLM3: r.theta = 2000000.0; break;
+        case Arch::kGemma3: case Arch::kGemma3Wrapped: r.theta = 1000000.0; break;
+        case Arch::kOlmo3: case Arch::kErnie45: case Arch::kCohere: r.theta = 500000.0; break;
+        default: break;
     }
+    EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
+    // A top-level partial_rotary_factor counts for Phi-3 and GLM-4 (their configs fold it into the rope parameters;
+    // GLM-4's default is 0.5); Llama and the others ignore it, as transformers does (checked in the RoPE fixtures).
+    // Inside rope_parameters it counts.
+    if (mc->arch == Arch::kGlm4) r.partial_rotary_factor = 0.5;
+    if (mc->arch == Arch::kPhi3 || mc->arch == Arch::kGlm4)
+        EXL3_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &r.partial_rotary_factor));
+    EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
+    // Gemma 3 and Olmo 3: sliding layers rotate on their own base (rope_local). Legacy configs give it as
+    // rope_local_base_freq (Gemma 3) or not at all (Olmo 3's sliding layers then take the class default, 500000).
+    RopeConfig& local = mc->rope_local;
+    local.max_position_embeddings = mc->max_position_embeddings;
+    local.theta = mc->arch == Arch::kOlmo3 ? 500000.0 : 10000.0;
+    if (mc->arch != Arch::kOlmo3) EXL3_RETURN_IF_ERROR(top.get_double("rope_local_base_freq", &local.theta));
+    if (params && params->is_object() && (params->contains("full_attention") || params->contains("sliding_attention"))) {
+        if (!two_ropes(mc->arch))
+            return unsupported(fmt::format("{}: per-layer-type '{}' is not supported for {}", source, where,
+                                           mc->arch_name));
+        if (params->contains("full_attention"))
+            EXL3_RETURN_IF_ERROR(parse_rope_params((*params)["full_attention"], source + " " + where + ".full_attention", r));
+        if (params->contains("sliding_attention"))
+            EXL3_RETURN_IF_ERROR(parse_rope_params((*params)["sliding_attention"],
+                                                   source + " " + where + ".sliding_attention", local));
+    } else if (params) {
+        EXL3_RETURN_IF_ERROR(parse_rope_params(*params, source + " " + where, r));
+    }
+    if (two_ropes(mc->arch)) EXL3_RETURN_IF_ERROR(rope_validate(local, mc->head_dim).with_context(source));
     return rope_validate(r, mc->head_dim).with_context(source);
 }
 
@@ -200,8 +229,11 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
     if (mc.num_heads % mc.num_kv_heads)
         return invalid_argument(fmt::format("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                             source, mc.num_heads, mc.num_kv_heads));
-    if (f.has("head_dim")) {
+    const bool gemma = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped;
+    if (f.has("head_dim") && mc.arch != Arch::kCohere2) {  // Cohere 2's config forces hidden / heads
         EXL3_RETURN_IF_ERROR(f.get_int("head_dim", &mc.head_dim, true, 1, 4096));
+    } else if (gemma || mc.arch == Arch::kErnie45) {
+        mc.head_dim = gemma ? 256 : 128;  // the config classes' defaults
     } else {
         if (mc.hidden_size % mc.num_heads)
             return invalid_argument(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {} and "
@@ -210,15 +242,27 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
         mc.head_dim = mc.hidden_size / mc.num_heads;
     }
     if (mc.head_dim % 2) return invalid_argument(fmt::format("{}: head_dim {} must be even", source, mc.head_dim));
-    EXL3_RETURN_IF_ERROR(f.get_double("rms_norm_eps", &mc.rms_norm_eps));
-    if (!(mc.rms_norm_eps > 0)) return invalid_argument(source + ": rms_norm_eps must be positive");
+    const bool cohere = mc.arch == Arch::kCohere || mc.arch == Arch::kCohere2;
+    if (cohere) mc.rms_norm_eps = 1e-5;
+    EXL3_RETURN_IF_ERROR(f.get_double(cohere ? "layer_norm_eps" : "rms_norm_eps", &mc.rms_norm_eps));
+    if (!(mc.rms_norm_eps > 0)) return invalid_argument(source + ": the norm epsilon must be positive");
     mc.max_position_embeddings = 2048;
     EXL3_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &mc.max_position_embeddings, false));
+    // The config classes that tie by default (the others do not).
+    mc.tie_word_embeddings = gemma || cohere || mc.arch == Arch::kErnie45 || mc.arch == Arch::kSmolLM3;
     EXL3_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
-    std::string act = "silu";
+    // Gemma's configs name it hidden_activation (their hidden_act is a legacy key that loses).
+    std::string act = gemma ? "gelu_pytorch_tanh" : "silu";
     EXL3_RETURN_IF_ERROR(f.get_string("hidden_act", &act));
-    if (act != "silu" && act != "swish")
-        return unsupported(fmt::format("{}: hidden_act '{}' is not supported (only silu)", source, act));
+    EXL3_RETURN_IF_ERROR(f.get_string("hidden_activation", &act));
+    if (act == "silu" || act == "swish") {
+        mc.act = Act::kSilu;
+    } else if (act == "gelu_pytorch_tanh" || act == "gelu_tanh") {
+        mc.act = Act::kGeluTanh;
+    } else {
+        return unsupported(
+            fmt::format("{}: activation '{}' is not supported (silu, gelu_pytorch_tanh)", source, act));
+    }
     return Status::ok();
 }
 
@@ -242,13 +286,49 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
             mc.qkv_bias = attention_bias;
             mc.o_bias = out_bias;
             break;
+        case Arch::kGemma2:
+        case Arch::kGemma3:
+        case Arch::kGemma3Wrapped:
+        case Arch::kOlmo2:
+        case Arch::kOlmo3:
+        case Arch::kCohere:
+        case Arch::kCohere2:
+            mc.qkv_bias = mc.o_bias = attention_bias;
+            break;
+        case Arch::kGlm4:  // q, k, v biased unless attention_bias says otherwise; o never
+            attention_bias = true;
+            EXL3_RETURN_IF_ERROR(f.get_bool("attention_bias", &attention_bias));
+            mc.qkv_bias = attention_bias;
+            break;
+        case Arch::kErnie45: {  // one flag for every linear
+            bool use_bias = false;
+            EXL3_RETURN_IF_ERROR(f.get_bool("use_bias", &use_bias));
+            mc.qkv_bias = mc.o_bias = mc.mlp_bias = use_bias;
+            break;
+        }
         case Arch::kMistral:
         case Arch::kMistral3:
         case Arch::kPhi3:
+        case Arch::kExaone4:
             break;
     }
-    if (mc.arch != Arch::kLlama && mc.arch != Arch::kSeedOss && mc.arch != Arch::kGranite) mc.mlp_bias = false;
-    mc.qk_norm = mc.arch == Arch::kQwen3;
+    if (mc.arch != Arch::kLlama && mc.arch != Arch::kSeedOss && mc.arch != Arch::kGranite && mc.arch != Arch::kErnie45)
+        mc.mlp_bias = false;
+    switch (mc.arch) {
+        case Arch::kQwen3: case Arch::kGemma3: case Arch::kGemma3Wrapped: case Arch::kExaone4:
+            mc.qk_norm = QkNorm::kHead;
+            break;
+        case Arch::kOlmo2: case Arch::kOlmo3:
+            mc.qk_norm = QkNorm::kFlat;
+            break;
+        default:
+            break;
+    }
+    if (mc.arch == Arch::kCohere) {
+        bool qk = false;
+        EXL3_RETURN_IF_ERROR(f.get_bool("use_qk_norm", &qk));
+        if (qk) return unsupported(f.source() + ": use_qk_norm (Command R+'s per-head LayerNorm) is not supported yet");
+    }
     return Status::ok();
 }
 
@@ -256,6 +336,10 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
 // max_window_layers on when use_sliding_window, SmolLM3 (with use_sliding_window) on its layers without RoPE.
 Status parse_windows(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
     int window = 0;
+    const bool periodic = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped ||
+                          mc.arch == Arch::kOlmo3 || mc.arch == Arch::kCohere2 || mc.arch == Arch::kExaone4;
+    // Those families' config classes window 4096 positions unless told otherwise (EXAONE 4's null: no windows).
+    if (periodic && !cfg.contains("sliding_window")) window = 4096;
     EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false));
     mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
     if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
@@ -272,6 +356,24 @@ Status parse_windows(const json& cfg, const Fields& f, const std::string& source
                 return unsupported(fmt::format("{}: layer type '{}' is not supported", source, t));
             }
         }
+        return Status::ok();
+    }
+    if (periodic) {
+        // Without layer_types: every pattern-th layer global, the others windowed (Gemma 2: every other one).
+        int pattern = mc.arch == Arch::kGemma2 ? 2 : mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped ? 6 : 4;
+        const char* key = f.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
+        if (cfg.contains(key) && cfg[key].is_string()) {  // EXAONE 4's "LLLG": L windowed, G global, repeating
+            const std::string pat = cfg[key].get<std::string>();
+            if (pat.empty() || pat.find_first_not_of("LG") != std::string::npos)
+                return invalid_argument(fmt::format("{}: {} '{}' must be a string of L and G", source, key, pat));
+            for (int i = 0; i < mc.num_layers; ++i)
+                if (pat[static_cast<size_t>(i) % pat.size()] == 'L') mc.sliding_window[static_cast<size_t>(i)] = window;
+            return Status::ok();
+        }
+        EXL3_RETURN_IF_ERROR(f.get_int(key, &pattern, false, 1));
+        if (window > 0)
+            for (int i = 0; i < mc.num_layers; ++i)
+                if ((i + 1) % pattern != 0) mc.sliding_window[static_cast<size_t>(i)] = window;
         return Status::ok();
     }
     bool use = false;
@@ -312,6 +414,74 @@ Status parse_rope_layers(const json& cfg, const Fields& f, const std::string& so
     return Status::ok();
 }
 
+// Which layers rotate on which RoPE, where that follows the windows: Gemma 3 and Olmo 3 give sliding layers their
+// own base; Cohere 2 and (with windows at all) EXAONE 4 rotate only on sliding layers.
+void rope_by_window(const json& cfg, ModelConfig& mc) {
+    const bool exaone_nope = mc.arch == Arch::kExaone4 && !(cfg.contains("sliding_window") && cfg["sliding_window"].is_null());
+    for (int i = 0; i < mc.num_layers; ++i) {
+        const bool sliding = mc.sliding_window[static_cast<size_t>(i)] > 0;
+        uint8_t& r = mc.rope_layer[static_cast<size_t>(i)];
+        if (two_ropes(mc.arch)) r = sliding ? 2 : 1;
+        if (mc.arch == Arch::kCohere2 || exaone_nope) r = sliding ? 1 : 0;
+    }
+}
+
+// The layer's shape and the families' own operations: where the norms sit and what they compute, the activation's
+// extras, RoPE layout, Gemma's scale and caps, Cohere's logit scale.
+Status parse_family(const Fields& f, const std::string& source, ModelConfig& mc) {
+    switch (mc.arch) {
+        case Arch::kGemma2:
+        case Arch::kGemma3:
+        case Arch::kGemma3Wrapped: {
+            mc.norm_offset = true;
+            mc.post_norms = true;
+            mc.embed_scale = std::sqrt(static_cast<float>(mc.hidden_size));
+            double qpas = 256;
+            EXL3_RETURN_IF_ERROR(f.get_double("query_pre_attn_scalar", &qpas));
+            if (!(qpas > 0)) return invalid_argument(source + ": query_pre_attn_scalar must be positive");
+            mc.attn_scale = static_cast<float>(1.0 / std::sqrt(qpas));
+            // Gemma 2's caps default to 50 and 30; a key given as null switches its cap off.
+            double attn_cap = mc.arch == Arch::kGemma2 && !f.present("attn_logit_softcapping") ? 50.0 : 0.0;
+            double final_cap = mc.arch == Arch::kGemma2 && !f.present("final_logit_softcapping") ? 30.0 : 0.0;
+            EXL3_RETURN_IF_ERROR(f.get_double("attn_logit_softcapping", &attn_cap));
+            EXL3_RETURN_IF_ERROR(f.get_double("final_logit_softcapping", &final_cap));
+            if (attn_cap < 0 || final_cap < 0) return invalid_argument(source + ": soft-capping values must be >= 0");
+            mc.attn_softcap = static_cast<float>(attn_cap);
+            mc.logit_softcap = static_cast<float>(final_cap);
+            bool bidirectional = false;
+            EXL3_RETURN_IF_ERROR(f.get_bool("use_bidirectional_attention", &bidirectional));
+            if (bidirectional) return unsupported(source + ": use_bidirectional_attention (an encoder) is not supported");
+            break;
+        }
+        case Arch::kGlm4:
+            mc.post_norms = true;
+            mc.rope_interleaved = true;
+            break;
+        case Arch::kOlmo2:
+        case Arch::kOlmo3:
+        case Arch::kExaone4:
+            mc.pre_norms = false;
+            mc.post_norms = true;
+            break;
+        case Arch::kErnie45:
+            mc.rope_interleaved = true;
+            break;
+        case Arch::kCohere:
+        case Arch::kCohere2: {
+            mc.norm = NormKind::kLayerNorm;
+            mc.parallel = true;
+            mc.rope_interleaved = true;
+            double scale = 0.0625;
+            EXL3_RETURN_IF_ERROR(f.get_double("logit_scale", &scale));
+            mc.logit_scale = static_cast<float>(scale);
+            break;
+        }
+        default:
+            break;
+    }
+    return Status::ok();
+}
+
 // Granite's four scalars: embedding, residual-branch and attention multipliers, and the logit divisor.
 Status parse_multipliers(const Fields& f, const std::string& source, ModelConfig& mc) {
     if (mc.arch != Arch::kGranite) return Status::ok();
@@ -330,16 +500,16 @@ Status parse_multipliers(const Fields& f, const std::string& source, ModelConfig
 
 // The object that describes the decoder: the config itself, or a multimodal wrapper's text_config.
 Result<const json*> text_config(const json& cfg, const ArchInfo& info, const std::string& source) {
-    if (info.arch != Arch::kMistral3) return &cfg;
+    if (info.arch != Arch::kMistral3 && info.arch != Arch::kGemma3Wrapped) return &cfg;
     if (!cfg.contains("text_config") || !cfg["text_config"].is_object())
-        return invalid_argument(source + ": a Mistral3ForConditionalGeneration config needs a text_config object");
+        return invalid_argument(fmt::format("{}: a {} config needs a text_config object", source, info.hf_class));
     const json& t = cfg["text_config"];
+    const char* want = info.arch == Arch::kMistral3 ? "mistral" : "gemma3_text";
     const std::string mt = t.contains("model_type") && t["model_type"].is_string() ? t["model_type"].get<std::string>()
-                                                                                    : "mistral";
-    if (mt != "mistral")
-        return unsupported(fmt::format("{}: text_config of model_type '{}' is not supported in a "
-                                       "Mistral3ForConditionalGeneration (only 'mistral')",
-                                       source, mt));
+                                                                                    : want;
+    if (mt != want)
+        return unsupported(fmt::format("{}: text_config of model_type '{}' is not supported in a {} (only '{}')",
+                                       source, mt, info.hf_class, want));
     return &t;
 }
 
@@ -366,6 +536,8 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     EXL3_RETURN_IF_ERROR(parse_biases(f, mc));
     EXL3_RETURN_IF_ERROR(parse_rope_layers(*tc, f, tsource, mc));
     EXL3_RETURN_IF_ERROR(parse_windows(*tc, f, tsource, mc));
+    rope_by_window(*tc, mc);
+    EXL3_RETURN_IF_ERROR(parse_family(f, tsource, mc));
     EXL3_RETURN_IF_ERROR(parse_multipliers(f, tsource, mc));
 
     std::string dtype = "bfloat16";
@@ -387,6 +559,36 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
 
     EXL3_RETURN_IF_ERROR(parse_rope(*tc, tsource, &mc));
     return mc;
+}
+
+std::string family_features(const ModelConfig& c) {
+    std::vector<std::string> f;
+    if (c.norm == NormKind::kLayerNorm) f.push_back("LayerNorm");
+    if (c.norm_offset) f.push_back("norms (1 + w)");
+    if (!c.pre_norms) f.push_back("no pre-norms");
+    if (c.post_norms) f.push_back("post-norms");
+    if (c.parallel) f.push_back("parallel attention + MLP");
+    if (c.qk_norm == QkNorm::kFlat) f.push_back("q/k norm over all heads");
+    if (c.rope_interleaved) f.push_back("GPT-J RoPE");
+    if (c.rope.partial_rotary_factor < 1.0) f.push_back(fmt::format("partial RoPE {:g}", c.rope.partial_rotary_factor));
+    if (uses_local_rope(c)) f.push_back(fmt::format("local RoPE theta {:g}", c.rope_local.theta));
+    int nope = 0, windowed = 0;
+    for (int i = 0; i < c.num_layers; ++i) {
+        nope += !c.rope_layer[static_cast<size_t>(i)];
+        windowed += c.sliding_window[static_cast<size_t>(i)] > 0;
+    }
+    if (nope) f.push_back(fmt::format("{} layers without RoPE", nope));
+    if (windowed && windowed < c.num_layers) f.push_back(fmt::format("{} of {} layers windowed", windowed, c.num_layers));
+    if (c.act == Act::kGeluTanh) f.push_back("GeGLU (tanh)");
+    if (c.embed_scale != 1.0f) f.push_back(fmt::format("embeddings x {:g}", c.embed_scale));
+    if (c.residual_scale != 1.0f) f.push_back(fmt::format("residual x {:g}", c.residual_scale));
+    if (c.attn_scale > 0.0f) f.push_back(fmt::format("attention scale {:g}", c.attn_scale));
+    if (c.attn_softcap > 0.0f) f.push_back(fmt::format("attention soft-cap {:g}", c.attn_softcap));
+    if (c.logit_scale != 1.0f) f.push_back(fmt::format("logits x {:g}", c.logit_scale));
+    if (c.logit_softcap > 0.0f) f.push_back(fmt::format("logit soft-cap {:g}", c.logit_softcap));
+    std::string s;
+    for (const auto& x : f) s += (s.empty() ? "" : ", ") + x;
+    return s;
 }
 
 Result<ModelConfig> load_model_config(const std::string& dir) {

@@ -1,5 +1,6 @@
-// HF config.json -> ModelConfig. Llama, Mistral, Qwen2 and Qwen3 are one dense decoder; the differences are flags
-// (biases, q/k norm, sliding windows, RoPE variant), so they share one config and one forward pass.
+// HF config.json -> ModelConfig. Every supported family is one dense decoder; the differences are flags (biases,
+// norms and where they sit, q/k norms, sliding windows, RoPE variant and layout, activation, scalars and caps), so
+// they share one config and one forward pass (models/decoder.h).
 #pragma once
 
 #include <cmath>
@@ -13,6 +14,14 @@
 #include "format/rope.h"
 
 namespace exl3 {
+
+// How the decoder's norms normalise a row: RMSNorm, or LayerNorm (mean-centred, weight only: Cohere).
+enum class NormKind : uint8_t { kRms, kLayerNorm };
+// q/k norms before RoPE: none, per head over head_dim (Qwen3, Gemma 3, EXAONE 4), or over all heads of q and of k at
+// once (Olmo 2/3).
+enum class QkNorm : uint8_t { kNone, kHead, kFlat };
+// The MLP's gate activation: silu, or GELU with the tanh approximation (Gemma).
+enum class Act : uint8_t { kSilu, kGeluTanh };
 
 struct ModelConfig {
     Arch arch = Arch::kLlama;
@@ -30,15 +39,27 @@ struct ModelConfig {
     bool qkv_bias = false;          // Qwen2 always; Llama/Qwen3 with attention_bias
     bool o_bias = false;            // Llama/Qwen3 with attention_bias
     bool mlp_bias = false;          // Llama with mlp_bias
-    bool qk_norm = false;           // Qwen3: RMSNorm over head_dim on q and k before RoPE
+    QkNorm qk_norm = QkNorm::kNone;
+    NormKind norm = NormKind::kRms;
+    bool norm_offset = false;   // Gemma: checkpoints store norm weights as offsets; the norm multiplies by 1 + w
+    bool pre_norms = true;      // a norm before attention and one before the MLP (Olmo 2, EXAONE 4: none)
+    bool post_norms = false;    // norms of the attention and MLP outputs before they join h (Gemma, GLM-4, Olmo 2)
+    bool parallel = false;      // Cohere: attention and MLP both read one norm of h; h += attention + MLP
+    bool rope_interleaved = false;  // GPT-J RoPE: dims (2i, 2i+1) pair up (Cohere, GLM-4, ERNIE), not (i, i + r/2)
+    Act act = Act::kSilu;
     std::vector<int> sliding_window;  // [num_layers]; 0 = full attention, w = attend to the last w positions
-    std::vector<uint8_t> rope_layer;  // [num_layers]; 1: RoPE rotates q and k, 0: not (SmolLM3's NoPE layers)
+    // [num_layers]; 0: no RoPE (SmolLM3's NoPE layers, Cohere 2's and EXAONE 4's global ones), 1: `rope`,
+    // 2: `rope_local` (Gemma 3's and Olmo 3's sliding layers, on their own base)
+    std::vector<uint8_t> rope_layer;
     // Scalars of the layer (Granite's multipliers; 1 / 0 where a family has none):
     float embed_scale = 1.0f;     // h = embed(ids) * embed_scale
     float residual_scale = 1.0f;  // h += residual_scale * (attention or MLP output)
     float attn_scale = 0.0f;      // the softmax scale of q k^T; 0: 1 / sqrt(head_dim)
     float logit_scale = 1.0f;     // logits = head(norm(h)) * logit_scale
+    float attn_softcap = 0.0f;    // scores s -> c tanh(s / c) before the softmax (Gemma 2); 0: none
+    float logit_softcap = 0.0f;   // logits l -> c tanh(l / c) (Gemma 2); 0: none
     RopeConfig rope;
+    RopeConfig rope_local;          // for layers with rope_layer 2
     DType dtype = DType::kBF16;     // torch_dtype / dtype as declared
     int bos_token_id = -1;
     std::vector<int> eos_token_ids;
@@ -47,6 +68,16 @@ struct ModelConfig {
     float attention_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
     int kv_dim() const { return num_kv_heads * head_dim; }
 };
+
+// Whether some layer rotates on rope_local.
+inline bool uses_local_rope(const ModelConfig& c) {
+    for (uint8_t r : c.rope_layer)
+        if (r == 2) return true;
+    return false;
+}
+
+// What sets the family apart from a Llama layer, in words ("post-norms, GPT-J RoPE, ..."); empty for none.
+std::string family_features(const ModelConfig& c);
 
 // Parses config.json text; `source` names the file in errors.
 Result<ModelConfig> parse_model_config(const std::string& json_text, const std::string& source);

@@ -1,11 +1,14 @@
-// The dense decoder shared by Llama, Mistral, Qwen2 and Qwen3, written once for every backend.
+// The dense decoder shared by every supported family, written once for every backend.
 //
-// Per layer, for the residual stream h [T, hidden] (fp32) of the T new tokens of a step:
-//   x = rms_norm(h) ; qkv = x [Wq|Wk|Wv]^T (+ biases) ; q [T, heads, hd], k/v [T, kv_heads, hd]
-//   (Qwen3) q, k = rms_norm over head_dim with q_norm / k_norm
-//   q, k = rope(q, k) ; append k, v to the cache ; a = softmax(q k^T / sqrt(hd), causal, window) v
-//   h += a Wo^T (+ bo) ; x = rms_norm(h) ; h += (silu(x Wg^T) * (x Wu^T)) Wd^T
-// logits = rms_norm(h) Whead^T for the rows asked for (Whead = embed_tokens when tied).
+// Per layer, for the residual stream h [T, hidden] (fp32) of the T new tokens of a step (the flags are ModelConfig's):
+//   x = norm(h) (pre_norms; else x = h) ; qkv = x [Wq|Wk|Wv]^T (+ biases) ; q [T, heads, hd], k/v [T, kv_heads, hd]
+//   (qk_norm) q, k normed per head or over all heads ; q, k = rope(q, k) on the layer's RoPE (or none)
+//   append k, v to the cache ; a = softmax(cap(q k^T * scale), causal, window) v ; o = a Wo^T (+ bo)
+//   (post_norms) o = norm(o)
+//   parallel (Cohere):  h += o ; m = MLP(x)             otherwise:  h += o ; x = norm(h) (or h) ; m = MLP(x)
+//   MLP(x) = (act(x Wg^T) * (x Wu^T)) Wd^T ; (post_norms) m = norm(m) ; h += m
+// logits = cap(scale * (norm(h) Whead^T)) for the rows asked for (Whead = embed_tokens when tied). norm() is
+// RMSNorm or LayerNorm by the family; an empty weight vector stands for "no norm here".
 //
 // A backend B provides the primitives below on its own buffers (named by Slot) and weights; the sequence of
 // operations lives here only, so the CPU reference, the CUDA path and the converter's calibration forward cannot
@@ -65,16 +68,22 @@ Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
     EXL3_RETURN_IF_ERROR(b.add_norm(residual, L.attn_norm, eps, Slot::kX));
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kAttnIn, Slot::kX));
     EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
-    // kQKV -> kQ, kK, kV; with c.qk_norm, q and k heads RMS-normed by L.q_norm / L.k_norm; then RoPE on q, k.
-    EXL3_RETURN_IF_ERROR(b.qkv_heads(li, c.qk_norm, eps));
+    // kQKV -> kQ, kK, kV; with c.qk_norm, q and k RMS-normed by L.q_norm / L.k_norm; then the layer's RoPE.
+    EXL3_RETURN_IF_ERROR(b.qkv_heads(li, eps));
     EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
     EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
-    EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
+    if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kO, L.post_attn_norm, eps));
+    if (c.parallel)  // the MLP reads the same x: kO joins h now
+        EXL3_RETURN_IF_ERROR(b.add_residual(Slot::kO));
+    else
+        EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kMlpIn, Slot::kX));
-    EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // silu(x Wg^T) * (x Wu^T), via kGU
+    EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // act(x Wg^T) * (x Wu^T), via kGU
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kDownIn, Slot::kG));
-    return b.linear(Slot::kG, L.down, Slot::kDown);
+    EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
+    if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kDown, L.post_mlp_norm, eps));
+    return Status::ok();
 }
 
 // A whole step: embeddings, every layer, the head over plan.out_rows.

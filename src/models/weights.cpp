@@ -245,8 +245,16 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
         HostLayer& L = w->layers[static_cast<size_t>(i)];
         auto name = [&](LayerTensor t) { return n.of(i, t); };
         const std::string prefix = n.layer_prefix(i);
-        EXL3_ASSIGN_OR_RETURN(L.attn_norm, ld.vec(name(LayerTensor::kAttnNorm), H));
-        EXL3_ASSIGN_OR_RETURN(L.mlp_norm, ld.vec(name(LayerTensor::kMlpNorm), H));
+        if (c.pre_norms) {
+            EXL3_ASSIGN_OR_RETURN(L.attn_norm, ld.vec(name(LayerTensor::kAttnNorm), H));
+            if (!c.parallel) {
+                EXL3_ASSIGN_OR_RETURN(L.mlp_norm, ld.vec(name(LayerTensor::kMlpNorm), H));
+            }
+        }
+        if (c.post_norms) {
+            EXL3_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(name(LayerTensor::kPostAttnNorm), H));
+            EXL3_ASSIGN_OR_RETURN(L.post_mlp_norm, ld.vec(name(LayerTensor::kPostMlpNorm), H));
+        }
         if (n.fused_qkv && store.contains(prefix + n.fused_qkv + ".weight")) {
             EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_qkv, {c.q_dim(), c.kv_dim(), c.kv_dim()}, H, c.qkv_bias, &L.qkv));
         } else {
@@ -255,9 +263,10 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
         }
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
-        if (c.qk_norm) {
-            EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), c.head_dim));
-            EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), c.head_dim));
+        if (c.qk_norm != QkNorm::kNone) {
+            const bool flat = c.qk_norm == QkNorm::kFlat;  // over all heads at once: q_dim / kv_dim weights
+            EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), flat ? c.q_dim() : c.head_dim));
+            EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), flat ? c.kv_dim() : c.head_dim));
         }
         if (n.fused_gate_up && store.contains(prefix + n.fused_gate_up + ".weight")) {
             EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_gate_up, {I, I}, H, c.mlp_bias, &L.gate_up));
@@ -266,6 +275,15 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kUp), I, H, c.mlp_bias, &L.gate_up));
         }
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kDown), H, I, c.mlp_bias, &L.down));
+    }
+    if (c.norm_offset) {  // Gemma: the checkpoint stores w, the norm multiplies by 1 + w (added in fp32)
+        auto add_one = [](std::vector<float>& v) {
+            for (float& x : v) x += 1.0f;
+        };
+        add_one(w->final_norm);
+        for (HostLayer& L : w->layers)
+            for (auto* v : {&L.attn_norm, &L.mlp_norm, &L.q_norm, &L.k_norm, &L.post_attn_norm, &L.post_mlp_norm})
+                add_one(*v);
     }
     w->quantization = ld.quantization(tied);
     w->num_parameters = w->quantization.empty() ? 0 : ld.params();

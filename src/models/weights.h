@@ -35,8 +35,9 @@ struct HostLinear {
     int out = 0;  // sum of out_i
 };
 
+// Norm weights as the decoder applies them (Gemma's stored offsets already 1 + w); empty where the family has none.
 struct HostLayer {
-    std::vector<float> attn_norm, mlp_norm, q_norm, k_norm;
+    std::vector<float> attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;
     HostLinear qkv, o, gate_up, down;
 };
 

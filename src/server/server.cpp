@@ -829,9 +829,8 @@ Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_p
         std::string how;
         const auto format = chat::choose_tool_format(options.tool_format, *source, &how);
         if (!format)
-            return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, hermes, llama3, mistral, "
-                                                "mistral-args",
-                                                options.tool_format));
+            return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, {}", options.tool_format,
+                                                chat::tool_format_names()));
         impl->tool_format = *format;
         for (const std::string& m : chat::tool_call_markers(impl->tool_format))
             if (auto id = tokenizer->token_to_id(m); id && tokenizer->is_special(*id)) impl->tool_markers_special = true;

@@ -34,7 +34,7 @@ struct ServerOptions {
                                      //   at most kMaxServerQueue + 16
     int default_max_tokens = 0;      // when a request gives none; 0: as many as the context leaves
     std::string chat_template;       // template source replacing the model's (empty: the model's)
-    std::string tool_format = "auto";  // auto (from the template's markers), hermes, llama3, mistral, mistral-args
+    std::string tool_format = "auto";  // auto (from the template's markers), or chat::tool_format_names()
 };
 
 class Server {

@@ -153,6 +153,34 @@ TEST(ToolCalls, Mistral) {
     }
 }
 
+// Granite's list after <|tool_call|>, Command R's between <|START_ACTION|> and <|END_ACTION|> (its tool_call_id is a
+// per-turn counter, not an id: ours are generated).
+TEST(ToolCalls, GraniteAndCommandR) {
+    expect_parse(ToolFormat::kGranite,
+                 "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, {\"name\": \"now\", "
+                 "\"arguments\": {}}]",
+                 "", json::array({call("get_weather", R"({"city":"Paris"})"), call("now", "{}")}));
+    expect_parse(ToolFormat::kGranite, "Let me check.<|tool_call|>{\"name\": \"now\"}", "Let me check.",
+                 json::array({call("now", "{}")}));
+    expect_parse(ToolFormat::kCommandR,
+                 "<|START_THINKING|>I will look it up.<|END_THINKING|><|START_ACTION|>[\n    {\"tool_call_id\": \"0\", "
+                 "\"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}\n]<|END_ACTION|>",
+                 "<|START_THINKING|>I will look it up.<|END_THINKING|>",
+                 json::array({call("get_weather", R"({"city":"Paris"})")}));
+    const Assembled a = assemble(ToolFormat::kCommandR,
+                                 "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"a\", \"parameters\": {}}, "
+                                 "{\"tool_call_id\": \"1\", \"tool_name\": \"b\", \"parameters\": {}}]<|END_ACTION|>");
+    ASSERT_EQ(a.ids.size(), 2u);
+    EXPECT_NE(a.ids[0], "0");
+    EXPECT_NE(a.ids[0], a.ids[1]);
+    for (const std::string& text : std::vector<std::string>{"<|tool_call|>not a call", "<|tool_call|>[]",
+                                                            "<|tool_call|>[{\"arguments\": {}}]",
+                                                            "<|START_ACTION|>[{\"tool_name\": 3}]<|END_ACTION|>",
+                                                            "<|START_ACTION|>[{\"tool_name\": \"a\""})
+        for (auto f : {ToolFormat::kGranite, ToolFormat::kCommandR})
+            if (text.find(tool_call_markers(f)[0]) == 0) expect_parse(f, text, text, json::array());
+}
+
 TEST(ToolCalls, MistralMalformedIsContent) {
     const auto f = ToolFormat::kMistral;
     for (const std::string& text :
@@ -217,7 +245,8 @@ TEST(ToolCalls, OpeningsForToolChoice) {
     for (Case c :
          {Case{ToolFormat::kHermes, "{\"city\": \"Paris\"}}\n</tool_call>"},
           Case{ToolFormat::kLlama3, "{\"city\": \"Paris\"}}"}, Case{ToolFormat::kMistral, "{\"city\": \"Paris\"}}]"},
-          Case{ToolFormat::kMistralArgs, "{\"city\": \"Paris\"}"}}) {
+          Case{ToolFormat::kMistralArgs, "{\"city\": \"Paris\"}"}, Case{ToolFormat::kGranite, "{\"city\": \"Paris\"}}]"},
+          Case{ToolFormat::kCommandR, "{\"city\": \"Paris\"}}]<|END_ACTION|>"}}) {
         const std::string text = tool_call_opening(c.f, "get_weather") + c.continuation;
         expect_parse(c.f, text, "", json::array({call("get_weather", R"({"city":"Paris"})")}));
     }
@@ -278,7 +307,8 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
                    Case{"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", ToolFormat::kHermes},
                    Case{"Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::kHermes},
                    Case{"Qwen-Qwen3-0.6B.jinja", ToolFormat::kHermes}, Case{"Qwen-QwQ-32B.jinja", ToolFormat::kHermes},
-                   Case{"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolFormat::kHermes},
+                   Case{"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolFormat::kCommandR},
+                   Case{"ibm-granite-granite-3.3-2B-Instruct.jinja", ToolFormat::kGranite},
                    Case{"google-gemma-2-2b-it.jinja", ToolFormat::kHermes}}) {
         const std::string src = test::read_file(dir + "/" + c.file);
         ASSERT_FALSE(src.empty()) << c.file;
@@ -290,6 +320,8 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     }
     EXPECT_EQ(tool_format_from_name("llama3"), ToolFormat::kLlama3);
     EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
+    EXPECT_EQ(tool_format_from_name("granite"), ToolFormat::kGranite);
+    EXPECT_EQ(tool_format_from_name("command-r"), ToolFormat::kCommandR);
     EXPECT_FALSE(tool_format_from_name("gpt").has_value());
 }
 
@@ -360,6 +392,10 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
                                             "[TOOL_CALLS]",
                                             "[ARGS]",
                                             "[CALL_ID]",
+                                            "<|tool_call|>",
+                                            "<|START_ACTION|>",
+                                            "<|END_ACTION|>",
+                                            "\"tool_name\"",
                                             "{",
                                             "}",
                                             "[",
@@ -384,7 +420,8 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
         std::string text;
         const int n = 1 + static_cast<int>(rng() % 24);
         for (int i = 0; i < n; ++i) text += parts[rng() % parts.size()];
-        for (auto f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral}) {
+        for (auto f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kGranite,
+                       ToolFormat::kCommandR}) {
             const Assembled whole = assemble(f, text);
             for (size_t chunk : {1, 2, 5}) {
                 const Assembled a = assemble(f, text, chunk);

@@ -20,6 +20,7 @@
 #include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "quant/exl3_model.h"
+#include "model_logits.h"
 #include "test_util.h"
 
 namespace exl3::convert {
@@ -88,20 +89,7 @@ void write_model(const std::string& dir, bool poison = false, const std::string&
     std::ofstream(dir + "/tokenizer_config.json") << "{}";
 }
 
-std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& toks) {
-    LoadOptions lo;
-    lo.device = "cpu";
-    auto m = Model::load(dir, lo);
-    EXPECT_TRUE(m.is_ok()) << m.status().message();
-    if (!m.is_ok()) return {};
-    auto seq = (*m)->new_sequence();
-    EXPECT_TRUE(seq.is_ok());
-    if (!seq.is_ok()) return {};
-    std::vector<float> out;
-    auto st = (*m)->forward(**seq, toks, true, &out);
-    EXPECT_TRUE(st.is_ok()) << st.message();
-    return out;
-}
+using test::logits_of;
 
 nlohmann::json read_json(const std::string& path) {
     std::ifstream f(path);

@@ -47,6 +47,7 @@ struct Case {
     int head_dim, n_heads, n_kv_heads, page_size, window;
     std::vector<Seq> seqs;
     int k_bits = 0, v_bits = 0;  // KV-cache quantization of each side (0: 16-bit)
+    float softcap = 0.0f;        // Gemma 2's score soft-cap (0: none)
 };
 
 // One side of a quantized pool in the GPU layout: codes [slots, code_bytes], then params [slots, head_dim / 32] x 4
@@ -219,7 +220,7 @@ struct Step {
     }
 
     // cpu::attention per sequence: [total_q, n_heads, D].
-    std::vector<float> reference(float scale) const {
+    std::vector<float> reference(float scale, float softcap = 0.0f) const {
         std::vector<float> out(static_cast<size_t>(total_q) * c.n_heads * c.head_dim);
         for (int b = 0; b < batch; ++b) {
             const auto& s = c.seqs[b];
@@ -228,7 +229,7 @@ struct Step {
             const size_t off = static_cast<size_t>(q_start[b]) * c.n_heads * c.head_dim;
             cpu::attention(q_f.data() + off, s.q_len, c.n_heads, c.n_kv_heads, c.head_dim, k_seq[b].data(),
                            v_seq[b].data(), s.len, pos.data(), c.window, scale, out.data() + off,
-                           ThreadPool::global());
+                           ThreadPool::global(), softcap);
         }
         return out;
     }
@@ -361,11 +362,11 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
 
     EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));  // 0xFFFF is NaN in bf16 and fp16
     EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
-                                 nullptr, tuning));
+                                 nullptr, tuning, c.softcap));
     EXL3_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint16_t> got(s.q_bits.size());
     DOWNLOAD(got, d.out.p);
-    const auto ref = s.reference(scale);
+    const auto ref = s.reference(scale, c.softcap);
     const ErrStats e = compare(got, ref, c.dtype);
     const int warps =
         cuda::attention_decode_warps(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits, tuning);
@@ -378,7 +379,7 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
         block_merge.combine_warp = false;
         EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));
         EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
-                                     nullptr, block_merge));
+                                     nullptr, block_merge, c.softcap));
         EXL3_CUDA_OK(cudaDeviceSynchronize());
         std::vector<uint16_t> blk(s.q_bits.size());
         DOWNLOAD(blk, d.out.p);
@@ -404,7 +405,8 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
     rot.xh = xh.p;
     bool rotated = false;
     EXL3_CUDA_OK(
-        cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated, tuning));
+        cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated, tuning,
+                        c.softcap));
     EXPECT_EQ(rotated, splits > 1) << c.name;  // a merge kernel runs where the plan splits
     cuda::Exl3DevWeights w;                    // only suh and the shape are read by the rotation kernel
     w.trellis = reinterpret_cast<const uint16_t*>(dsuh.p);
@@ -458,6 +460,10 @@ const Case kCases[] = {
      {{300, 120}, {50, 1}, {77, 77}, {1, 1}, {260, 3}}, 4, 4},
     {"q_mixed_bf16_d64_g7_p16_k0v4", AttnDType::kBF16, 64, 14, 2, 16, 0, {{100, 40}, {300, 1}, {64, 64}}, 0, 4},
     {"q_mixed_f16_d128_g1_p64_w37_k8v0", AttnDType::kF16, 128, 8, 8, 64, 37, {{200, 200}, {33, 5}, {129, 1}}, 8, 0},
+    // Gemma 2's soft-cap on the scores (small enough to bite on these inputs): head_dim 256 and 128, windowed.
+    {"cap_mixed_bf16_d256_g2_p64_w37", AttnDType::kBF16, 256, 8, 4, 64, 37, {{150, 150}, {300, 1}, {90, 17}}, 0, 0, 2.0f},
+    {"cap_decode_f16_d128_g2_p16", AttnDType::kF16, 128, 16, 8, 16, 0, {{250, 1}, {3000, 1}}, 0, 0, 2.0f},
+    {"cap_prefill_bf16_d128_g2_p64_k8v8", AttnDType::kBF16, 128, 16, 8, 64, 0, {{257, 257}}, 8, 8, 2.0f},
     {"q_mixed_f16_d64_g4_p64_k6v8", AttnDType::kF16, 64, 16, 4, 64, 0, {{180, 60}, {2, 2}, {299, 7}, {70, 1}}, 6, 8},
 };
 

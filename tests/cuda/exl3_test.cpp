@@ -683,6 +683,13 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 o.accumulate = false;
                 const std::vector<float> twice = fetch(y1);
                 for (size_t i = 0; i < glu.size(); ++i) ASSERT_EQ(twice[i], glu[i] + glu[i]) << i;
+                // GeGLU (Gemma): gelu_tanh_mul's bits.
+                EXL3_CUDA_OK(cuda::gelu_tanh_mul(dgu.get(), dx.get(), xt, rows, in, st));
+                run(dx.get(), in, y0.get(), nullptr);
+                cuda::Exl3InFusion fgelu = fg;
+                fgelu.gelu = true;
+                run(dgu.get(), 2 * in, y1.get(), &fgelu);
+                EXPECT_EQ(fetch(y0), fetch(y1)) << "gelu";
             }
             // Beyond the fused path the norm is refused, not ignored; the GLU gives silu_mul's bits there too (rows
             // that are not a multiple of the rotation's 4 rows a warp, both vector and scalar rows of k).
@@ -719,6 +726,16 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
                 EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
                 EXPECT_EQ(y0, y1) << "glu, large path";
+                fg.gelu = true;  // GeGLU there too
+                EXL3_CUDA_OK(cuda::gelu_tanh_mul(dgu.get(), dx.get(), xt, big, in, st));
+                o.y = dy0.get();
+                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb).is_ok());
+                o.y = dy1.get();
+                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dgu.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg).is_ok());
+                EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+                EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                EXPECT_EQ(y0, y1) << "gelu, large path";
                 cuda::Exl3InFusion fn;
                 fn.norm_h = dh.as<float>();
                 fn.norm_w = dh.as<float>();

@@ -11,80 +11,10 @@
 #include "backend/cuda/ops.cuh"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
+#include "ops_fixture.h"
 
 namespace exl3 {
 namespace {
-
-using cuda::ActType;
-using cuda::DeviceBuffer;
-
-struct OpsFixture : ::testing::TestWithParam<ActType> {
-    void SetUp() override {
-        int n = 0;
-        if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-            cudaGetLastError();
-            GTEST_SKIP() << "no CUDA device";
-        }
-        auto c = cuda::CudaContext::create(0);
-        ASSERT_TRUE(c.is_ok()) << c.status().to_string();
-        ctx = std::move(*c);
-    }
-    ActType t() const { return GetParam(); }
-    // Rounds to the activation type and back, as the GPU sees the data.
-    float round(float f) const { return t() == ActType::kBF16 ? bf16_to_f32(f32_to_bf16(f)) : f16_to_f32(f32_to_f16(f)); }
-    std::vector<uint16_t> to_act(const std::vector<float>& v) const {
-        std::vector<uint16_t> o(v.size());
-        for (size_t i = 0; i < v.size(); ++i) o[i] = t() == ActType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-        return o;
-    }
-    std::vector<float> from_act(const std::vector<uint16_t>& v) const {
-        std::vector<float> o(v.size());
-        for (size_t i = 0; i < v.size(); ++i) o[i] = t() == ActType::kBF16 ? bf16_to_f32(v[i]) : f16_to_f32(v[i]);
-        return o;
-    }
-    DeviceBuffer up_act(const std::vector<float>& v) {
-        DeviceBuffer b;
-        auto a = to_act(v);
-        EXPECT_TRUE(b.upload(a.data(), a.size() * 2).is_ok());
-        return b;
-    }
-    DeviceBuffer up_f32(const std::vector<float>& v) {
-        DeviceBuffer b;
-        EXPECT_TRUE(b.upload(v.data(), v.size() * 4).is_ok());
-        return b;
-    }
-    DeviceBuffer poisoned(size_t bytes) {
-        DeviceBuffer b;
-        EXPECT_TRUE(b.reserve(bytes).is_ok());
-        cudaMemset(b.get(), 0xff, bytes);  // NaN in every float type
-        cudaDeviceSynchronize();           // the legacy stream's memset must land before the ops' stream runs
-        return b;
-    }
-    std::vector<float> down_act(const DeviceBuffer& b, size_t n) {
-        std::vector<uint16_t> a(n);
-        cudaDeviceSynchronize();  // ops run on a non-blocking stream: the copy must wait for them
-        cudaMemcpy(a.data(), b.get(), n * 2, cudaMemcpyDeviceToHost);
-        return from_act(a);
-    }
-    std::vector<float> down_f32(const DeviceBuffer& b, size_t n) {
-        std::vector<float> a(n);
-        cudaDeviceSynchronize();
-        cudaMemcpy(a.data(), b.get(), n * 4, cudaMemcpyDeviceToHost);
-        return a;
-    }
-    // max |a - b| / max |b|
-    static double rel(const std::vector<float>& a, const std::vector<float>& b) {
-        double md = 0, mr = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-            if (!std::isfinite(a[i])) return INFINITY;
-            md = std::max(md, static_cast<double>(std::fabs(a[i] - b[i])));
-            mr = std::max(mr, static_cast<double>(std::fabs(b[i])));
-        }
-        return md / mr;
-    }
-    double tol() const { return t() == ActType::kBF16 ? 1e-2 : 2e-3; }
-    std::unique_ptr<cuda::CudaContext> ctx;
-};
 
 // The embedding's scale (Granite's embedding_multiplier): each row times it, in fp32.
 TEST_P(OpsFixture, EmbedScaled) {
@@ -254,8 +184,10 @@ TEST_P(OpsFixture, GemvMatchesCpuMatmul) {
     EXPECT_FALSE(cuda::gemv_supported(1, 4100, nullptr, nullptr));
 }
 
+// Both RoPE layouts: neox, and GPT-J's (Cohere, GLM-4's half head, ERNIE).
 TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
     // (tokens, q heads, kv heads, head_dim, rotary_dim, q/k norm)
+    for (bool gptj : {false, true})
     for (auto [n, nq, nkv, hd, rot, norm] : {std::tuple{1, 32, 8, 128, 128, false}, {7, 4, 2, 64, 64, true},
                                              {5, 6, 6, 128, 64, false}, {3, 8, 1, 256, 256, true},
                                              {33, 14, 2, 64, 32, true}}) {
@@ -273,7 +205,8 @@ TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
                      dv = poisoned(static_cast<size_t>(n) * kvd * 2);
         EXL3_CUDA_OK(cuda::qkv_heads(dqkv.get(), dq.get(), dk.get(), dv.get(), t(), n, nq, nkv, hd,
                                      norm ? dqw.as<float>() : nullptr, norm ? dkw.as<float>() : nullptr, 1e-6f,
-                                     dpos.as<int32_t>(), dinv.as<float>(), rot, 0.9f, ctx->stream()));
+                                     dpos.as<int32_t>(), dinv.as<float>(), rot, 0.9f, ctx->stream(), cuda::QkvPaged{},
+                                     gptj));
         // The CPU reference: split, per-head norm, rope, all in fp32.
         std::vector<float> q(static_cast<size_t>(n) * qd), k(static_cast<size_t>(n) * kvd), v(k.size());
         for (int i = 0; i < n; ++i) {
@@ -286,10 +219,11 @@ TEST_P(OpsFixture, QkvHeadsMatchesSplitNormRope) {
             cpu::rms_norm(q.data(), qw.data(), n * nq, hd, 1e-6f, q.data());
             cpu::rms_norm(k.data(), kw.data(), n * nkv, hd, 1e-6f, k.data());
         }
-        cpu::rope_neox(q.data(), n, nq, hd, pos.data(), inv.data(), rot, 0.9f);
-        cpu::rope_neox(k.data(), n, nkv, hd, pos.data(), inv.data(), rot, 0.9f);
-        EXPECT_LT(rel(down_act(dq, q.size()), q), tol()) << "q " << nq << "x" << hd;
-        EXPECT_LT(rel(down_act(dk, k.size()), k), tol()) << "k " << nkv << "x" << hd;
+        auto* rope = gptj ? cpu::rope_gptj : cpu::rope_neox;
+        rope(q.data(), n, nq, hd, pos.data(), inv.data(), rot, 0.9f);
+        rope(k.data(), n, nkv, hd, pos.data(), inv.data(), rot, 0.9f);
+        EXPECT_LT(rel(down_act(dq, q.size()), q), tol()) << "q " << nq << "x" << hd << (gptj ? " gptj" : "");
+        EXPECT_LT(rel(down_act(dk, k.size()), k), tol()) << "k " << nkv << "x" << hd << (gptj ? " gptj" : "");
         EXPECT_EQ(down_act(dv, v.size()), v) << "v is a copy";
     }
     EXPECT_EQ(cuda::qkv_heads(nullptr, nullptr, nullptr, nullptr, t(), 1, 1, 1, 64, nullptr, nullptr, 1e-6f, nullptr,

@@ -89,10 +89,12 @@ INSTANTIATE_TEST_SUITE_P(Golden, RandomModels,
                                            "llama_yarn", "llama_tied", "llama_old_style", "llama_new_style_dynamic",
                                            "llama_longrope"));
 
-// The families on the shared decoder (head_dim 64, so tests/cuda runs them as well).
+// The families on the shared decoder (head_dim 64, Gemma 2's 256; tests/cuda runs them as well).
 INSTANTIATE_TEST_SUITE_P(Families, RandomModels,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
-                                           "granite_mult"));
+                                           "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
+                                           "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
+                                           "cohere_parallel", "cohere2_sliding"));
 
 // The real trained models at hand against transformers' logits for them: the committed tiny-draft always, and the
 // whole tiny-target (31 MB, nothing smaller stands in for it) where ../shared holds it.

@@ -1,9 +1,12 @@
 // config.json -> ModelConfig: both config styles, every architecture flag, and clear errors.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <nlohmann/json.hpp>
 
 #include "format/model_config.h"
+#include "test_util.h"
 
 namespace exl3 {
 namespace {
@@ -52,7 +55,7 @@ TEST(ModelConfig, ArchitectureFlags) {
     json q3 = base("Qwen3ForCausalLM");
     q3["head_dim"] = 32;
     c = ok(q3);
-    EXPECT_TRUE(c.qk_norm);
+    EXPECT_EQ(c.qk_norm, QkNorm::kHead);
     EXPECT_EQ(c.q_dim(), 128);
 
     json m = base("MistralForCausalLM");
@@ -111,7 +114,7 @@ TEST(ModelConfig, ClearErrors) {
     EXPECT_NE(err(j).find("not a multiple"), std::string::npos);
     j = base();
     j["hidden_act"] = "gelu";
-    EXPECT_NE(err(j).find("hidden_act 'gelu'"), std::string::npos);
+    EXPECT_NE(err(j).find("activation 'gelu' is not supported"), std::string::npos);
     j = base();
     j["rope_parameters"] = {{"rope_type", "mrope"}};
     EXPECT_NE(err(j).find("rope type 'mrope' is not supported"), std::string::npos);
@@ -238,11 +241,113 @@ TEST(ModelConfig, GraniteMultipliers) {
 }
 
 TEST(ModelConfig, UnknownArchitectureNamesTheSupportedOnes) {
-    std::string e = err(base("Gemma2ForCausalLM"));
-    EXPECT_NE(e.find("architecture 'Gemma2ForCausalLM' is not supported"), std::string::npos) << e;
+    std::string e = err(base("GPTNeoXForCausalLM"));
+    EXPECT_NE(e.find("architecture 'GPTNeoXForCausalLM' is not supported"), std::string::npos) << e;
     for (const char* a : {"LlamaForCausalLM", "Phi3ForCausalLM", "Mistral3ForConditionalGeneration",
-                          "SeedOssForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM"})
+                          "SeedOssForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM",
+                          "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Glm4ForCausalLM",
+                          "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM", "Ernie4_5ForCausalLM",
+                          "CohereForCausalLM", "Cohere2ForCausalLM"})
         EXPECT_NE(e.find(a), std::string::npos) << a;
+}
+
+// The flags of each family as its config class gives them, read from the golden models' configs (what
+// transformers 5.17 saved) and from the families' defaults where a key is absent.
+ModelConfig golden(const char* name) {
+    auto r = load_model_config(test::repo_path(std::string("tests/models/golden/") + name));
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return r.is_ok() ? *r : ModelConfig{};
+}
+
+TEST(ModelConfig, GemmaFlags) {
+    ModelConfig c = golden("gemma2_softcap");
+    EXPECT_EQ(c.arch, Arch::kGemma2);
+    EXPECT_EQ(c.head_dim, 256);
+    EXPECT_TRUE(c.norm_offset && c.post_norms && c.pre_norms);
+    EXPECT_EQ(c.act, Act::kGeluTanh);
+    EXPECT_FLOAT_EQ(c.attn_scale, 1.0f / std::sqrt(128.0f));
+    EXPECT_FLOAT_EQ(c.attn_softcap, 5.0f);
+    EXPECT_FLOAT_EQ(c.logit_softcap, 10.0f);
+    EXPECT_FLOAT_EQ(c.embed_scale, std::sqrt(128.0f));
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{8, 0, 8, 0}));
+    EXPECT_TRUE(c.tie_word_embeddings);
+    for (const char* n : {"gemma3_text", "gemma3_wrapped"}) {
+        c = golden(n);
+        EXPECT_EQ(c.qk_norm, QkNorm::kHead) << n;
+        EXPECT_EQ(c.attn_softcap, 0.0f) << n;
+        EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{2, 2, 2, 1})) << n;
+        EXPECT_EQ(c.rope.type, RopeType::kLinear) << n;
+        EXPECT_DOUBLE_EQ(c.rope.theta, 1e6) << n;
+        EXPECT_DOUBLE_EQ(c.rope_local.theta, 1e4) << n;
+        EXPECT_EQ(c.rope_local.type, RopeType::kDefault) << n;
+    }
+    // Gemma 2 defaults: caps 50 / 30, every other layer windowed at 4096, head_dim 256; a null cap is no cap.
+    json j = base("Gemma2ForCausalLM");
+    j.erase("num_key_value_heads");
+    c = ok(j);
+    EXPECT_FLOAT_EQ(c.attn_softcap, 50.0f);
+    EXPECT_FLOAT_EQ(c.logit_softcap, 30.0f);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{4096, 0}));
+    j["final_logit_softcapping"] = nullptr;
+    EXPECT_EQ(ok(j).logit_softcap, 0.0f);
+    // Gemma 3 legacy: rope_theta for the global layers, rope_local_base_freq for the local ones, pattern 6.
+    j = base("Gemma3ForCausalLM");
+    j["num_hidden_layers"] = 7;
+    j["rope_theta"] = 2e6;
+    j["rope_local_base_freq"] = 2e4;
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+    c = ok(j);
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{2, 2, 2, 2, 2, 1, 2}));
+    EXPECT_DOUBLE_EQ(c.rope.theta, 2e6);
+    EXPECT_DOUBLE_EQ(c.rope_local.theta, 2e4);
+    EXPECT_EQ(c.rope.type, RopeType::kLinear);
+    j["use_bidirectional_attention"] = true;
+    EXPECT_NE(err(j).find("use_bidirectional_attention"), std::string::npos);
+}
+
+TEST(ModelConfig, PostNormAndGptjFamilies) {
+    ModelConfig c = golden("glm4_post");
+    EXPECT_TRUE(c.pre_norms && c.post_norms && c.rope_interleaved && c.qkv_bias && !c.o_bias);
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.5);
+    c = golden("olmo2_post");
+    EXPECT_TRUE(!c.pre_norms && c.post_norms);
+    EXPECT_EQ(c.qk_norm, QkNorm::kFlat);
+    c = golden("olmo3_sliding");
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{2, 2, 2, 1}));  // sliding layers on their own RoPE
+    EXPECT_DOUBLE_EQ(c.rope_local.theta, 1e4);
+    EXPECT_EQ(c.rope.type, RopeType::kLinear);
+    c = golden("exaone4_hybrid");
+    EXPECT_TRUE(!c.pre_norms && c.post_norms);
+    EXPECT_EQ(c.qk_norm, QkNorm::kHead);
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 1, 1, 0}));  // global layers without RoPE
+    c = golden("ernie45_gptj");
+    EXPECT_TRUE(c.rope_interleaved && c.tie_word_embeddings);
+    c = golden("cohere_parallel");
+    EXPECT_EQ(c.norm, NormKind::kLayerNorm);
+    EXPECT_TRUE(c.parallel && c.rope_interleaved);
+    EXPECT_FLOAT_EQ(c.logit_scale, 0.25f);
+    EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+    c = golden("cohere2_sliding");
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 1, 1, 0}));
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{8, 8, 8, 0}));
+    // Defaults: GLM-4 rotates half the head; EXAONE 4 without windows rotates every layer; its "LLLG" pattern.
+    c = ok(base("Glm4ForCausalLM"));
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.5);
+    json j = base("Exaone4ForCausalLM");
+    j["num_hidden_layers"] = 4;
+    j["sliding_window"] = nullptr;
+    EXPECT_EQ(ok(j).rope_layer, (std::vector<uint8_t>{1, 1, 1, 1}));
+    j["sliding_window"] = 16;
+    j["sliding_window_pattern"] = "LLG";
+    c = ok(j);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{16, 16, 0, 16}));
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 1, 0, 1}));
+    j["sliding_window_pattern"] = "LXG";
+    EXPECT_NE(err(j).find("must be a string of L and G"), std::string::npos);
+    j = base("CohereForCausalLM");
+    j["use_qk_norm"] = true;
+    EXPECT_NE(err(j).find("use_qk_norm"), std::string::npos);
+    EXPECT_EQ(ok(base("Ernie4_5_ForCausalLM")).arch, Arch::kErnie45);  // the remote-code name
 }
 
 }  // namespace

@@ -9,7 +9,8 @@ a valid code), K bits per weight, the head at --head-bits, random signs x scales
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
 whatever the codes are.
 
-Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b --out DIR [--layers N]
+Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b
+                            --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
 import argparse
@@ -37,6 +38,33 @@ SHAPES = {
                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
                       tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001),
+    # The families' speed shapes (issue 41): Gemma 3 (sandwich norms, q/k norms, 5 local : 1 global, GeGLU, head_dim
+    # 256, a 262k vocabulary), Mistral Small 3 (Mistral's layer, wide), Phi-4 (Phi-3's layer).
+    "gemma3-12b": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=3840,
+                       intermediate_size=15360, num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=256, vocab_size=262208, rms_norm_eps=1e-6, max_position_embeddings=131072,
+                       query_pre_attn_scalar=256, sliding_window=1024, hidden_activation="gelu_pytorch_tanh",
+                       rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0),
+                                        "sliding_attention": dict(rope_type="default", rope_theta=1e4)},
+                       tie_word_embeddings=True, bos_token_id=2, eos_token_id=1),
+    "gemma3-27b": dict(architectures=["Gemma3ForCausalLM"], model_type="gemma3_text", hidden_size=5376,
+                       intermediate_size=21504, num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16,
+                       head_dim=128, vocab_size=262208, rms_norm_eps=1e-6, max_position_embeddings=131072,
+                       query_pre_attn_scalar=168, sliding_window=1024, hidden_activation="gelu_pytorch_tanh",
+                       rope_parameters={"full_attention": dict(rope_type="linear", rope_theta=1e6, factor=8.0),
+                                        "sliding_attention": dict(rope_type="default", rope_theta=1e4)},
+                       tie_word_embeddings=True, bos_token_id=2, eos_token_id=1),
+    "mistral-small-24b": dict(architectures=["MistralForCausalLM"], model_type="mistral", hidden_size=5120,
+                              intermediate_size=32768, num_hidden_layers=40, num_attention_heads=32,
+                              num_key_value_heads=8, head_dim=128, vocab_size=131072, rms_norm_eps=1e-5,
+                              max_position_embeddings=32768, sliding_window=None,
+                              rope_parameters=dict(rope_type="default", rope_theta=100000000.0),
+                              tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    "phi4-14b": dict(architectures=["Phi3ForCausalLM"], model_type="phi3", hidden_size=5120, intermediate_size=17920,
+                     num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=10, vocab_size=100352,
+                     rms_norm_eps=1e-5, max_position_embeddings=16384, sliding_window=None,
+                     rope_parameters=dict(rope_type="default", rope_theta=250000.0),
+                     tie_word_embeddings=False, bos_token_id=100257, eos_token_id=100265),
 }
 
 
@@ -46,10 +74,16 @@ def tensors_of(cfg):
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     bias = cfg["model_type"] == "qwen2"
     yield "model.embed_tokens.weight", (V, H)
+    gemma = cfg["model_type"].startswith("gemma")
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (H,)
         yield p + "post_attention_layernorm.weight", (H,)
+        if gemma:
+            yield p + "pre_feedforward_layernorm.weight", (H,)
+            yield p + "post_feedforward_layernorm.weight", (H,)
+            yield p + "self_attn.q_norm.weight", (hd,)
+            yield p + "self_attn.k_norm.weight", (hd,)
         for name, shape in (("q_proj", (q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
             yield p + "self_attn." + name + ".weight", shape
             if bias and name != "o_proj":
@@ -58,7 +92,7 @@ def tensors_of(cfg):
         yield p + "mlp.up_proj.weight", (I, H)
         yield p + "mlp.down_proj.weight", (H, I)
     yield "model.norm.weight", (H,)
-    if not cfg.get("tie_word_embeddings"):
+    if not cfg.get("tie_word_embeddings") or cfg.get("quantization_config"):  # EXL3 files quantize a tied head too
         yield "lm_head.weight", (V, H)
 
 

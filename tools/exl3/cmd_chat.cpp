@@ -44,7 +44,7 @@ struct ChatOptions {
     SpeculativeFlags spec;
     std::string tools_file;            // --tools: a JSON file with an OpenAI tools list
     std::string tool_choice = "auto";  // auto, none, required, or a function's name
-    std::string tool_format = "auto";  // auto (from the template's markers), hermes, llama3, mistral, mistral-args
+    std::string tool_format = "auto";  // auto (from the template's markers), or chat::tool_format_names()
     bool show_prompt = false;          // print each turn's rendered prompt on stderr
 };
 
@@ -90,8 +90,8 @@ Result<ChatTools> load_tools(const ChatOptions& o, const std::string& template_s
     std::string how;
     const auto format = chat::choose_tool_format(o.tool_format, template_source, &how);
     if (!format)
-        return invalid_argument("--tool-format '" + o.tool_format +
-                                "' is not one of auto, hermes, llama3, mistral, mistral-args");
+        return invalid_argument("--tool-format '" + o.tool_format + "' is not one of auto, " +
+                                chat::tool_format_names());
     t.format = *format;
     // As the server does: an empty list, or tool_choice "none", offers the model no tools at all.
     if (tools.empty() || o.tool_choice == "none") return t;
@@ -366,7 +366,7 @@ Runner add_chat(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--tool-format", o->tool_format,
                    "with --tools: how calls are written: auto (from the template's markers), hermes, llama3, "
-                   "mistral, mistral-args")
+                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>)")
         ->capture_default_str();
     app.add_flag("--show-prompt", o->show_prompt,
                  "print each turn's rendered prompt (the chat template's output) on stderr before the reply");

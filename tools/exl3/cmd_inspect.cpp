@@ -155,7 +155,8 @@ int inspect(const InspectOptions& o) {
         {"rope", {{"type", rope_type_name(c.rope.type)}, {"theta", c.rope.theta}, {"factor", c.rope.factor}}},
         {"tie_word_embeddings", c.tie_word_embeddings},
         {"qkv_bias", c.qkv_bias},
-        {"qk_norm", c.qk_norm},
+        {"qk_norm", c.qk_norm != QkNorm::kNone},
+        {"features", family_features(c)},
         {"sliding_window", c.sliding_window},
         {"dtype", std::string(dtype_name(c.dtype))},
         {"parameters", params},
@@ -177,7 +178,8 @@ int inspect(const InspectOptions& o) {
                 c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size);
     std::printf("  context %d, rope %s (theta %g, factor %g)%s%s%s\n", c.max_position_embeddings,
                 rope_type_name(c.rope.type), c.rope.theta, c.rope.factor, c.tie_word_embeddings ? ", tied head" : "",
-                c.qkv_bias ? ", qkv bias" : "", c.qk_norm ? ", q/k norm" : "");
+                c.qkv_bias ? ", qkv bias" : "", c.qk_norm != QkNorm::kNone ? ", q/k norm" : "");
+    if (!family_features(c).empty()) std::printf("  %s\n", family_features(c).c_str());
     std::printf("  %.2f M parameters, %.1f MiB, %.2f bits per weight (%s)\n", static_cast<double>(params) / 1e6,
                 static_cast<double>(bytes) / (1 << 20), j["bits_per_weight"].get<double>(),
                 summary ? "overall, EXL3 linears and unquantized tensors" : std::string(dtype_name(c.dtype)).c_str());

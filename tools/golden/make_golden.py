@@ -115,9 +115,11 @@ VARIANTS.update({
     # Post-norms only, q/k RMS-normed over all heads at once.
     "olmo2_post": ("Olmo2ForCausalLM", "olmo2", dict(
         FAMILY, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    # Olmo 3's sliding layers on their own RoPE (transformers 5 keeps one set of parameters per layer type).
     "olmo3_sliding": ("Olmo3ForCausalLM", "olmo3", dict(
         FAMILY, num_hidden_layers=4, sliding_window=8, layer_types=[SLIDE, SLIDE, SLIDE, FULL],
-        rope_parameters=dict(rope_type="default", rope_theta=500000.0)), "bfloat16", [7, 40]),
+        rope_parameters={SLIDE: dict(rope_type="default", rope_theta=10000.0),
+                         FULL: dict(rope_type="linear", rope_theta=500000.0, factor=4.0)}), "bfloat16", [7, 40]),
     # Post-norms, per-head q/k norms, global layers without RoPE.
     "exaone4_hybrid": ("Exaone4ForCausalLM", "exaone4", dict(
         FAMILY, num_hidden_layers=4, sliding_window=8, layer_types=[SLIDE, SLIDE, SLIDE, FULL],

@@ -12,6 +12,9 @@ namespace exl3 {
 Status CpuOps::begin_step(const StepPlan& plan) {
     plan_ = &plan;
     EXL3_ASSIGN_OR_RETURN(rope_, rope_frequencies(cfg_.rope, cfg_.head_dim, plan.max_seq_len));
+    if (uses_local_rope(cfg_)) {
+        EXL3_ASSIGN_OR_RETURN(rope_local_, rope_frequencies(cfg_.rope_local, cfg_.head_dim, plan.max_seq_len));
+    }
     const size_t T = static_cast<size_t>(plan.total());
     h_.assign(T * static_cast<size_t>(cfg_.hidden_size), 0.0f);
     for (int s = 0; s < kNumSlots; ++s) bufs_[static_cast<size_t>(s)].resize(T * static_cast<size_t>(slot_width(cfg_, static_cast<Slot>(s))));
@@ -43,9 +46,24 @@ Status CpuOps::capture(int layer, LinearInput input, Slot s) {
     return Status::ok();
 }
 
+void CpuOps::norm_rows(const float* x, const std::vector<float>& w, int rows, float eps, float* out) const {
+    const int H = cfg_.hidden_size;
+    if (w.empty())
+        std::memmove(out, x, sizeof(float) * static_cast<size_t>(rows) * H);
+    else if (cfg_.norm == NormKind::kLayerNorm)
+        cpu::layer_norm(x, w.data(), rows, H, eps, out);
+    else
+        cpu::rms_norm(x, w.data(), rows, H, eps, out);
+}
+
 Status CpuOps::add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out) {
     EXL3_RETURN_IF_ERROR(add_residual(delta));
-    cpu::rms_norm(h_.data(), w.data(), plan_->total(), cfg_.hidden_size, eps, buf(out).data());
+    norm_rows(h_.data(), w, plan_->total(), eps, buf(out).data());
+    return Status::ok();
+}
+
+Status CpuOps::post_norm(Slot s, const std::vector<float>& w, float eps) {
+    norm_rows(buf(s).data(), w, plan_->total(), eps, buf(s).data());
     return Status::ok();
 }
 
@@ -98,15 +116,20 @@ Status CpuOps::split_qkv() {
     return Status::ok();
 }
 
+// Per head over head_dim, or (QkNorm::kFlat) over the whole row of all heads.
 Status CpuOps::head_norm(Slot s, int heads, const std::vector<float>& w, float eps) {
     float* x = buf(s).data();
-    cpu::rms_norm(x, w.data(), plan_->total() * heads, cfg_.head_dim, eps, x);
+    if (cfg_.qk_norm == QkNorm::kFlat)
+        cpu::rms_norm(x, w.data(), plan_->total(), heads * cfg_.head_dim, eps, x);
+    else
+        cpu::rms_norm(x, w.data(), plan_->total() * heads, cfg_.head_dim, eps, x);
     return Status::ok();
 }
 
-Status CpuOps::rope(Slot s, int heads) {
-    cpu::rope_neox(buf(s).data(), plan_->total(), heads, cfg_.head_dim, plan_->positions.data(),
-                   rope_.inv_freq.data(), rope_.rotary_dim, rope_.attention_scaling);
+Status CpuOps::rope(Slot s, int heads, const RopeFrequencies& r) {
+    auto* f = cfg_.rope_interleaved ? cpu::rope_gptj : cpu::rope_neox;
+    f(buf(s).data(), plan_->total(), heads, cfg_.head_dim, plan_->positions.data(), r.inv_freq.data(), r.rotary_dim,
+      r.attention_scaling);
     return Status::ok();
 }
 
@@ -140,21 +163,23 @@ Status CpuOps::attention(int layer, int window) {
         });
         cpu::attention(buf(Slot::kQ).data() + static_cast<size_t>(r0) * qd, r1 - r0, c.num_heads, c.num_kv_heads,
                        c.head_dim, k_seq_.data(), v_seq_.data(), total, plan_->positions.data() + r0, window, scale,
-                       buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_);
+                       buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_, c.attn_softcap);
     }
     return Status::ok();
 }
 
-Status CpuOps::qkv_heads(int layer, bool qk_norm, float eps) {
+Status CpuOps::qkv_heads(int layer, float eps) {
     EXL3_RETURN_IF_ERROR(split_qkv());
-    if (qk_norm) {
+    if (cfg_.qk_norm != QkNorm::kNone) {
         const HostLayer& L = w_.layers[static_cast<size_t>(layer)];
         EXL3_RETURN_IF_ERROR(head_norm(Slot::kQ, cfg_.num_heads, L.q_norm, eps));
         EXL3_RETURN_IF_ERROR(head_norm(Slot::kK, cfg_.num_kv_heads, L.k_norm, eps));
     }
-    if (!cfg_.rope_layer[static_cast<size_t>(layer)]) return Status::ok();  // a layer without RoPE
-    EXL3_RETURN_IF_ERROR(rope(Slot::kQ, cfg_.num_heads));
-    return rope(Slot::kK, cfg_.num_kv_heads);
+    const uint8_t which = cfg_.rope_layer[static_cast<size_t>(layer)];
+    if (!which) return Status::ok();  // a layer without RoPE
+    const RopeFrequencies& r = which == 2 ? rope_local_ : rope_;
+    EXL3_RETURN_IF_ERROR(rope(Slot::kQ, cfg_.num_heads, r));
+    return rope(Slot::kK, cfg_.num_kv_heads, r);
 }
 
 Status CpuOps::linear_glu(Slot in, const HostLinear& l, Slot out) {
@@ -168,7 +193,8 @@ Status CpuOps::silu_mul(Slot out) {
     float* g = buf(out).data();
     for (int t = 0; t < T; ++t) {
         std::memcpy(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
-        cpu::silu_mul(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I + I, 1, I);
+        (cfg_.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(g + static_cast<size_t>(t) * I,
+                                                                           gu + static_cast<size_t>(t) * 2 * I + I, 1, I);
     }
     return Status::ok();
 }
@@ -180,11 +206,14 @@ Status CpuOps::logits(float eps, float* out) {
     std::vector<float> rows(n_out * static_cast<size_t>(H)), x(n_out * static_cast<size_t>(H));
     for (size_t r = 0; r < n_out; ++r)
         std::memcpy(rows.data() + r * H, h_.data() + static_cast<size_t>(plan_->out_rows[r]) * H, sizeof(float) * H);
-    cpu::rms_norm(rows.data(), w_.final_norm.data(), static_cast<int>(n_out), H, eps, x.data());
+    norm_rows(rows.data(), w_.final_norm, static_cast<int>(n_out), eps, x.data());
     const float* head_bias = w_.head.bias.empty() ? nullptr : w_.head.bias.data();
     part_matmul(x.data(), static_cast<int>(n_out), H, w_.head.parts[0], head_bias, out);
+    const size_t n = n_out * static_cast<size_t>(cfg_.vocab_size);
     if (cfg_.logit_scale != 1.0f)
-        for (size_t i = 0; i < n_out * static_cast<size_t>(cfg_.vocab_size); ++i) out[i] *= cfg_.logit_scale;
+        for (size_t i = 0; i < n; ++i) out[i] *= cfg_.logit_scale;
+    if (const float c = cfg_.logit_softcap; c > 0.0f)
+        for (size_t i = 0; i < n; ++i) out[i] = c * std::tanh(out[i] / c);
     return Status::ok();
 }
 

@@ -39,8 +39,9 @@ public:
     Status begin_step(const StepPlan& plan);
     Status embed();
     Status add_norm(Slot delta, const std::vector<float>& w, float eps, Slot out);
+    Status post_norm(Slot s, const std::vector<float>& w, float eps);
     Status linear(Slot in, const HostLinear& l, Slot out);
-    Status qkv_heads(int layer, bool qk_norm, float eps);
+    Status qkv_heads(int layer, float eps);
     Status attention(int layer, int window);
     Status linear_glu(Slot in, const HostLinear& l, Slot out);
     Status capture(int layer, LinearInput input, Slot s);
@@ -50,7 +51,9 @@ public:
 private:
     Status split_qkv();
     Status head_norm(Slot s, int heads, const std::vector<float>& w, float eps);
-    Status rope(Slot s, int heads);
+    Status rope(Slot s, int heads, const RopeFrequencies& r);
+    // The family's norm of `rows` rows of width hidden (a copy for an empty weight).
+    void norm_rows(const float* x, const std::vector<float>& w, int rows, float eps, float* out) const;
     Status silu_mul(Slot out);
     std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
     void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
@@ -61,7 +64,7 @@ private:
     HostKvPages& kv_;
     std::vector<Sequence::Impl*> seqs_;
     const StepPlan* plan_ = nullptr;
-    RopeFrequencies rope_;
+    RopeFrequencies rope_, rope_local_;
     std::vector<float> h_;  // the residual stream [T, hidden]
     std::array<std::vector<float>, 11> bufs_;
     std::vector<float> k_seq_, v_seq_;  // one sequence's keys and values gathered from its pages [length, kv_dim]

@@ -160,6 +160,37 @@ void rms_norm(const float* x, const float* w, int n, int d, float eps, float* ou
     }
 }
 
+void layer_norm(const float* x, const float* w, int n, int d, float eps, float* out) {
+    for (int t = 0; t < n; ++t) {
+        const float* xr = x + static_cast<int64_t>(t) * d;
+        float* o = out + static_cast<int64_t>(t) * d;
+        double sum = 0.0;
+        for (int i = 0; i < d; ++i) sum += xr[i];
+        const float mean = static_cast<float>(sum / d);
+        double ss = 0.0;
+        for (int i = 0; i < d; ++i) ss += static_cast<double>(xr[i] - mean) * (xr[i] - mean);
+        const float inv = 1.0f / std::sqrt(static_cast<float>(ss / d) + eps);
+        for (int i = 0; i < d; ++i) o[i] = w[i] * ((xr[i] - mean) * inv);
+    }
+}
+
+void rope_gptj(float* x, int n, int heads, int head_dim, const int32_t* positions, const float* inv_freq,
+               int rotary_dim, float scaling) {
+    const int half = rotary_dim / 2;
+    for (int t = 0; t < n; ++t) {
+        for (int i = 0; i < half; ++i) {
+            const float a = static_cast<float>(positions[t]) * inv_freq[i];
+            const float c = std::cos(a) * scaling, sn = std::sin(a) * scaling;
+            for (int h = 0; h < heads; ++h) {
+                float* v = x + (static_cast<int64_t>(t) * heads + h) * head_dim + 2 * i;
+                const float e = v[0], o = v[1];
+                v[0] = e * c - o * sn;
+                v[1] = o * c + e * sn;
+            }
+        }
+    }
+}
+
 void rope_neox(float* x, int n, int heads, int head_dim, const int32_t* positions, const float* inv_freq,
                int rotary_dim, float scaling) {
     const int half = rotary_dim / 2;
@@ -189,9 +220,18 @@ void silu_mul(float* a, const float* b, int n, int d) {
     }
 }
 
+void gelu_tanh_mul(float* a, const float* b, int n, int d) {
+    const int64_t total = static_cast<int64_t>(n) * d;
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = 0; i < total; ++i) {
+        const float v = a[i];
+        a[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v))) * b[i];
+    }
+}
+
 void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim, const float* k_cache,
                const float* v_cache, int cache_len, const int32_t* positions, int window, float scale, float* out,
-               ThreadPool& pool) {
+               ThreadPool& pool, float softcap) {
     const int group = n_heads / n_kv_heads;
     const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
     pool.parallel_for(static_cast<size_t>(n) * n_heads, 1, [&](size_t i0, size_t i1) {
@@ -212,6 +252,7 @@ void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim,
                 float s = 0.0f;
                 for (int i = 0; i < head_dim; ++i) s += qv[i] * kv[i];
                 s *= scale;
+                if (softcap > 0.0f) s = softcap * std::tanh(s / softcap);
                 scores[static_cast<size_t>(p - first)] = s;
                 mx = std::max(mx, s);
             }

@@ -16,6 +16,11 @@ void matmul(const float* x, int n, int k, const TensorView& w, const float* bias
 // out[n, d] = x[n, d] / sqrt(mean(x^2) + eps) * w[d]. out may alias x.
 void rms_norm(const float* x, const float* w, int n, int d, float eps, float* out);
 
+// out[n, d] = (x - mean(x)) / sqrt(var(x) + eps) * w[d]: LayerNorm without a bias (Cohere). out may alias x.
+void layer_norm(const float* x, const float* w, int n, int d, float eps, float* out);
+// As rope_neox, GPT-J layout: dims (2i, 2i + 1) pair up, rotated by p * inv_freq[i], for 2i < rotary_dim.
+void rope_gptj(float* x, int n, int heads, int head_dim, const int32_t* positions, const float* inv_freq,
+               int rotary_dim, float scaling);
 // x[n, heads, head_dim] rotated in place, neox layout (halves of the rotary dims pair up, as HF's rotate_half):
 // for i < rotary_dim/2 at position p, with a = p * inv_freq[i]:
 //   x'[i] = s (x[i] cos a - x[i + r/2] sin a),  x'[i + r/2] = s (x[i + r/2] cos a + x[i] sin a),  s = scaling
@@ -24,14 +29,16 @@ void rope_neox(float* x, int n, int heads, int head_dim, const int32_t* position
 
 // a[n, d] = silu(a) * b, in place.
 void silu_mul(float* a, const float* b, int n, int d);
+// a[n, d] = gelu_tanh(a) * b, in place (GELU's tanh approximation, as torch's approximate="tanh").
+void gelu_tanh_mul(float* a, const float* b, int n, int d);
 
 // Causal attention of n new query tokens over a contiguous cache.
 //   q [n, n_heads, head_dim]; k_cache, v_cache [cache_len, n_kv_heads, head_dim] holding positions 0..cache_len-1;
 //   query t sits at position positions[t] and sees keys p with p <= positions[t] and, if window > 0,
-//   p > positions[t] - window. out [n, n_heads, head_dim].
+//   p > positions[t] - window. out [n, n_heads, head_dim]. softcap > 0: scores s -> softcap tanh(s / softcap).
 void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim, const float* k_cache,
                const float* v_cache, int cache_len, const int32_t* positions, int window, float scale, float* out,
-               ThreadPool& pool);
+               ThreadPool& pool, float softcap = 0.0f);
 
 // One row of an embedding table (BF16/F16/F32) to fp32.
 void embedding_row(const TensorView& table, int64_t row, float* out);

@@ -130,6 +130,9 @@ Status CudaExecutor::upload_plan(const StepPlan& plan, const std::vector<Sequenc
     }
     std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp + s.off_rows);
     EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
+    if (uses_local_rope(s.cfg)) {
+        EXL3_ASSIGN_OR_RETURN(s.rope_local, rope_frequencies(s.cfg.rope_local, s.cfg.head_dim, plan.max_seq_len));
+    }
     cudaStream_t st = s.ctx->stream();
     EXL3_RETURN_IF_ERROR(check_cuda(
         cudaMemcpyAsync(s.plan_dev.get(), hp, pages_end * sizeof(int32_t), cudaMemcpyHostToDevice, st), "plan upload"));
@@ -139,12 +142,16 @@ Status CudaExecutor::upload_plan(const StepPlan& plan, const std::vector<Sequenc
                                     "plan upload"));
     EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
     // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
-    if (s.rope.inv_freq != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
-        EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.inv_freq.get(), s.rope.inv_freq.data(),
-                                                        s.rope.inv_freq.size() * sizeof(float),
-                                                        cudaMemcpyHostToDevice, st),
-                                        "rope upload"));
-        s.inv_freq_uploaded = s.rope.inv_freq;
+    std::vector<float> freqs = s.rope.inv_freq;
+    if (uses_local_rope(s.cfg)) {
+        freqs.resize(static_cast<size_t>(s.cfg.head_dim), 0.0f);
+        freqs.insert(freqs.end(), s.rope_local.inv_freq.begin(), s.rope_local.inv_freq.end());
+    }
+    if (freqs != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
+        EXL3_RETURN_IF_ERROR(check_cuda(
+            cudaMemcpyAsync(s.inv_freq.get(), freqs.data(), freqs.size() * sizeof(float), cudaMemcpyHostToDevice, st),
+            "rope upload"));
+        s.inv_freq_uploaded = std::move(freqs);
     }
     return Status::ok();
 }

@@ -44,6 +44,15 @@ public:
             in_h_[static_cast<size_t>(delta)] = false;
             delta = Slot::kNone;
         }
+        // The families' other norms (none, LayerNorm), and Cohere's x that both sub-layers read: a kernel of their
+        // own, never recorded for a consumer to take.
+        const bool rms = s_.cfg.norm == NormKind::kRms && w.get();
+        if (!rms || s_.cfg.parallel) {
+            const cuda::RowNorm kind = !w.get() ? cuda::RowNorm::kNone : rms ? cuda::RowNorm::kRms : cuda::RowNorm::kLayerNorm;
+            return ck(cuda::add_norm_ex(s_.h.as<float>(), delta == Slot::kNone ? nullptr : static_cast<const float*>(slot(delta)),
+                                        w.as<float>(), eps, kind, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
+                      "add_norm_ex");
+        }
         // One row: the GEMV (or EXL3's input rotation) takes the norm. EXL3 layers at any rows: the input rotation
         // takes it whenever the fused path runs (up to 32 rows; the same bits as add_rms_norm), else flush() runs it.
         if (delta == Slot::kNone && (T() == 1 || exl3_layers_)) {
@@ -54,13 +63,34 @@ public:
                                      eps, slot(out), s_.act, T(), s_.cfg.hidden_size, st()),
                   "add_rms_norm");
     }
+    // h += the fp32 slot `delta` (Cohere's attention output, beside the MLP's).
+    Status add_residual(Slot delta) {
+        EXL3_RETURN_IF_ERROR(flush());
+        if (in_h_[static_cast<size_t>(delta)]) {
+            in_h_[static_cast<size_t>(delta)] = false;
+            return Status::ok();
+        }
+        return ck(cuda::add_f32(s_.h.as<float>(), static_cast<const float*>(slot(delta)),
+                                static_cast<int64_t>(T()) * s_.cfg.hidden_size, st()),
+                  "add_residual");
+    }
+    // The fp32 sub-layer output in `sl` (post-norms: linear() left it in its slot) normed and added to h in one kernel;
+    // the next add_norm then finds it in h, and its own norm stays free to fuse into the consumer.
+    Status post_norm(Slot sl, const DeviceBuffer& w, float eps) {
+        EXL3_RETURN_IF_ERROR(flush());
+        const cuda::RowNorm kind = s_.cfg.norm == NormKind::kRms ? cuda::RowNorm::kRms : cuda::RowNorm::kLayerNorm;
+        in_h_[static_cast<size_t>(sl)] = true;
+        return ck(cuda::norm_f32_rows(static_cast<float*>(slot(sl)), w.as<float>(), eps, kind, T(), s_.cfg.hidden_size,
+                                      st(), s_.h.as<float>()),
+                  "post_norm");
+    }
     Status linear(Slot in, const DevLinear& l, Slot out) {
-        // Outputs that join the residual stream stay fp32.
-        const bool f32 = StepState::is_f32(out);
+        // Outputs that join the residual stream stay fp32; straight into h unless a post-norm comes first.
+        const bool f32 = StepState::is_f32(out), into_h = f32 && !s_.cfg.post_norms;
         const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
         if (l.exl3.empty() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
             cuda::GemvOut o{slot(out), f32, false, bias};
-            if (f32) {  // kO / kDown: straight into the residual stream
+            if (into_h) {  // kO / kDown: straight into the residual stream
                 o.y = s_.h.get();
                 o.accumulate = true;
                 in_h_[static_cast<size_t>(out)] = true;
@@ -68,7 +98,8 @@ public:
             return gemv(in, l, o, false, l.out);
         }
         if (!l.exl3.empty())
-            return f32 ? exl3_linear_from(in, l, nullptr, l.out, true, out) : exl3_linear_from(in, l, slot(out), l.out, false);
+            return into_h ? exl3_linear_from(in, l, nullptr, l.out, true, out)
+                          : exl3_linear_from(in, l, slot(out), l.out, f32);
         EXL3_RETURN_IF_ERROR(flush());
         if (s_.opts.batch_invariant) return dense_invariant(slot(in), l.w.get(), slot(out), f32, T(), l.out, l.in, bias);
         return cuda::gemm(*s_.ctx, slot(in), l.w.get(), slot(out), s_.act, f32, T(), l.out, l.in, bias);
@@ -80,6 +111,13 @@ public:
     }
     Status linear_glu(Slot in, const DevLinear& l, Slot out) {
         const int inter = s_.cfg.intermediate_size;
+        // GeGLU: the EXL3 input rotation takes it like silu's GLU (below); the dense paths know silu only: gate | up,
+        // then their product in a kernel of its own.
+        if (s_.cfg.act == Act::kGeluTanh && l.exl3.empty()) {
+            EXL3_RETURN_IF_ERROR(linear(in, l, Slot::kGU));
+            EXL3_RETURN_IF_ERROR(flush());
+            return ck(cuda::gelu_tanh_mul(slot(Slot::kGU), slot(out), s_.act, T(), inter, st()), "gelu_tanh_mul");
+        }
         if (l.exl3.empty() && !l.bias.get() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get()))
             return gemv(in, l, cuda::GemvOut{slot(out), false, false, nullptr}, true, inter);
         if (!l.exl3.empty() || l.bias.get() || s_.opts.batch_invariant) {
@@ -90,10 +128,23 @@ public:
         EXL3_RETURN_IF_ERROR(flush());
         return cuda::gemm_glu(*s_.ctx, slot(in), l.w.get(), slot(Slot::kGU), slot(out), s_.act, T(), inter, l.in);
     }
-    Status qkv_heads(int li, bool qk_norm, float eps) {
+    Status qkv_heads(int li, float eps) {
         EXL3_RETURN_IF_ERROR(flush());
         const DevLayer& L = layer(li);
         const int hd = s_.cfg.head_dim;
+        const int qd = s_.cfg.q_dim(), kvd = s_.cfg.kv_dim();
+        const bool qk_norm = s_.cfg.qk_norm == QkNorm::kHead;
+        if (s_.cfg.qk_norm == QkNorm::kFlat) {  // Olmo: q and k each normed over all their heads, in place first
+            EXL3_RETURN_IF_ERROR(ck(cuda::rms_norm_columns(slot(Slot::kQKV), s_.act, qd + 2 * kvd, 0, qd, L.q_norm.as<float>(),
+                                                           eps, T(), st()),
+                                    "q norm"));
+            EXL3_RETURN_IF_ERROR(ck(cuda::rms_norm_columns(slot(Slot::kQKV), s_.act, qd + 2 * kvd, qd, kvd,
+                                                           L.k_norm.as<float>(), eps, T(), st()),
+                                    "k norm"));
+        }
+        const uint8_t which = s_.cfg.rope_layer[static_cast<size_t>(li)];
+        const RopeFrequencies& rope = which == 2 ? s_.rope_local : s_.rope;
+        const float* inv_freq = s_.inv_freq.as<float>() + (which == 2 ? hd : 0);
         // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
         cuda::QkvPaged paged;
         const cuda::PagedKV kv = s_.paged(li);
@@ -111,9 +162,8 @@ public:
         return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
                                   s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
                                   qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
-                                  eps, positions(), s_.inv_freq.as<float>(),
-                                  s_.cfg.rope_layer[static_cast<size_t>(li)] ? s_.rope.rotary_dim : 0,
-                                  s_.rope.attention_scaling, st(), paged),
+                                  eps, positions(), inv_freq, which ? rope.rotary_dim : 0, rope.attention_scaling, st(),
+                                  paged, s_.cfg.rope_interleaved),
                   "qkv_heads");
     }
     Status attention(int li, int window) {
@@ -137,7 +187,7 @@ public:
         bool rotated = false;
         EXL3_RETURN_IF_ERROR(
             ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
-                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated),
+                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated, {}, s_.cfg.attn_softcap),
                "attention"));
         attn_rotated_ = rotated;
         return Status::ok();
@@ -145,6 +195,16 @@ public:
     // Inference keeps no linear inputs (the converter captures them on the CPU).
     Status capture(int, LinearInput, Slot) { return Status::ok(); }
     Status logits(float eps, float*) {
+        EXL3_RETURN_IF_ERROR(head_logits(eps));
+        if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
+        return ck(cuda::softcap_f32(s_.logits.as<float>(), static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
+                                    s_.cfg.logit_softcap, st()),
+                  "logit softcap");
+    }
+
+private:
+    // The final norm and the head over the rows asked for, into s_.logits (fp32).
+    Status head_logits(float eps) {
         const int H = s_.cfg.hidden_size;
         EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.w.final_norm, eps, Slot::kX));
         const int n_out = static_cast<int>(plan_->out_rows.size());
@@ -174,7 +234,6 @@ public:
         return cuda::gemm(*s_.ctx, x, s_.w.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
     }
 
-private:
     struct PendingNorm {
         const float* w = nullptr;
         float eps = 0.0f;
@@ -194,6 +253,8 @@ private:
         EXL3_RETURN_IF_ERROR(flush_norm());
         if (!glu_.active) return Status::ok();
         glu_.active = false;
+        if (s_.cfg.act == Act::kGeluTanh)
+            return ck(cuda::gelu_tanh_mul(slot(Slot::kGU), slot(glu_.out), s_.act, T(), glu_.inter, st()), "gelu_tanh_mul");
         return ck(cuda::silu_mul(slot(Slot::kGU), slot(glu_.out), s_.act, T(), glu_.inter, st()), "silu_mul");
     }
 
@@ -260,6 +321,7 @@ private:
         } else if (glu_.active && glu_.out == in && cuda::exl3_takes_glu(l.exl3_parts.data(), n, T())) {
             glu_.active = false;
             f.glu_off = glu_.inter;
+            f.gelu = s_.cfg.act == Act::kGeluTanh;
             x = slot(Slot::kGU);
             ldx = 2 * glu_.inter;
         } else {

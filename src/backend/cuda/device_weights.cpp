@@ -114,15 +114,23 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
     for (size_t i = 0; i < w.layers.size(); ++i) {
         const HostLayer& hl = w.layers[i];
         DevLayer& dl = layers[i];
-        EXL3_RETURN_IF_ERROR(upload_f32(dl.attn_norm, hl.attn_norm));
-        EXL3_RETURN_IF_ERROR(upload_f32(dl.mlp_norm, hl.mlp_norm));
-        if (!hl.q_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.q_norm, hl.q_norm));
-        if (!hl.k_norm.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dl.k_norm, hl.k_norm));
+        // Norms the family has (an empty buffer stands for none).
+        const std::pair<DeviceBuffer*, const std::vector<float>*> norms[] = {
+            {&dl.attn_norm, &hl.attn_norm}, {&dl.mlp_norm, &hl.mlp_norm},           {&dl.q_norm, &hl.q_norm},
+            {&dl.k_norm, &hl.k_norm},       {&dl.post_attn_norm, &hl.post_attn_norm}, {&dl.post_mlp_norm, &hl.post_mlp_norm}};
+        for (const auto& [d, h] : norms)
+            if (!h->empty()) EXL3_RETURN_IF_ERROR(upload_f32(*d, *h));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
-        // The residual branch's scale rides on the two linears whose outputs join the stream.
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, cfg.residual_scale));
+        // The residual branch's scale rides on the two linears whose outputs join the stream (or on their post-norms,
+        // which would undo a scale of their inputs).
+        const float branch = cfg.post_norms ? 1.0f : cfg.residual_scale;
+        if (cfg.post_norms && cfg.residual_scale != 1.0f) {
+            EXL3_RETURN_IF_ERROR(upload_f32(dl.post_attn_norm, scaled(hl.post_attn_norm, cfg.residual_scale)));
+            EXL3_RETURN_IF_ERROR(upload_f32(dl.post_mlp_norm, scaled(hl.post_mlp_norm, cfg.residual_scale)));
+        }
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, branch));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, cfg.residual_scale));
+        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, branch));
     }
     return Status::ok();
 }

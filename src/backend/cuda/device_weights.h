@@ -31,7 +31,7 @@ struct DevLinear {
 };
 
 struct DevLayer {
-    DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm;  // fp32
+    DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
     DevLinear qkv, o, gate_up, down;
 };
 

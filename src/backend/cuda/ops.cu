@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "backend/cuda/act.cuh"
 #include "backend/cuda/attention/cache_slot.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -17,40 +18,9 @@ namespace exl3::cuda {
 
 namespace {
 
-template <typename T>
-__device__ __forceinline__ float to_f(T v);
-template <>
-__device__ __forceinline__ float to_f<__half>(__half v) { return __half2float(v); }
-template <>
-__device__ __forceinline__ float to_f<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_f(float v);
-template <>
-__device__ __forceinline__ __half from_f<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 #define EXL3_PDL_PROLOGUE() \
     EXL3_LAUNCH_DEPENDENTS();   \
     EXL3_GRID_DEPENDENCY_WAIT()
-
-// Sum over a block of up to 1024 threads.
-__device__ float block_sum(float v) {
-    __shared__ float part[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    const int nw = (blockDim.x + 31) >> 5;
-    v = threadIdx.x < nw ? part[threadIdx.x] : 0.0f;
-    if (warp == 0)
-        for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (threadIdx.x == 0) part[0] = v;
-    __syncthreads();
-    v = part[0];
-    __syncthreads();
-    return v;
-}
 
 template <typename T>
 __global__ void embed_kernel(const T* table, const int32_t* tokens, int d, float scale, float* h) {
@@ -180,9 +150,9 @@ __global__ void rope_kernel(T* x, int row_stride, int heads, int head_dim, const
 }
 
 // One warp per head of one token, the head staged in shared memory: q, k and v out of the fused qkv row, the
-// optional per-head RMS norm of q and k, and RoPE on q and k (neox layout). Replaces three copies, two norms and two
-// rotations; nothing is rounded to 16 bits between the steps.
-template <typename T>
+// optional per-head RMS norm of q and k, and RoPE on q and k (neox layout; kGptj: GPT-J's, dims 2j and 2j + 1 a pair).
+// Replaces three copies, two norms and two rotations; nothing is rounded to 16 bits between the steps.
+template <typename T, bool kGptj>
 __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T* __restrict__ k,
                                  T* __restrict__ v, int nq, int nkv, int hd, const float* __restrict__ q_norm,
                                  const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ positions,
@@ -257,9 +227,10 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
         for (int t = 0; t < kMaxPairs; ++t) {
             const int j = lane + 32 * t;
             if (j >= half) break;
-            const float a = x[j], b = x[j + half];
-            x[j] = a * cs4[t] - b * sn4[t];
-            x[j + half] = b * cs4[t] + a * sn4[t];
+            const int ja = kGptj ? 2 * j : j, jb = kGptj ? 2 * j + 1 : j + half;
+            const float a = x[ja], b = x[jb];
+            x[ja] = a * cs4[t] - b * sn4[t];
+            x[jb] = b * cs4[t] + a * sn4[t];
         }
         __syncwarp();
     }
@@ -349,15 +320,6 @@ __global__ void act_to_f32_kernel(const T* x, float* out, int64_t n) {
         out[i] = to_f(x[i]);
 }
 
-int threads_for(int d) { return d >= 1024 ? 1024 : ((d + 31) / 32) * 32; }
-unsigned grid_for(int64_t n) { return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 65535)); }
-
-// Calls f with a null pointer of the activation type, to pick the template instance.
-template <typename F>
-cudaError_t dispatch(ActType t, F&& f) {
-    if (t == ActType::kBF16) return f(static_cast<__nv_bfloat16*>(nullptr));
-    return f(static_cast<__half*>(nullptr));
-}
 
 }  // namespace
 
@@ -410,7 +372,8 @@ cudaError_t rope(void* x, ActType t, int n, int row_stride, int heads, int head_
 
 cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int n, int nq, int nkv, int head_dim,
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
-                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s, const QkvPaged& paged) {
+                      const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s, const QkvPaged& paged,
+                      bool gptj) {
     if (n == 0) return cudaSuccess;
     if (head_dim <= 0 || head_dim > 256 || rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2)
         return cudaErrorInvalidValue;  // (the kernel keeps a lane's <= 8 values and <= 4 rotary pairs in registers)
@@ -422,7 +385,8 @@ cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int
     const size_t smem = static_cast<size_t>(kWarps) * head_dim * sizeof(float);
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        return launch_pdl(qkv_heads_kernel<T>, grid, dim3(kWarps * 32), smem, s, static_cast<const T*>(qkv),
+        return launch_pdl(gptj ? qkv_heads_kernel<T, true> : qkv_heads_kernel<T, false>, grid, dim3(kWarps * 32), smem,
+                          s, static_cast<const T*>(qkv),
                           static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), nq, nkv, head_dim, q_norm,
                           k_norm, eps, positions, inv_freq, rotary_dim, scaling, paged);
     });

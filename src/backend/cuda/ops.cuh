@@ -45,10 +45,11 @@ struct QkvPaged {
     const int32_t* page_table = nullptr;
     int max_pages = 0, batch = 0, page_size = 0;
 };
+// gptj: RoPE in GPT-J's layout (dims 2j and 2j + 1 a pair) instead.
 cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int n, int nq, int nkv, int head_dim,
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
                       const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s,
-                      const QkvPaged& paged = QkvPaged{});
+                      const QkvPaged& paged = QkvPaged{}, bool gptj = false);
 
 // x[n, row_stride] (act): x[i, j] += bias[j] for j < d.
 cudaError_t add_bias(void* x, ActType t, const float* bias, int n, int d, int row_stride, cudaStream_t s);
@@ -61,6 +62,25 @@ cudaError_t copy_columns(const void* x, int ld_x, int col0, void* out, ActType t
 
 // out[n_rows, d] = x[rows[i], :] (act): the rows whose logits are wanted.
 cudaError_t gather_rows(const void* x, const int32_t* rows, int n_rows, int d, void* out, ActType t, cudaStream_t s);
+
+// The families' ops (family_ops.cu): norms outside the fused paths, Gemma's activation and caps.
+enum class RowNorm { kRms, kLayerNorm, kNone };
+// If delta: h += delta (fp32 [n, d]). Then out[n, d] (act) = norm(h) * w (kNone: h itself, w unused).
+cudaError_t add_norm_ex(float* h, const float* delta, const float* w, float eps, RowNorm kind, void* out, ActType t,
+                        int n, int d, cudaStream_t s);
+// x[n, d] (fp32) = norm(x) * w in place, or with add_to: add_to[n, d] += norm(x) * w (a sub-layer's output joining
+// h through its post-norm, one kernel).
+cudaError_t norm_f32_rows(float* x, const float* w, float eps, RowNorm kind, int n, int d, cudaStream_t s,
+                          float* add_to = nullptr);
+// x[n, ld] (act): columns [col0, col0 + d) of each row RMS-normed with w[d] in place (Olmo's q/k norm over all heads).
+cudaError_t rms_norm_columns(void* x, ActType t, int ld, int col0, int d, const float* w, float eps, int n,
+                             cudaStream_t s);
+// gu[n, 2*inter] (act) holds gate | up; out[n, inter] (act) = gelu_tanh(gate) * up.
+cudaError_t gelu_tanh_mul(const void* gu, void* out, ActType t, int n, int inter, cudaStream_t s);
+// x[n] += y[n] (fp32).
+cudaError_t add_f32(float* x, const float* y, int64_t n, cudaStream_t s);
+// x[n] (fp32) = cap * tanh(x / cap), in place.
+cudaError_t softcap_f32(float* x, int64_t n, float cap, cudaStream_t s);
 
 // fp32 -> act conversion and back, for tests and the head.
 cudaError_t f32_to_act(const float* x, void* out, ActType t, int64_t n, cudaStream_t s);

@@ -63,7 +63,7 @@ Status StepState::reserve(int T, int B, int n_out) {
     }
     std::fill(plan_host, plan_host + total, 0);
     EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
-    EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(cfg.head_dim) * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(2 * cfg.head_dim) * sizeof(float)));
     inv_freq_uploaded.clear();
     return reserve_exl3();
 }

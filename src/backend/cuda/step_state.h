@@ -44,7 +44,7 @@ struct StepState {
     std::vector<float> inv_freq_uploaded;  // what inv_freq holds (uploaded again only when it changes)
     // Offsets (in int32) of the plan's arrays inside plan_dev.
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
-    RopeFrequencies rope;
+    RopeFrequencies rope, rope_local;  // inv_freq holds rope's frequencies, and rope_local's from head_dim on
 
     // Captured steps by (sequences, tokens each, attention bound): decode steps (one token each) and the uniform
     // steps of speculative decoding (each sequence the same few tokens, every row's logits).

@@ -254,11 +254,12 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
 
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
                       void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot, bool* rotated,
-                      const AttentionTuning& tuning) {
+                      const AttentionTuning& tuning, float softcap) {
     if (rotated) *rotated = false;
     if (kv.n_kv_heads <= 0 || n_heads <= 0 || n_heads % kv.n_kv_heads != 0 || !valid_head_dim(kv.head_dim) ||
         kv.page_size <= 0 || b.batch < 0 || !kv_bits_valid(kv.k_bits) || !kv_bits_valid(kv.v_bits) ||
-        (kv.k_bits != 0 && kv.k_params == nullptr) || (kv.v_bits != 0 && kv.v_params == nullptr))
+        (kv.k_bits != 0 && kv.k_params == nullptr) || (kv.v_bits != 0 && kv.v_params == nullptr) ||
+        !(softcap >= 0.f) || !(scale > 0.f))
         return cudaErrorInvalidValue;
     if (b.batch == 0 || b.total_q == 0) return cudaSuccess;
     const Plan pl = make_plan(b, n_heads, kv.n_kv_heads, kv.head_dim, kv.k_bits, kv.v_bits, tuning);
@@ -290,6 +291,7 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
     p.split_keys = pl.split_keys;
     p.total_rows_bound = b.total_q * n_heads;
     p.scale_log2 = scale * 1.4426950408889634f;
+    p.softcap = softcap > 0.f ? softcap / scale : 0.f;
     if (pl.partials) {
         p.part_o = static_cast<float*>(workspace);
         p.part_lse = p.part_o + static_cast<int64_t>(pl.splits) * p.total_rows_bound * kv.head_dim;

@@ -253,6 +253,16 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             }
         }
 
+        // Gemma 2's soft-cap, before the mask: c tanh(scale s / c) = scale * (softcap tanh(s / softcap)), softcap =
+        // c / scale (the scale joins below). A uniform branch, not taken by the other families.
+        if (p.softcap > 0.f) {
+            const float inv = 1.f / p.softcap;
+#pragma unroll
+            for (int n = 0; n < C::kWarpKeys / 8; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[n][e] = p.softcap * tanhf(s[n][e] * inv);
+        }
+
         // Mask only tiles that straddle a boundary of some row's visible range (diagonal, window edge, end).
         const int tile_last = kt0 + C::kWarpKeys - 1;
         const int qpos_min = pos0 + (row0 + wm * 16) / G;

@@ -35,6 +35,7 @@ struct KernelParams {
     float scale_log2;     // scale * log2(e): scores live in the exp2 domain
     int seq_filter;       // 0: every sequence; 1: only those with one new token; -1: only those with more (a step
                           //   whose decode tokens take the decode kernel and its prompt chunks the prefill one)
+    float softcap;        // > 0: raw scores s -> softcap tanh(s / softcap) (Gemma 2's cap over the scale); 0: none
 };
 
 static_assert(sizeof(KernelParams) <= 128, "the unquantized kernels take KernelParams by value in <= 128 bytes");

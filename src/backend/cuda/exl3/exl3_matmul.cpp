@@ -65,7 +65,7 @@ namespace {
 
 // The large path for one part.
 Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows,
-                    const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off) {
+                    const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off, bool gelu) {
     cudaStream_t s = ctx.stream();
     const LargeLayout l = large_layout(w, rows);
     if (!ws || ws_bytes < l.total) return internal_error("exl3_matmul: workspace too small");
@@ -80,7 +80,7 @@ Status large_matmul(const CudaContext& ctx, const Exl3DevWeights& w, const void*
         const void* xr = static_cast<const char*>(x) + static_cast<size_t>(r0) * ldx * x_size;
         Exl3Out o = out;
         o.y = static_cast<char*>(out.y) + static_cast<size_t>(r0) * out.ldy * y_size;
-        EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_in(w, xr, xt, ldx, nr, xh, s, glu_off), "exl3 rotate in"));
+        EXL3_RETURN_IF_ERROR(check_cuda(exl3_rotate_in(w, xr, xt, ldx, nr, xh, s, glu_off, gelu), "exl3 rotate in"));
         // With several row passes the weights are decoded again per pass: cheap next to the GEMM at these sizes.
         for (int c0 = 0; c0 < w.n_pad; c0 += l.chunk) {
             const int cols = std::min(l.chunk, w.n_pad - c0);
@@ -148,11 +148,12 @@ Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, co
         return exl3_matmul_fused_passes(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse, tuning);
     if (fuse && fuse->norm_h)
         return invalid_argument("exl3_matmul: the norm fusion needs the fused path (exl3_takes_fusion)");
-    return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse ? fuse->glu_off : 0);
+    return exl3_matmul_large(ctx, parts, nparts, x, xt, ldx, rows, out, ws, ws_bytes, fuse ? fuse->glu_off : 0,
+                             fuse && fuse->gelu);
 }
 
 Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off) {
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off, bool gelu) {
     if (rows <= 0) return Status::ok();
     if (glu_off < 0 || (glu_off > 0 && glu_off < parts[0].w.k))
         return invalid_argument("exl3_matmul: glu_off must be 0 or at least k");
@@ -160,7 +161,7 @@ Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int npar
         Exl3Out o = out;
         o.col0 = parts[i].col0;
         o.bias = parts[i].bias;
-        EXL3_RETURN_IF_ERROR(large_matmul(ctx, parts[i].w, x, xt, ldx, rows, o, ws, ws_bytes, glu_off));
+        EXL3_RETURN_IF_ERROR(large_matmul(ctx, parts[i].w, x, xt, ldx, rows, o, ws, ws_bytes, glu_off, gelu));
     }
     return Status::ok();
 }

@@ -138,7 +138,8 @@ struct Exl3Part {
 // qualifies; the GLU on every path, exl3_takes_glu):
 //   norm_h: x = act(norm_w * (h * rsqrt(mean(h^2) + eps))) from the fp32 rows h [rows, k] -- bit for bit what
 //           cuda::add_rms_norm writes (rms_row.cuh); k % 4 == 0, h and norm_w 16-byte aligned;
-//   glu_off > 0: x = act(silu(g) * u) with g = x[r, j], u = x[r, glu_off + j] -- what cuda::silu_mul writes.
+//   glu_off > 0: x = act(silu(g) * u) with g = x[r, j], u = x[r, glu_off + j] -- what cuda::silu_mul writes;
+//           with gelu, GELU's tanh approximation instead of silu -- what cuda::gelu_tanh_mul writes.
 //   prerotated: the previous kernel on the stream already wrote xh where this call reads it (exl3_prerotated_xh of
 //           the workspace, [rows][k_pad] fp16 bits, the same bits the rotation kernel would write from x: the
 //           attention merge does it for the o projection, cuda::AttnOutRotation); x is not read. Only where
@@ -148,6 +149,7 @@ struct Exl3InFusion {
     const float* norm_w = nullptr;
     float eps = 0.0f;
     int glu_off = 0;
+    bool gelu = false;
     bool prerotated = false;
 };
 bool exl3_takes_fusion(const Exl3Part* parts, int nparts, int rows, bool invariant = false,
@@ -178,9 +180,9 @@ Status exl3_matmul(const CudaContext& ctx, const Exl3Part* parts, int nparts, co
 Status exl3_matmul_fused_passes(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt,
                                 int ldx, int rows, const Exl3Out& out, void* ws, size_t ws_bytes,
                                 const Exl3InFusion* fuse = nullptr, const Exl3Tuning& tuning = {});
-// glu_off > 0: x holds gate | up rows, the GLU as Exl3InFusion::glu_off.
+// glu_off > 0: x holds gate | up rows, the GLU as Exl3InFusion::glu_off (and gelu).
 Status exl3_matmul_large(const CudaContext& ctx, const Exl3Part* parts, int nparts, const void* x, ActType xt, int ldx,
-                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off = 0);
+                         int rows, const Exl3Out& out, void* ws, size_t ws_bytes, int glu_off = 0, bool gelu = false);
 
 // One linear: columns [out.col0, out.col0 + n), bias out.bias.
 inline size_t exl3_workspace_bytes(const Exl3DevWeights& w, int rows, const Exl3Tuning& tuning = {}) {
@@ -208,7 +210,7 @@ size_t exl3_fused_workspace_bytes(const Exl3Part* parts, int nparts, int rows, c
 int exl3_fused_splits(const Exl3Part* parts, int nparts, int rows, const Exl3Tuning& tuning = {});
 // xh[rows, k_pad] (fp16 bits) = round16(H(round16(x * suh))).
 cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows, uint16_t* xh,
-                           cudaStream_t s, int glu_off = 0);
+                           cudaStream_t s, int glu_off = 0, bool gelu = false);
 // Columns [c0, c0 + cols) of the output from acc[rows, cols] (fp32, row stride cols): H, svh, bias.
 cudaError_t exl3_rotate_out(const Exl3DevWeights& w, const float* acc, int rows, int c0, int cols, const Exl3Out& out,
                             cudaStream_t s);

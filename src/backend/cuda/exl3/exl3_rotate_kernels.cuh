@@ -40,7 +40,17 @@ int rotation_rows_per_warp(int col_blocks, int rows) {
     return blocks >= 4 * static_cast<int64_t>(current_device_sm_count()) ? kRotRows : 1;
 }
 
-// glu_off > 0: x = act(silu(g) * u) from the gate | up rows, as silu_mul writes it (see rotate_parts_kernel).
+// The GLU's gate activation: silu, or (kGelu, Gemma) GELU's tanh approximation -- as silu_mul / gelu_tanh_mul.
+template <bool kGelu>
+__device__ __forceinline__ float glu_gate(float g) {
+    if constexpr (kGelu)
+        return 0.5f * g * (1.0f + tanhf(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+    else
+        return g / (1.0f + __expf(-g));
+}
+
+// glu_off > 0: x = act(gate(g) * u) from the gate | up rows, as silu_mul writes it (see rotate_parts_kernel).
+template <bool kGelu>
 __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, bool vec, int ldx, int k, int k_pad,
                                  int rows, int rpw, int glu_off, uint16_t* xh) {
     const int lane = threadIdx.x & 31;
@@ -79,7 +89,7 @@ __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, b
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 float a = act(e[i]);
-                if (glu_off > 0) a = round_act(a / (1.0f + __expf(-a)) * act(eu[i]), x_bf16);
+                if (glu_off > 0) a = round_act(glu_gate<kGelu>(a) * act(eu[i]), x_bf16);
                 v[i] = round16(a * s4[i]);
             }
         } else {
@@ -89,7 +99,7 @@ __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, b
                 float a = 0.0f;
                 if (kk < k) {
                     a = load_act(x, at + i, x_bf16);
-                    if (glu_off > 0) a = round_act(a / (1.0f + __expf(-a)) * load_act(x, at + i + glu_off, x_bf16), x_bf16);
+                    if (glu_off > 0) a = round_act(glu_gate<kGelu>(a) * load_act(x, at + i + glu_off, x_bf16), x_bf16);
                 }
                 v[i] = kk < k ? round16(a * suh[kk]) : 0.0f;
             }
@@ -102,6 +112,7 @@ __global__ void rotate_in_kernel(const float* suh, const void* x, bool x_bf16, b
 // programmatic dependent launch: it lets the matmul kernel start streaming weights at once, and waits for x.
 // With a fusion (Exl3InFusion) x is computed here: the RMS norm of h (the block reduces the whole row first, as
 // add_rms_norm does) or silu(gate) * up, rounded to the activation type as those kernels round.
+template <bool kGelu>
 __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const void* x, bool x_bf16, int ldx, int k,
                                                            int k_pad, int rows, __half* xh, Exl3InFusion f) {
     EXL3_LAUNCH_DEPENDENTS();
@@ -138,7 +149,7 @@ __global__ void __launch_bounds__(256) rotate_parts_kernel(RotateParts rp, const
                 a = round_act(nw[i] * (hrow[kk] * inv), x_bf16);
             } else if (f.glu_off > 0) {
                 const float g = load_act(x, at, x_bf16);
-                a = round_act(g / (1.0f + __expf(-g)) * load_act(x, at + f.glu_off, x_bf16), x_bf16);
+                a = round_act(glu_gate<kGelu>(g) * load_act(x, at + f.glu_off, x_bf16), x_bf16);
             } else {
                 a = load_act(x, at, x_bf16);
             }
@@ -155,7 +166,8 @@ cudaError_t launch_rotate_parts(const RotateParts& rp, int nparts, const void* x
                                 int k_pad, int rows, __half* xh, const Exl3InFusion& f, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>((k_pad / 128 + 7) / 8), static_cast<unsigned>(rows),
                     static_cast<unsigned>(nparts));
-    return launch_pdl(rotate_parts_kernel, grid, dim3(256), 0, s, rp, x, x_bf16, ldx, k, k_pad, rows, xh, f);
+    return launch_pdl(f.gelu ? rotate_parts_kernel<true> : rotate_parts_kernel<false>, grid, dim3(256), 0, s, rp, x,
+                      x_bf16, ldx, k, k_pad, rows, xh, f);
 }
 
 namespace {
@@ -239,15 +251,15 @@ __global__ void rotate_out_kernel(const float* svh, const float* bias, const flo
 using namespace exl3k;
 
 cudaError_t exl3_rotate_in(const Exl3DevWeights& w, const void* x, ActType xt, int ldx, int rows, uint16_t* xh,
-                           cudaStream_t s, int glu_off) {
+                           cudaStream_t s, int glu_off, bool gelu) {
     if (!weights_valid(w) || rows < 1 || glu_off < 0) return cudaErrorInvalidValue;
     const int chunks = w.k_pad / 128;
     const int rpw = rotation_rows_per_warp((chunks + 7) / 8, rows);
     const dim3 grid(static_cast<unsigned>((chunks + 7) / 8), static_cast<unsigned>((rows + rpw - 1) / rpw));
     const bool vec = ldx % 4 == 0 && glu_off % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 7) == 0 &&
                      (reinterpret_cast<uintptr_t>(w.suh) & 15) == 0;
-    rotate_in_kernel<<<grid, 256, 0, s>>>(w.suh, x, xt == ActType::kBF16, vec, ldx, w.k, w.k_pad, rows, rpw, glu_off,
-                                          xh);
+    (gelu ? rotate_in_kernel<true> : rotate_in_kernel<false>)<<<grid, 256, 0, s>>>(
+        w.suh, x, xt == ActType::kBF16, vec, ldx, w.k, w.k_pad, rows, rpw, glu_off, xh);
     return cudaGetLastError();
 }
 

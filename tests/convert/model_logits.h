@@ -1,0 +1,29 @@
+// The logits of every position of `toks` from the model in `dir`, on the CPU (the converter tests compare models
+// before and after conversion with them); empty after a failure, which is reported.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "exl3/model.h"
+
+namespace exl3::test {
+
+inline std::vector<float> logits_of(const std::string& dir, const std::vector<int32_t>& toks) {
+    LoadOptions lo;
+    lo.device = "cpu";
+    auto m = Model::load(dir, lo);
+    EXPECT_TRUE(m.is_ok()) << m.status().message();
+    if (!m.is_ok()) return {};
+    auto seq = (*m)->new_sequence();
+    EXPECT_TRUE(seq.is_ok());
+    if (!seq.is_ok()) return {};
+    std::vector<float> out;
+    auto st = (*m)->forward(**seq, toks, true, &out);
+    EXPECT_TRUE(st.is_ok()) << st.message();
+    return out;
+}
+
+}  // namespace exl3::test

@@ -1,0 +1,106 @@
+// The families' small CUDA ops (family_ops.cu) against the CPU reference on random data, bf16 and fp16 activations;
+// outputs poisoned before each run. (qkv_heads' GPT-J layout: ops_test.cpp.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/ops.cuh"
+#include "cuda_test_util.h"
+#include "ops_fixture.h"
+
+namespace exl3 {
+namespace {
+
+struct FamilyOps : OpsFixture {};
+
+// h += delta, then RMSNorm, LayerNorm or no norm into 16-bit x; and a sub-layer's fp32 output normed in place.
+TEST_P(FamilyOps, AddNormKindsAndPostNorm) {
+    for (auto [n, d] : {std::pair{1, 64}, {7, 384}, {5, 4096}, {3, 5000}}) {
+        auto h = test::random_floats(static_cast<size_t>(n) * d, 31, 2.0f);
+        auto delta = test::random_floats(h.size(), 32);
+        for (auto& v : delta) v += 0.3f;  // a mean that LayerNorm removes
+        auto w = test::random_floats(static_cast<size_t>(d), 33);
+        std::vector<float> sum(h.size());
+        for (size_t i = 0; i < h.size(); ++i) sum[i] = h[i] + delta[i];
+        for (cuda::RowNorm kind : {cuda::RowNorm::kRms, cuda::RowNorm::kLayerNorm, cuda::RowNorm::kNone}) {
+            DeviceBuffer dh = up_f32(h), dd = up_f32(delta), dw = up_f32(w), dx = poisoned(h.size() * 2);
+            EXL3_CUDA_OK(cuda::add_norm_ex(dh.as<float>(), dd.as<float>(), dw.as<float>(), 1e-5f, kind, dx.get(), t(),
+                                           n, d, ctx->stream()));
+            std::vector<float> ref(h.size());
+            if (kind == cuda::RowNorm::kRms) cpu::rms_norm(sum.data(), w.data(), n, d, 1e-5f, ref.data());
+            if (kind == cuda::RowNorm::kLayerNorm) cpu::layer_norm(sum.data(), w.data(), n, d, 1e-5f, ref.data());
+            if (kind == cuda::RowNorm::kNone) ref = sum;
+            EXPECT_LT(rel(down_f32(dh, h.size()), sum), 1e-6) << "h " << n << "x" << d;
+            EXPECT_LT(rel(down_act(dx, h.size()), ref), tol()) << static_cast<int>(kind) << " " << n << "x" << d;
+            if (kind == cuda::RowNorm::kNone) continue;
+            DeviceBuffer dy = up_f32(sum);
+            EXL3_CUDA_OK(cuda::norm_f32_rows(dy.as<float>(), dw.as<float>(), 1e-5f, kind, n, d, ctx->stream()));
+            EXPECT_LT(rel(down_f32(dy, h.size()), ref), 1e-5) << "post " << static_cast<int>(kind) << " " << n << "x" << d;
+            // Into h instead: h += norm(x) * w, x untouched.
+            DeviceBuffer dx2 = up_f32(sum), dacc = up_f32(h);
+            EXL3_CUDA_OK(cuda::norm_f32_rows(dx2.as<float>(), dw.as<float>(), 1e-5f, kind, n, d, ctx->stream(),
+                                             dacc.as<float>()));
+            std::vector<float> want(h.size());
+            for (size_t i = 0; i < h.size(); ++i) want[i] = h[i] + ref[i];
+            EXPECT_LT(rel(down_f32(dacc, h.size()), want), 1e-5) << "post into h " << n << "x" << d;
+            EXPECT_EQ(down_f32(dx2, h.size()), sum);
+        }
+    }
+}
+
+// Olmo's q and k norms over all heads: two column ranges of the fused qkv row, in place; v untouched.
+TEST_P(FamilyOps, NormColumnsOfQkv) {
+    const int n = 9, qd = 512, kvd = 128, ld = qd + 2 * kvd;
+    auto qkv = test::random_floats(static_cast<size_t>(n) * ld, 41, 3.0f);
+    for (auto& v : qkv) v = round(v);
+    auto qw = test::random_floats(static_cast<size_t>(qd), 42), kw = test::random_floats(static_cast<size_t>(kvd), 43);
+    DeviceBuffer dx = up_act(qkv), dqw = up_f32(qw), dkw = up_f32(kw);
+    EXL3_CUDA_OK(cuda::rms_norm_columns(dx.get(), t(), ld, 0, qd, dqw.as<float>(), 1e-6f, n, ctx->stream()));
+    EXL3_CUDA_OK(cuda::rms_norm_columns(dx.get(), t(), ld, qd, kvd, dkw.as<float>(), 1e-6f, n, ctx->stream()));
+    std::vector<float> ref = qkv;
+    for (int i = 0; i < n; ++i) {
+        float* row = ref.data() + static_cast<size_t>(i) * ld;
+        cpu::rms_norm(row, qw.data(), 1, qd, 1e-6f, row);
+        cpu::rms_norm(row + qd, kw.data(), 1, kvd, 1e-6f, row + qd);
+    }
+    const auto got = down_act(dx, ref.size());
+    EXPECT_LT(rel(got, ref), tol());
+    for (int i = 0; i < n; ++i)
+        for (int j = qd + kvd; j < ld; ++j)
+            ASSERT_EQ(got[static_cast<size_t>(i) * ld + j], qkv[static_cast<size_t>(i) * ld + j]) << "v changed";
+    EXPECT_EQ(cuda::rms_norm_columns(dx.get(), t(), ld, qd, ld, dkw.as<float>(), 1e-6f, n, ctx->stream()),
+              cudaErrorInvalidValue);
+}
+
+// GeGLU with the tanh GELU, the logit soft-cap, the fp32 residual add.
+TEST_P(FamilyOps, GeluSoftcapAdd) {
+    const int n = 5, inter = 1000;
+    auto gu = test::random_floats(static_cast<size_t>(n) * 2 * inter, 51, 3.0f);
+    for (auto& v : gu) v = round(v);
+    DeviceBuffer dgu = up_act(gu), dout = poisoned(static_cast<size_t>(n) * inter * 2);
+    EXL3_CUDA_OK(cuda::gelu_tanh_mul(dgu.get(), dout.get(), t(), n, inter, ctx->stream()));
+    std::vector<float> ref(static_cast<size_t>(n) * inter);
+    for (int i = 0; i < n; ++i) {
+        std::copy(gu.begin() + static_cast<long>(i) * 2 * inter, gu.begin() + static_cast<long>(i) * 2 * inter + inter,
+                  ref.begin() + static_cast<long>(i) * inter);
+        cpu::gelu_tanh_mul(ref.data() + static_cast<size_t>(i) * inter, gu.data() + static_cast<size_t>(i) * 2 * inter + inter,
+                           1, inter);
+    }
+    EXPECT_LT(rel(down_act(dout, ref.size()), ref), tol());
+
+    auto x = test::random_floats(3000, 52, 40.0f), y = test::random_floats(3000, 53);
+    DeviceBuffer dxs = up_f32(x), dy = up_f32(y);
+    EXL3_CUDA_OK(cuda::softcap_f32(dxs.as<float>(), static_cast<int64_t>(x.size()), 30.0f, ctx->stream()));
+    EXL3_CUDA_OK(cuda::add_f32(dxs.as<float>(), dy.as<float>(), static_cast<int64_t>(x.size()), ctx->stream()));
+    std::vector<float> want(x.size());
+    for (size_t i = 0; i < x.size(); ++i) want[i] = 30.0f * std::tanh(x[i] / 30.0f) + y[i];
+    EXPECT_LT(rel(down_f32(dxs, x.size()), want), 1e-6);
+    EXPECT_EQ(cuda::softcap_f32(dxs.as<float>(), 4, 0.0f, ctx->stream()), cudaErrorInvalidValue);
+}
+
+INSTANTIATE_TEST_SUITE_P(Act, FamilyOps, ::testing::Values(cuda::ActType::kBF16, cuda::ActType::kF16),
+                         [](const auto& i) { return i.param == cuda::ActType::kBF16 ? "bf16" : "f16"; });
+
+}  // namespace
+}  // namespace exl3
