@@ -713,29 +713,24 @@ TEST(Exl3Cuda, InputFusionsMatchTheKernelsTheyReplace) {
                 o.f32 = true;
                 o.act = xt;
                 o.ldy = out;
-                cuda::Exl3InFusion fg;
-                fg.glu_off = in;
-                EXL3_CUDA_OK(cuda::silu_mul(dgu.get(), dx.get(), xt, big, in, st));
-                o.y = dy0.get();
-                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb).is_ok());
-                o.y = dy1.get();
-                const Status sg = cuda::exl3_matmul(**ctx, &part, 1, dgu.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg);
-                ASSERT_TRUE(sg.is_ok()) << sg.to_string();
-                std::vector<float> y0(static_cast<size_t>(big) * out), y1(y0.size());
-                EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-                EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-                EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-                EXPECT_EQ(y0, y1) << "glu, large path";
-                fg.gelu = true;  // GeGLU there too
-                EXL3_CUDA_OK(cuda::gelu_tanh_mul(dgu.get(), dx.get(), xt, big, in, st));
-                o.y = dy0.get();
-                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb).is_ok());
-                o.y = dy1.get();
-                ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dgu.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg).is_ok());
-                EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-                EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-                EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
-                EXPECT_EQ(y0, y1) << "gelu, large path";
+                for (bool gelu : {false, true}) {  // silu's GLU, and GeGLU (Gemma)
+                    cuda::Exl3InFusion fg;
+                    fg.glu_off = in;
+                    fg.gelu = gelu;
+                    EXL3_CUDA_OK(gelu ? cuda::gelu_tanh_mul(dgu.get(), dx.get(), xt, big, in, st)
+                                      : cuda::silu_mul(dgu.get(), dx.get(), xt, big, in, st));
+                    o.y = dy0.get();
+                    ASSERT_TRUE(cuda::exl3_matmul(**ctx, &part, 1, dx.get(), xt, in, big, o, ws.get(), wsb).is_ok());
+                    o.y = dy1.get();
+                    const Status sg =
+                        cuda::exl3_matmul(**ctx, &part, 1, dgu.get(), xt, 2 * in, big, o, ws.get(), wsb, &fg);
+                    ASSERT_TRUE(sg.is_ok()) << sg.to_string();
+                    std::vector<float> y0(static_cast<size_t>(big) * out), y1(y0.size());
+                    EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+                    EXPECT_EQ(cudaMemcpy(y0.data(), dy0.get(), y0.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                    EXPECT_EQ(cudaMemcpy(y1.data(), dy1.get(), y1.size() * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+                    EXPECT_EQ(y0, y1) << (gelu ? "gelu" : "glu") << ", large path";
+                }
                 cuda::Exl3InFusion fn;
                 fn.norm_h = dh.as<float>();
                 fn.norm_w = dh.as<float>();
