@@ -421,7 +421,7 @@ void bind_tokenizer(py::module_& m) {
             },
             py::arg("name") = "default",
             "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
-            "'mistral', 'mistral-args', 'granite' or 'command-r' (what exl3.parse_tool_calls takes).")
+            "'mistral', 'mistral-args', 'granite', 'command-r' or 'seed' (what exl3.parse_tool_calls takes).")
         .def(
             "_render_chat",
             [](PyTokenizer& t, const std::string& context_json, const std::string& name) {

@@ -1,5 +1,6 @@
 #include "chat/tool_calls.h"
 
+#include <algorithm>
 #include <random>
 
 namespace exl3::chat {
@@ -14,6 +15,9 @@ constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
 constexpr std::string_view kGraniteCalls = "<|tool_call|>";
 constexpr std::string_view kCohereOpen = "<|START_ACTION|>", kCohereClose = "<|END_ACTION|>";
+constexpr std::string_view kSeedOpen = "<seed:tool_call>", kSeedClose = "</seed:tool_call>";
+constexpr std::string_view kSeedFunction = "<function=", kSeedFunctionEnd = "</function>";
+constexpr std::string_view kSeedParam = "<parameter=", kSeedParamEnd = "</parameter>";
 // Deeper JSON in a call is not a call: dump() recurses, and no tool schema nests this far.
 constexpr int kMaxJsonDepth = 64;
 // A Mistral function name longer than this before its [ARGS] is not a name.
@@ -96,6 +100,8 @@ const char* tool_format_name(ToolFormat f) {
             return "granite";
         case ToolFormat::kCommandR:
             return "command-r";
+        case ToolFormat::kSeed:
+            return "seed";
     }
     return "hermes";
 }
@@ -103,14 +109,14 @@ const char* tool_format_name(ToolFormat f) {
 std::string tool_format_names() {
     std::string s;
     for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
-                         ToolFormat::kGranite, ToolFormat::kCommandR})
+                         ToolFormat::kGranite, ToolFormat::kCommandR, ToolFormat::kSeed})
         s += (s.empty() ? "" : ", ") + std::string(tool_format_name(f));
     return s;
 }
 
 std::optional<ToolFormat> tool_format_from_name(std::string_view name) {
     for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
-                         ToolFormat::kGranite, ToolFormat::kCommandR})
+                         ToolFormat::kGranite, ToolFormat::kCommandR, ToolFormat::kSeed})
         if (name == tool_format_name(f)) return f;
     if (name == "qwen") return ToolFormat::kHermes;
     return std::nullopt;
@@ -126,6 +132,10 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
         const bool args = src.find(kMistralArgs) != std::string_view::npos;
         set_how(args ? "the template writes [TOOL_CALLS] and [ARGS]" : "the template writes [TOOL_CALLS]");
         return args ? ToolFormat::kMistralArgs : ToolFormat::kMistral;
+    }
+    if (src.find(kSeedOpen) != std::string_view::npos) {
+        set_how("the template writes <seed:tool_call>");
+        return ToolFormat::kSeed;
     }
     if (src.find(kCohereOpen) != std::string_view::npos) {
         set_how("the template writes <|START_ACTION|>");
@@ -173,6 +183,8 @@ std::string tool_call_opening(ToolFormat f, const std::string& function) {
             return function.empty() ? "<|START_ACTION|>"
                                     : "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": " + quoted +
                                           ", \"parameters\": ";
+        case ToolFormat::kSeed:  // a named call's arguments come as one JSON object inside the function element
+            return function.empty() ? "<seed:tool_call>" : "<seed:tool_call>\n<function=" + function + ">\n";
     }
     return {};
 }
@@ -190,6 +202,8 @@ std::string tool_call_closing(ToolFormat f) {
             return {};
         case ToolFormat::kCommandR:
             return "}]<|END_ACTION|>";
+        case ToolFormat::kSeed:
+            return "\n</function>\n</seed:tool_call>";
     }
     return {};
 }
@@ -207,6 +221,8 @@ std::vector<std::string> tool_call_markers(ToolFormat f) {
             return {std::string(kGraniteCalls)};
         case ToolFormat::kCommandR:
             return {std::string(kCohereOpen), std::string(kCohereClose)};
+        case ToolFormat::kSeed:
+            return {std::string(kSeedOpen), std::string(kSeedClose)};
     }
     return {};
 }
@@ -315,6 +331,9 @@ bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
             break;
         case ToolFormat::kCommandR:
             marker = kCohereOpen;
+            break;
+        case ToolFormat::kSeed:
+            marker = kSeedOpen;
             break;
     }
     size_t at = buf_.find(marker);
@@ -465,8 +484,80 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
         case ToolFormat::kGranite:
         case ToolFormat::kCommandR:
             return step_list(i, final, out);
+        case ToolFormat::kSeed:
+            return step_seed(i, final, out);
     }
     return false;
+}
+
+// Seed-OSS's call at buf_[i]: <function=NAME> parameters </function>, then </seed:tool_call> when it follows. Each
+// <parameter=K>V</parameter> gives arguments[K] = V as JSON where V parses as a non-string JSON value, else V as text;
+// a function element holding one JSON object instead takes it as the arguments (a named tool_choice writes that).
+bool ToolCallParser::step_seed(size_t i, bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    const std::string_view rest = b.substr(i);
+    if (!rest.starts_with(kSeedFunction)) {
+        if (!final && kSeedFunction.starts_with(rest)) return false;
+        give_up(out);
+        return true;
+    }
+    const size_t end = b.find(kSeedFunctionEnd, i);
+    if (end == std::string::npos) return wait_or_give_up(final, out);
+    const size_t name_at = i + kSeedFunction.size(), gt = b.find('>', name_at);
+    if (gt == std::string::npos || gt > end || gt == name_at || gt - name_at > kMaxNameBytes) {
+        give_up(out);
+        return true;
+    }
+    auto is_name = [](std::string_view n) {
+        return !n.empty() && n.size() <= kMaxNameBytes && std::all_of(n.begin(), n.end(), valid_name_char);
+    };
+    if (!is_name(b.substr(name_at, gt - name_at))) {
+        give_up(out);
+        return true;
+    }
+    ojson args = ojson::object();
+    size_t p = skip_ws(b, gt + 1);
+    if (p < end && b[p] == '{') {  // the arguments as one JSON object
+        const ojson v = ojson::parse(b.substr(p, end - p), nullptr, /*allow_exceptions=*/false);
+        if (v.is_discarded() || !v.is_object()) {
+            give_up(out);
+            return true;
+        }
+        args = v;
+        p = end;
+    }
+    while ((p = skip_ws(b, p)) < end) {
+        const size_t key_at = p + kSeedParam.size(), kgt = b.find('>', key_at);
+        const size_t vend = kgt == std::string::npos ? std::string::npos : b.find(kSeedParamEnd, kgt);
+        if (!b.substr(p).starts_with(kSeedParam) || kgt == std::string::npos || vend == std::string::npos || vend > end ||
+            !is_name(b.substr(key_at, kgt - key_at))) {
+            give_up(out);
+            return true;
+        }
+        const std::string_view value = b.substr(kgt + 1, vend - kgt - 1);
+        const ojson v = ojson::parse(value, nullptr, /*allow_exceptions=*/false);
+        ojson text = std::string(value);
+        if (v.is_discarded() || v.is_string()) {
+            try {  // text that is not UTF-8 cannot become a JSON string: the call is given back as content
+                (void)text.dump();
+            } catch (const ojson::exception&) {
+                give_up(out);
+                return true;
+            }
+        }
+        args[std::string(b.substr(key_at, kgt - key_at))] = !v.is_discarded() && !v.is_string() ? v : std::move(text);
+        p = vend + kSeedParamEnd.size();
+    }
+    size_t consumed = end + kSeedFunctionEnd.size();
+    const size_t j = skip_ws(b, consumed);
+    const std::string_view after = b.substr(j);
+    if (!final && after.size() < kSeedClose.size() && kSeedClose.starts_with(after)) return false;
+    if (after.starts_with(kSeedClose)) consumed = j + kSeedClose.size();
+    if (!emit_call(ojson{{"name", std::string(b.substr(name_at, gt - name_at))}, {"arguments", args}}, out)) {
+        give_up(out);
+        return true;
+    }
+    return finish_call(consumed);
 }
 
 // Mistral's, Granite's and Command R's calls at buf_[i]: a JSON list of call objects (or one object), all of the

@@ -29,6 +29,8 @@ enum class ToolFormat {
     kGranite,      // <|tool_call|>[{"name": ..., "arguments": {...}}] (Granite 3.x)
     kCommandR,     // <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>
                    // (Command R7B / A)
+    kSeed,         // <seed:tool_call><function=NAME><parameter=K>V</parameter>...</function></seed:tool_call>
+                   // (Seed-OSS; V is JSON when it parses as a number, bool, null, list or object, else text)
 };
 const char* tool_format_name(ToolFormat f);
 std::optional<ToolFormat> tool_format_from_name(std::string_view name);  // "hermes", "llama3", "mistral"...
@@ -85,6 +87,7 @@ private:
     bool step_call(bool final, std::vector<Piece>* out);
     bool step_mistral(size_t i, bool final, std::vector<Piece>* out);
     bool step_list(size_t i, bool final, std::vector<Piece>* out);
+    bool step_seed(size_t i, bool final, std::vector<Piece>* out);
     bool wait_or_give_up(bool final, std::vector<Piece>* out);
     size_t value_at(size_t i, bool final, nlohmann::ordered_json* v, bool* gave_up, std::vector<Piece>* out);
     bool finish_call(size_t consumed);

@@ -181,6 +181,27 @@ TEST(ToolCalls, GraniteAndCommandR) {
             if (text.find(tool_call_markers(f)[0]) == 0) expect_parse(f, text, text, json::array());
 }
 
+// Seed-OSS's XML-like calls: one function element a call, parameters as text or (where they parse) JSON values.
+TEST(ToolCalls, SeedOss) {
+    const auto f = ToolFormat::kSeed;
+    expect_parse(f,
+                 "I will check.\n<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris</parameter>\n"
+                 "<parameter=days>3</parameter>\n<parameter=note>two\nlines</parameter>\n</function>\n</seed:tool_call>"
+                 "<seed:tool_call>\n<function=now>\n</function>\n</seed:tool_call>",
+                 "I will check.",
+                 json::array({call("get_weather", R"({"city":"Paris","days":3,"note":"two\nlines"})"), call("now", "{}")}));
+    expect_parse(f, "<seed:tool_call><function=f>{\"a\": [1, 2]}</function>", "",
+                 json::array({call("f", R"({"a":[1,2]})")}));
+    for (const std::string& text : std::vector<std::string>{
+             "<seed:tool_call>not a call", "<seed:tool_call><function=>x</function>",
+             "<seed:tool_call><function=a b></function>", "<seed:tool_call><function=f><parameter=x>1</function>",
+             "<seed:tool_call><function=f>text</function>", "<seed:tool_call><function=f><parameter=x>1",
+             "<seed:tool_call><function=f>{\"a\": </function>",
+             "<seed:tool_call><function=f><parameter=x>\xff\xfe</parameter></function>",  // not UTF-8
+             "<seed:tool_call><function=f><parameter=a b>1</parameter></function>"})
+        expect_parse(f, text, text, json::array());
+}
+
 TEST(ToolCalls, MistralMalformedIsContent) {
     const auto f = ToolFormat::kMistral;
     for (const std::string& text :
@@ -246,7 +267,8 @@ TEST(ToolCalls, OpeningsForToolChoice) {
          {Case{ToolFormat::kHermes, "{\"city\": \"Paris\"}}\n</tool_call>"},
           Case{ToolFormat::kLlama3, "{\"city\": \"Paris\"}}"}, Case{ToolFormat::kMistral, "{\"city\": \"Paris\"}}]"},
           Case{ToolFormat::kMistralArgs, "{\"city\": \"Paris\"}"}, Case{ToolFormat::kGranite, "{\"city\": \"Paris\"}}]"},
-          Case{ToolFormat::kCommandR, "{\"city\": \"Paris\"}}]<|END_ACTION|>"}}) {
+          Case{ToolFormat::kCommandR, "{\"city\": \"Paris\"}}]<|END_ACTION|>"},
+          Case{ToolFormat::kSeed, "{\"city\": \"Paris\"}\n</function>\n</seed:tool_call>"}}) {
         const std::string text = tool_call_opening(c.f, "get_weather") + c.continuation;
         expect_parse(c.f, text, "", json::array({call("get_weather", R"({"city":"Paris"})")}));
     }
@@ -309,6 +331,7 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
                    Case{"Qwen-Qwen3-0.6B.jinja", ToolFormat::kHermes}, Case{"Qwen-QwQ-32B.jinja", ToolFormat::kHermes},
                    Case{"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolFormat::kCommandR},
                    Case{"ibm-granite-granite-3.3-2B-Instruct.jinja", ToolFormat::kGranite},
+                   Case{"ByteDance-Seed-OSS.jinja", ToolFormat::kSeed},
                    Case{"google-gemma-2-2b-it.jinja", ToolFormat::kHermes}}) {
         const std::string src = test::read_file(dir + "/" + c.file);
         ASSERT_FALSE(src.empty()) << c.file;
@@ -395,6 +418,11 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
                                             "<|tool_call|>",
                                             "<|START_ACTION|>",
                                             "<|END_ACTION|>",
+                                            "<seed:tool_call>",
+                                            "<function=f>",
+                                            "<parameter=x>",
+                                            "</parameter>",
+                                            "</function>",
                                             "\"tool_name\"",
                                             "{",
                                             "}",
@@ -421,7 +449,7 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
         const int n = 1 + static_cast<int>(rng() % 24);
         for (int i = 0; i < n; ++i) text += parts[rng() % parts.size()];
         for (auto f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kGranite,
-                       ToolFormat::kCommandR}) {
+                       ToolFormat::kCommandR, ToolFormat::kSeed}) {
             const Assembled whole = assemble(f, text);
             for (size_t chunk : {1, 2, 5}) {
                 const Assembled a = assemble(f, text, chunk);

@@ -48,7 +48,7 @@ std::pair<std::string, nlohmann::json> run(ToolFormat f, const std::string& text
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string text(reinterpret_cast<const char*>(data), size);
     for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
-                         ToolFormat::kGranite, ToolFormat::kCommandR}) {
+                         ToolFormat::kGranite, ToolFormat::kCommandR, ToolFormat::kSeed}) {
         const auto whole = run(f, text, 0);
         for (size_t chunk : {1, 3}) {
             if (run(f, text, chunk) != whole) std::abort();

@@ -366,7 +366,7 @@ Runner add_chat(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--tool-format", o->tool_format,
                    "with --tools: how calls are written: auto (from the template's markers), hermes, llama3, "
-                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>)")
+                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>), seed (<seed:tool_call>)")
         ->capture_default_str();
     app.add_flag("--show-prompt", o->show_prompt,
                  "print each turn's rendered prompt (the chat template's output) on stderr before the reply");
