@@ -10,7 +10,9 @@
 # Carried (git-ignored): $P/bins.tar.xz (new/), optionally $P/models.tar.xz (models/tiny-target laid out like
 # ../shared) and $P/tinydraft.tar.xz (tests/models/tiny-draft, when it was left out of the tree to fit the call),
 # libcpp-httplib.
-# Usage (device tool): [FAMILIES=a,b] [BENCH=1] [SHAPES="..."] bash scripts/device_families.sh [P=.device/p3]
+# With MOE=1 a random-trellis EXL3 Qwen3-MoE (qwen3-moe-tiny) is made first for CudaModel.Exl3ExpertsMatchCpu.
+# GOLDEN picks the CPU golden tests (default Families/*); BENCH_ARGS the bench's flags.
+# Usage (device tool): [FAMILIES=a,b] [BENCH=1] [SHAPES="..."] [MOE=1] bash scripts/device_families.sh [P=.device/p3]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 P=.device/p3
@@ -43,8 +45,12 @@ if [ -n "${FAMILIES:-}" ]; then
   (cd /tmp/g && tar czf "$OUT/golden.tgz" models golden)
 fi
 echo "== CPU golden tests of the families"
-timeout 180 /tmp/b/new/exl3_golden_tests --gtest_filter='Families/*' > /tmp/golden.log 2>&1; echo "exit $?"
+timeout 180 /tmp/b/new/exl3_golden_tests --gtest_filter="${GOLDEN:-Families/*}" > /tmp/golden.log 2>&1; echo "exit $?"
 grep -E "worst relative|^\[  (PASSED|FAILED) |^\[  FAILED  \]" /tmp/golden.log; cat /tmp/golden.log >> "$OUT/tests.log"
+if [ "${MOE:-0}" = 1 ]; then
+  python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
+    > /tmp/moe_tiny.log 2>&1 && export EXL3_TEST_EXL3_MOE=/tmp/moe-tiny || tail -3 /tmp/moe_tiny.log
+fi
 echo "== CUDA tests"
 for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3_cuda_prefix_cache_tests \
          exl3_cuda_sampler_tests exl3_viterbi_cuda_tests exl3_convert_tests; do
@@ -53,16 +59,17 @@ for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3
   timeout 300 /tmp/b/new/$t > /tmp/$t.log 2>&1; echo "exit $?"
   cat /tmp/$t.log >> "$OUT/tests.log"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests" /tmp/$t.log | head -30
-  grep -E "golden/[a-z0-9_]+: prefill|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] cap_" /tmp/$t.log | head -60
+  grep -E "(golden/[a-z0-9_]+|moe-tiny): prefill|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] cap_" /tmp/$t.log | head -60
 done
 if [ "${BENCH:-0}" = 1 ]; then
   wait $models; cat /tmp/models.log
   for s in $SHAPES; do
     [ -d /tmp/models/$s ] || continue
-    echo "== $s: exl3 bench -p 2048 -b 1 -c 512 -g 128"
-    timeout 240 /tmp/b/new/exl3 bench -m /tmp/models/$s -d cuda -p 2048 -b 1 -c 512 -g 128 > /tmp/bench_$s.log 2>&1
+    args=${BENCH_ARGS:-"-p 2048 -b 1 -c 512 -g 128"}
+    echo "== $s: exl3 bench $args"
+    timeout 300 /tmp/b/new/exl3 bench -m /tmp/models/$s -d cuda $args > /tmp/bench_$s.log 2>&1
     echo "exit $?"; cat /tmp/bench_$s.log >> "$OUT/bench.log"
-    grep -E "^\| (1|2048) \||ceiling|error" /tmp/bench_$s.log | head -8
+    grep -E "^\| [0-9]+ \||ceiling|error|Error" /tmp/bench_$s.log | head -12
     rm -rf /tmp/models/$s  # disk
   done
 fi

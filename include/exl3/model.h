@@ -28,6 +28,11 @@ struct ModelInfo {
     int64_t num_parameters = 0;
     bool tied_embeddings = false;  // the head reads the embedding table (no separate lm_head)
     int64_t weight_bytes = 0;
+    // Mixtures of experts: routed experts per MoE layer, chosen per token, and the bytes of all routed experts'
+    // weights (of weight_bytes; a token reads experts_per_token / num_experts of them). 0 for dense models.
+    int num_experts = 0;
+    int experts_per_token = 0;
+    int64_t expert_bytes = 0;
     std::string quantization;   // empty when unquantized, else e.g. "exl3 4.00 bpw, head 6 bpw, mul1"
     int kv_bits_k = 0;          // LoadOptions::kv_bits_k / kv_bits_v (0: unquantized)
     int kv_bits_v = 0;

@@ -202,6 +202,10 @@ private:
 // bias flags), then fp32 working copies of the linears.
 Status Converter::load() {
     EXL3_ASSIGN_OR_RETURN(c_, load_model_config(opt_.input_dir));
+    if (c_.num_experts > 0)
+        return unsupported(fmt::format("{}: converting mixture-of-experts models ({}) is not supported yet; they run "
+                                       "from their bf16 checkpoints or EXL3 files made by ExLlamaV3",
+                                       opt_.input_dir, c_.arch_name));
     EXL3_ASSIGN_OR_RETURN(st_, TensorStore::open_dir(opt_.input_dir));
     HostLoadOptions ho;
     ho.dir = opt_.input_dir;

@@ -45,6 +45,23 @@ constexpr TensorNames kCohereNames = {
      nullptr, nullptr}};
 #undef EXL3_LLAMA_LINEARS
 
+// Mixtures of experts on Llama's attention: Qwen2-MoE (a shared expert with a sigmoid gate), Qwen3-MoE, GLM-4.5 (shared
+// experts, a score correction bias), Mixtral (w1 = gate, w3 = up, w2 = down).
+constexpr MoeNames kQwen2MoeExperts = {"mlp.gate", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj",
+                                       "mlp.shared_expert.", "mlp.shared_expert_gate"};
+constexpr MoeNames kQwen3MoeExperts = {"mlp.gate", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj"};
+constexpr MoeNames kGlm4MoeExperts = {"mlp.gate", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj",
+                                      "mlp.shared_experts.", nullptr, "mlp.gate.e_score_correction_bias"};
+constexpr MoeNames kMixtralExperts = {"block_sparse_moe.gate", "block_sparse_moe.experts.{}.", "w1", "w3", "w2"};
+constexpr TensorNames kQwen2MoeNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+                                        kLlamaNames.layer_tensors, nullptr, nullptr, &kQwen2MoeExperts};
+constexpr TensorNames kQwen3MoeNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+                                        kLlamaNames.layer_tensors, nullptr, nullptr, &kQwen3MoeExperts};
+constexpr TensorNames kGlm4MoeNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+                                       kLlamaNames.layer_tensors, nullptr, nullptr, &kGlm4MoeExperts};
+constexpr TensorNames kMixtralNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+                                       kLlamaNames.layer_tensors, nullptr, nullptr, &kMixtralExperts};
+
 // Phi-3 / Phi-4: Llama's names, q|k|v and gate|up fused in HF checkpoints.
 constexpr TensorNames kPhi3Names = {
     kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer, kLlamaNames.layer_tensors,
@@ -94,11 +111,19 @@ const std::vector<ArchInfo> kArchs = {
     {Arch::kErnie45, "Ernie4_5_ForCausalLM", "ernie4_5", {&kLlamaNames}},  // the remote-code configs' name
     {Arch::kCohere, "CohereForCausalLM", "cohere", {&kCohereNames}},
     {Arch::kCohere2, "Cohere2ForCausalLM", "cohere2", {&kCohereNames}},
+    {Arch::kQwen2Moe, "Qwen2MoeForCausalLM", "qwen2_moe", {&kQwen2MoeNames}},
+    {Arch::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", {&kQwen3MoeNames}},
+    {Arch::kMixtral, "MixtralForCausalLM", "mixtral", {&kMixtralNames}},
+    {Arch::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", {&kGlm4MoeNames}},
 };
 
 }  // namespace
 
 std::string TensorNames::layer_prefix(int layer_index) const { return fmt::format(fmt::runtime(layer), layer_index); }
+
+std::string MoeNames::expert_prefix(const std::string& layer_prefix, int e) const {
+    return layer_prefix + fmt::format(fmt::runtime(expert), e);
+}
 
 std::string TensorNames::of(int layer_index, LayerTensor t) const {
     if (!has(t)) return {};

@@ -13,6 +13,7 @@ namespace exl3 {
 enum class Arch {
     kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite,
     kGemma2, kGemma3, kGemma3Wrapped, kGlm4, kOlmo2, kOlmo3, kExaone4, kErnie45, kCohere, kCohere2,
+    kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe,
 };
 
 // A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown).
@@ -21,6 +22,23 @@ enum class LayerTensor {
 };
 constexpr int kLayerTensors = 13;
 constexpr int kLayerLinears = 7;  // kQ .. kDown
+
+// A mixture-of-experts MLP's tensors, relative to the layer (for the layers the config makes MoE): the router
+// linear [experts, hidden], each expert's three linears under `expert` ("{}" = the expert index), and optionally a
+// shared expert (gate_proj / up_proj / down_proj under `shared`), its sigmoid gate [1, hidden] and the router's score
+// correction bias [experts].
+struct MoeNames {
+    const char* router;
+    const char* expert;
+    const char* gate;
+    const char* up;
+    const char* down;
+    const char* shared = nullptr;
+    const char* shared_gate = nullptr;
+    const char* score_bias = nullptr;
+
+    std::string expert_prefix(const std::string& layer_prefix, int e) const;
+};
 
 // Linears are named by their prefix (`.weight`, `.bias`, or EXL3's `.trellis` ... follow); other tensors by their full
 // name. Layer tensors are relative to `layer`, in which "{}" stands for the layer index; nullptr where the family has
@@ -35,6 +53,7 @@ struct TensorNames {
     // splits them, and EXL3 files (ours and the reference's) store the parts under the layer_tensors names.
     const char* fused_qkv = nullptr;
     const char* fused_gate_up = nullptr;
+    const MoeNames* moe = nullptr;  // the family's experts, when it has them
 
     std::string of(int layer_index, LayerTensor t) const;
     bool has(LayerTensor t) const { return layer_tensors[static_cast<size_t>(t)] != nullptr; }

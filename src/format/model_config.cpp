@@ -2,6 +2,7 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -162,14 +163,16 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
         case Arch::kSmolLM3: r.theta = 2000000.0; break;
         case Arch::kGemma3: case Arch::kGemma3Wrapped: r.theta = 1000000.0; break;
         case Arch::kOlmo3: case Arch::kErnie45: case Arch::kCohere: r.theta = 500000.0; break;
+        case Arch::kMixtral: r.theta = 1000000.0; break;
         default: break;
     }
     EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
     // A top-level partial_rotary_factor counts for Phi-3 and GLM-4 (their configs fold it into the rope parameters;
     // GLM-4's default is 0.5); Llama and the others ignore it, as transformers does (checked in the RoPE fixtures).
     // Inside rope_parameters it counts.
-    if (mc->arch == Arch::kGlm4) r.partial_rotary_factor = 0.5;
-    if (mc->arch == Arch::kPhi3 || mc->arch == Arch::kGlm4)
+    const bool glm = mc->arch == Arch::kGlm4 || mc->arch == Arch::kGlm4Moe;
+    if (glm) r.partial_rotary_factor = 0.5;
+    if (mc->arch == Arch::kPhi3 || glm)
         EXL3_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &r.partial_rotary_factor));
     EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
     // Gemma 3 and Olmo 3: sliding layers rotate on their own base (rope_local). Legacy configs give it as
@@ -281,6 +284,18 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
         case Arch::kQwen2:
             mc.qkv_bias = true;  // fixed by the architecture
             break;
+        case Arch::kQwen2Moe:  // fixed too, but transformers 5 writes it out
+            mc.qkv_bias = true;
+            EXL3_RETURN_IF_ERROR(f.get_bool("qkv_bias", &mc.qkv_bias));
+            break;
+        case Arch::kQwen3Moe:
+            mc.qkv_bias = mc.o_bias = attention_bias;
+            break;
+        case Arch::kGlm4Moe:  // q, k, v only
+            mc.qkv_bias = attention_bias;
+            break;
+        case Arch::kMixtral:
+            break;
         case Arch::kSeedOss:  // q, k, v biased by attention_bias; o by attention_out_bias
             EXL3_RETURN_IF_ERROR(f.get_bool("attention_out_bias", &out_bias));
             mc.qkv_bias = attention_bias;
@@ -315,9 +330,15 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
     if (mc.arch != Arch::kLlama && mc.arch != Arch::kSeedOss && mc.arch != Arch::kGranite && mc.arch != Arch::kErnie45)
         mc.mlp_bias = false;
     switch (mc.arch) {
-        case Arch::kQwen3: case Arch::kGemma3: case Arch::kGemma3Wrapped: case Arch::kExaone4:
+        case Arch::kQwen3: case Arch::kQwen3Moe: case Arch::kGemma3: case Arch::kGemma3Wrapped: case Arch::kExaone4:
             mc.qk_norm = QkNorm::kHead;
             break;
+        case Arch::kGlm4Moe: {
+            bool qk = false;
+            EXL3_RETURN_IF_ERROR(f.get_bool("use_qk_norm", &qk));
+            if (qk) mc.qk_norm = QkNorm::kHead;
+            break;
+        }
         case Arch::kOlmo2: case Arch::kOlmo3:
             mc.qk_norm = QkNorm::kFlat;
             break;
@@ -340,7 +361,7 @@ Status parse_windows(const json& cfg, const Fields& f, const std::string& source
                           mc.arch == Arch::kOlmo3 || mc.arch == Arch::kCohere2 || mc.arch == Arch::kExaone4;
     // Those families' config classes window 4096 positions unless told otherwise (EXAONE 4's null: no windows).
     if (periodic && !cfg.contains("sliding_window")) window = 4096;
-    EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false));
+    EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false, 0));  // 0 (Qwen2-MoE): none
     mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
     if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
         const json& lt = cfg["layer_types"];
@@ -378,9 +399,10 @@ Status parse_windows(const json& cfg, const Fields& f, const std::string& source
     }
     bool use = false;
     EXL3_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &use));
-    if (mc.arch == Arch::kMistral || mc.arch == Arch::kMistral3 || mc.arch == Arch::kPhi3) {
+    if (mc.arch == Arch::kMistral || mc.arch == Arch::kMistral3 || mc.arch == Arch::kPhi3 || mc.arch == Arch::kMixtral) {
         for (auto& w : mc.sliding_window) w = window;
-    } else if (mc.arch == Arch::kQwen2 || mc.arch == Arch::kQwen3) {
+    } else if (mc.arch == Arch::kQwen2 || mc.arch == Arch::kQwen3 || mc.arch == Arch::kQwen2Moe ||
+               mc.arch == Arch::kQwen3Moe) {
         int from = mc.num_layers;
         EXL3_RETURN_IF_ERROR(f.get_int("max_window_layers", &from, false, 0));
         if (use && window > 0)
@@ -482,6 +504,69 @@ Status parse_family(const Fields& f, const std::string& source, ModelConfig& mc)
     return Status::ok();
 }
 
+// Which layers are mixtures of experts and how they route: Qwen2/3-MoE (every decoder_sparse_step-th layer but
+// mlp_only_layers), Mixtral (all), GLM-4.5 (all after first_k_dense_replace).
+Status parse_moe(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
+    const bool qwen = mc.arch == Arch::kQwen2Moe || mc.arch == Arch::kQwen3Moe;
+    if (!qwen && mc.arch != Arch::kMixtral && mc.arch != Arch::kGlm4Moe) return Status::ok();
+    // The Hub's configs name the count by family; transformers 5 writes num_local_experts for all of them.
+    const char* count = mc.arch == Arch::kMixtral ? "num_local_experts" : mc.arch == Arch::kGlm4Moe ? "n_routed_experts" : "num_experts";
+    if (!f.has(count) && f.has("num_local_experts")) count = "num_local_experts";
+    EXL3_RETURN_IF_ERROR(f.get_int(count, &mc.num_experts, true, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &mc.experts_per_token, true, 1, 4096));
+    if (mc.experts_per_token > mc.num_experts)
+        return invalid_argument(fmt::format("{}: num_experts_per_tok {} exceeds the {} experts", source,
+                                            mc.experts_per_token, mc.num_experts));
+    if (mc.arch == Arch::kMixtral) {
+        mc.expert_size = mc.intermediate_size;
+    } else {
+        EXL3_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", &mc.expert_size, true));
+    }
+    mc.moe_layer.assign(static_cast<size_t>(mc.num_layers), 1);
+    if (qwen) {
+        int step = 1;
+        EXL3_RETURN_IF_ERROR(f.get_int("decoder_sparse_step", &step, false, 1));
+        for (int i = 0; i < mc.num_layers; ++i) mc.moe_layer[static_cast<size_t>(i)] = (i + 1) % step == 0;
+        if (cfg.contains("mlp_only_layers") && !cfg["mlp_only_layers"].is_null()) {
+            const json& l = cfg["mlp_only_layers"];
+            if (!l.is_array()) return invalid_argument(source + ": mlp_only_layers must be a list of layer indices");
+            for (const json& v : l) {
+                if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= mc.num_layers)
+                    return invalid_argument(fmt::format("{}: mlp_only_layers holds layer indices below {}", source, mc.num_layers));
+                mc.moe_layer[static_cast<size_t>(v.get<int64_t>())] = 0;
+            }
+        }
+        EXL3_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &mc.norm_topk));
+        if (mc.arch == Arch::kQwen2Moe) {
+            EXL3_RETURN_IF_ERROR(f.get_int("shared_expert_intermediate_size", &mc.shared_expert_size, false, 0));
+            mc.shared_expert_gate = mc.shared_expert_size > 0;
+        }
+    } else if (mc.arch == Arch::kMixtral) {
+        mc.norm_topk = true;
+    } else {  // GLM-4.5
+        int dense = 1, shared = 1;
+        EXL3_RETURN_IF_ERROR(f.get_int("first_k_dense_replace", &dense, false, 0));
+        for (int i = 0; i < std::min(dense, mc.num_layers); ++i) mc.moe_layer[static_cast<size_t>(i)] = 0;
+        EXL3_RETURN_IF_ERROR(f.get_int("n_shared_experts", &shared, false, 0, 4096));
+        mc.shared_expert_size = shared * mc.expert_size;
+        mc.router_sigmoid = true;
+        mc.norm_topk = true;
+        EXL3_RETURN_IF_ERROR(f.get_bool("norm_topk_prob", &mc.norm_topk));
+        EXL3_RETURN_IF_ERROR(f.get_int("n_group", &mc.expert_groups, false, 1, 4096));
+        EXL3_RETURN_IF_ERROR(f.get_int("topk_group", &mc.topk_groups, false, 1, 4096));
+        double scale = 1.0;
+        EXL3_RETURN_IF_ERROR(f.get_double("routed_scaling_factor", &scale));
+        mc.routed_scale = static_cast<float>(scale);
+        if (mc.num_experts % mc.expert_groups || mc.topk_groups > mc.expert_groups ||
+            mc.experts_per_token > mc.topk_groups * (mc.num_experts / mc.expert_groups) || mc.num_experts / mc.expert_groups < 2)
+            return invalid_argument(fmt::format("{}: {} experts in n_group {} groups with topk_group {} cannot route "
+                                                "num_experts_per_tok {}",
+                                                source, mc.num_experts, mc.expert_groups, mc.topk_groups,
+                                                mc.experts_per_token));
+    }
+    return Status::ok();
+}
+
 // Granite's four scalars: embedding, residual-branch and attention multipliers, and the logit divisor.
 Status parse_multipliers(const Fields& f, const std::string& source, ModelConfig& mc) {
     if (mc.arch != Arch::kGranite) return Status::ok();
@@ -539,6 +624,7 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     rope_by_window(*tc, mc);
     EXL3_RETURN_IF_ERROR(parse_family(f, tsource, mc));
     EXL3_RETURN_IF_ERROR(parse_multipliers(f, tsource, mc));
+    EXL3_RETURN_IF_ERROR(parse_moe(*tc, f, tsource, mc));
 
     std::string dtype = "bfloat16";
     for (const Fields* g : {&f, &top}) {  // the wrapper's dtype wins where both say
@@ -586,6 +672,13 @@ std::string family_features(const ModelConfig& c) {
     if (c.attn_softcap > 0.0f) f.push_back(fmt::format("attention soft-cap {:g}", c.attn_softcap));
     if (c.logit_scale != 1.0f) f.push_back(fmt::format("logits x {:g}", c.logit_scale));
     if (c.logit_softcap > 0.0f) f.push_back(fmt::format("logit soft-cap {:g}", c.logit_softcap));
+    if (c.num_experts > 0) {
+        int moe = 0;
+        for (int i = 0; i < c.num_layers; ++i) moe += c.is_moe(i);
+        f.push_back(fmt::format("{} experts ({} a token{}{}{}) in {} of {} layers", c.num_experts, c.experts_per_token,
+                                c.router_sigmoid ? ", sigmoid router" : "", c.shared_expert_size ? ", shared expert" : "",
+                                c.norm_topk ? "" : ", weights not renormalised", moe, c.num_layers));
+    }
     std::string s;
     for (const auto& x : f) s += (s.empty() ? "" : ", ") + x;
     return s;

@@ -58,6 +58,22 @@ struct ModelConfig {
     float logit_scale = 1.0f;     // logits = head(norm(h)) * logit_scale
     float attn_softcap = 0.0f;    // scores s -> c tanh(s / c) before the softmax (Gemma 2); 0: none
     float logit_softcap = 0.0f;   // logits l -> c tanh(l / c) (Gemma 2); 0: none
+    // Mixtures of experts (num_experts 0: every MLP is dense). A token's MLP output in an MoE layer is
+    // sum over its chosen experts e of weight_e * expert_e(x), plus the shared expert's (gated by sigmoid(x . g) where
+    // the family has that gate). The router's scores are softmax(x R^T), or sigmoid(x R^T) (router_sigmoid: GLM-4.5)
+    // whose top-k is chosen on score + correction bias within the topk_groups best of expert_groups groups; the
+    // chosen weights are renormalised to sum 1 when norm_topk, then scaled by routed_scale.
+    int num_experts = 0;
+    int experts_per_token = 0;
+    int expert_size = 0;              // a routed expert's intermediate width
+    int shared_expert_size = 0;       // the shared expert's intermediate width; 0: none
+    bool shared_expert_gate = false;  // Qwen2-MoE
+    bool norm_topk = false;
+    bool router_sigmoid = false;
+    int expert_groups = 1;
+    int topk_groups = 1;
+    float routed_scale = 1.0f;
+    std::vector<uint8_t> moe_layer;   // [num_layers]: 1 where the MLP is the experts (else dense, intermediate_size)
     RopeConfig rope;
     RopeConfig rope_local;          // for layers with rope_layer 2
     DType dtype = DType::kBF16;     // torch_dtype / dtype as declared
@@ -67,6 +83,7 @@ struct ModelConfig {
     int q_dim() const { return num_heads * head_dim; }
     float attention_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
     int kv_dim() const { return num_kv_heads * head_dim; }
+    bool is_moe(int layer) const { return !moe_layer.empty() && moe_layer[static_cast<size_t>(layer)]; }
 };
 
 // Whether some layer rotates on rope_local.

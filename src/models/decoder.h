@@ -7,6 +7,8 @@
 //   (post_norms) o = norm(o)
 //   parallel (Cohere):  h += o ; m = MLP(x)             otherwise:  h += o ; x = norm(h) (or h) ; m = MLP(x)
 //   MLP(x) = (act(x Wg^T) * (x Wu^T)) Wd^T ; (post_norms) m = norm(m) ; h += m
+//   in a mixture-of-experts layer MLP(x) = sum over the token's chosen experts of weight_e MLP_e(x) (+ the shared
+//   expert's MLP, gated or not): ModelConfig says how the router chooses
 // logits = cap(scale * (norm(h) Whead^T)) for the rows asked for (Whead = embed_tokens when tied). norm() is
 // RMSNorm or LayerNorm by the family; an empty weight vector stands for "no norm here".
 //
@@ -79,9 +81,13 @@ Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
     else
         EXL3_RETURN_IF_ERROR(b.add_norm(Slot::kO, L.mlp_norm, eps, Slot::kX));
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kMlpIn, Slot::kX));
-    EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // act(x Wg^T) * (x Wu^T), via kGU
-    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kDownIn, Slot::kG));
-    EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
+    if (c.is_moe(li)) {  // the router, each token's chosen experts and the shared expert, summed into kDown
+        EXL3_RETURN_IF_ERROR(b.moe(li, Slot::kX, Slot::kDown));
+    } else {
+        EXL3_RETURN_IF_ERROR(b.linear_glu(Slot::kX, L.gate_up, Slot::kG));  // act(x Wg^T) * (x Wu^T), via kGU
+        EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kDownIn, Slot::kG));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
+    }
     if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kDown, L.post_mlp_norm, eps));
     return Status::ok();
 }

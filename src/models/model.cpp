@@ -108,8 +108,12 @@ void Model::Impl::fill_info() {
         if (t.is_ok()) {
             info.num_parameters += t->numel();
             info.weight_bytes += static_cast<int64_t>(t->nbytes());
+            if (cfg.num_experts > 0 && name.find(".experts.") != std::string::npos)
+                info.expert_bytes += static_cast<int64_t>(t->nbytes());
         }
     }
+    info.num_experts = cfg.num_experts;
+    info.experts_per_token = cfg.experts_per_token;
     // EXL3: trellis words are not parameters; the loader counts each linear as in x out.
     info.quantization = weights.quantization;
     info.tied_embeddings = weights.head.parts.size() == 1 && !weights.head.parts[0].is_exl3() &&

@@ -211,6 +211,41 @@ Status check_exl3_members(const TensorStore& store) {
     return Status::ok();
 }
 
+// An expert's three linears under `prefix` (gate, up and down named by the family).
+Status load_expert(Loader& ld, const MoeNames& m, const std::string& prefix, int64_t H, int64_t width, bool shared,
+                   HostExpert* e) {
+    const char* gate = shared ? "gate_proj" : m.gate;
+    const char* up = shared ? "up_proj" : m.up;
+    const char* down = shared ? "down_proj" : m.down;
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + gate, width, H, false, &e->gate_up));
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + up, width, H, false, &e->gate_up));
+    return ld.part(prefix + down, H, width, false, &e->down);
+}
+
+Status load_moe(const TensorStore& store, Loader& ld, const ModelConfig& c, const TensorNames& n,
+                const std::string& prefix, HostMoe* moe) {
+    if (!n.moe) return internal_error(fmt::format("{} has no expert tensor names", c.arch_name));
+    const MoeNames& m = *n.moe;
+    const int64_t H = c.hidden_size, E = c.num_experts;
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + m.router, E, H, false, &moe->router));
+    if (c.router_sigmoid && m.score_bias) {
+        const std::string bias = prefix + m.score_bias;
+        if (store.contains(bias)) {
+            EXL3_ASSIGN_OR_RETURN(moe->score_bias, ld.vec(bias, E));
+        }
+    }
+    moe->experts.resize(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e)
+        EXL3_RETURN_IF_ERROR(load_expert(ld, m, m.expert_prefix(prefix, e), H, c.expert_size, false,
+                                         &moe->experts[static_cast<size_t>(e)]));
+    if (c.shared_expert_size > 0) {
+        if (!m.shared) return internal_error(fmt::format("{} names no shared expert", c.arch_name));
+        EXL3_RETURN_IF_ERROR(load_expert(ld, m, prefix + m.shared, H, c.shared_expert_size, true, &moe->shared));
+        if (c.shared_expert_gate) EXL3_RETURN_IF_ERROR(ld.part(prefix + m.shared_gate, 1, H, false, &moe->shared_gate));
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWeights* w,
@@ -268,13 +303,15 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), flat ? c.q_dim() : c.head_dim));
             EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), flat ? c.kv_dim() : c.head_dim));
         }
-        if (n.fused_gate_up && store.contains(prefix + n.fused_gate_up + ".weight")) {
+        if (c.is_moe(i)) {
+            EXL3_RETURN_IF_ERROR(load_moe(store, ld, c, n, prefix, &L.moe));
+        } else if (n.fused_gate_up && store.contains(prefix + n.fused_gate_up + ".weight")) {
             EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_gate_up, {I, I}, H, c.mlp_bias, &L.gate_up));
         } else {
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kGate), I, H, c.mlp_bias, &L.gate_up));
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kUp), I, H, c.mlp_bias, &L.gate_up));
         }
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kDown), H, I, c.mlp_bias, &L.down));
+        if (!c.is_moe(i)) EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kDown), H, I, c.mlp_bias, &L.down));
     }
     if (c.norm_offset) {  // Gemma: the checkpoint stores w, the norm multiplies by 1 + w (added in fp32)
         auto add_one = [](std::vector<float>& v) {

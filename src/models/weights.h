@@ -35,10 +35,25 @@ struct HostLinear {
     int out = 0;  // sum of out_i
 };
 
+// A routed or shared expert: gate|up [2 x width, hidden] and down [hidden, width].
+struct HostExpert {
+    HostLinear gate_up, down;
+};
+
+// A mixture-of-experts MLP (ModelConfig's routing fields say how it combines them).
+struct HostMoe {
+    HostLinear router;              // [experts, hidden]
+    std::vector<float> score_bias;  // [experts]: GLM-4.5's choice correction, or empty
+    std::vector<HostExpert> experts;
+    HostExpert shared;              // parts empty: none
+    HostLinear shared_gate;         // [1, hidden]: Qwen2-MoE's sigmoid gate of the shared expert, or empty
+};
+
 // Norm weights as the decoder applies them (Gemma's stored offsets already 1 + w); empty where the family has none.
 struct HostLayer {
     std::vector<float> attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;
-    HostLinear qkv, o, gate_up, down;
+    HostLinear qkv, o, gate_up, down;  // gate_up / down empty in an MoE layer
+    HostMoe moe;                       // an MoE layer's MLP (experts empty otherwise)
 };
 
 struct HostWeights {

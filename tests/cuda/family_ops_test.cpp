@@ -99,6 +99,82 @@ TEST_P(FamilyOps, GeluSoftcapAdd) {
     EXPECT_EQ(cuda::softcap_f32(dxs.as<float>(), 4, 0.0f, ctx->stream()), cudaErrorInvalidValue);
 }
 
+// Mixture-of-experts routing against cpu::route_experts on random logits: softmax with and without renormalising,
+// GLM-4.5's sigmoid with correction bias, groups and a scale; then the weighted sums of expert outputs: an expert
+// that no token chose, one that every token chose.
+TEST_P(FamilyOps, MoeRoutingAndSums) {
+    struct Case {
+        int n, experts, top_k;
+        bool sigmoid, norm;
+        int groups, topk_groups;
+        float scale;
+    };
+    for (const Case& c : {Case{1, 8, 2, false, true, 1, 1, 1.0f}, Case{37, 128, 8, false, false, 1, 1, 1.0f},
+                          Case{300, 60, 4, false, true, 1, 1, 1.0f}, Case{5, 160, 8, true, true, 8, 4, 2.5f},
+                          Case{64, 128, 8, true, true, 1, 1, 1.0f}, Case{9, 8, 2, true, false, 2, 1, 1.5f}}) {
+        auto logits = test::random_floats(static_cast<size_t>(c.n) * c.experts, 51, 3.0f);
+        auto bias = test::random_floats(static_cast<size_t>(c.experts), 52, 0.2f);
+        cpu::Routing r;
+        r.experts = c.experts;
+        r.top_k = c.top_k;
+        r.sigmoid = c.sigmoid;
+        r.norm_topk = c.norm;
+        r.groups = c.groups;
+        r.topk_groups = c.topk_groups;
+        r.scale = c.scale;
+        r.score_bias = c.sigmoid ? bias.data() : nullptr;
+        const size_t nk = static_cast<size_t>(c.n) * c.top_k;
+        std::vector<int32_t> ids(nk);
+        std::vector<float> wts(nk);
+        cpu::route_experts(logits.data(), c.n, r, ids.data(), wts.data());
+        cuda::MoeRouting g;
+        g.experts = c.experts;
+        g.top_k = c.top_k;
+        g.sigmoid = c.sigmoid;
+        g.norm_topk = c.norm;
+        g.groups = c.groups;
+        g.topk_groups = c.topk_groups;
+        g.scale = c.scale;
+        DeviceBuffer dl = up_f32(logits), db = up_f32(bias), dscratch, dids = poisoned(nk * 4), dw = poisoned(nk * 4);
+        ASSERT_TRUE(dscratch.reserve(cuda::moe_route_scratch_bytes(c.n, c.experts)).is_ok());
+        g.score_bias = c.sigmoid ? db.as<float>() : nullptr;
+        EXL3_CUDA_OK(cuda::moe_route(dl.as<float>(), c.n, g, dscratch.get(), dids.as<int32_t>(), dw.as<float>(),
+                                     ctx->stream()));
+        std::vector<int32_t> gids(nk);
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        EXL3_CUDA_OK(cudaMemcpy(gids.data(), dids.get(), nk * 4, cudaMemcpyDeviceToHost));
+        EXPECT_EQ(gids, ids) << c.n << " tokens, " << c.experts << " experts, sigmoid " << c.sigmoid;
+        EXPECT_LT(rel(down_f32(dw, nk), wts), 1e-5) << c.n << " tokens, " << c.experts << " experts";
+    }
+    // out[tok[j]] += w[j] y[j]: 5 of 12 rows (expert A), then all 12 rows (expert B); then a gated shared expert.
+    const int n = 12, d = 384;
+    auto base = test::random_floats(static_cast<size_t>(n) * d, 53);
+    auto ya = test::random_floats(5 * static_cast<size_t>(d), 54), yb = test::random_floats(static_cast<size_t>(n) * d, 55);
+    auto gate = test::random_floats(static_cast<size_t>(n), 56, 2.0f);
+    std::vector<int32_t> ta = {3, 0, 11, 7, 5}, tb(n);
+    for (int i = 0; i < n; ++i) tb[static_cast<size_t>(i)] = n - 1 - i;
+    auto wa = test::random_floats(5, 57), wb = test::random_floats(static_cast<size_t>(n), 58);
+    std::vector<float> want = base;
+    for (size_t j = 0; j < ta.size(); ++j)
+        for (int i = 0; i < d; ++i) want[static_cast<size_t>(ta[j]) * d + i] += wa[j] * ya[j * d + static_cast<size_t>(i)];
+    for (int j = 0; j < n; ++j)
+        for (int i = 0; i < d; ++i)
+            want[static_cast<size_t>(tb[static_cast<size_t>(j)]) * d + i] += wb[static_cast<size_t>(j)] * yb[static_cast<size_t>(j) * d + i];
+    std::vector<float> shared = want;
+    for (int t = 0; t < n; ++t)
+        for (int i = 0; i < d; ++i)
+            shared[static_cast<size_t>(t) * d + i] += yb[static_cast<size_t>(t) * d + i] / (1.0f + std::exp(-gate[static_cast<size_t>(t)]));
+    DeviceBuffer dout = up_f32(base), dya = up_f32(ya), dyb = up_f32(yb), dwa = up_f32(wa), dwb = up_f32(wb),
+                 dg = up_f32(gate), dta, dtb;
+    ASSERT_TRUE(dta.upload(ta.data(), ta.size() * 4).is_ok() && dtb.upload(tb.data(), tb.size() * 4).is_ok());
+    EXL3_CUDA_OK(cuda::moe_scatter_add(dya.as<float>(), dta.as<int32_t>(), dwa.as<float>(), 0, d, dout.as<float>(), ctx->stream()));
+    EXL3_CUDA_OK(cuda::moe_scatter_add(dya.as<float>(), dta.as<int32_t>(), dwa.as<float>(), 5, d, dout.as<float>(), ctx->stream()));
+    EXL3_CUDA_OK(cuda::moe_scatter_add(dyb.as<float>(), dtb.as<int32_t>(), dwb.as<float>(), n, d, dout.as<float>(), ctx->stream()));
+    EXPECT_LT(rel(down_f32(dout, want.size()), want), 1e-6);
+    EXL3_CUDA_OK(cuda::moe_add_shared(dyb.as<float>(), dg.as<float>(), n, d, dout.as<float>(), ctx->stream()));
+    EXPECT_LT(rel(down_f32(dout, want.size()), shared), 1e-6);
+}
+
 INSTANTIATE_TEST_SUITE_P(Act, FamilyOps, ::testing::Values(cuda::ActType::kBF16, cuda::ActType::kF16),
                          [](const auto& i) { return i.param == cuda::ActType::kBF16 ? "bf16" : "f16"; });
 

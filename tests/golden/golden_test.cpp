@@ -96,6 +96,11 @@ INSTANTIATE_TEST_SUITE_P(Families, RandomModels,
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
                                            "cohere_parallel", "cohere2_sliding"));
 
+// Mixtures of experts: Qwen3-MoE (a dense layer between), Qwen2-MoE (gated shared expert, weights not
+// renormalised), Mixtral, GLM-4.5 (sigmoid router with correction bias and groups, shared expert, dense first layer).
+INSTANTIATE_TEST_SUITE_P(Experts, RandomModels,
+                         ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"));
+
 // The real trained models at hand against transformers' logits for them: the committed tiny-draft always, and the
 // whole tiny-target (31 MB, nothing smaller stands in for it) where ../shared holds it.
 TEST(TinyModels, MatchTransformers) {

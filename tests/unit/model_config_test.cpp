@@ -247,7 +247,8 @@ TEST(ModelConfig, UnknownArchitectureNamesTheSupportedOnes) {
                           "SeedOssForCausalLM", "SmolLM3ForCausalLM", "GraniteForCausalLM", "Gemma2ForCausalLM",
                           "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Glm4ForCausalLM",
                           "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM", "Ernie4_5ForCausalLM",
-                          "CohereForCausalLM", "Cohere2ForCausalLM"})
+                          "CohereForCausalLM", "Cohere2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+                          "MixtralForCausalLM", "Glm4MoeForCausalLM"})
         EXPECT_NE(e.find(a), std::string::npos) << a;
 }
 
@@ -257,6 +258,63 @@ ModelConfig golden(const char* name) {
     auto r = load_model_config(test::repo_path(std::string("tests/models/golden/") + name));
     EXPECT_TRUE(r.is_ok()) << r.status().to_string();
     return r.is_ok() ? *r : ModelConfig{};
+}
+
+// Mixtures of experts: which layers, how they route, and the Hub's keys beside transformers 5's.
+TEST(ModelConfig, ExpertFlags) {
+    ModelConfig c = golden("qwen3_moe");  // transformers 5 writes num_local_experts
+    EXPECT_EQ(c.num_experts, 8);
+    EXPECT_EQ(c.experts_per_token, 2);
+    EXPECT_EQ(c.expert_size, 64);
+    EXPECT_EQ(c.moe_layer, (std::vector<uint8_t>{1, 0, 1}));
+    EXPECT_TRUE(c.norm_topk && !c.router_sigmoid);
+    EXPECT_EQ(c.qk_norm, QkNorm::kHead);
+    c = golden("qwen2_moe");
+    EXPECT_TRUE(c.qkv_bias && !c.norm_topk && c.shared_expert_gate);
+    EXPECT_EQ(c.shared_expert_size, 96);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{0, 0, 0}));
+    c = golden("mixtral_moe");
+    EXPECT_EQ(c.expert_size, 64);
+    EXPECT_TRUE(c.norm_topk);
+    c = golden("glm4_moe");
+    EXPECT_EQ(c.moe_layer, (std::vector<uint8_t>{0, 1, 1}));
+    EXPECT_TRUE(c.router_sigmoid && c.norm_topk && c.qkv_bias && !c.o_bias);
+    EXPECT_EQ(c.expert_groups, 2);
+    EXPECT_EQ(c.topk_groups, 1);
+    EXPECT_FLOAT_EQ(c.routed_scale, 2.5f);
+    EXPECT_EQ(c.shared_expert_size, 64);
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.5);
+    EXPECT_FALSE(c.rope_interleaved);
+    EXPECT_NE(family_features(c).find("8 experts (2 a token, sigmoid router, shared expert) in 2 of 3 layers"),
+              std::string::npos)
+        << family_features(c);
+    // The Hub's Qwen3-MoE keys: num_experts, every second layer sparse.
+    json j = base("Qwen3MoeForCausalLM");
+    j["num_hidden_layers"] = 4;
+    j["num_experts"] = 16;
+    j["num_experts_per_tok"] = 4;
+    j["moe_intermediate_size"] = 32;
+    j["decoder_sparse_step"] = 2;
+    c = ok(j);
+    EXPECT_EQ(c.num_experts, 16);
+    EXPECT_EQ(c.moe_layer, (std::vector<uint8_t>{0, 1, 0, 1}));
+    EXPECT_FALSE(c.norm_topk);
+    j["num_experts_per_tok"] = 17;
+    EXPECT_NE(err(j).find("num_experts_per_tok 17 exceeds the 16 experts"), std::string::npos);
+    j["num_experts_per_tok"] = 4;
+    j["mlp_only_layers"] = {7};
+    EXPECT_NE(err(j).find("mlp_only_layers"), std::string::npos);
+    j.erase("mlp_only_layers");
+    j.erase("moe_intermediate_size");
+    EXPECT_NE(err(j).find("moe_intermediate_size"), std::string::npos);
+    // GLM-4.5: groups that cannot hold the top-k are refused.
+    j = base("Glm4MoeForCausalLM");
+    j["n_routed_experts"] = 8;
+    j["num_experts_per_tok"] = 4;
+    j["moe_intermediate_size"] = 32;
+    j["n_group"] = 4;
+    j["topk_group"] = 1;
+    EXPECT_NE(err(j).find("cannot route"), std::string::npos);
 }
 
 TEST(ModelConfig, GemmaFlags) {

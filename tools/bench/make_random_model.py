@@ -9,7 +9,8 @@ a valid code), K bits per weight, the head at --head-bits, random signs x scales
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
 whatever the codes are.
 
-Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b
+Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
+                                    qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
@@ -65,7 +66,47 @@ SHAPES = {
                      rms_norm_eps=1e-5, max_position_embeddings=16384, sliding_window=None,
                      rope_parameters=dict(rope_type="default", rope_theta=250000.0),
                      tie_word_embeddings=False, bos_token_id=100257, eos_token_id=100265),
+    # Mixtures of experts (issue 42): Qwen3-30B-A3B (128 experts, 8 a token, q/k norms), Mixtral 8x7B (8 experts, 2 a
+    # token), and a tiny Qwen3-MoE for the CUDA-vs-CPU test of EXL3 experts.
+    "qwen3-30b-a3b": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=2048,
+                          intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], num_hidden_layers=48,
+                          num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+                          rms_norm_eps=1e-6, max_position_embeddings=40960,
+                          rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                          tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "mixtral-8x7b": dict(architectures=["MixtralForCausalLM"], model_type="mixtral", hidden_size=4096,
+                         intermediate_size=14336, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=32,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=32000, rms_norm_eps=1e-5,
+                         max_position_embeddings=32768, sliding_window=None,
+                         rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2),
+    "qwen3-moe-tiny": dict(architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_size=256,
+                           intermediate_size=512, moe_intermediate_size=128, num_experts=16, num_experts_per_tok=4,
+                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1], num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                           rms_norm_eps=1e-6, max_position_embeddings=4096,
+                           rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
+                           tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
 }
+
+
+def mlp_of(cfg, i, p):
+    """The MLP tensors of layer i (prefix p): dense, or a mixture of experts' router and experts."""
+    H, I = cfg["hidden_size"], cfg["intermediate_size"]
+    E = cfg.get("num_experts", cfg.get("num_local_experts", 0))
+    if not E or i in cfg.get("mlp_only_layers", []):
+        return [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
+                (p + "mlp.down_proj.weight", (H, I))]
+    mixtral = cfg["model_type"] == "mixtral"
+    Ie = I if mixtral else cfg["moe_intermediate_size"]
+    m = p + ("block_sparse_moe." if mixtral else "mlp.")
+    names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
+    out = [(m + "gate.weight", (E, H))]
+    for e in range(E):
+        out += [(f"{m}experts.{e}.{names[0]}.weight", (Ie, H)), (f"{m}experts.{e}.{names[1]}.weight", (Ie, H)),
+                (f"{m}experts.{e}.{names[2]}.weight", (H, Ie))]
+    return out
 
 
 def tensors_of(cfg):
@@ -82,15 +123,14 @@ def tensors_of(cfg):
         if gemma:
             yield p + "pre_feedforward_layernorm.weight", (H,)
             yield p + "post_feedforward_layernorm.weight", (H,)
+        if gemma or cfg["model_type"] == "qwen3_moe":
             yield p + "self_attn.q_norm.weight", (hd,)
             yield p + "self_attn.k_norm.weight", (hd,)
         for name, shape in (("q_proj", (q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
             yield p + "self_attn." + name + ".weight", shape
             if bias and name != "o_proj":
                 yield p + "self_attn." + name + ".bias", (shape[0],)
-        yield p + "mlp.gate_proj.weight", (I, H)
-        yield p + "mlp.up_proj.weight", (I, H)
-        yield p + "mlp.down_proj.weight", (H, I)
+        yield from mlp_of(cfg, i, p)
     yield "model.norm.weight", (H,)
     if not cfg.get("tie_word_embeddings") or cfg.get("quantization_config"):  # EXL3 files quantize a tied head too
         yield "lm_head.weight", (V, H)
@@ -154,7 +194,7 @@ def main():
                                       "head_bits": a.head_bits, "calibration": {"rows": 0, "cols": 0},
                                       "out_scales": "always", "codebook": a.codebook}
     for name, shape in tensors_of(cfg):
-        linear = name.endswith("proj.weight") or name == "lm_head.weight"
+        linear = name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")) or name == "lm_head.weight"
         if a.exl3_bits and (linear or name.endswith("proj.bias")):
             if name.endswith(".bias"):
                 continue  # written with its linear

@@ -115,13 +115,20 @@ double measure_read_bandwidth(ThreadPool& pool) {
 }
 
 // The decode roofline: per step every weight matrix is read once (the embedding table only for its rows, unless it is
-// also the head) plus the KV cache of every sequence, at the measured bandwidth.
+// also the head) plus the KV cache of every sequence, at the measured bandwidth. Of a mixture of experts' routed
+// experts only those some token of the step chose are read: with k of E chosen a token and routing spread evenly, a
+// fraction 1 - (1 - k/E)^batch of them (k/E at batch 1).
 struct DecodeCeiling {
     double bandwidth = 0;     // bytes/s, measured here
     std::string source;       // how
-    double weight_read = 0;   // weight bytes read per step
+    double weight_read = 0;   // weight bytes read per step, routed experts aside
+    double expert_bytes = 0;  // all routed experts' bytes
+    double expert_frac = 0;   // k / E
     double kv_per_token = 0;  // bytes of one cached token's keys and values over all layers
-    double bytes_per_step(int batch, double avg_ctx) const { return weight_read + batch * avg_ctx * kv_per_token; }
+    double weights_read(int batch) const {
+        return weight_read + expert_bytes * (1.0 - std::pow(1.0 - expert_frac, static_cast<double>(batch)));
+    }
+    double bytes_per_step(int batch, double avg_ctx) const { return weights_read(batch) + batch * avg_ctx * kv_per_token; }
     // Tokens/s of `batch` sequences holding avg_ctx tokens each on average.
     double roofline_tok_s(int batch, double avg_ctx) const {
         return batch * bandwidth / bytes_per_step(batch, avg_ctx);
@@ -147,9 +154,23 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
     const bool dense_gpu = gpu && info.quantization.empty();
     c.weight_read = dense_gpu ? 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed))
                               : static_cast<double>(info.weight_bytes) - (tied ? 0.0 : embed_elem * embed);
+    if (info.num_experts > 0) {  // bf16 experts read as stored on either backend; EXL3 ones compressed
+        c.expert_bytes = static_cast<double>(info.expert_bytes);
+        c.weight_read -= c.expert_bytes;
+        c.expert_frac = static_cast<double>(info.experts_per_token) / info.num_experts;
+    }
     // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
     c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
     return c;
+}
+
+// What the rooflines read of a mixture of experts' routed experts.
+void print_expert_share(const ModelInfo& info) {
+    const double f = static_cast<double>(info.experts_per_token) / info.num_experts, b = static_cast<double>(info.expert_bytes);
+    std::printf("experts: %.3g bytes of routed experts, %d of %d chosen a token: a decode step of batch N reads "
+                "1 - (1 - %.3g)^N of them (%.3g bytes at N = 1, %.3g at 32) beside the other weights; the prefill "
+                "roofline counts the chosen experts' FLOPs\n",
+                b, info.experts_per_token, info.num_experts, f, b * f, b * (1.0 - std::pow(1.0 - f, 32.0)));
 }
 
 double median(std::vector<double> v) {
@@ -386,7 +407,8 @@ int bench_jobs(const BenchOptions& o) {
     std::printf(
         "ceiling: %.0f GB/s measured (%s); decode roofline = N x bandwidth / (%.3g weight bytes + N x %.0f "
         "tokens x %.0f KV bytes) per step\n",
-        ceil.bandwidth / 1e9, ceil.source.c_str(), ceil.weight_read, avg_ctx, ceil.kv_per_token);
+        ceil.bandwidth / 1e9, ceil.source.c_str(), ceil.weights_read(1), avg_ctx, ceil.kv_per_token);
+    if (info.num_experts > 0) print_expert_share(info);
     std::printf(
         "\n| jobs | batch tokens | wall | gen tok/s | vs %d job%s | prefill tok/s | TTFT p50 / p95 / max ms "
         "| tok/s per job | all decoding: ms/step | tok/s | roofline tok/s | %% of roofline |\n"
@@ -503,6 +525,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
                 static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v);
     std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
                 gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
+    if (info.num_experts > 0) print_expert_share(info);
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
     for (const auto& r : out["prefill"]) {
         if (r.contains("roofline_tok_s"))
@@ -579,7 +602,13 @@ int bench(const BenchOptions& o) {
     const std::string& bw_label = ceil.source;
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
     const bool tied = info.tied_embeddings;
-    const double linear_flops_per_token = 2.0 * (static_cast<double>(info.num_parameters) - (tied ? 0.0 : embed));
+    // A token runs k of E routed experts: their share of the parameters, as of the bytes, counts k / E.
+    const double inactive = info.num_experts > 0 && info.weight_bytes > 0
+                                ? static_cast<double>(info.expert_bytes) / static_cast<double>(info.weight_bytes) *
+                                      (1.0 - static_cast<double>(info.experts_per_token) / info.num_experts)
+                                : 0.0;
+    const double linear_flops_per_token =
+        2.0 * (static_cast<double>(info.num_parameters) * (1.0 - inactive) - (tied ? 0.0 : embed));
 
     Tokens random_tokens(info.vocab_size);
     nlohmann::json out = {{"model", o.model},

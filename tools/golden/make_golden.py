@@ -139,6 +139,28 @@ VARIANTS.update({
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
 })
 WRAPPED = {"mistral3_text", "gemma3_wrapped"}
+# Mixtures of experts: 8 experts of width 64, two routed a token. Qwen3-MoE with a dense layer between (mlp_only_layers)
+# and renormalised top-k; Qwen2-MoE with a gated shared expert and raw top-k softmax weights; Mixtral (always
+# renormalised); GLM-4.5 (sigmoid scores, a correction bias choosing the experts, grouped top-k, a scaling factor, a
+# shared expert, the first layer dense, per-head q/k norms, partial RoPE).
+MOE = dict(FAMILY, num_experts_per_tok=2, moe_intermediate_size=64)
+ROPE = dict(rope_type="default", rope_theta=10000.0)
+VARIANTS.update({
+    "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe", dict(
+        MOE, head_dim=64, num_experts=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[1],
+        rope_parameters=ROPE), "bfloat16", [7, 40]),
+    "qwen2_moe": ("Qwen2MoeForCausalLM", "qwen2_moe", dict(
+        MOE, num_experts=8, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+        shared_expert_intermediate_size=96, rope_parameters=ROPE), "bfloat16", [7, 40]),
+    "mixtral_moe": ("MixtralForCausalLM", "mixtral", dict(
+        FAMILY, intermediate_size=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=None,
+        rope_parameters=ROPE), "bfloat16", [7, 40]),
+    "glm4_moe": ("Glm4MoeForCausalLM", "glm4_moe", dict(
+        MOE, head_dim=64, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+        partial_rotary_factor=0.5, rope_parameters=dict(ROPE, partial_rotary_factor=0.5)), "bfloat16", [7, 40]),
+})
+MOES = {"qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"}
 
 
 def randomize(model, seed):
@@ -150,10 +172,13 @@ def randomize(model, seed):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif p.dim() == 2:
-                fan_in = p.shape[1]
+            elif p.dim() in (2, 3):  # 3: experts stacked [experts, out, in]
+                fan_in = p.shape[-1]
                 scale = 1.0 if "embed_tokens" in name else 1.5 / math.sqrt(fan_in)
                 p.copy_(scale * torch.randn(p.shape, generator=g))
+        for name, b in model.named_buffers():  # GLM-4.5's router correction bias is a buffer
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.2 * torch.randn(b.shape, generator=g))
 
 
 def to_old_style(cfg_path):
@@ -254,6 +279,14 @@ def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
     model.to(getattr(torch, dtype)).save_pretrained(mdir)
     if name in OLD_STYLE:
         to_old_style(os.path.join(mdir, "config.json"))
+    if name in MOES:  # the layout the engine must read: print the tensor names of one MoE layer
+        from safetensors import safe_open
+        for fn in sorted(os.listdir(mdir)):
+            if fn.endswith(".safetensors"):
+                with safe_open(os.path.join(mdir, fn), "pt") as f:
+                    for k in sorted(f.keys()):
+                        if ".layers.0." in k or ".layers.1." in k:
+                            print(f"  {name} {k} {list(f.get_slice(k).get_shape())} {f.get_slice(k).get_dtype()}")
     ref = load_fp32(mdir, cls)  # reload: the reference reads the same file (and config style) we do
     g = torch.Generator().manual_seed(77 + idx)
     vocab = fields["vocab_size"]

@@ -82,12 +82,10 @@ void CpuOps::part_matmul(const float* x, int T, int in, const HostPart& p, const
     }
 }
 
-Status CpuOps::linear(Slot in, const HostLinear& l, Slot out) {
-    const int T = plan_->total();
-    std::vector<float>& y = buf(out);
+void CpuOps::linear_rows(const float* x, int T, const HostLinear& l, float* y) {
     if (l.parts.size() == 1) {
-        part_matmul(buf(in).data(), T, l.in, l.parts[0], l.bias.empty() ? nullptr : l.bias.data(), y.data());
-        return Status::ok();
+        part_matmul(x, T, l.in, l.parts[0], l.bias.empty() ? nullptr : l.bias.data(), y);
+        return;
     }
     // Fused on the GPU; here each part runs alone and its columns are interleaved into the output rows.
     std::vector<float> part;
@@ -95,11 +93,78 @@ Status CpuOps::linear(Slot in, const HostLinear& l, Slot out) {
     for (const HostPart& p : l.parts) {
         const int m = p.out;
         part.resize(static_cast<size_t>(T) * m);
-        part_matmul(buf(in).data(), T, l.in, p, l.bias.empty() ? nullptr : l.bias.data() + col, part.data());
+        part_matmul(x, T, l.in, p, l.bias.empty() ? nullptr : l.bias.data() + col, part.data());
         for (int t = 0; t < T; ++t)
-            std::memcpy(y.data() + static_cast<size_t>(t) * l.out + col, part.data() + static_cast<size_t>(t) * m,
+            std::memcpy(y + static_cast<size_t>(t) * l.out + col, part.data() + static_cast<size_t>(t) * m,
                         static_cast<size_t>(m) * sizeof(float));
         col += m;
+    }
+}
+
+Status CpuOps::linear(Slot in, const HostLinear& l, Slot out) {
+    linear_rows(buf(in).data(), plan_->total(), l, buf(out).data());
+    return Status::ok();
+}
+
+void CpuOps::expert_mlp(const float* x, int n, const HostExpert& e, float* y) {
+    const int I = e.down.in;
+    std::vector<float> gu(static_cast<size_t>(n) * 2 * I), g(static_cast<size_t>(n) * I);
+    linear_rows(x, n, e.gate_up, gu.data());
+    for (int t = 0; t < n; ++t) {
+        float* gt = g.data() + static_cast<size_t>(t) * I;
+        std::memcpy(gt, gu.data() + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
+        (cfg_.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(gt, gu.data() + static_cast<size_t>(t) * 2 * I + I, 1, I);
+    }
+    linear_rows(g.data(), n, e.down, y);
+}
+
+// Each expert runs once over the rows that chose it (gathered), its output weighted into theirs.
+Status CpuOps::moe(int li, Slot in, Slot out) {
+    const HostMoe& m = layer(li).moe;
+    const int T = plan_->total(), H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
+    const float* x = buf(in).data();
+    float* y = buf(out).data();
+    std::vector<float> logits(static_cast<size_t>(T) * E), wts(static_cast<size_t>(T) * K);
+    std::vector<int32_t> ids(static_cast<size_t>(T) * K);
+    linear_rows(x, T, m.router, logits.data());
+    cpu::Routing r;
+    r.experts = E;
+    r.top_k = K;
+    r.sigmoid = cfg_.router_sigmoid;
+    r.norm_topk = cfg_.norm_topk;
+    r.groups = cfg_.expert_groups;
+    r.topk_groups = cfg_.topk_groups;
+    r.scale = cfg_.routed_scale;
+    r.score_bias = m.score_bias.empty() ? nullptr : m.score_bias.data();
+    cpu::route_experts(logits.data(), T, r, ids.data(), wts.data());
+    std::fill(y, y + static_cast<size_t>(T) * H, 0.0f);
+    std::vector<float> xs, ys;
+    std::vector<std::pair<int, float>> rows;  // (token, weight)
+    for (int e = 0; e < E; ++e) {
+        rows.clear();
+        for (int i = 0; i < T * K; ++i)
+            if (ids[static_cast<size_t>(i)] == e) rows.emplace_back(i / K, wts[static_cast<size_t>(i)]);
+        if (rows.empty()) continue;
+        const int n = static_cast<int>(rows.size());
+        xs.resize(static_cast<size_t>(n) * H);
+        ys.resize(static_cast<size_t>(n) * H);
+        for (int j = 0; j < n; ++j)
+            std::memcpy(xs.data() + static_cast<size_t>(j) * H, x + static_cast<size_t>(rows[static_cast<size_t>(j)].first) * H, sizeof(float) * H);
+        expert_mlp(xs.data(), n, m.experts[static_cast<size_t>(e)], ys.data());
+        for (int j = 0; j < n; ++j) {
+            float* yr = y + static_cast<size_t>(rows[static_cast<size_t>(j)].first) * H;
+            const float w = rows[static_cast<size_t>(j)].second;
+            for (int d = 0; d < H; ++d) yr[d] += w * ys[static_cast<size_t>(j) * H + d];
+        }
+    }
+    if (m.shared.gate_up.parts.empty()) return Status::ok();
+    ys.resize(static_cast<size_t>(T) * H);
+    expert_mlp(x, T, m.shared, ys.data());
+    std::vector<float> gate(static_cast<size_t>(T), 0.0f);
+    if (!m.shared_gate.parts.empty()) linear_rows(x, T, m.shared_gate, gate.data());
+    for (int t = 0; t < T; ++t) {
+        const float g = m.shared_gate.parts.empty() ? 1.0f : 1.0f / (1.0f + std::exp(-gate[static_cast<size_t>(t)]));
+        for (int d = 0; d < H; ++d) y[static_cast<size_t>(t) * H + d] += g * ys[static_cast<size_t>(t) * H + d];
     }
     return Status::ok();
 }

@@ -44,6 +44,7 @@ public:
     Status qkv_heads(int layer, float eps);
     Status attention(int layer, int window);
     Status linear_glu(Slot in, const HostLinear& l, Slot out);
+    Status moe(int layer, Slot in, Slot out);
     Status capture(int layer, LinearInput input, Slot s);
     Status add_residual(Slot delta);
     Status logits(float eps, float* out);
@@ -57,6 +58,10 @@ private:
     Status silu_mul(Slot out);
     std::vector<float>& buf(Slot s) { return bufs_[static_cast<size_t>(s)]; }
     void part_matmul(const float* x, int T, int in, const HostPart& p, const float* bias, float* y);
+    // y[n, l.out] = x[n, l.in] W^T + bias, the parts' columns side by side.
+    void linear_rows(const float* x, int n, const HostLinear& l, float* y);
+    // y[n, hidden] = down(act(gate(x)) * up(x)) of one expert.
+    void expert_mlp(const float* x, int n, const HostExpert& e, float* y);
 
     const ModelConfig& cfg_;
     const HostWeights& w_;

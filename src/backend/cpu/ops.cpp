@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <vector>
 
@@ -217,6 +218,59 @@ void silu_mul(float* a, const float* b, int n, int d) {
     for (int64_t i = 0; i < total; ++i) {
         float v = a[i];
         a[i] = v / (1.0f + std::exp(-v)) * b[i];
+    }
+}
+
+void route_experts(const float* logits, int n, const Routing& r, int32_t* ids, float* weights) {
+    const int E = r.experts, K = r.top_k;
+    std::vector<float> score(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
+    std::vector<int> order(static_cast<size_t>(E));
+    // The k best of v (descending, the lower index first on ties) into order[0, k).
+    auto top = [&](const std::vector<float>& v, int k) {
+        for (int e = 0; e < E; ++e) order[static_cast<size_t>(e)] = e;
+        std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+            return v[static_cast<size_t>(a)] > v[static_cast<size_t>(b)] || (v[static_cast<size_t>(a)] == v[static_cast<size_t>(b)] && a < b);
+        });
+    };
+    for (int t = 0; t < n; ++t) {
+        const float* l = logits + static_cast<size_t>(t) * E;
+        if (r.sigmoid) {
+            for (int e = 0; e < E; ++e) {
+                score[static_cast<size_t>(e)] = 1.0f / (1.0f + std::exp(-l[e]));
+                choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] + (r.score_bias ? r.score_bias[e] : 0.0f);
+            }
+            if (r.groups > 1) {  // keep the topk_groups groups whose two best choice scores sum highest
+                const int per = E / r.groups;
+                std::vector<std::pair<float, int>> g(static_cast<size_t>(r.groups));
+                for (int gi = 0; gi < r.groups; ++gi) {
+                    std::vector<float> c(choice.begin() + gi * per, choice.begin() + (gi + 1) * per);
+                    std::partial_sort(c.begin(), c.begin() + 2, c.end(), std::greater<float>());
+                    g[static_cast<size_t>(gi)] = {c[0] + c[1], gi};
+                }
+                std::partial_sort(g.begin(), g.begin() + r.topk_groups, g.end(), [](const auto& a, const auto& b) {
+                    return a.first > b.first || (a.first == b.first && a.second < b.second);
+                });
+                std::vector<bool> keep(static_cast<size_t>(r.groups), false);
+                for (int i = 0; i < r.topk_groups; ++i) keep[static_cast<size_t>(g[static_cast<size_t>(i)].second)] = true;
+                for (int e = 0; e < E; ++e)
+                    if (!keep[static_cast<size_t>(e / per)]) choice[static_cast<size_t>(e)] = -INFINITY;
+            }
+        } else {
+            float mx = l[0];
+            for (int e = 1; e < E; ++e) mx = std::max(mx, l[e]);
+            float sum = 0.0f;
+            for (int e = 0; e < E; ++e) sum += score[static_cast<size_t>(e)] = std::exp(l[e] - mx);
+            for (int e = 0; e < E; ++e) choice[static_cast<size_t>(e)] = score[static_cast<size_t>(e)] /= sum;
+        }
+        top(choice, K);
+        float sum = 0.0f;
+        for (int k = 0; k < K; ++k) sum += score[static_cast<size_t>(order[static_cast<size_t>(k)])];
+        const float norm = r.norm_topk ? 1.0f / (sum + (r.sigmoid ? 1e-20f : 0.0f)) : 1.0f;
+        for (int k = 0; k < K; ++k) {
+            const int e = order[static_cast<size_t>(k)];
+            ids[static_cast<size_t>(t) * K + k] = e;
+            weights[static_cast<size_t>(t) * K + k] = score[static_cast<size_t>(e)] * norm * r.scale;
+        }
     }
 }
 

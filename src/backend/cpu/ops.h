@@ -32,6 +32,20 @@ void silu_mul(float* a, const float* b, int n, int d);
 // a[n, d] = gelu_tanh(a) * b, in place (GELU's tanh approximation, as torch's approximate="tanh").
 void gelu_tanh_mul(float* a, const float* b, int n, int d);
 
+// How a mixture-of-experts layer picks a token's experts from its router logits (ModelConfig's fields).
+struct Routing {
+    int experts = 0, top_k = 0;
+    bool sigmoid = false;    // sigmoid scores, chosen on score + bias within the best groups (GLM-4.5); else softmax
+    bool norm_topk = false;  // the chosen weights renormalised to sum 1
+    int groups = 1, topk_groups = 1;
+    float scale = 1.0f;
+    const float* score_bias = nullptr;  // [experts] or null
+};
+// logits [n, experts] -> ids [n, top_k] (by falling choice score; the lower id first on a tie) and their weights
+// [n, top_k], as transformers routes: softmax, top-k, renormalise; or sigmoid, group top-2 sums, top groups, top-k
+// of score + bias outside masked groups, weights = the scores, renormalised (+ 1e-20), times scale.
+void route_experts(const float* logits, int n, const Routing& r, int32_t* ids, float* weights);
+
 // Causal attention of n new query tokens over a contiguous cache.
 //   q [n, n_heads, head_dim]; k_cache, v_cache [cache_len, n_kv_heads, head_dim] holding positions 0..cache_len-1;
 //   query t sits at position positions[t] and sees keys p with p <= positions[t] and, if window > 0,

@@ -131,6 +131,21 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
         EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, branch));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, branch));
+        const HostMoe& hm = hl.moe;
+        if (hm.experts.empty()) continue;
+        DevMoe& dm = dl.moe;
+        EXL3_RETURN_IF_ERROR(upload_linear(hm.router, act, &dm.router));
+        if (!hm.score_bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dm.score_bias, hm.score_bias));
+        dm.experts.resize(hm.experts.size());
+        for (size_t e = 0; e < hm.experts.size(); ++e) {
+            EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].gate_up, act, &dm.experts[e].gate_up));
+            EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].down, act, &dm.experts[e].down, branch));
+        }
+        if (!hm.shared.gate_up.parts.empty()) {
+            EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.gate_up, act, &dm.shared.gate_up));
+            EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.down, act, &dm.shared.down, branch));
+        }
+        if (!hm.shared_gate.parts.empty()) EXL3_RETURN_IF_ERROR(upload_linear(hm.shared_gate, act, &dm.shared_gate));
     }
     return Status::ok();
 }

@@ -30,9 +30,23 @@ struct DevLinear {
     int in = 0, out = 0;
 };
 
+struct DevExpert {
+    DevLinear gate_up, down;
+};
+
+// A mixture-of-experts MLP (HostMoe on the device).
+struct DevMoe {
+    DevLinear router;
+    DeviceBuffer score_bias;  // fp32 [experts], or empty
+    std::vector<DevExpert> experts;
+    DevExpert shared;         // in == 0: none
+    DevLinear shared_gate;    // in == 0: none
+};
+
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
     DevLinear qkv, o, gate_up, down;
+    DevMoe moe;  // experts empty: a dense MLP
 };
 
 struct DeviceWeights {

@@ -82,6 +82,24 @@ cudaError_t add_f32(float* x, const float* y, int64_t n, cudaStream_t s);
 // x[n] (fp32) = cap * tanh(x / cap), in place.
 cudaError_t softcap_f32(float* x, int64_t n, float cap, cudaStream_t s);
 
+// Mixtures of experts (moe.cu). How a token's experts are chosen from its router logits: as cpu::Routing.
+struct MoeRouting {
+    int experts = 0, top_k = 0;
+    bool sigmoid = false, norm_topk = false;
+    int groups = 1, topk_groups = 1;
+    float scale = 1.0f;
+    const float* score_bias = nullptr;  // device [experts] or null
+};
+size_t moe_route_scratch_bytes(int n, int experts);
+// logits [n, experts] (fp32) -> ids [n, top_k] and weights [n, top_k] (fp32), as cpu::route_experts.
+cudaError_t moe_route(const float* logits, int n, const MoeRouting& r, void* scratch, int32_t* ids, float* weights,
+                      cudaStream_t s);
+// out[tok[j], :] += w[j] * y[j, :] for j < n (fp32 [., d]); tok holds distinct rows.
+cudaError_t moe_scatter_add(const float* y, const int32_t* tok, const float* w, int n, int d, float* out,
+                            cudaStream_t s);
+// out[t, :] += (gate ? sigmoid(gate[t]) : 1) * y[t, :] for t < n (the shared expert).
+cudaError_t moe_add_shared(const float* y, const float* gate, int n, int d, float* out, cudaStream_t s);
+
 // fp32 -> act conversion and back, for tests and the head.
 cudaError_t f32_to_act(const float* x, void* out, ActType t, int64_t n, cudaStream_t s);
 cudaError_t act_to_f32(const void* x, ActType t, float* out, int64_t n, cudaStream_t s);

@@ -21,6 +21,7 @@ StepState::~StepState() {
         cudaEventDestroy(plan_copied);
     }
     if (plan_host) cudaFreeHost(plan_host);
+    if (moe_host) cudaFreeHost(moe_host);
 }
 
 void StepState::drop_graphs() {
@@ -65,7 +66,33 @@ Status StepState::reserve(int T, int B, int n_out) {
     EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
     EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(2 * cfg.head_dim) * sizeof(float)));
     inv_freq_uploaded.clear();
+    EXL3_RETURN_IF_ERROR(reserve_moe());
     return reserve_exl3();
+}
+
+Status StepState::reserve_moe() {
+    if (cfg.num_experts == 0) return Status::ok();
+    const size_t T = static_cast<size_t>(capacity), E = static_cast<size_t>(cfg.num_experts),
+                 K = static_cast<size_t>(cfg.experts_per_token), H = static_cast<size_t>(cfg.hidden_size);
+    const size_t I = static_cast<size_t>(std::max(cfg.expert_size, cfg.shared_expert_size));
+    EXL3_RETURN_IF_ERROR(moe_logits.reserve(T * E * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(moe_scratch.reserve(moe_route_scratch_bytes(capacity, cfg.num_experts)));
+    EXL3_RETURN_IF_ERROR(moe_ids.reserve(T * K * sizeof(int32_t)));
+    EXL3_RETURN_IF_ERROR(moe_wts.reserve(T * K * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(moe_sorted.reserve(2 * T * K * sizeof(int32_t)));
+    EXL3_RETURN_IF_ERROR(moe_x.reserve(T * H * 2));
+    EXL3_RETURN_IF_ERROR(moe_gu.reserve(T * 2 * I * 2));
+    EXL3_RETURN_IF_ERROR(moe_g.reserve(T * I * 2));
+    EXL3_RETURN_IF_ERROR(moe_y.reserve(T * H * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(moe_gate.reserve(T * sizeof(float)));
+    const size_t need = 4 * T * K;  // ids, weights down; tokens, weights up
+    if (need <= moe_host_n) return Status::ok();
+    if (moe_host) cudaFreeHost(moe_host);
+    moe_host = nullptr;
+    moe_host_n = 0;
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMallocHost(&moe_host, need * sizeof(int32_t)), "pinned MoE buffer"));
+    moe_host_n = need;
+    return Status::ok();
 }
 
 Status StepState::reserve_exl3() {
@@ -75,8 +102,13 @@ Status StepState::reserve_exl3() {
             need = std::max(need,
                             exl3_workspace_bytes(l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), rows));
     };
-    for (const DevLayer& l : w.layers)
+    for (const DevLayer& l : w.layers) {
         for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down}) visit(*d, capacity);
+        for (const DevExpert& e : l.moe.experts)
+            for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d, capacity);
+        for (const DevLinear* d : {&l.moe.router, &l.moe.shared.gate_up, &l.moe.shared.down, &l.moe.shared_gate})
+            visit(*d, capacity);
+    }
     visit(w.head_exl3, out_capacity);
     if (opts.batch_invariant) {  // the dense linears' GEMM of the mode (rows go in chunks: any capacity)
         size_t inv = 0;

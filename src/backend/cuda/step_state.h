@@ -36,6 +36,12 @@ struct StepState {
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
+    // Mixtures of experts (CudaOps::moe): router logits and routing scratch, the chosen ids and weights, the chosen
+    // (token, weight) pairs sorted by expert, an expert's gathered rows, intermediates and output, the shared gate;
+    // moe_host (pinned) takes the ids and weights down and the sorted pairs up.
+    DeviceBuffer moe_logits, moe_scratch, moe_ids, moe_wts, moe_sorted, moe_x, moe_gu, moe_g, moe_y, moe_gate;
+    int32_t* moe_host = nullptr;
+    size_t moe_host_n = 0;
     // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is
     // recorded after each upload and waited for before the host writes the buffer again.
     int32_t* plan_host = nullptr;
@@ -67,6 +73,7 @@ struct StepState {
 private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
     Status reserve_exl3();
+    Status reserve_moe();
     int graph_bound(int max_seq_len) const;
 };
 
