@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "backend/cpu/cpu_ops.h"
+#include "backend/cpu/ops.h"
 #include "kv/host_pages.h"
 #include "kv/sequence.h"
 #include "models/decoder.h"
@@ -52,6 +53,16 @@ StepPlan calibration_plan(const Calib& cs) {
     return p;
 }
 
+// act(x Wg^T) * (x Wu^T) [rows, width] of one expert (the converter's fp32 copies: dense parts).
+std::vector<float> expert_input(const ModelConfig& c, const HostExpert& e, const float* x, int rows, ThreadPool& pool) {
+    const int I = e.down.in, H = e.gate_up.in;
+    std::vector<float> g(static_cast<size_t>(rows) * I), u(g.size());
+    cpu::matmul(x, rows, H, e.gate_up.parts[0].dense, nullptr, g.data(), pool);
+    cpu::matmul(x, rows, H, e.gate_up.parts[1].dense, nullptr, u.data(), pool);
+    (c.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(g.data(), u.data(), rows, I);
+    return g;
+}
+
 }  // namespace
 
 Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& cs, LayerHessians* hs,
@@ -75,6 +86,17 @@ Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& 
                       : input == LinearInput::kMlpIn ? hs->gu
                                                      : hs->down;
             h.add(x, rows, cols, pool);
+            if (input != LinearInput::kMlpIn || !c.is_moe(li)) return;
+            const HostMoe& m = w.layers[static_cast<size_t>(li)].moe;
+            hs->expert_down.resize(m.experts.size());
+            for (size_t e = 0; e < m.experts.size(); ++e) {
+                const std::vector<float> g = expert_input(c, m.experts[e], x, rows, pool);
+                hs->expert_down[e].add(g.data(), rows, m.experts[e].down.in, pool);
+            }
+            if (!m.shared.gate_up.parts.empty()) {
+                const std::vector<float> g = expert_input(c, m.shared, x, rows, pool);
+                hs->shared_down.add(g.data(), rows, m.shared.down.in, pool);
+            }
         });
     EXL3_RETURN_IF_ERROR(ops.begin_step(plan));
     ops.residual().swap(cs.h);

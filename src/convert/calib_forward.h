@@ -21,9 +21,15 @@ struct Hess {
     void add(const float* x, int T, int d, ThreadPool& pool);
 };
 
-// A layer's Hessians by input: q/k/v share the attention input's, gate/up the MLP input's.
+// A layer's Hessians by input: q/k/v share the attention input's, gate/up the MLP input's. In a mixture of experts
+// every expert's gate and up (and the shared expert's) take the MLP input's over all calibration rows, and each
+// expert's down the Hessian of its own intermediate act(x Wg^T) * (x Wu^T) over all rows too, as if every row had
+// chosen it (the reference implementation's rule): an expert that the router gives few or no calibration rows still
+// gets a full Hessian from the layer's real inputs. The state itself moves on through the real routing.
 struct LayerHessians {
     Hess qkv, o, gu, down;
+    std::vector<Hess> expert_down;  // [experts], MoE layers
+    Hess shared_down;
 };
 
 // The calibration state: `rows` sequences of `cols` tokens, residual stream h [rows * cols, hidden].

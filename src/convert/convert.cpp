@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <tuple>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -48,15 +49,18 @@ struct Lin {
     int out = 0, in = 0;
 };
 
-// A layer's linears in the order they are quantized (LayerTensor::kQ .. kDown; bit allocation and seeds follow it).
-using Layer = std::array<Lin, kLayerLinears>;
+// A layer's linears in the order they are quantized (bit allocation and seeds follow it): LayerTensor::kQ .. kDown;
+// in a mixture-of-experts layer q, k, v, o, then gate, up, down of each expert, then of the shared expert.
+using Layer = std::vector<Lin>;
 
-// The Hessian a linear of the layer sees (q/k/v share one, gate/up share one).
-const Hess& hess_of(const LayerHessians& hs, int idx) {
+// The Hessian a linear of the layer sees (q/k/v share one, gate/up share one; see LayerHessians for experts).
+const Hess& hess_of(const LayerHessians& hs, int idx, bool moe) {
     if (idx < 3) return hs.qkv;
     if (idx == 3) return hs.o;
-    if (idx < 6) return hs.gu;
-    return hs.down;
+    if (!moe) return idx < 6 ? hs.gu : hs.down;
+    const int j = idx - 4, e = j / 3;
+    if (j % 3 < 2) return hs.gu;
+    return e < static_cast<int>(hs.expert_down.size()) ? hs.expert_down[static_cast<size_t>(e)] : hs.shared_down;
 }
 
 // A checkpoint tensor as fp32, refused when it holds NaN/inf.
@@ -193,6 +197,7 @@ private:
     std::optional<WorkDir> wd_;
     std::vector<int32_t> toks_;
     std::vector<Alloc> alloc_;
+    std::vector<size_t> alloc_off_;  // [layer]: the layer's first linear in alloc_
     double achieved_ = 0;
     SafetensorsWriter out_;
     std::optional<Progress> bar_;
@@ -202,10 +207,6 @@ private:
 // bias flags), then fp32 working copies of the linears.
 Status Converter::load() {
     EXL3_ASSIGN_OR_RETURN(c_, load_model_config(opt_.input_dir));
-    if (c_.num_experts > 0)
-        return unsupported(fmt::format("{}: converting mixture-of-experts models ({}) is not supported yet; they run "
-                                       "from their bf16 checkpoints or EXL3 files made by ExLlamaV3",
-                                       opt_.input_dir, c_.arch_name));
     EXL3_ASSIGN_OR_RETURN(st_, TensorStore::open_dir(opt_.input_dir));
     HostLoadOptions ho;
     ho.dir = opt_.input_dir;
@@ -228,13 +229,31 @@ Status Converter::load() {
     for (int li = 0; li < c_.num_layers; ++li) {
         const HostLayer& L = hf_.layers[static_cast<size_t>(li)];
         Layer& out = layers_[static_cast<size_t>(li)];
-        const std::array<std::pair<const HostLinear*, size_t>, kLayerLinears> parts = {
-            {{&L.qkv, 0}, {&L.qkv, 1}, {&L.qkv, 2}, {&L.o, 0}, {&L.gate_up, 0}, {&L.gate_up, 1}, {&L.down, 0}}};
-        for (int i = 0; i < kLayerLinears; ++i) {
-            const auto [hl, part] = parts[static_cast<size_t>(i)];
+        std::vector<std::tuple<const HostLinear*, size_t, std::string>> parts;  // (linear, part, prefix)
+        for (int i = 0; i < 4; ++i)
+            parts.emplace_back(i < 3 ? &L.qkv : &L.o, i < 3 ? i : 0, names.of(li, static_cast<LayerTensor>(i)));
+        if (!c_.is_moe(li)) {
+            for (int i = 4; i < kLayerLinears; ++i)
+                parts.emplace_back(i < 6 ? &L.gate_up : &L.down, i < 6 ? i - 4 : 0,
+                                   names.of(li, static_cast<LayerTensor>(i)));
+        } else {  // the experts', then the shared expert's, under the family's names (the reference's layout)
+            const MoeNames& m = *names.moe;
+            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d) {
+                parts.emplace_back(&e.gate_up, 0, p + g);
+                parts.emplace_back(&e.gate_up, 1, p + u);
+                parts.emplace_back(&e.down, 0, p + d);
+            };
+            for (size_t e = 0; e < L.moe.experts.size(); ++e)
+                expert(L.moe.experts[e], m.expert_prefix(names.layer_prefix(li), static_cast<int>(e)), m.gate, m.up, m.down);
+            if (!L.moe.shared.gate_up.parts.empty())
+                expert(L.moe.shared, names.layer_prefix(li) + m.shared, "gate_proj", "up_proj", "down_proj");
+        }
+        out.resize(parts.size());
+        for (size_t i = 0; i < parts.size(); ++i) {
+            const auto& [hl, part, prefix] = parts[i];
             int col = 0;
             for (size_t j = 0; j < part; ++j) col += hl->parts[j].out;
-            EXL3_RETURN_IF_ERROR(take(*hl, part, col, names.of(li, static_cast<LayerTensor>(i)), &out[static_cast<size_t>(i)]));
+            EXL3_RETURN_IF_ERROR(take(*hl, part, col, prefix, &out[i]));
         }
     }
     EXL3_ASSIGN_OR_RETURN(embed_, finite_f32(st_, names.embed, hf_.embed));
@@ -266,8 +285,20 @@ void Converter::bind_layer(int li) {
     };
     bind(L.qkv, {0, 1, 2});
     bind(L.o, {3});
-    bind(L.gate_up, {4, 5});
-    bind(L.down, {6});
+    if (!c_.is_moe(li)) {
+        bind(L.gate_up, {4, 5});
+        bind(L.down, {6});
+        return;
+    }
+    // The router, its bias and the shared gate stay as loaded (they are not quantized); the experts read the copies.
+    L.moe = hf.moe;
+    const int E = static_cast<int>(hf.moe.experts.size());
+    for (int e = 0; e <= E; ++e) {
+        HostExpert& x = e < E ? L.moe.experts[static_cast<size_t>(e)] : L.moe.shared;
+        if (e == E && x.gate_up.parts.empty()) break;
+        bind(x.gate_up, {4 + 3 * e, 5 + 3 * e});
+        bind(x.down, {6 + 3 * e});
+    }
 }
 
 Status Converter::make_encoder() {
@@ -334,8 +365,10 @@ Calib Converter::initial_state() const {
 Status Converter::allocate_bits() {
     const int k0 = std::clamp(static_cast<int>(std::floor(opt_.bpw)), quant::kMinBits, quant::kMaxBits);
     const int k1 = std::min(k0 + 1, quant::kMaxBits);
-    for (const Layer& L : layers_)
+    for (const Layer& L : layers_) {
+        alloc_off_.push_back(alloc_.size());
         for (const Lin& l : L) alloc_.push_back({static_cast<int64_t>(quant::pad128(l.in)) * quant::pad128(l.out), 0.0, k0});
+    }
     int64_t total_w = 0;
     for (auto& a : alloc_) total_w += a.weights;
     if (wd_->enabled()) {
@@ -352,9 +385,10 @@ Status Converter::allocate_bits() {
         LayerHessians hs;
         EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, cs, &hs, pool_)
                                  .with_context(fmt::format("calibration forward, layer {}", li)));
-        for (int i = 0; i < kLayerLinears; ++i) {
-            const Lin& l = layers_[static_cast<size_t>(li)][static_cast<size_t>(i)];
-            const Hess& h = hess_of(hs, i);
+        const Layer& L = layers_[static_cast<size_t>(li)];
+        for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+            const Lin& l = L[static_cast<size_t>(i)];
+            const Hess& h = hess_of(hs, i, c_.is_moe(li));
             if (h.rows == 0)
                 return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
                                                     "activations are NaN/inf)",
@@ -364,7 +398,7 @@ Status Converter::allocate_bits() {
                                                             static_cast<double>(h.rows), {k0, k1}, opt_.codebook,
                                                             opt_.sensitivity_tiles, opt_.seed + li * 7 + i, pool_,
                                                             encoder_));
-            alloc_[static_cast<size_t>(li * kLayerLinears + i)].gain = e[0] - e[1];
+            alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].gain = e[0] - e[1];
         }
         bar.advance(1, fmt::format("layer {}/{}", li + 1, c_.num_layers));
     }
@@ -418,7 +452,8 @@ Status Converter::quantize_layers() {
     double tiles_total = 0, tiles_before = 0;
     for (size_t i = 0; i < alloc_.size(); ++i) {
         tiles_total += static_cast<double>(alloc_[i].weights) / 256;
-        if (static_cast<int>(i / kLayerLinears) < start) tiles_before += static_cast<double>(alloc_[i].weights) / 256;
+        if (start < c_.num_layers && i < alloc_off_[static_cast<size_t>(start)])
+            tiles_before += static_cast<double>(alloc_[i].weights) / 256;
     }
     tiles_total += static_cast<double>(quant::pad128(head_.in)) * quant::pad128(head_.out) / 256;
     EXL3_RETURN_IF_ERROR(copy_raw(st_, names.embed, out_));
@@ -452,17 +487,23 @@ Status Converter::quantize_layers() {
         }
         SafetensorsWriter lw;  // this layer's tensors, for the work dir
         SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
-        for (int i = 0; i < kLayerLinears; ++i) {
+        for (int i = 0; i < static_cast<int>(L.size()); ++i) {
             Lin& l = L[static_cast<size_t>(i)];
-            EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, i), alloc_[static_cast<size_t>(li * kLayerLinears + i)].K,
+            EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, i, c_.is_moe(li)),
+                                          alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
                                           opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
                                      .with_context(fmt::format("quantizing {}", l.prefix)));
         }
         EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, cs, nullptr, pool_)
                                  .with_context(fmt::format("calibration forward through quantized layer {}", li)));
-        for (LayerTensor t : side) {
-            const std::string name = names.of(li, t);
-            if (!st_.contains(name)) continue;
+        std::vector<std::string> raw;  // the norms; an MoE layer's router, its bias and the shared gate
+        for (LayerTensor t : side) raw.push_back(names.of(li, t));
+        if (c_.is_moe(li))
+            for (const char* r : {names.moe->router, names.moe->shared_gate})
+                if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
+        if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
+        for (const std::string& name : raw) {
+            if (name.empty() || !st_.contains(name)) continue;
             EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));
             if (lwp) EXL3_RETURN_IF_ERROR(copy_raw(st_, name, lw));
         }

@@ -34,8 +34,9 @@ class FamilyConvert : public ::testing::TestWithParam<const char*> {};
 TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     const std::string name = GetParam();
     const bool gpu = have_gpu();
-    if (!gpu && name != "gemma3_text") GTEST_SKIP() << "converted with the CUDA encoder where a GPU is (4-layer models "
-                                                       "take ~80 s each on two CPU cores); gemma3_text runs here";
+    if (!gpu && name != "gemma3_text" && name != "qwen3_moe")
+        GTEST_SKIP() << "converted with the CUDA encoder where a GPU is (4-layer models take ~80 s each on two CPU "
+                        "cores); gemma3_text and qwen3_moe run here";
     const std::string in = test::repo_path("tests/models/golden/" + name);
     const std::string base = fs::temp_directory_path() / ("exl3_family_convert_" + name + std::to_string(::getpid()));
     fs::remove_all(base);
@@ -64,6 +65,8 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
         for (int t = 0; t < kLayerTensors; ++t) {
             const auto lt = static_cast<LayerTensor>(t);
             if (!n.has(lt)) continue;
+            if (cfg->is_moe(li) && (lt == LayerTensor::kGate || lt == LayerTensor::kUp || lt == LayerTensor::kDown))
+                continue;  // the experts', below
             const std::string nm = n.of(li, lt);
             if (t < kLayerLinears) {
                 EXPECT_TRUE(dst->contains(nm + ".trellis")) << nm;
@@ -71,6 +74,23 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
                 EXPECT_TRUE(dst->contains(nm)) << nm;
             }
         }
+
+    // Mixtures of experts: every expert's linears as trellises, the router (and its bias, the shared gate) as they
+    // were: the reference implementation's layout.
+    for (int li = 0; li < cfg->num_layers; ++li) {
+        if (!cfg->is_moe(li)) continue;
+        const MoeNames& m = *n.moe;
+        const std::string p = n.layer_prefix(li);
+        for (int e = 0; e < cfg->num_experts; ++e)
+            for (const char* l : {m.gate, m.up, m.down})
+                EXPECT_TRUE(dst->contains(m.expert_prefix(p, e) + l + ".trellis")) << li << " " << e << " " << l;
+        if (cfg->shared_expert_size > 0)
+            for (const char* l : {"gate_proj", "up_proj", "down_proj"})
+                EXPECT_TRUE(dst->contains(p + m.shared + l + ".trellis")) << p << m.shared << l;
+        EXPECT_TRUE(dst->contains(p + m.router + ".weight")) << p << m.router;
+        if (m.shared_gate && cfg->shared_expert_gate) EXPECT_TRUE(dst->contains(p + m.shared_gate + ".weight"));
+        if (m.score_bias && src->contains(p + m.score_bias)) EXPECT_TRUE(dst->contains(p + m.score_bias));
+    }
 
     std::vector<int32_t> toks;
     std::mt19937 rng(3);
@@ -96,6 +116,9 @@ INSTANTIATE_TEST_SUITE_P(Golden, FamilyConvert,
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid",
                                            "ernie45_gptj", "cohere_parallel", "cohere2_sliding"));
+// Mixtures of experts: per-expert Hessians (LayerHessians), the router kept as it was.
+INSTANTIATE_TEST_SUITE_P(Experts, FamilyConvert,
+                         ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"));
 
 }  // namespace
 }  // namespace exl3::convert
