@@ -88,8 +88,12 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
             for (const char* l : {"gate_proj", "up_proj", "down_proj"})
                 EXPECT_TRUE(dst->contains(p + m.shared + l + ".trellis")) << p << m.shared << l;
         EXPECT_TRUE(dst->contains(p + m.router + ".weight")) << p << m.router;
-        if (m.shared_gate && cfg->shared_expert_gate) EXPECT_TRUE(dst->contains(p + m.shared_gate + ".weight"));
-        if (m.score_bias && src->contains(p + m.score_bias)) EXPECT_TRUE(dst->contains(p + m.score_bias));
+        if (m.shared_gate && cfg->shared_expert_gate) {
+            EXPECT_TRUE(dst->contains(p + m.shared_gate + ".weight"));
+        }
+        if (m.score_bias && src->contains(p + m.score_bias)) {
+            EXPECT_TRUE(dst->contains(p + m.score_bias));
+        }
     }
 
     std::vector<int32_t> toks;
