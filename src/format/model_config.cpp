@@ -348,7 +348,7 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
     if (mc.arch == Arch::kCohere) {
         bool qk = false;
         EXL3_RETURN_IF_ERROR(f.get_bool("use_qk_norm", &qk));
-        if (qk) return unsupported(f.source() + ": use_qk_norm (Command R+'s per-head LayerNorm) is not supported yet");
+        if (qk) mc.qk_norm = QkNorm::kHeads;  // Command R+: a LayerNorm of each head's own
     }
     return Status::ok();
 }
@@ -655,6 +655,7 @@ std::string family_features(const ModelConfig& c) {
     if (c.post_norms) f.push_back("post-norms");
     if (c.parallel) f.push_back("parallel attention + MLP");
     if (c.qk_norm == QkNorm::kFlat) f.push_back("q/k norm over all heads");
+    if (c.qk_norm == QkNorm::kHeads) f.push_back("q/k norm of each head's own");
     if (c.rope_interleaved) f.push_back("GPT-J RoPE");
     if (c.rope.partial_rotary_factor < 1.0) f.push_back(fmt::format("partial RoPE {:g}", c.rope.partial_rotary_factor));
     if (uses_local_rope(c)) f.push_back(fmt::format("local RoPE theta {:g}", c.rope_local.theta));

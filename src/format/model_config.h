@@ -17,9 +17,10 @@ namespace exl3 {
 
 // How the decoder's norms normalise a row: RMSNorm, or LayerNorm (mean-centred, weight only: Cohere).
 enum class NormKind : uint8_t { kRms, kLayerNorm };
-// q/k norms before RoPE: none, per head over head_dim (Qwen3, Gemma 3, EXAONE 4), or over all heads of q and of k at
-// once (Olmo 2/3).
-enum class QkNorm : uint8_t { kNone, kHead, kFlat };
+// q/k norms before RoPE: none, per head over head_dim with one weight vector for every head (Qwen3, Gemma 3, EXAONE
+// 4), per head with a weight vector of each head's own and the model's norm kind (Command R+: LayerNorm, weights
+// [heads, head_dim]), or over all heads of q and of k at once (Olmo 2/3).
+enum class QkNorm : uint8_t { kNone, kHead, kHeads, kFlat };
 // The MLP's gate activation: silu, or GELU with the tanh approximation (Gemma).
 enum class Act : uint8_t { kSilu, kGeluTanh };
 

@@ -37,8 +37,12 @@ public:
         return t;
     }
 
-    Result<std::vector<float>> vec(const std::string& name, int64_t n) {
-        EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, {n}, kFloat));
+    Result<std::vector<float>> vec(const std::string& name, int64_t n) { return vec(name, std::vector<int64_t>{n}); }
+    // A tensor of `shape` as one flat vector (Command R+'s per-head norms: [heads, head_dim]).
+    Result<std::vector<float>> vec(const std::string& name, const std::vector<int64_t>& shape) {
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, shape, kFloat));
         // Through an aligned copy: the file offset may be misaligned.
         std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t.data),
                                    static_cast<const uint8_t*>(t.data) + t.nbytes());
@@ -300,8 +304,13 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
         if (c.qk_norm != QkNorm::kNone) {
             const bool flat = c.qk_norm == QkNorm::kFlat;  // over all heads at once: q_dim / kv_dim weights
-            EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), flat ? c.q_dim() : c.head_dim));
-            EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), flat ? c.kv_dim() : c.head_dim));
+            if (c.qk_norm == QkNorm::kHeads) {  // a weight vector of each head's own, [heads, head_dim]
+                EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), {c.num_heads, c.head_dim}));
+                EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), {c.num_kv_heads, c.head_dim}));
+            } else {
+                EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), flat ? c.q_dim() : c.head_dim));
+                EXL3_ASSIGN_OR_RETURN(L.k_norm, ld.vec(name(LayerTensor::kKNorm), flat ? c.kv_dim() : c.head_dim));
+            }
         }
         if (c.is_moe(i)) {
             EXL3_RETURN_IF_ERROR(load_moe(store, ld, c, n, prefix, &L.moe));

@@ -49,27 +49,45 @@ TEST_P(FamilyOps, AddNormKindsAndPostNorm) {
     }
 }
 
-// Olmo's q and k norms over all heads: two column ranges of the fused qkv row, in place; v untouched.
+// Olmo's q and k norms over all heads (one group each), and Command R+'s per-head LayerNorm / RMSNorm with each head's
+// own weights (a group a head): column ranges of the fused qkv row, in place; v untouched.
 TEST_P(FamilyOps, NormColumnsOfQkv) {
     const int n = 9, qd = 512, kvd = 128, ld = qd + 2 * kvd;
     auto qkv = test::random_floats(static_cast<size_t>(n) * ld, 41, 3.0f);
     for (auto& v : qkv) v = round(v);
     auto qw = test::random_floats(static_cast<size_t>(qd), 42), kw = test::random_floats(static_cast<size_t>(kvd), 43);
-    DeviceBuffer dx = up_act(qkv), dqw = up_f32(qw), dkw = up_f32(kw);
-    EXL3_CUDA_OK(cuda::rms_norm_columns(dx.get(), t(), ld, 0, qd, dqw.as<float>(), 1e-6f, n, ctx->stream()));
-    EXL3_CUDA_OK(cuda::rms_norm_columns(dx.get(), t(), ld, qd, kvd, dkw.as<float>(), 1e-6f, n, ctx->stream()));
-    std::vector<float> ref = qkv;
-    for (int i = 0; i < n; ++i) {
-        float* row = ref.data() + static_cast<size_t>(i) * ld;
-        cpu::rms_norm(row, qw.data(), 1, qd, 1e-6f, row);
-        cpu::rms_norm(row + qd, kw.data(), 1, kvd, 1e-6f, row + qd);
+    DeviceBuffer dqw = up_f32(qw), dkw = up_f32(kw);
+    for (auto [kind, hd] : {std::pair{cuda::RowNorm::kRms, 0}, {cuda::RowNorm::kLayerNorm, 128},
+                            {cuda::RowNorm::kRms, 64}}) {
+        const int qg = hd ? qd / hd : 1, kg = hd ? kvd / hd : 1;  // groups of q and k
+        auto shifted = qkv;
+        for (size_t i = 0; i < shifted.size(); ++i) shifted[i] += static_cast<float>(i % 5);  // a mean to remove
+        DeviceBuffer dx = up_act(shifted);
+        EXL3_CUDA_OK(cuda::norm_columns(dx.get(), t(), ld, 0, qg, qd / qg, dqw.as<float>(), 1e-6f, kind, n,
+                                        ctx->stream()));
+        EXL3_CUDA_OK(cuda::norm_columns(dx.get(), t(), ld, qd, kg, kvd / kg, dkw.as<float>(), 1e-6f, kind, n,
+                                        ctx->stream()));
+        std::vector<float> ref = down_act(up_act(shifted), shifted.size());  // as rounded to the activation type
+        const std::vector<float> in = ref;
+        auto* norm = kind == cuda::RowNorm::kLayerNorm ? cpu::layer_norm : cpu::rms_norm;
+        for (int i = 0; i < n; ++i) {
+            float* row = ref.data() + static_cast<size_t>(i) * ld;
+            for (int g = 0; g < qg; ++g) norm(row + g * (qd / qg), qw.data() + g * (qd / qg), 1, qd / qg, 1e-6f, row + g * (qd / qg));
+            for (int g = 0; g < kg; ++g)
+                norm(row + qd + g * (kvd / kg), kw.data() + g * (kvd / kg), 1, kvd / kg, 1e-6f, row + qd + g * (kvd / kg));
+        }
+        const auto got = down_act(dx, ref.size());
+        EXPECT_LT(rel(got, ref), tol()) << static_cast<int>(kind) << " head_dim " << hd;
+        for (int i = 0; i < n; ++i)
+            for (int j = qd + kvd; j < ld; ++j)
+                ASSERT_EQ(got[static_cast<size_t>(i) * ld + j], in[static_cast<size_t>(i) * ld + j]) << "v changed";
     }
-    const auto got = down_act(dx, ref.size());
-    EXPECT_LT(rel(got, ref), tol());
-    for (int i = 0; i < n; ++i)
-        for (int j = qd + kvd; j < ld; ++j)
-            ASSERT_EQ(got[static_cast<size_t>(i) * ld + j], qkv[static_cast<size_t>(i) * ld + j]) << "v changed";
-    EXPECT_EQ(cuda::rms_norm_columns(dx.get(), t(), ld, qd, ld, dkw.as<float>(), 1e-6f, n, ctx->stream()),
+    DeviceBuffer dx = up_act(qkv);
+    EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, qd, 1, ld, dkw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
+                                 ctx->stream()),
+              cudaErrorInvalidValue);
+    EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, 0, 5, 128, dqw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
+                                 ctx->stream()),
               cudaErrorInvalidValue);
 }
 

@@ -403,8 +403,9 @@ TEST(ModelConfig, PostNormAndGptjFamilies) {
     j["sliding_window_pattern"] = "LXG";
     EXPECT_NE(err(j).find("must be a string of L and G"), std::string::npos);
     j = base("CohereForCausalLM");
-    j["use_qk_norm"] = true;
-    EXPECT_NE(err(j).find("use_qk_norm"), std::string::npos);
+    j["use_qk_norm"] = true;  // Command R+: a LayerNorm of each head's own on q and k
+    EXPECT_EQ(ok(j).qk_norm, QkNorm::kHeads);
+    EXPECT_EQ(ok(j).norm, NormKind::kLayerNorm);
     EXPECT_EQ(ok(base("Ernie4_5_ForCausalLM")).arch, Arch::kErnie45);  // the remote-code name
 }
 

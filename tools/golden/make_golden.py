@@ -132,6 +132,10 @@ VARIANTS.update({
     "cohere_parallel": ("CohereForCausalLM", "cohere", dict(
         FAMILY, layer_norm_eps=1e-5, logit_scale=0.25, use_qk_norm=False,
         rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
+    # Command R+: the same with a LayerNorm of each head's own on q and k (weights [heads, head_dim]).
+    "cohere_qknorm": ("CohereForCausalLM", "cohere", dict(
+        FAMILY, num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_norm_eps=1e-5, logit_scale=0.25,
+        use_qk_norm=True, rope_parameters=dict(rope_type="default", rope_theta=10000.0)), "bfloat16", [7, 40]),
     # The same with windowed RoPE layers and global layers without RoPE.
     "cohere2_sliding": ("Cohere2ForCausalLM", "cohere2", dict(
         FAMILY, num_hidden_layers=4, layer_norm_eps=1e-5, logit_scale=0.25, sliding_window=8,

@@ -181,13 +181,23 @@ Status CpuOps::split_qkv() {
     return Status::ok();
 }
 
-// Per head over head_dim, or (QkNorm::kFlat) over the whole row of all heads.
+// Per head over head_dim, or (QkNorm::kFlat) over the whole row of all heads, or (kHeads) per head with each head's
+// own weights and the model's norm kind.
 Status CpuOps::head_norm(Slot s, int heads, const std::vector<float>& w, float eps) {
     float* x = buf(s).data();
-    if (cfg_.qk_norm == QkNorm::kFlat)
-        cpu::rms_norm(x, w.data(), plan_->total(), heads * cfg_.head_dim, eps, x);
-    else
-        cpu::rms_norm(x, w.data(), plan_->total() * heads, cfg_.head_dim, eps, x);
+    const int hd = cfg_.head_dim;
+    if (cfg_.qk_norm == QkNorm::kFlat) {
+        cpu::rms_norm(x, w.data(), plan_->total(), heads * hd, eps, x);
+    } else if (cfg_.qk_norm == QkNorm::kHeads) {
+        auto* norm = cfg_.norm == NormKind::kLayerNorm ? cpu::layer_norm : cpu::rms_norm;
+        for (int t = 0; t < plan_->total(); ++t)
+            for (int h = 0; h < heads; ++h) {
+                float* row = x + (static_cast<size_t>(t) * heads + h) * hd;
+                norm(row, w.data() + static_cast<size_t>(h) * hd, 1, hd, eps, row);
+            }
+    } else {
+        cpu::rms_norm(x, w.data(), plan_->total() * heads, hd, eps, x);
+    }
     return Status::ok();
 }
 

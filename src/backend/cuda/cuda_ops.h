@@ -137,12 +137,18 @@ public:
         const int hd = s_.cfg.head_dim;
         const int qd = s_.cfg.q_dim(), kvd = s_.cfg.kv_dim();
         const bool qk_norm = s_.cfg.qk_norm == QkNorm::kHead;
-        if (s_.cfg.qk_norm == QkNorm::kFlat) {  // Olmo: q and k each normed over all their heads, in place first
-            EXL3_RETURN_IF_ERROR(ck(cuda::rms_norm_columns(slot(Slot::kQKV), s_.act, qd + 2 * kvd, 0, qd, L.q_norm.as<float>(),
-                                                           eps, T(), st()),
+        // In place first: Olmo's q and k each normed over all their heads (one group), Command R+'s each head by its
+        // own weights with the model's norm (a group a head).
+        if (s_.cfg.qk_norm == QkNorm::kFlat || s_.cfg.qk_norm == QkNorm::kHeads) {
+            const bool flat = s_.cfg.qk_norm == QkNorm::kFlat;
+            const cuda::RowNorm kind = !flat && s_.cfg.norm == NormKind::kLayerNorm ? cuda::RowNorm::kLayerNorm
+                                                                                    : cuda::RowNorm::kRms;
+            const int ld = qd + 2 * kvd, qh = s_.cfg.num_heads, kh = s_.cfg.num_kv_heads;
+            EXL3_RETURN_IF_ERROR(ck(cuda::norm_columns(slot(Slot::kQKV), s_.act, ld, 0, flat ? 1 : qh, flat ? qd : hd,
+                                                       L.q_norm.as<float>(), eps, kind, T(), st()),
                                     "q norm"));
-            EXL3_RETURN_IF_ERROR(ck(cuda::rms_norm_columns(slot(Slot::kQKV), s_.act, qd + 2 * kvd, qd, kvd,
-                                                           L.k_norm.as<float>(), eps, T(), st()),
+            EXL3_RETURN_IF_ERROR(ck(cuda::norm_columns(slot(Slot::kQKV), s_.act, ld, qd, flat ? 1 : kh, flat ? kvd : hd,
+                                                       L.k_norm.as<float>(), eps, kind, T(), st()),
                                     "k norm"));
         }
         const uint8_t which = s_.cfg.rope_layer[static_cast<size_t>(li)];

@@ -65,17 +65,25 @@ __global__ void norm_f32_rows_kernel(float* x, const float* w, float eps, RowNor
     }
 }
 
+// Block (row, g): columns [col0 + g d, col0 + (g + 1) d) of the row normed (kRms or kLayerNorm) with w[g d ...].
 template <typename T>
-__global__ void rms_norm_columns_kernel(T* x, int ld, int col0, int d, const float* w, float eps) {
+__global__ void norm_columns_kernel(T* x, int ld, int col0, int d, const float* w, float eps, RowNorm kind) {
     EXL3_PDL_PROLOGUE();
-    T* row = x + static_cast<int64_t>(blockIdx.x) * ld + col0;
+    T* row = x + static_cast<int64_t>(blockIdx.x) * ld + col0 + static_cast<int64_t>(blockIdx.y) * d;
+    w += static_cast<int64_t>(blockIdx.y) * d;
+    float mean = 0.0f;
+    if (kind == RowNorm::kLayerNorm) {
+        float sum = 0.0f;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) sum += to_f(row[j]);
+        mean = block_sum(sum) / d;
+    }
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
-        const float v = to_f(row[j]);
+        const float v = to_f(row[j]) - mean;
         ss += v * v;
     }
     const float inv = rsqrtf(block_sum(ss) / d + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) row[j] = from_f<T>(w[j] * (to_f(row[j]) * inv));
+    for (int j = threadIdx.x; j < d; j += blockDim.x) row[j] = from_f<T>(w[j] * ((to_f(row[j]) - mean) * inv));
 }
 
 template <typename T>
@@ -128,14 +136,15 @@ cudaError_t norm_f32_rows(float* x, const float* w, float eps, RowNorm kind, int
     return launch_pdl(norm_f32_rows_kernel, dim3(n), dim3(threads_for(d)), 0, s, x, w, eps, kind, d, add_to);
 }
 
-cudaError_t rms_norm_columns(void* x, ActType t, int ld, int col0, int d, const float* w, float eps, int n,
-                             cudaStream_t s) {
+cudaError_t norm_columns(void* x, ActType t, int ld, int col0, int groups, int d, const float* w, float eps,
+                         RowNorm kind, int n, cudaStream_t s) {
     if (n == 0) return cudaSuccess;
-    if (col0 < 0 || d <= 0 || col0 + d > ld || !w) return cudaErrorInvalidValue;
+    if (col0 < 0 || d <= 0 || groups <= 0 || col0 + groups * d > ld || !w || kind == RowNorm::kNone)
+        return cudaErrorInvalidValue;
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        return launch_pdl(rms_norm_columns_kernel<T>, dim3(n), dim3(threads_for(d)), 0, s, static_cast<T*>(x), ld,
-                          col0, d, w, eps);
+        return launch_pdl(norm_columns_kernel<T>, dim3(n, groups), dim3(threads_for(d)), 0, s, static_cast<T*>(x), ld,
+                          col0, d, w, eps, kind);
     });
 }
 

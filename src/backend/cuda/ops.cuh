@@ -72,9 +72,11 @@ cudaError_t add_norm_ex(float* h, const float* delta, const float* w, float eps,
 // h through its post-norm, one kernel).
 cudaError_t norm_f32_rows(float* x, const float* w, float eps, RowNorm kind, int n, int d, cudaStream_t s,
                           float* add_to = nullptr);
-// x[n, ld] (act): columns [col0, col0 + d) of each row RMS-normed with w[d] in place (Olmo's q/k norm over all heads).
-cudaError_t rms_norm_columns(void* x, ActType t, int ld, int col0, int d, const float* w, float eps, int n,
-                             cudaStream_t s);
+// x[n, ld] (act): in place, each of the `groups` column groups [col0 + g d, col0 + (g + 1) d) of each row normed
+// (kRms or kLayerNorm) with its weights w[g d, (g + 1) d): Olmo's q/k norm over all heads (one group of q_dim),
+// Command R+'s per-head LayerNorm (a group a head).
+cudaError_t norm_columns(void* x, ActType t, int ld, int col0, int groups, int d, const float* w, float eps,
+                         RowNorm kind, int n, cudaStream_t s);
 // gu[n, 2*inter] (act) holds gate | up; out[n, inter] (act) = gelu_tanh(gate) * up.
 cudaError_t gelu_tanh_mul(const void* gu, void* out, ActType t, int n, int inter, cudaStream_t s);
 // x[n] += y[n] (fp32).
