@@ -159,11 +159,11 @@ Runner add_serve(CLI::App& app) {
     app.add_option("--idle-unload", o->server.idle_unload_s,
                    "unload the model after this many seconds without requests (0 = never); the next request loads it")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(0, 365 * 86400));
     app.add_option("--drain-timeout", o->server.drain_s,
                    "seconds a load or unload waits for requests in flight before ending them with an error")
         ->capture_default_str()
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(0, 86400));
     app.add_option("--api-key", o->server.api_key,
                    "require this key ('Authorization: Bearer KEY' or 'x-api-key: KEY') on all routes but /health and "
                    "the chat page");
