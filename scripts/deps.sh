@@ -3,6 +3,8 @@
 set -euo pipefail
 pkgs=(cmake ninja-build g++ clang pkg-config googletest libgtest-dev libbenchmark-dev nlohmann-json3-dev libfmt-dev
       libcli11-dev libpcre2-dev libcpp-httplib-dev pybind11-dev python3-dev)
+# Headless Chromium runs the chat page's test (tests/server/page_test.mjs, driven by playwright-core from npm).
+pkgs+=(chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # Node and npm run the server tests (tests/server); they may come from outside Debian (NodeSource ships npm inside

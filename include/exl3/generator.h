@@ -133,6 +133,7 @@ struct JobUpdate {
     std::vector<std::vector<TokenLogprob>> top_logprobs;
     FinishReason finish = FinishReason::kNone;  // set on the job's last update
     Status error;                               // when finish == kError
+    std::string stop_string;                    // when finish == kStop because of a stop string: which one
     int prompt_tokens = 0;
     int cached_tokens = 0;     // prompt tokens taken from the prefix cache (not computed)
     int generated_tokens = 0;  // so far, EOS/stop ids included

@@ -367,7 +367,10 @@ void Generator::Impl::end_text(Job& job, JobUpdate& u, FinishReason why) {
     if (job.detok) {
         bool stopped = false;
         u.text += job.stop.feed(job.detok->flush(), &stopped);
-        if (stopped) why = FinishReason::kStop;
+        if (stopped) {
+            why = FinishReason::kStop;
+            u.stop_string = job.stop.matched();
+        }
         else u.text += job.stop.flush();
     }
 #endif
@@ -568,7 +571,10 @@ void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vec
     if (job.detok) {
         bool stopped = false;
         u.text += job.stop.feed(job.detok->step(id), &stopped);
-        if (stopped) return finish(job, u, FinishReason::kStop);
+        if (stopped) {
+            u.stop_string = job.stop.matched();
+            return finish(job, u, FinishReason::kStop);
+        }
     }
 #endif
     if (job.json) {  // the token was checked against the grammar when it was drawn

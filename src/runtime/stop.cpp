@@ -16,7 +16,13 @@ std::string StopMatcher::feed(std::string_view text, bool* stopped) {
     if (stops_.empty()) return buf;
     // Emitted text never ends with the start of a stop string, so a match can only begin inside buf.
     size_t first = std::string::npos;
-    for (const auto& s : stops_) first = std::min(first, buf.find(s));
+    for (const auto& s : stops_) {
+        const size_t at = buf.find(s);
+        if (at < first) {
+            first = at;
+            matched_ = s;
+        }
+    }
     if (first != std::string::npos) {
         *stopped = true;
         buf.resize(first);

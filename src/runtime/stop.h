@@ -17,10 +17,14 @@ public:
     // Generation ended otherwise: whatever was held back is emitted.
     std::string flush();
     bool empty() const { return stops_.empty(); }
+    // The stop string that matched (the earliest in the text; the first listed of those starting there), once feed
+    // has set *stopped; empty before.
+    const std::string& matched() const { return matched_; }
 
 private:
     std::vector<std::string> stops_;
     std::string held_;  // shorter than the longest stop string
+    std::string matched_;
 };
 
 }  // namespace exl3

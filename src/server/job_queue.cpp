@@ -55,6 +55,7 @@ Result<std::shared_ptr<Stream>> JobQueue::submit(std::vector<GenerationRequest> 
     // The lock spans the Generator's submit so that the run loop cannot route an update of a job whose route is not
     // recorded yet.
     std::lock_guard<std::mutex> lock(mu_);
+    if (closed_) return out_of_range("the model is being unloaded; send the request again");
     if (static_cast<int>(routes_.size() + requests.size()) > max_jobs_) {
         *queue_full = true;
         return out_of_range(fmt::format("the server is busy ({} jobs queued or running, at most {}); retry later",
@@ -81,6 +82,28 @@ Result<std::shared_ptr<Stream>> JobQueue::submit(std::vector<GenerationRequest> 
 QueueStats JobQueue::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     return QueueStats{static_cast<int>(routes_.size()), streams_, steps_.load()};
+}
+
+bool JobQueue::closed() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_;
+}
+
+void JobQueue::abort_all(const Status& why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_ = true;
+    for (auto& [id, route] : routes_) {
+        static_cast<void>(gen_.cancel(id));  // its kCancelled update, if any, finds no route
+        JobUpdate u;
+        u.job = id;
+        u.finish = FinishReason::kError;
+        u.error = why;
+        Stream* s = route.stream;
+        s->pending_.push_back(Stream::Item{route.index, std::move(u)});
+        if (--s->unfinished_ == 0) --streams_;
+        s->cv_.notify_all();
+    }
+    routes_.clear();
 }
 
 void JobQueue::run() {

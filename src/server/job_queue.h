@@ -66,6 +66,11 @@ public:
     // the context...).
     Result<std::shared_ptr<Stream>> submit(std::vector<GenerationRequest> requests, bool* queue_full);
     QueueStats stats() const;
+    // Ends every job in flight now: each gets a last update with FinishReason::kError and `why` (the model is being
+    // unloaded), so that its request answers with that error instead of waiting for an end that will not come. The
+    // queue takes no job after that (submit fails and closed() is true).
+    void abort_all(const Status& why);
+    bool closed() const;
 
 private:
     friend class Stream;
@@ -81,6 +86,7 @@ private:
     };
     std::unordered_map<uint64_t, Route> routes_;  // job id -> where its updates go
     int streams_ = 0;
+    bool closed_ = false;
     std::atomic<uint64_t> steps_{0};
     std::atomic<bool> stop_{false};
     std::thread thread_;

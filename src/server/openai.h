@@ -37,6 +37,8 @@ struct ParsedRequest {
     bool constrained_call = false;
     bool parallel_tool_calls = true;       // false: only the first call of a reply is returned
     bool has_skip_special_tokens = false;  // the client chose skip_special_tokens (else the server may)
+    std::string assistant_prefix;       // chat: text the assistant turn starts with (Anthropic's final assistant
+                                        //   message); the reply continues it
     std::string prompt;                 // completions: text
     std::vector<int32_t> prompt_ids;    // completions: ids (instead of text)
     bool has_max_tokens = false;

@@ -13,46 +13,26 @@
 #include "exl3/chat_template.h"
 #include "exl3/model.h"
 #include "exl3/tokenizer.h"
+#include "server/anthropic.h"
+#include "server/engine.h"
 #include "server/job_queue.h"
+#include "server/management.h"
+#include "server/model_host.h"
 #include "server/openai.h"
+#include "server/reply.h"
+#include "server/web_page.h"
 
 namespace exl3::server {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
 
-namespace {
-
-// Counters for GET /metrics. Plain atomics: handlers on every connection thread bump them.
-enum Route { kChat, kCompletions, kModels, kHealth, kTokenize, kDetokenize, kMetrics, kOther, kRouteCount };
-constexpr std::array<const char*, kRouteCount> kRouteNames = {"chat_completions", "completions", "models", "health",
-                                                               "tokenize", "detokenize", "metrics", "other"};
-struct Metrics {
-    std::array<std::atomic<uint64_t>, kRouteCount> requests{};
-    std::array<std::atomic<uint64_t>, 6> responses_by_class{};  // index: status / 100
-    std::atomic<uint64_t> prompt_tokens{0}, completion_tokens{0}, rejected_queue_full{0}, cancelled{0};
-    std::atomic<uint64_t> cached_prompt_tokens{0};  // prompt tokens served from the prefix cache
-    std::atomic<uint64_t> draft_tokens{0}, accepted_tokens{0};  // speculative decoding: proposed, kept
-    std::atomic<int64_t> streaming{0};
-};
-
-Route route_of(const std::string& path) {
-    if (path == "/v1/chat/completions") return kChat;
-    if (path == "/v1/completions") return kCompletions;
-    if (path.starts_with("/v1/models")) return kModels;
-    if (path == "/health") return kHealth;
-    if (path == "/tokenize") return kTokenize;
-    if (path == "/detokenize") return kDetokenize;
-    if (path == "/metrics") return kMetrics;
-    return kOther;
-}
-
 void send_error(httplib::Response& res, const ApiError& e) {
     res.status = e.http_status;
     res.set_content(error_body(e).dump(), "application/json");
 }
 
-ApiError api_error(int status, std::string message, std::string type, std::string code, std::string param = {}) {
+ApiError api_error(int status, std::string message, std::string type, std::string code, std::string param) {
     ApiError e;
     e.http_status = status;
     e.message = std::move(message);
@@ -62,12 +42,37 @@ ApiError api_error(int status, std::string message, std::string type, std::strin
     return e;
 }
 
+void send_route_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+    if (is_anthropic_path(req.path))
+        send_anthropic_error(res, e);
+    else
+        send_error(res, e);
+}
+
+namespace {
+
+Route route_of(const std::string& path) {
+    if (path == "/v1/chat/completions") return kChat;
+    if (path == "/v1/completions") return kCompletions;
+    if (path.starts_with("/v1/models")) return kModels;
+    if (path == "/health") return kHealth;
+    if (path == "/tokenize") return kTokenize;
+    if (path == "/detokenize") return kDetokenize;
+    if (path == "/metrics") return kMetrics;
+    if (path.starts_with("/v1/messages")) return kMessages;
+    if (path.starts_with("/v1/model") || path.starts_with("/v1/token")) return kManagement;
+    if (is_page_path(path)) return kPage;
+    return kOther;
+}
+
 // Bytes of a UTF-8 string, as OpenAI's logprobs report them.
 json bytes_of(const std::string& s) {
     json b = json::array();
     for (unsigned char c : s) b.push_back(static_cast<int>(c));
     return b;
 }
+
+}  // namespace
 
 // One choice of a reply as it accumulates.
 struct Choice {
@@ -85,26 +90,18 @@ struct Choice {
     std::vector<chat::ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
 };
 
-// A non-streaming request whose reply takes a while (see generate()).
-struct Whole {
-    std::shared_ptr<Stream> stream;
+// A non-streaming request's state (see reply_whole()).
+struct Whole : ReplyState {
     std::vector<Choice> choices;
-    bool done = false;
-    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
-// How long a non-streaming reply is awaited on the handler's thread before its body starts (as whitespace), and how
-// often a space is written after that.
-constexpr auto kWholeReplyGrace = std::chrono::milliseconds(1000);
-constexpr auto kWholeReplyPing = std::chrono::milliseconds(500);
 
 // A streaming request's state, shared by the calls of its content provider.
-struct StreamState {
-    std::shared_ptr<Stream> stream;
+struct StreamState : ReplyState {
     std::vector<Choice> choices;
     int finished = 0;
-    bool done = false;
-    std::chrono::steady_clock::time_point last_write = std::chrono::steady_clock::now();
 };
+
+namespace {
 
 // One server-sent event; false when the write failed (the client went away).
 bool send_event(StreamState& st, httplib::DataSink& sink, const json& j) {
@@ -112,6 +109,8 @@ bool send_event(StreamState& st, httplib::DataSink& sink, const json& j) {
     st.last_write = std::chrono::steady_clock::now();
     return sink.write(line.data(), line.size());
 }
+
+}  // namespace
 
 // What every part of one reply needs: the request as parsed and the ids it is answered under.
 struct ReplyInfo {
@@ -124,81 +123,64 @@ struct ReplyInfo {
     int prompt_len = 0;
 };
 
-}  // namespace
-
+// The server: the transport, the routes, and the host of the model they run on.
 struct Server::Impl {
-    const Model& model;
-    std::shared_ptr<const Tokenizer> tok;
     ServerOptions o;
-    std::optional<ChatTemplate> tmpl;
-    chat::ToolFormat tool_format = chat::ToolFormat::kHermes;
-    bool tool_markers_special = false;  // the format's markers are special tokens of this tokenizer
-    std::unique_ptr<Generator> gen;
-    std::unique_ptr<JobQueue> queue;
     httplib::Server http;
     Metrics metrics;
-    int context = 0;
-    int vocab = 0;
-    std::time_t started = std::time(nullptr);
+    std::unique_ptr<ModelHost> host;
 
-    Impl(const Model& m, std::shared_ptr<const Tokenizer> t, const ServerOptions& opts)
-        : model(m), tok(std::move(t)), o(opts) {}
+    explicit Impl(const ServerOptions& opts) : o(opts) {}
 
     void setup_routes();
     void setup_transport();
-    void tokenize(const httplib::Request& req, httplib::Response& res) const;
-    void detokenize(const httplib::Request& req, httplib::Response& res) const;
     std::string metrics_text() const;
-    std::optional<ApiError> parse_body(const httplib::Request& req, ojson* body) const;
-    std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
-                                    std::string* opening) const;
-    // POST /v1/chat/completions and /v1/completions: validate, submit, then answer whole or streamed.
-    void generate(const httplib::Request& req, httplib::Response& res, bool chat);
-    void reply_whole(httplib::Response& res, std::shared_ptr<const ReplyInfo> info, std::shared_ptr<Stream> stream,
-                     std::vector<Choice> choices, const std::string& opening);
-    bool collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wait) const;
-    std::optional<ApiError> whole_json(const ReplyInfo& r, Whole& w, json* out);
-    void reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyInfo> info, std::shared_ptr<Stream> stream,
-                        std::vector<Choice> choices, const std::string& opening);
-    bool send_update(const ReplyInfo& r, StreamState& st, int index, const JobUpdate& u, httplib::DataSink& sink);
-    bool send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& sink);
-    std::vector<json> chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const;
-    json chunk_base(const ReplyInfo& r) const;
-    void add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk_logprobs) const;
-    json choice_json(const ParsedRequest& p, bool chat, int index, Choice& c, const std::string& echo) const;
+    // The Engine a request body's `model` names (the loaded one when it names none), or the error to answer.
+    std::shared_ptr<Engine> engine_for(const ojson& body, ApiError* err);
+    // POST routes that run on the model: the body parsed, the model found, then `run`.
+    void on_model(const httplib::Request& req, httplib::Response& res,
+                  const std::function<void(Engine&, const ojson&)>& run);
 };
 
-std::optional<ApiError> Server::Impl::parse_body(const httplib::Request& req, ojson* body) const {
+std::optional<ApiError> parse_body(const std::string& text, ojson* body) {
     // Invalid UTF-8 inside strings is a parse error too: nlohmann's lexer checks every byte sequence.
-    *body = ojson::parse(req.body, nullptr, /*allow_exceptions=*/false);
+    *body = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
     if (body->is_discarded())
         return bad_request("the request body is not valid JSON (or not valid UTF-8)", {}, "invalid_json");
     if (!body->is_object()) return bad_request("the request body must be a JSON object", {}, "invalid_type");
     return std::nullopt;
 }
 
+Engine::Engine(LoadedModel m, const ServerOptions& opts, Metrics& mx)
+    : owned(std::move(m)), model(*owned.model), tok(owned.tokenizer), o(opts), metrics(mx) {}
+
+Result<std::string> Engine::render(const ojson& messages, const ojson& tools, bool add_generation_prompt) const {
+    ojson ctx = {{"messages", messages},
+                 {"tools", tools},
+                 {"documents", nullptr},
+                 {"add_generation_prompt", add_generation_prompt},
+                 {"bos_token", tok->bos_token()},
+                 {"eos_token", tok->eos_token()}};
+    return tmpl->render(ctx);
+}
+
 // The prompt ids of a request: the chat template rendered as transformers' apply_chat_template does and tokenized
 // without special tokens (the template writes BOS itself), or the completion prompt with them. tool_choice
 // "required" or a named function: the assistant turn is opened with the tool-call format's opening (*opening), so
 // that the model can only go on with a call (for a named function, with its arguments).
-std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
-                                              std::string* opening) const {
+std::optional<ApiError> Engine::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
+                                        std::string* opening) const {
     if (!p.model.empty() && p.model != o.model_name)
         return api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}'", p.model,
                                           o.model_name),
                          "invalid_request_error", "model_not_found", "model");
     if (chat) {
         if (!tmpl) return bad_request("this model has no chat template; use /v1/completions", {}, "no_chat_template");
-        ojson ctx = {{"messages", p.messages},
-                     {"tools", p.tools},
-                     {"documents", nullptr},
-                     {"add_generation_prompt", true},
-                     {"bos_token", tok->bos_token()},
-                     {"eos_token", tok->eos_token()}};
-        auto text = tmpl->render(ctx);
+        auto text = render(p.messages, p.tools, true);
         if (!text.is_ok())
             return bad_request("the chat template refused these messages: " + text.status().message(), "messages",
                                "template_error");
+        *text += p.assistant_prefix;
         opening->clear();
         if (!p.tools.is_null() && (p.tool_choice == "required" || p.tool_choice == "function")) {
             *opening =
@@ -228,7 +210,7 @@ std::optional<ApiError> Server::Impl::prepare(const ParsedRequest& p, bool chat,
     return std::nullopt;
 }
 
-void Server::Impl::add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk) const {
+void Engine::add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* chunk) const {
     *chunk = chat ? json::array() : json{{"tokens", json::array()},
                                          {"token_logprobs", json::array()},
                                          {"top_logprobs", json::array()},
@@ -260,7 +242,7 @@ void Server::Impl::add_logprobs(const JobUpdate& u, bool chat, Choice* c, json* 
     }
 }
 
-json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c,
+json Engine::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c,
                                const std::string& echo) const {
     std::string finish = openai_finish_reason(c.finish);
     if (chat) {
@@ -298,16 +280,10 @@ json Server::Impl::choice_json(const ParsedRequest& p, bool chat, int index, Cho
     return {{"index", index}, {"text", echo + c.text}, {"logprobs", lp}, {"finish_reason", finish}};
 }
 
-void Server::Impl::generate(const httplib::Request& req, httplib::Response& res, bool chat) {
-    ojson body;
-    if (auto e = parse_body(req, &body)) return send_error(res, *e);
-    auto info = std::make_shared<ReplyInfo>();
-    ParsedRequest& p = info->p;
-    if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
+std::optional<ApiError> Engine::submit(ParsedRequest& p, bool chat, Submitted* out) {
     std::vector<int32_t> prompt;
-    std::string opening;
-    if (auto e = prepare(p, chat, &prompt, &opening)) return send_error(res, *e);
-    if (Status s = validate(p.gen.sampling, vocab); !s.is_ok()) return send_error(res, bad_request(s.message()));
+    if (auto e = prepare(p, chat, &prompt, &out->opening)) return e;
+    if (Status s = validate(p.gen.sampling, vocab); !s.is_ok()) return bad_request(s.message());
     if (!p.has_max_tokens)
         p.gen.max_new_tokens = o.default_max_tokens > 0 ? o.default_max_tokens
                                                         : context - static_cast<int>(prompt.size());
@@ -315,7 +291,7 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     // calls them special tokens (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
     const bool tools_on = chat && !p.tools.is_null();
     if (tools_on && tool_markers_special && !p.has_skip_special_tokens) p.gen.skip_special_tokens = false;
-    info->prompt_len = static_cast<int>(prompt.size());
+    out->prompt_len = static_cast<int>(prompt.size());
     std::vector<GenerationRequest> jobs(p.n, p.gen);
     for (int i = 0; i < p.n; ++i) {
         jobs[i].prompt_ids = prompt;
@@ -326,11 +302,24 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     if (!submitted.is_ok()) {
         if (full) {
             ++metrics.rejected_queue_full;
-            return send_error(res, api_error(429, submitted.status().message(), "rate_limit_error", "queue_full"));
+            return api_error(429, submitted.status().message(), "rate_limit_error", "queue_full");
         }
-        return send_error(res, bad_request(submitted.status().message()));
+        if (queue->closed()) return api_error(503, submitted.status().message(), "server_error", "model_unloading");
+        return bad_request(submitted.status().message());
     }
-    metrics.prompt_tokens += static_cast<uint64_t>(info->prompt_len);
+    metrics.prompt_tokens += static_cast<uint64_t>(out->prompt_len);
+    out->stream = std::move(*submitted);
+    return std::nullopt;
+}
+
+void Engine::generate(const ojson& body, httplib::Response& res, bool chat) {
+    auto info = std::make_shared<ReplyInfo>();
+    ParsedRequest& p = info->p;
+    if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
+    Submitted sub;
+    if (auto e = submit(p, chat, &sub)) return send_error(res, *e);
+    const bool tools_on = chat && !p.tools.is_null();
+    info->prompt_len = sub.prompt_len;
     info->chat = chat;
     info->id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
     info->created = std::time(nullptr);
@@ -343,12 +332,12 @@ void Server::Impl::generate(const httplib::Request& req, httplib::Response& res,
     // the call after them.
     if (p.constrained_call) info->closing = chat::tool_call_closing(tool_format);
     if (p.stream)
-        reply_streamed(res, std::move(info), std::move(*submitted), std::move(choices), opening);
+        reply_streamed(res, std::move(info), std::move(sub.stream), std::move(choices), sub.opening);
     else
-        reply_whole(res, std::move(info), std::move(*submitted), std::move(choices), opening);
+        reply_whole(res, std::move(info), std::move(sub.stream), std::move(choices), sub.opening);
 }
 
-bool Server::Impl::collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wait) const {
+bool Engine::collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wait) const {
     std::vector<Stream::Item> items;
     const bool more = w.stream->next(wait, &items);
     for (auto& [index, u] : items) {
@@ -369,7 +358,7 @@ bool Server::Impl::collect(const ReplyInfo& r, Whole& w, std::chrono::millisecon
     return more;
 }
 
-std::optional<ApiError> Server::Impl::whole_json(const ReplyInfo& r, Whole& w, json* out) {
+std::optional<ApiError> Engine::whole_json(const ReplyInfo& r, Whole& w, json* out) {
     json out_choices = json::array();
     int completion_tokens = 0;
     for (int i = 0; i < r.p.n; ++i) {
@@ -396,7 +385,7 @@ std::optional<ApiError> Server::Impl::whole_json(const ReplyInfo& r, Whole& w, j
     return std::nullopt;
 }
 
-void Server::Impl::reply_whole(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
+void Engine::reply_whole(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
                                std::shared_ptr<Stream> stream, std::vector<Choice> choices,
                                const std::string& opening) {
     // The whole reply in one body. The text the server wrote to open a tool call is the start of the reply.
@@ -404,49 +393,22 @@ void Server::Impl::reply_whole(httplib::Response& res, std::shared_ptr<const Rep
     auto state = std::make_shared<Whole>();
     state->stream = std::move(stream);
     state->choices = std::move(choices);
-    // Short replies are answered from this thread with their real status.
-    const auto grace = std::chrono::steady_clock::now() + kWholeReplyGrace;
-    bool more = true;
-    while (more && std::chrono::steady_clock::now() < grace)
-        more = collect(*info, *state, std::chrono::milliseconds(100));
-    if (!more) {
-        json out;
-        if (auto e = whole_json(*info, *state, &out)) return send_error(res, *e);
-        res.set_content(out.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
-        return;
-    }
-    // A longer one: the body goes out chunked, a space (JSON ignores leading whitespace) every half second while
-    // the jobs run, so that a client that has gone away is noticed when a write fails and its jobs are cancelled
-    // (httplib tells a handler nothing else about the connection). Status 200 is sent with the first space: an
-    // error after that is the body's OpenAI error object.
-    res.set_chunked_content_provider(
-        "application/json",
-        [this, state, info](size_t, httplib::DataSink& sink) {
-            if (state->done) return false;
-            if (!collect(*info, *state, std::chrono::milliseconds(100))) {
-                json out;
-                if (auto e = whole_json(*info, *state, &out)) out = error_body(*e);
-                const std::string text = out.dump(-1, ' ', false, json::error_handler_t::replace);
-                state->done = true;
-                if (!sink.write(text.data(), text.size())) return false;
-                sink.done();
-                return true;
+    state->keep = shared_from_this();
+    send_whole(
+        res, state, metrics,
+        [this, state, info](std::chrono::milliseconds wait) { return collect(*info, *state, wait); },
+        [this, state, info]() -> std::pair<int, std::string> {
+            json out;
+            int status = 200;
+            if (auto e = whole_json(*info, *state, &out)) {
+                out = error_body(*e);
+                status = e->http_status;
             }
-            if (std::chrono::steady_clock::now() - state->last_write >= kWholeReplyPing) {
-                state->last_write = std::chrono::steady_clock::now();
-                if (!sink.write(" ", 1)) return false;
-            }
-            return true;
-        },
-        [this, state](bool) {
-            if (!state->done) {
-                ++metrics.cancelled;
-                state->stream->cancel();
-            }
+            return {status, out.dump(-1, ' ', false, json::error_handler_t::replace)};
         });
 }
 
-json Server::Impl::chunk_base(const ReplyInfo& r) const {
+json Engine::chunk_base(const ReplyInfo& r) const {
     json j = {{"id", r.id},
               {"object", r.chat ? "chat.completion.chunk" : "text_completion"},
               {"created", r.created},
@@ -457,7 +419,7 @@ json Server::Impl::chunk_base(const ReplyInfo& r) const {
 
 // The deltas of one update of a chat choice: content, or (with tools) content and tool-call deltas in order; the
 // first carries the role.
-std::vector<json> Server::Impl::chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const {
+std::vector<json> Engine::chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const {
     std::vector<json> deltas;
     if (c.parser) {
         std::vector<chat::ToolCallParser::Piece> pieces = std::move(c.early);
@@ -489,7 +451,7 @@ std::vector<json> Server::Impl::chat_deltas(const ReplyInfo& r, Choice& c, const
 
 // The events of one update: its text (or deltas), then, when the job ended, its error and finish reason. False when
 // a write failed (the client went away).
-bool Server::Impl::send_update(const ReplyInfo& r, StreamState& st, int index, const JobUpdate& u,
+bool Engine::send_update(const ReplyInfo& r, StreamState& st, int index, const JobUpdate& u,
                                httplib::DataSink& sink) {
     Choice& c = st.choices[index];
     json lp = nullptr;
@@ -542,7 +504,7 @@ bool Server::Impl::send_update(const ReplyInfo& r, StreamState& st, int index, c
 }
 
 // Every job has ended: the counters, the usage chunk (when asked) and [DONE].
-bool Server::Impl::send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& sink) {
+bool Engine::send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& sink) {
     int completion_tokens = 0;
     for (const auto& c : st.choices) {
         completion_tokens += c.generated;
@@ -570,46 +532,27 @@ bool Server::Impl::send_end(const ReplyInfo& r, StreamState& st, httplib::DataSi
 // Streaming: server-sent events, one chunk per update with text, then finish reasons, usage and [DONE]. The provider
 // runs on this connection's thread; a failed write (the client went away) ends it and the stream's destructor cancels
 // the jobs.
-void Server::Impl::reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
+void Engine::reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyInfo> info,
                                   std::shared_ptr<Stream> stream, std::vector<Choice> choices,
                                   const std::string& opening) {
     auto st = std::make_shared<StreamState>();
     st->stream = std::move(stream);
     st->choices = std::move(choices);
-    ++metrics.streaming;
+    st->keep = shared_from_this();
     // The opening the server wrote goes to the parser first: it holds it as the start of a call.
     for (auto& c : st->choices) {
         std::vector<chat::ToolCallParser::Piece> unused;
         if (c.parser) c.parser->feed(opening, &unused);
         if (!unused.empty()) c.early = std::move(unused);
     }
-    res.set_header("Cache-Control", "no-cache");
-    res.set_header("X-Accel-Buffering", "no");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [this, st, info](size_t, httplib::DataSink& sink) {
-            if (st->done) return false;
-            std::vector<Stream::Item> items;
-            const bool more = st->stream->next(std::chrono::milliseconds(250), &items);
+    send_events(
+        res, st, metrics, "", ": keep-alive\n\n",
+        [this, st, info](std::vector<Stream::Item>& items, httplib::DataSink& sink) {
             for (auto& [index, u] : items)
                 if (!send_update(*info, *st, index, u, sink)) return false;
-            if (!more) return send_end(*info, *st, sink);
-            // A comment line now and then keeps proxies from timing out, and finds out early when a client has gone
-            // (a write to a closed connection fails) during a long prefill.
-            if (std::chrono::steady_clock::now() - st->last_write > std::chrono::seconds(2)) {
-                static constexpr std::string_view kPing = ": keep-alive\n\n";
-                st->last_write = std::chrono::steady_clock::now();
-                if (!sink.write(kPing.data(), kPing.size())) return false;
-            }
             return true;
         },
-        [this, st](bool) {
-            --metrics.streaming;
-            if (!st->done) {
-                ++metrics.cancelled;
-                st->stream->cancel();
-            }
-        });
+        [this, st, info](httplib::DataSink& sink) { return send_end(*info, *st, sink); });
 }
 
 // Threads, limits, CORS, auth, counters and the OpenAI error bodies of whatever httplib answers itself.
@@ -625,40 +568,56 @@ void Server::Impl::setup_transport() {
         ++metrics.requests[route_of(req.path)];
         if (o.cors) {
             res.set_header("Access-Control-Allow-Origin", "*");
-            res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+            res.set_header("Access-Control-Allow-Headers",
+                           "Authorization, Content-Type, x-api-key, x-admin-key, anthropic-version, anthropic-beta");
             res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
         }
         if (req.method == "OPTIONS") {
             res.status = o.cors ? 204 : 405;
             return httplib::Server::HandlerResponse::Handled;
         }
-        if (o.api_key.empty() || req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-        const std::string auth = req.get_header_value("Authorization");
-        if (auth != "Bearer " + o.api_key) {
-            send_error(res, api_error(401,
-                                      auth.empty() ? "no API key given: send 'Authorization: Bearer <key>'"
-                                                   : "the API key is not valid",
-                                      "invalid_request_error", "invalid_api_key"));
-            return httplib::Server::HandlerResponse::Handled;
+        if (req.path == "/health" || is_page_path(req.path)) return httplib::Server::HandlerResponse::Unhandled;
+        const Access access = access_of(req, o);
+        std::optional<ApiError> refused;
+        if (needs_admin(req) && access != Access::kAdmin) {
+            if (o.admin_key.empty())
+                refused = api_error(403, "this server has no admin key: start it with --admin-key KEY to load and "
+                                         "unload models",
+                                    "permission_error", "no_admin_key");
+            else
+                refused = api_error(401, "loading and unloading models needs the admin key (x-admin-key: KEY, or "
+                                         "Authorization: Bearer KEY)",
+                                    "invalid_request_error", "invalid_admin_key");
+        } else if (access == Access::kNone) {
+            const bool none = !req.has_header("Authorization") && !req.has_header("x-api-key") &&
+                              !req.has_header("x-admin-key");
+            refused = api_error(401,
+                                none ? "no API key given: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')"
+                                     : "the API key is not valid",
+                                "invalid_request_error", "invalid_api_key");
         }
-        return httplib::Server::HandlerResponse::Unhandled;
+        if (!refused) return httplib::Server::HandlerResponse::Unhandled;
+        send_route_error(req, res, *refused);
+        return httplib::Server::HandlerResponse::Handled;
     });
     http.set_post_routing_handler([this](const httplib::Request&, httplib::Response& res) {
         ++metrics.responses_by_class[std::min(res.status / 100, 5)];
     });
-    // Routing misses, oversized bodies and the like: httplib sets the status; the body becomes an OpenAI error.
+    // Routing misses, oversized bodies and the like: httplib sets the status; the body becomes an OpenAI error (an
+    // Anthropic one on its routes).
     http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return;
         if (res.status == 404)
-            send_error(res, api_error(404, fmt::format("no route {} {}", req.method, req.path),
-                                      "invalid_request_error", "not_found"));
+            send_route_error(req, res, api_error(404, fmt::format("no route {} {}", req.method, req.path),
+                                                 "invalid_request_error", "not_found"));
         else if (res.status == 413)
-            send_error(res, api_error(413, "the request body is too large", "invalid_request_error",
-                                      "request_too_large"));
+            send_route_error(req, res, api_error(413, "the request body is too large", "invalid_request_error",
+                                                 "request_too_large"));
         else
-            send_error(res, api_error(res.status, fmt::format("HTTP {}", res.status), "invalid_request_error", ""));
+            send_route_error(req, res, api_error(res.status, fmt::format("HTTP {}", res.status),
+                                                 "invalid_request_error", ""));
     });
-    http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+    http.set_exception_handler([](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
         std::string what = "unknown";
         try {
             std::rethrow_exception(ep);
@@ -667,52 +626,71 @@ void Server::Impl::setup_transport() {
         } catch (...) {
         }
         log_warn("serve: a handler threw: {}", what);
-        send_error(res, api_error(500, "internal error: " + what, "server_error", "internal_error"));
+        send_route_error(req, res, api_error(500, "internal error: " + what, "server_error", "internal_error"));
     });
+}
+
+std::shared_ptr<Engine> Server::Impl::engine_for(const ojson& body, ApiError* err) {
+    std::string model;
+    if (auto m = body.find("model"); m != body.end() && !m->is_null()) {
+        if (!m->is_string()) {
+            *err = bad_request("'model' must be a string", "model", "invalid_type");
+            return nullptr;
+        }
+        model = m->get<std::string>();
+    }
+    return host->acquire(model, err);
+}
+
+void Server::Impl::on_model(const httplib::Request& req, httplib::Response& res,
+                            const std::function<void(Engine&, const ojson&)>& run) {
+    ojson body;
+    if (auto e = parse_body(req.body, &body)) return send_route_error(req, res, *e);
+    ApiError err;
+    auto engine = engine_for(body, &err);
+    if (!engine) return send_route_error(req, res, err);
+    run(*engine, body);
 }
 
 void Server::Impl::setup_routes() {
     setup_transport();
-    http.Post("/v1/chat/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, true); });
-    http.Post("/v1/completions",
-              [this](const httplib::Request& req, httplib::Response& res) { generate(req, res, false); });
-    auto model_json = [this] {
-        return json{{"id", o.model_name}, {"object", "model"}, {"created", started}, {"owned_by", "exl3"},
-                    {"max_model_len", context}};
+    auto post = [this](const char* path, void (*run)(Engine&, const ojson&, httplib::Response&)) {
+        http.Post(path, [this, run](const httplib::Request& req, httplib::Response& res) {
+            on_model(req, res, [&](Engine& e, const ojson& body) { run(e, body, res); });
+        });
     };
-    http.Get("/v1/models", [model_json](const httplib::Request&, httplib::Response& res) {
-        res.set_content(json{{"object", "list"}, {"data", json::array({model_json()})}}.dump(), "application/json");
-    });
-    http.Get("/v1/models/(.+)", [this, model_json](const httplib::Request& req, httplib::Response& res) {
-        if (req.matches[1] != o.model_name)
-            return send_error(res, api_error(404, fmt::format("the model '{}' does not exist", req.matches[1].str()),
-                                             "invalid_request_error", "model_not_found", "model"));
-        res.set_content(model_json().dump(), "application/json");
-    });
+    post("/v1/chat/completions", [](Engine& e, const ojson& b, httplib::Response& res) { e.generate(b, res, true); });
+    post("/v1/completions", [](Engine& e, const ojson& b, httplib::Response& res) { e.generate(b, res, false); });
+    post("/tokenize", [](Engine& e, const ojson& b, httplib::Response& res) { e.tokenize(b, res); });
+    post("/detokenize", [](Engine& e, const ojson& b, httplib::Response& res) { e.detokenize(b, res); });
+    post("/v1/messages", anthropic_messages);
+    post("/v1/messages/count_tokens", anthropic_count_tokens);
     http.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-        const QueueStats q = queue->stats();
-        res.set_content(json{{"status", "ok"}, {"jobs", q.jobs}}.dump(), "application/json");
+        const auto engine = host->current();
+        const QueueStats q = engine ? engine->queue->stats() : QueueStats{};
+        res.set_content(json{{"status", "ok"},
+                             {"jobs", q.jobs},
+                             {"model", engine ? json(engine->o.model_name) : json(nullptr)},
+                             {"model_state", host->state()}}
+                            .dump(),
+                        "application/json");
     });
-    http.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) { tokenize(req, res); });
-    http.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) { detokenize(req, res); });
     http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
         res.set_content(metrics_text(), "text/plain; version=0.0.4");
     });
+    add_management_routes(http, *host,
+                          [this](const httplib::Request& req, httplib::Response& res,
+                                 const std::function<void(Engine&, const ojson&)>& run) { on_model(req, res, run); });
+    add_page_routes(http);
 }
 
-void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res) const {
-    ojson body;
-    if (auto e = parse_body(req, &body)) return send_error(res, *e);
+void Engine::tokenize(const ojson& body, httplib::Response& res) const {
     std::vector<int32_t> ids;
     if (body.contains("messages")) {
         ParsedRequest p;
         if (auto e = parse_request(body, true, &p)) return send_error(res, *e);
         if (!tmpl) return send_error(res, bad_request("this model has no chat template", "messages"));
-        ojson ctx = {{"messages", p.messages},        {"tools", p.tools},
-                     {"documents", nullptr},          {"add_generation_prompt", true},
-                     {"bos_token", tok->bos_token()}, {"eos_token", tok->eos_token()}};
-        auto text = tmpl->render(ctx);
+        auto text = render(p.messages, p.tools, true);
         if (!text.is_ok()) return send_error(res, bad_request(text.status().message(), "messages"));
         auto r = tok->encode(*text, false);
         if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), "messages"));
@@ -738,30 +716,33 @@ void Server::Impl::tokenize(const httplib::Request& req, httplib::Response& res)
                     "application/json");
 }
 
-void Server::Impl::detokenize(const httplib::Request& req, httplib::Response& res) const {
-    ojson body;
-    if (auto e = parse_body(req, &body)) return send_error(res, *e);
+std::optional<ApiError> Engine::token_ids(const ojson& body, std::vector<int32_t>* ids) const {
     auto it = body.find("tokens");
     if (it == body.end() || !it->is_array())
-        return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
-    std::vector<int32_t> ids;
+        return bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type");
     for (const auto& t : *it) {
         if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
-            return send_error(res, bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type"));
+            return bad_request("'tokens' must be a list of token ids", "tokens", "invalid_type");
         // An id past the vocabulary would decode to nothing, silently.
         if (t.get<int64_t>() >= vocab)
-            return send_error(
-                res, bad_request(fmt::format("token id {} is outside the vocabulary ({})", t.get<int64_t>(), vocab),
-                                 "tokens", "invalid_value"));
-        ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+            return bad_request(fmt::format("token id {} is outside the vocabulary ({})", t.get<int64_t>(), vocab),
+                               "tokens", "invalid_value");
+        ids->push_back(static_cast<int32_t>(t.get<int64_t>()));
     }
+    return std::nullopt;
+}
+
+void Engine::detokenize(const ojson& body, httplib::Response& res) const {
+    std::vector<int32_t> ids;
+    if (auto e = token_ids(body, &ids)) return send_error(res, *e);
     res.set_content(json{{"prompt", tok->decode(ids)}}.dump(-1, ' ', false, json::error_handler_t::replace),
                     "application/json");
 }
 
 // GET /metrics in Prometheus' text format.
 std::string Server::Impl::metrics_text() const {
-    const QueueStats q = queue->stats();
+    const auto engine = host->current();
+    const QueueStats q = engine ? engine->queue->stats() : QueueStats{};
     std::string out;
     out += "# HELP exl3_requests_total HTTP requests received, by route.\n# TYPE exl3_requests_total counter\n";
     for (int r = 0; r < kRouteCount; ++r)
@@ -798,28 +779,25 @@ std::string Server::Impl::metrics_text() const {
     out +=
         fmt::format("# TYPE exl3_streaming_responses gauge\nexl3_streaming_responses {}\n", metrics.streaming.load());
     out += fmt::format("# TYPE exl3_generator_steps_total counter\nexl3_generator_steps_total {}\n", q.steps);
+    out += fmt::format(
+        "# HELP exl3_model_loads_total Models loaded (at start, by request, by switching).\n"
+        "# TYPE exl3_model_loads_total counter\nexl3_model_loads_total {}\n",
+        metrics.model_loads.load());
+    out += fmt::format("# TYPE exl3_model_unloads_total counter\nexl3_model_unloads_total {}\n",
+                       metrics.model_unloads.load());
+    out += fmt::format("# HELP exl3_model_loaded Whether a model is loaded.\n# TYPE exl3_model_loaded gauge\n"
+                       "exl3_model_loaded {}\n",
+                       engine ? 1 : 0);
     return out;
 }
 
-Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-
-Server::~Server() {
-    impl_->http.stop();
-    impl_->queue.reset();  // joins the stepping thread before the Generator goes
-}
-
-Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_ptr<const Tokenizer> tokenizer,
-                                               const ServerOptions& options, const GeneratorOptions& gen) {
-    if (!tokenizer) return invalid_argument("the server needs the model's tokenizer");
-    if (options.max_queue < 1 || options.max_queue > kMaxServerQueue)
-        return invalid_argument(
-            fmt::format("--max-queue must be in [1, {}], got {}", kMaxServerQueue, options.max_queue));
-    if (options.http_threads < 0 || options.http_threads > kMaxServerQueue + 16)
-        return invalid_argument(fmt::format("http_threads must be in [0, {}] (0: max_queue + 16), got {}",
-                                            kMaxServerQueue + 16, options.http_threads));
-    auto impl = std::make_unique<Impl>(model, tokenizer, options);
-    impl->context = model.info().context_length;
-    impl->vocab = model.info().vocab_size;
+Result<std::shared_ptr<Engine>> Engine::create(LoadedModel m, const ServerOptions& options, Metrics& metrics) {
+    if (!m.model || !m.tokenizer) return invalid_argument("the server needs a model and its tokenizer");
+    auto engine = std::make_shared<Engine>(std::move(m), options, metrics);
+    Engine* impl = engine.get();
+    const std::shared_ptr<const Tokenizer>& tokenizer = impl->tok;
+    impl->context = impl->model.info().context_length;
+    impl->vocab = impl->model.info().vocab_size;
     const std::string* source = tokenizer->chat_template();
     if (!options.chat_template.empty()) source = &options.chat_template;
     if (source) {
@@ -838,8 +816,36 @@ Result<std::unique_ptr<Server>> Server::create(const Model& model, std::shared_p
     } else {
         log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
     }
-    EXL3_ASSIGN_OR_RETURN(impl->gen, Generator::create(model, tokenizer, gen));
+    EXL3_ASSIGN_OR_RETURN(impl->gen, Generator::create(impl->model, tokenizer, impl->owned.gen));
     impl->queue = std::make_unique<JobQueue>(*impl->gen, options.max_queue);
+    return engine;
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+    impl_->host->stop();
+    impl_->http.stop();
+    impl_->host.reset();  // waits for a load in progress; frees the model after its queue and Generator
+}
+
+Result<std::unique_ptr<Server>> Server::create(const ServerOptions& options, ModelLoader loader,
+                                               const std::optional<LoadSpec>& initial) {
+    if (!loader) return invalid_argument("the server needs a model loader");
+    if (options.max_queue < 1 || options.max_queue > kMaxServerQueue)
+        return invalid_argument(
+            fmt::format("--max-queue must be in [1, {}], got {}", kMaxServerQueue, options.max_queue));
+    if (options.http_threads < 0 || options.http_threads > kMaxServerQueue + 16)
+        return invalid_argument(fmt::format("http_threads must be in [0, {}] (0: max_queue + 16), got {}",
+                                            kMaxServerQueue + 16, options.http_threads));
+    if (options.idle_unload_s < 0 || options.drain_s < 0)
+        return invalid_argument("--idle-unload and --drain-timeout must not be negative");
+    if (!chat::choose_tool_format(options.tool_format, ""))
+        return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, {}", options.tool_format,
+                                            chat::tool_format_names()));
+    auto impl = std::make_unique<Impl>(options);
+    impl->host = std::make_unique<ModelHost>(options, std::move(loader), impl->metrics);
+    if (initial) EXL3_RETURN_IF_ERROR(impl->host->load_now(*initial));
     impl->setup_routes();
     return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
@@ -859,6 +865,9 @@ Status Server::listen(const std::function<void(int port)>& on_listening) {
     return Status::ok();
 }
 
-void Server::stop() { impl_->http.stop(); }
+void Server::stop() {
+    impl_->host->stop();
+    impl_->http.stop();
+}
 
 }  // namespace exl3::server

@@ -375,6 +375,15 @@ class ErrorTest(unittest.TestCase):
         self.fails("serve", "-m", DRAFT, "--port", "0", "--max-queue", "200000", expect="--max-queue")
         self.fails("serve", "-m", DRAFT, "--port", "0", "--max-body-mb", "99999999999", expect="--max-body-mb")
 
+    def test_serve_model_flags(self):
+        # Nothing to serve, a models directory that is not there, switching without one, negative seconds: each is
+        # said before anything loads.
+        self.fails("serve", "--port", "0", expect="--models-dir")
+        self.fails("serve", "--port", "0", "--models-dir", "/nonexistent/models", expect="not a directory")
+        self.fails("serve", "-m", DRAFT, "--port", "0", "--model-switch", expect="--model-switch needs --models-dir")
+        self.fails("serve", "-m", DRAFT, "--port", "0", "--idle-unload", "-1", expect="--idle-unload")
+        self.fails("serve", "-m", "/nonexistent/model", "--port", "0", expect="nonexistent")
+
     def test_non_utf8_prompt(self):
         self.fails(b"run", b"-m", DRAFT.encode(), b"-p", b"caf\xe9 \xff", expect="UTF-8")
 

@@ -81,6 +81,7 @@ struct Outcome {
     FinishReason finish = FinishReason::kNone;
     int finishes = 0;
     Status error;
+    std::string stop_string;
     std::vector<float> logprobs;
     std::vector<std::vector<TokenLogprob>> top;
 };
@@ -94,6 +95,7 @@ void collect(std::map<uint64_t, Outcome>& out, const JobUpdate& u) {
     if (u.finish != FinishReason::kNone) {
         o.finish = u.finish;
         o.error = u.error;
+        o.stop_string = u.stop_string;
         ++o.finishes;
     }
 }
@@ -434,6 +436,7 @@ TEST_F(GeneratorTest, TextPromptAndStopStringAcrossTokens) {
                      EXPECT_LE(streamed.size(), before.size()) << streamed;
                  }).is_ok());
     EXPECT_EQ(out[id].finish, FinishReason::kStop);
+    EXPECT_EQ(out[id].stop_string, stop);  // which of the two stop strings ended it
     EXPECT_EQ(out[id].text, before);
     EXPECT_EQ(out[id].text.find(stop), std::string::npos);
     EXPECT_EQ(out[id].tokens.size(), stop_token + 2);  // the token that completed the stop string is reported

@@ -44,7 +44,9 @@ TEST(StopMatcher, HeldTextIsReleasedWhenRuledOut) {
 
 TEST(StopMatcher, EarliestOfSeveralStopsWins) {
     StopMatcher m({"world", "lo w", "zz"});
+    EXPECT_TRUE(m.matched().empty());
     EXPECT_EQ(run(m, {"hel", "lo", " wor", "ld"}), std::make_pair(std::string("hel"), true));
+    EXPECT_EQ(m.matched(), "lo w");  // the one that matched, for the Anthropic API's stop_sequence
 }
 
 TEST(StopMatcher, StopInsideOnePiece) {

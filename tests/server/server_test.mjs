@@ -4,10 +4,10 @@
 // streaming clients. Usage: node server_test.mjs EXL3_BINARY FALLBACK_MODEL_DIR [SHARED_DIR]: the model is
 // SHARED_DIR/models/tiny-target (EXL3_SHARED_DIR overrides SHARED_DIR) when it is there, else the fallback.
 // Loopback only; every wait is bounded.
-import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import assert from "node:assert/strict";
 import OpenAI from "openai";
+import { runTests, startServer, stopServer } from "./harness.mjs";
 
 const [exl3, fallbackModel, sharedArg] = process.argv.slice(2);
 const shared = process.env.EXL3_SHARED_DIR || sharedArg;
@@ -32,27 +32,10 @@ function fail(msg) {
 
 // Starts a server on a free port (--port 0) and reads the port from its stdout line.
 function start(extra = []) {
-    return new Promise((resolve, reject) => {
-        const proc = spawn(exl3, ["serve", "-m", modelDir, "--port", "0", "-c", String(CONTEXT), "--api-key", KEY,
-                                  "--max-body-mb", "1", "--max-queue", "96", "-t", "2", ...extra],
-                           { stdio: ["ignore", "pipe", "inherit"] });
-        let out = "";
-        proc.stdout.on("data", (d) => {
-            out += d;
-            const m = out.match(/listening on (http:\/\/[0-9.]+:\d+)/);
-            if (m) resolve({ proc, base: m[1] });
-        });
-        proc.on("exit", (code) => reject(new Error(`exl3 serve exited with ${code} before listening`)));
-        setTimeout(() => reject(new Error("exl3 serve did not listen within 20 s")), 20_000);
-    });
+    return startServer(exl3, ["-m", modelDir, "-c", String(CONTEXT), "--api-key", KEY, "--max-body-mb", "1",
+                              "--max-queue", "96", "-t", "2", ...extra]);
 }
-
-async function stop(proc) {
-    proc.removeAllListeners("exit");
-    const exited = new Promise((r) => proc.on("exit", (c, sig) => r(c ?? sig)));
-    proc.kill("SIGTERM");
-    return exited;
-}
+const stop = stopServer;
 
 const main = await start().catch((e) => fail(e.message));
 server = main.proc;
@@ -580,18 +563,7 @@ const tests = {
     },
 };
 
-const only = process.env.EXL3_SERVER_TESTS ? process.env.EXL3_SERVER_TESTS.split(",") : Object.keys(tests);
-let failed = 0;
-for (const name of only) {
-    const t0 = Date.now();
-    try {
-        await tests[name]();
-        console.log(`ok   ${name} (${Date.now() - t0} ms)`);
-    } catch (e) {
-        failed++;
-        console.log(`FAIL ${name}: ${e.stack || e}`);
-    }
-}
+const failed = await runTests(tests);
 const code = await stop(server);
 clearTimeout(deadline);
 if (code !== 0) fail(`the server exited with ${code} on SIGTERM`);
