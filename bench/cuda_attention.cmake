@@ -18,3 +18,6 @@ target_include_directories(bench_cuda_decode_lab PRIVATE ${PROJECT_SOURCE_DIR}/s
 add_executable(bench_cuda_hop_lab ${CMAKE_CURRENT_LIST_DIR}/lab/cuda_hop_lab.cu)
 set_target_properties(bench_cuda_hop_lab PROPERTIES CUDA_STANDARD 17)
 target_include_directories(bench_cuda_hop_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)
+
+add_executable(bench_cuda_moe ${CMAKE_CURRENT_LIST_DIR}/cuda_moe_bench.cpp)
+target_link_libraries(bench_cuda_moe PRIVATE exl3_cuda exl3_cpu exl3_options)

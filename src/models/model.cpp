@@ -110,14 +110,20 @@ void Model::Impl::fill_info() {
             info.weight_bytes += static_cast<int64_t>(t->nbytes());
             if (cfg.num_experts > 0 && name.find(".experts.") != std::string::npos)
                 info.expert_bytes += static_cast<int64_t>(t->nbytes());
+            if (name.rfind("lm_head.", 0) == 0) info.head_bytes += static_cast<int64_t>(t->nbytes());
         }
     }
+    for (const HostLayer& l : weights.layers)
+        for (const HostExpert& e : l.moe.experts)
+            info.expert_parameters += static_cast<int64_t>(e.gate_up.in) * e.gate_up.out +
+                                      static_cast<int64_t>(e.down.in) * e.down.out;
     info.num_experts = cfg.num_experts;
     info.experts_per_token = cfg.experts_per_token;
     // EXL3: trellis words are not parameters; the loader counts each linear as in x out.
     info.quantization = weights.quantization;
     info.tied_embeddings = weights.head.parts.size() == 1 && !weights.head.parts[0].is_exl3() &&
                            weights.head.parts[0].dense.data == weights.embed.data;
+    if (info.tied_embeddings) info.head_bytes = static_cast<int64_t>(weights.embed.nbytes());
     if (weights.num_parameters > 0) info.num_parameters = weights.num_parameters;
 }
 

@@ -80,9 +80,11 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
         return invalid_argument(fmt::format("KV-cache bits {} / {}: 4, 6 or 8 (0: off)", opts.kv_bits_k, opts.kv_bits_v));
     EXL3_ASSIGN_OR_RETURN(s.ctx, CudaContext::create(opts.device));
     s.act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
-    // A mixture-of-experts step takes its experts' ids to the host: it cannot be captured.
-    if (cfg.num_experts > 0) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.w.upload(w, s.act, cfg));
+    // A mixture-of-experts layer whose experts the grouped kernels do not take (dense ones, or EXL3 ones of unequal
+    // shapes) takes its experts' ids to the host: such a model's steps cannot be captured.
+    for (const DevLayer& l : s.w.layers)
+        if (!l.moe.experts.empty() && !l.moe.grouped.ok()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v));
     EXL3_RETURN_IF_ERROR(s.reserve(256, 8, 8));

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/moe_layer.h"
 #include "backend/cuda/ops.cuh"
 #include "exl3/status.h"
 #include "format/model_config.h"
@@ -41,6 +42,10 @@ struct DevMoe {
     std::vector<DevExpert> experts;
     DevExpert shared;         // in == 0: none
     DevLinear shared_gate;    // in == 0: none
+    // The routed experts for the grouped kernels (moe_layer.h): their parts' tables, when every expert is EXL3 with
+    // the same shapes (grouped.ok()); otherwise the layer takes the host-routed path (CudaOps::moe).
+    DeviceBuffer gate_up_table, down_table;
+    MoeLayerWeights grouped;
 };
 
 struct DevLayer {
