@@ -111,12 +111,7 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     const auto a = logits_of(in, toks), b = logits_of(o.output_dir, toks);
     ASSERT_FALSE(a.empty());
     ASSERT_EQ(a.size(), b.size());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += static_cast<double>(a[i]) * a[i];
-    }
-    const double rel = std::sqrt(num / den);
+    const double rel = test::relative_rms(a, b);
     std::printf("  %s: 4.0 bpw (%s encoder) in %.1f s, logits relative error vs bf16 %.4f\n", name.c_str(),
                 gpu ? "cuda" : "cpu", r->seconds, rel);
     // These random models amplify (weights at 1.5/sqrt(fan_in)): per-tensor K=4 error ~0.08 compounds over 3-4 layers.
