@@ -735,8 +735,9 @@ std::string family_features(const ModelConfig& c) {
     if (c.num_experts > 0) {
         int moe = 0;
         for (int i = 0; i < c.num_layers; ++i) moe += c.is_moe(i);
-        f.push_back(fmt::format("{} experts ({} a token{}{}{}{}) in {} of {} layers", c.num_experts, c.experts_per_token,
-                                c.router_sigmoid ? ", sigmoid router" : "", c.shared_expert_size ? ", shared expert" : "",
+        f.push_back(fmt::format("{} experts ({} a token{}{}{}{}) in {} of {} layers", c.num_experts,
+                                c.experts_per_token, c.router_sigmoid ? ", sigmoid router" : "",
+                                c.shared_expert_size ? ", shared expert" : "",
                                 c.norm_topk ? "" : ", weights not renormalised", c.expert_bias ? ", biased" : "", moe,
                                 c.num_layers));
         if (c.mxfp4_experts) f.push_back("MXFP4 experts (dequantized at load)");

@@ -107,7 +107,9 @@ void Model::Impl::fill_info() {
         auto t = store.get(name);
         if (t.is_ok()) {
             // MXFP4 experts (gpt-oss): two values a byte of blocks; their scales are not parameters.
-            const auto ends = [&](const char* x) { return name.size() > 7 && name.compare(name.size() - 7, 7, x) == 0; };
+            const auto ends = [&](const char* x) {
+                return name.size() > 7 && name.compare(name.size() - 7, 7, x) == 0;
+            };
             info.num_parameters += !cfg.mxfp4_experts ? t->numel() : ends("_blocks") ? 2 * t->numel()
                                                                     : ends("_scales") ? 0 : t->numel();
             info.weight_bytes += static_cast<int64_t>(t->nbytes());
