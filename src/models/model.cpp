@@ -106,7 +106,12 @@ void Model::Impl::fill_info() {
     for (const auto& name : store.names()) {
         auto t = store.get(name);
         if (t.is_ok()) {
-            info.num_parameters += t->numel();
+            // MXFP4 experts (gpt-oss): two values a byte of blocks; their scales are not parameters.
+            const auto ends = [&](const char* x) {
+                return name.size() > 7 && name.compare(name.size() - 7, 7, x) == 0;
+            };
+            info.num_parameters += !cfg.mxfp4_experts ? t->numel() : ends("_blocks") ? 2 * t->numel()
+                                                                    : ends("_scales") ? 0 : t->numel();
             info.weight_bytes += static_cast<int64_t>(t->nbytes());
             if (cfg.num_experts > 0 && name.find(".experts.") != std::string::npos)
                 info.expert_bytes += static_cast<int64_t>(t->nbytes());

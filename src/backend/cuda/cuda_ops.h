@@ -195,9 +195,11 @@ public:
             rot.xh = cuda::exl3_prerotated_xh(s_.exl3_ws.get());
         }
         bool rotated = false;
+        const DeviceBuffer& sinks = layer(li).sinks;  // gpt-oss's; empty for the other families
         EXL3_RETURN_IF_ERROR(
             ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
-                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated, {}, s_.cfg.attn_softcap),
+                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated, {}, s_.cfg.attn_softcap,
+                               sinks.get() ? sinks.as<float>() : nullptr),
                "attention"));
         attn_rotated_ = rotated;
         return Status::ok();

@@ -170,10 +170,15 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
     for (size_t i = 0; i < w.layers.size(); ++i) {
         const HostLayer& hl = w.layers[i];
         DevLayer& dl = layers[i];
-        // Norms the family has (an empty buffer stands for none).
+        // Norms and sinks the family has (an empty buffer stands for none).
         const std::pair<DeviceBuffer*, const std::vector<float>*> norms[] = {
-            {&dl.attn_norm, &hl.attn_norm}, {&dl.mlp_norm, &hl.mlp_norm},           {&dl.q_norm, &hl.q_norm},
-            {&dl.k_norm, &hl.k_norm},       {&dl.post_attn_norm, &hl.post_attn_norm}, {&dl.post_mlp_norm, &hl.post_mlp_norm}};
+            {&dl.attn_norm, &hl.attn_norm},
+            {&dl.mlp_norm, &hl.mlp_norm},
+            {&dl.q_norm, &hl.q_norm},
+            {&dl.k_norm, &hl.k_norm},
+            {&dl.post_attn_norm, &hl.post_attn_norm},
+            {&dl.post_mlp_norm, &hl.post_mlp_norm},
+            {&dl.sinks, &hl.sinks}};
         for (const auto& [d, h] : norms)
             if (!h->empty()) EXL3_RETURN_IF_ERROR(upload_f32(*d, *h));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));

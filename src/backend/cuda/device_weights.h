@@ -50,6 +50,7 @@ struct DevMoe {
 
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
+    DeviceBuffer sinks;  // fp32 [n_heads]: gpt-oss's attention sinks; empty: none
     DevLinear qkv, o, gate_up, down;
     DevMoe moe;  // experts empty: a dense MLP
 };
