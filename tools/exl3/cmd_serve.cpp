@@ -67,6 +67,7 @@ int serve(ServeOptions& o) {
     lo.context_length = o.context;
     lo.device = o.device;
     o.kv_bits.apply(lo);
+    o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("serve", model.status().to_string());
     std::unique_ptr<Model> draft;  // outlives the server (declared before it)
