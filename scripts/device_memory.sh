@@ -60,11 +60,17 @@ if has fit || has offload; then
 fi
 
 if has fit; then
-  echo "== the plan: exl3 inspect --memory --gpu-memory 23 -c 16384 --kv-bits 4"
-  $B/exl3 inspect --memory $M --gpu-memory 23 -c 16384 --kv-bits 4 2>&1 | tee "$OUT/plan_$BITS.txt"
-  echo "== exl3 bench within --gpu-memory 23, 4-bit KV, the cache the plan gives"
-  peak timeout 420 $B/exl3 bench -m $M -d cuda --gpu-memory 23 --kv-bits 4 -p 512,2048 -b 1 -c 512,16384 -g 32 -r 2 \
-    > /tmp/bench_fit.log 2>&1
+  # The bench's context: 16384 cached + 32 generated + 1 + 64 spare (exl3 bench sizes it so). The largest step
+  # buffers with which a 16k cache fits: 512 tokens, else 256, else 128 (a 2.5 bpw 70B is tight).
+  for step in 512 256 128; do
+    echo "== the plan: exl3 inspect --memory --gpu-memory 23 -c 16481 --kv-bits 4 --max-step-tokens $step"
+    $B/exl3 inspect --memory $M --gpu-memory 23 -c 16481 --kv-bits 4 --max-step-tokens $step > /tmp/plan.txt 2>&1
+    rc=$?; cat /tmp/plan.txt | tee -a "$OUT/plan_$BITS.txt"
+    [ $rc = 0 ] && break
+  done
+  echo "== exl3 bench within --gpu-memory 23, 4-bit KV, steps of $step tokens, the cache the plan gives"
+  peak timeout 420 $B/exl3 bench -m $M -d cuda --gpu-memory 23 --kv-bits 4 --max-step-tokens $step -p 512,2048 -b 1 \
+    -c 512,16384 -g 32 -r 2 > /tmp/bench_fit.log 2>&1
   cat /tmp/bench_fit.log >> "$OUT/bench_$BITS.log"
   grep -E "fits:|total |GiB of the device in use|memory plan:|ceilings|^\| [0-9]+ \||rror|refus" /tmp/bench_fit.log | head -30
 fi
