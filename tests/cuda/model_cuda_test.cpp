@@ -29,15 +29,7 @@ std::unique_ptr<Model> load(const std::string& dir, const char* device) {
 
 std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) { return test::random_tokens(n, seed, vocab); }
 
-// max |a - b| / max |b| over one row of logits.
-float rel_err(const float* a, const float* b, int n) {
-    float md = 0, mr = 0;
-    for (int i = 0; i < n; ++i) {
-        md = std::max(md, std::fabs(a[i] - b[i]));
-        mr = std::max(mr, std::fabs(b[i]));
-    }
-    return md / mr;
-}
+using test::rel_err;
 
 // `tol`: 3e-2 for trained models; the golden random-weight models (weights drawn at 1.5/sqrt(fan_in), so that
 // activations grow layer by layer) carry more 16-bit rounding through a 200-token prefill: 0.5-3.7 % measured.

@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
@@ -17,6 +18,7 @@
 #include "backend/cuda/moe_layer.h"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/step_state.h"
+#include "core/dtype.h"
 #include "models/decoder.h"
 
 namespace exl3::cuda {
@@ -29,17 +31,30 @@ namespace exl3::cuda {
 // take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
 class CudaOps {
 public:
-    CudaOps(StepState& s, cuda::AttentionBatch batch)
-        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()) {}
+    // logit_row0: where in s.logits this step's logit rows go (a chunk of a longer step follows the rows before it).
+    CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0)
+        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()),
+          logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
 
-    const DevLayer& layer(int li) const { return s_.w.layers[static_cast<size_t>(li)]; }
+    // The decoder asks for each layer as it enters it: a streamed layer's weights are waited for then
+    // (WeightStream::enter_layer; an error surfaces at logits()).
+    const DevLayer& layer(int li) {
+        if (li != entered_) {
+            entered_ = li;
+            if (s_.wstream && stream_status_.is_ok()) stream_status_ = s_.wstream->enter_layer(li, st());
+        }
+        return s_.w.layers[static_cast<size_t>(li)];
+    }
     Status begin_step(const StepPlan& p) {
         plan_ = &p;
-        return Status::ok();
+        entered_ = -1;
+        return s_.wstream ? s_.wstream->begin_step(st()) : Status::ok();
     }
+    // The table on the device, or the step's rows that upload_plan brought up from the host table (row t for token t).
     Status embed() {
-        return ck(cuda::embed(s_.w.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st(),
-                              s_.cfg.embed_scale),
+        const void* table = s_.w.embed_table();
+        return ck(cuda::embed(table ? table : s_.embed_rows.get(), s_.act, table ? tokens() : s_.embed_iota.as<int32_t>(),
+                              T(), s_.cfg.hidden_size, s_.h.as<float>(), st(), s_.cfg.embed_scale),
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
@@ -210,6 +225,7 @@ public:
     // host-routed path below; the shared expert over every row.
     Status moe(int li, Slot in, Slot out) {
         EXL3_RETURN_IF_ERROR(flush());
+        if (layer(li).moe.on_host) return host_moe(li, in, out);
         const DevMoe& m = layer(li).moe;
         if (!m.grouped.ok()) return moe_host_routed(li, in, out);
         const ModelConfig& c = s_.cfg;
@@ -238,19 +254,21 @@ public:
     }
     // Inference keeps no linear inputs (the converter captures them on the CPU).
     Status capture(int, LinearInput, Slot) { return Status::ok(); }
-    Status logits(float eps, float*) {
-        EXL3_RETURN_IF_ERROR(head_logits(eps));
+    // residual: what still joins the stream before the final norm (kNone: the stream holds everything).
+    Status logits(float eps, float*, Slot residual = Slot::kDown) {
+        EXL3_RETURN_IF_ERROR(stream_status_);
+        EXL3_RETURN_IF_ERROR(head_logits(eps, residual));
         if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
-        return ck(cuda::softcap_f32(s_.logits.as<float>(), static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
+        return ck(cuda::softcap_f32(logits_, static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
                                     s_.cfg.logit_softcap, st()),
                   "logit softcap");
     }
 
 private:
-    // The final norm and the head over the rows asked for, into s_.logits (fp32).
-    Status head_logits(float eps) {
+    // The final norm and the head over the rows asked for, into logits_ (fp32).
+    Status head_logits(float eps, Slot residual) {
         const int H = s_.cfg.hidden_size;
-        EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.w.final_norm, eps, Slot::kX));
+        EXL3_RETURN_IF_ERROR(add_norm(residual, s_.w.final_norm, eps, Slot::kX));
         const int n_out = static_cast<int>(plan_->out_rows.size());
         const void* x = slot(Slot::kX);
         if (s_.w.head && n_out == T() && !s_.opts.batch_invariant && cuda::use_gemv(T(), H, x, s_.w.head) && norm_.active) {
@@ -259,12 +277,12 @@ private:
             in.h = s_.h.as<float>();
             in.norm_w = norm_.w;
             in.eps = norm_.eps;
-            return ck(cuda::gemv_ex(in, s_.w.head, cuda::GemvOut{s_.logits.get(), true, false, nullptr}, s_.act, false,
+            return ck(cuda::gemv_ex(in, s_.w.head, cuda::GemvOut{logits_, true, false, nullptr}, s_.act, false,
                                     T(), s_.cfg.vocab_size, H, st()),
                       "head gemv");
         }
         if (!s_.w.head && n_out == T())
-            return exl3_linear_from(Slot::kX, s_.w.head_exl3, s_.logits.get(), s_.cfg.vocab_size, true);
+            return exl3_linear_from(Slot::kX, s_.w.head_exl3, logits_, s_.cfg.vocab_size, true);
         EXL3_RETURN_IF_ERROR(flush());
         if (n_out != T()) {
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
@@ -272,10 +290,10 @@ private:
                                     "gather_rows"));
             x = s_.xout.get();
         }
-        if (!s_.w.head) return exl3_linear(x, s_.w.head_exl3, s_.logits.get(), true, s_.cfg.vocab_size, n_out);
+        if (!s_.w.head) return exl3_linear(x, s_.w.head_exl3, logits_, true, s_.cfg.vocab_size, n_out);
         if (s_.opts.batch_invariant)
-            return dense_invariant(x, s_.w.head, s_.logits.get(), true, n_out, s_.cfg.vocab_size, H, nullptr);
-        return cuda::gemm(*s_.ctx, x, s_.w.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
+            return dense_invariant(x, s_.w.head, logits_, true, n_out, s_.cfg.vocab_size, H, nullptr);
+        return cuda::gemm(*s_.ctx, x, s_.w.head, logits_, s_.act, true, n_out, s_.cfg.vocab_size, H);
     }
 
     struct PendingNorm {
@@ -339,6 +357,25 @@ private:
                       "gemv");
         }
         return cuda::gemm(*s_.ctx, x, l.w.get(), y, s_.act, f32, rows, l.out, l.in, bias);
+    }
+
+    // An MoE block kept in host memory (LoadOptions::offload_experts): its input down, the CPU's block over it, the
+    // output (with the residual scale the device folds into its down projections) up into `out`.
+    Status host_moe(int li, Slot in, Slot out) {
+        const int n = T(), H = s_.cfg.hidden_size;
+        const size_t count = static_cast<size_t>(n) * H;
+        s_.host_x.resize(count);
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(s_.host_x.data(), slot(in), count * 2, cudaMemcpyDeviceToHost, st()), "moe input"));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(st()), "moe input"));
+        s_.host_h.resize(count);
+        s_.host_y.resize(count);
+        const bool bf16 = s_.act == ActType::kBF16;
+        for (size_t i = 0; i < count; ++i) s_.host_h[i] = bf16 ? bf16_to_f32(s_.host_x[i]) : f16_to_f32(s_.host_x[i]);
+        CpuOps cpu(s_.cfg, *s_.host, *s_.opts.pool, *s_.host_kv, {});
+        EXL3_RETURN_IF_ERROR(cpu.moe_rows(li, s_.host_h.data(), n, s_.host_y.data()));
+        if (!s_.cfg.post_norms && s_.cfg.residual_scale != 1.0f)
+            for (float& v : s_.host_y) v *= s_.cfg.residual_scale;
+        return ck(cudaMemcpyAsync(slot(out), s_.host_y.data(), count * sizeof(float), cudaMemcpyHostToDevice, st()), "moe output");
     }
 
     // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]).
@@ -487,6 +524,9 @@ private:
     bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
     bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
+    float* logits_;                        // the step's first logit row in s_.logits
+    int entered_ = -1;                     // the layer the decoder is in (layer())
+    Status stream_status_;                 // the first error of the weight stream's hooks
 };
 
 }  // namespace exl3::cuda
