@@ -11,7 +11,8 @@ whatever the codes are. A fractional K (2.25) mixes the two whole bit widths aro
 the one that keeps the running average over all decoder weights closest to K, as a converter's bit allocation would.
 
 Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
-                                    mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b
+                                    mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b|
+                                    gpt-oss-tiny
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
@@ -109,6 +110,15 @@ SHAPES = {
                         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                              beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
                         tie_word_embeddings=False, bos_token_id=199998, eos_token_id=200002),
+    # A tiny gpt-oss for the CUDA-vs-CPU test of its EXL3 experts on the grouped kernels (biases, the clamped SwiGLU).
+    "gpt-oss-tiny": dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=256,
+                         intermediate_size=256, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                         rms_norm_eps=1e-5, max_position_embeddings=4096, sliding_window=128,
+                         layer_types=["sliding_attention", "full_attention"], attention_bias=True, swiglu_limit=7.0,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                              beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
 }
 
 
@@ -184,8 +194,8 @@ def exl3_linear(prefix, out_f, in_f, K, codebook, g, dev, bias):
     if codebook in MARKERS:
         v = MARKERS[codebook]
         t[prefix + "." + codebook] = torch.tensor(v - (1 << 32) if v >= 1 << 31 else v, dtype=torch.int32)
-    if bias:
-        t[prefix + ".bias"] = torch.zeros(out_f, dtype=torch.float16, device=dev)
+    if bias:  # not zeros: a test comparing two backends must see them added
+        t[prefix + ".bias"] = (torch.randn(out_f, generator=g, device=dev) * 0.1).to(torch.float16)
     return {name: v.cpu() for name, v in t.items()}
 
 

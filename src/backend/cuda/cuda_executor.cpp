@@ -87,11 +87,12 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
         return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", s.opts.page_size));
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
         return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
-    // The MoE expert path runs silu / GeGLU: gpt-oss's clamped SwiGLU is not there yet (docs/kernels/moe.md).
-    if (cfg.act == Act::kSwigluClamp)
-        return unsupported(fmt::format("{} on CUDA: its experts' clamped SwiGLU is not implemented on the GPU yet; "
-                                       "run it on the CPU (--device cpu)",
-                                       cfg.arch_name));
+    // The clamped SwiGLU (gpt-oss) runs in the experts' paths only (the grouped kernels' option, swiglu_clamp_mul).
+    for (int i = 0; i < cfg.num_layers; ++i)
+        if (cfg.act == Act::kSwigluClamp && !cfg.is_moe(i))
+            return unsupported(fmt::format("{} on CUDA: layer {} is a dense MLP with the clamped SwiGLU, which only "
+                                           "the expert path runs; run it on the CPU (--device cpu)",
+                                           cfg.arch_name, i));
     if (!kv_bits_valid(opts.kv_bits_k) || !kv_bits_valid(opts.kv_bits_v))
         return invalid_argument(fmt::format("KV-cache bits {} / {}: 4, 6 or 8 (0: off)", opts.kv_bits_k, opts.kv_bits_v));
     if (opts.offload_layers < 0 || opts.offload_layers > cfg.num_layers)

@@ -241,7 +241,7 @@ public:
         io.routing = routing(m);
         io.x = x;
         io.act = s_.act;
-        io.glu.act = c.act == Act::kGeluTanh ? cuda::MoeAct::kGeluTanh : cuda::MoeAct::kSilu;
+        io.glu = moe_glu(c);
         const bool into_h = !c.post_norms;  // the decoder's next add_norm then finds it in h
         io.out = into_h ? s_.h.as<float>() : static_cast<float*>(slot(out));
         io.accumulate = into_h;
@@ -378,15 +378,33 @@ private:
         return ck(cudaMemcpyAsync(slot(out), s_.host_y.data(), count * sizeof(float), cudaMemcpyHostToDevice, st()), "moe output");
     }
 
-    // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]).
+    // The experts' gated activation (the grouped kernels' option): silu, GELU's tanh form, or gpt-oss's clamped
+    // SwiGLU with the config's slope and limit.
+    static cuda::MoeGlu moe_glu(const ModelConfig& c) {
+        cuda::MoeGlu g;
+        g.act = c.act == Act::kGeluTanh      ? cuda::MoeAct::kGeluTanh
+                : c.act == Act::kSwigluClamp ? cuda::MoeAct::kSwigluOai
+                                             : cuda::MoeAct::kSilu;
+        g.alpha = c.glu_alpha;
+        g.limit = c.glu_limit;
+        return g;
+    }
+
+    // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]); gate|up holds the gate's columns, then up's
+    // (each with its bias, gpt-oss).
     Status expert(const DevExpert& e, const void* x, int rows) {
         const int inter = e.down.in;
+        const ModelConfig& c = s_.cfg;
+        const void* gu = s_.moe_gu.get();
+        void* g = s_.moe_g.get();
         EXL3_RETURN_IF_ERROR(linear_rows(x, e.gate_up, s_.moe_gu.get(), false, rows));
-        EXL3_RETURN_IF_ERROR(ck(s_.cfg.act == Act::kGeluTanh
-                                    ? cuda::gelu_tanh_mul(s_.moe_gu.get(), s_.moe_g.get(), s_.act, rows, inter, st())
-                                    : cuda::silu_mul(s_.moe_gu.get(), s_.moe_g.get(), s_.act, rows, inter, st()),
-                                "expert glu"));
-        return linear_rows(s_.moe_g.get(), e.down, s_.moe_y.get(), true, rows);
+        EXL3_RETURN_IF_ERROR(
+            ck(c.act == Act::kGeluTanh      ? cuda::gelu_tanh_mul(gu, g, s_.act, rows, inter, st())
+               : c.act == Act::kSwigluClamp ? cuda::swiglu_clamp_mul(gu, g, s_.act, rows, inter, c.glu_alpha,
+                                                                     c.glu_limit, st())
+                                            : cuda::silu_mul(gu, g, s_.act, rows, inter, st()),
+               "expert glu"));
+        return linear_rows(g, e.down, s_.moe_y.get(), true, rows);
     }
 
     // The host-routed path (experts the grouped kernels do not take: dense ones, or EXL3 ones of unequal shapes): the
