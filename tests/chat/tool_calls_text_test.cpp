@@ -1,0 +1,234 @@
+// The tool-call formats that are not one JSON value (tool_calls_text.cpp): Qwen3-Coder's and GLM-4.5's XML-like calls,
+// gpt-oss's Harmony calls and Gemma's Python calls -- whole and streamed in every chunking, detected from their real
+// templates, typed by the tools' schemas, and the openings and literals a forced call is written with.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "chat/tool_calls.h"
+#include "exl3/chat_template.h"
+#include "test_util.h"
+
+namespace exl3::chat {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+struct Assembled {
+    std::string content;
+    json calls = json::array();
+};
+
+Assembled assemble(ToolFormat f, std::string_view text, size_t chunk, const ojson& tools = nullptr) {
+    ToolCallParser parser(f);
+    parser.set_tools(tools);
+    std::vector<ToolCallParser::Piece> pieces;
+    if (chunk == 0) {
+        parser.feed(text, &pieces);
+    } else {
+        for (size_t i = 0; i < text.size(); i += chunk) parser.feed(text.substr(i, chunk), &pieces);
+    }
+    parser.finish(&pieces);
+    Assembled a;
+    for (const auto& p : pieces) {
+        if (p.tool_call.is_null())
+            a.content += p.content;
+        else
+            merge_tool_call_delta(p.tool_call, &a.calls);
+    }
+    for (auto& c : a.calls) c.erase("id");
+    return a;
+}
+
+json call(const std::string& name, const std::string& args) {
+    return {{"type", "function"}, {"function", {{"name", name}, {"arguments", args}}}};
+}
+
+void expect_parse(ToolFormat f, const std::string& text, const std::string& content, const json& calls,
+                  const ojson& tools = nullptr) {
+    for (size_t chunk : {0, 1, 3, 7}) {
+        const Assembled a = assemble(f, text, chunk, tools);
+        EXPECT_EQ(a.content, content) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+        EXPECT_EQ(a.calls, calls) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+    }
+}
+
+const ojson kTools = ojson::parse(R"([
+  {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+     "city": {"type": "string"}, "days": {"type": "integer"}, "zip": {"type": "string"}}}}},
+  {"type": "function", "function": {"name": "now"}}])");
+
+TEST(ToolCallsText, Qwen3Coder) {
+    const auto f = ToolFormat::kQwen3Coder;
+    // As its template writes calls in the history: a newline on each side of every value.
+    expect_parse(f,
+                 "I will check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n"
+                 "<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=now>\n"
+                 "</function>\n</tool_call>",
+                 "I will check.",
+                 json::array({call("get_weather", R"({"city":"San Francisco","days":3})"), call("now", "{}")}));
+    // Multi-line values keep their inner newlines; a JSON object value is an object.
+    expect_parse(f,
+                 "<tool_call>\n<function=write>\n<parameter=text>\nline 1\nline 2\n</parameter>\n<parameter=opts>\n"
+                 "{\"a\": [1, 2]}\n</parameter>\n</function>\n</tool_call>",
+                 "", json::array({call("write", R"({"text":"line 1\nline 2","opts":{"a":[1,2]}})")}));
+    // The schema decides: a string parameter stays text even when it looks like a number.
+    expect_parse(f,
+                 "<tool_call>\n<function=get_weather>\n<parameter=zip>\n02134\n</parameter>\n<parameter=days>\n2\n"
+                 "</parameter>\n</function>\n</tool_call>",
+                 "", json::array({call("get_weather", R"({"zip":"02134","days":2})")}), kTools);
+    expect_parse(f, "<tool_call>\n<function=get_weather>\n<parameter=city>\n7\n</parameter>\n</function>\n</tool_call>",
+                 "", json::array({call("get_weather", R"({"city":"7"})")}), kTools);
+    // Malformed: content as written.
+    for (const char* bad : {"<tool_call>\n<function=get_weather>\n<parameter=city>Paris</function>\n</tool_call>",
+                            "<tool_call>\n<function=a b>\n</function></tool_call>", "<tool_call>\nno function here",
+                            "<tool_call>\n<function=cut"}) {
+        expect_parse(f, bad, bad, json::array());
+    }
+}
+
+TEST(ToolCallsText, Glm) {
+    const auto f = ToolFormat::kGlm;
+    // As GLM-4.5's template writes calls: the name, then key / value elements; values that are not strings in JSON.
+    expect_parse(f,
+                 "Let me look.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Beijing</arg_value>\n"
+                 "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>\n<tool_call>now\n</tool_call>",
+                 "Let me look.", json::array({call("get_weather", R"({"city":"Beijing","days":2})"), call("now", "{}")}));
+    expect_parse(f, "<tool_call>f<arg_key>x</arg_key><arg_value>[1, {\"y\": null}]</arg_value></tool_call>", "",
+                 json::array({call("f", R"({"x":[1,{"y":null}]})")}));
+    // A forced call writes its arguments as one JSON object after the name.
+    expect_parse(f, "<tool_call>get_weather\n{\"city\": \"Oslo\"}\n</tool_call>", "",
+                 json::array({call("get_weather", R"({"city":"Oslo"})")}));
+    // The reply may end before </tool_call> (the model stopped at <|observation|>).
+    expect_parse(f, "<tool_call>now\n<arg_key>tz</arg_key>\n<arg_value>UTC</arg_value>", "",
+                 json::array({call("now", R"({"tz":"UTC"})")}));
+    expect_parse(f, "<tool_call>get_weather\n<arg_key>zip</arg_key>\n<arg_value>007</arg_value>\n</tool_call>", "",
+                 json::array({call("get_weather", R"({"zip":"007"})")}), kTools);
+    for (const char* bad : {"<tool_call>get_weather\n<arg_key>city</arg_key>\n</tool_call>",
+                            "<tool_call>two words\n</tool_call>", "<tool_call>f\n<arg_value>x</arg_value></tool_call>",
+                            "<tool_call>f\n{not json}\n</tool_call>"}) {
+        expect_parse(f, bad, bad, json::array());
+    }
+}
+
+TEST(ToolCallsText, Harmony) {
+    const auto f = ToolFormat::kHarmony;
+    // What the reasoning splitter passes on, and raw replies' recipient headers.
+    expect_parse(f, "to=functions.get_weather<|message|>{\"city\": \"Tokyo\"}<|call|>", "",
+                 json::array({call("get_weather", R"({"city":"Tokyo"})")}));
+    expect_parse(f, "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Tokyo\"}<|call|>", "",
+                 json::array({call("get_weather", R"({"city":"Tokyo"})")}));
+    expect_parse(f, "to=functions.now<|message|>{}", "", json::array({call("now", "{}")}));
+    for (const char* bad : {"to=functions.f<|message|>not json<|call|>", "to=functions.<|message|>{}<|call|>",
+                            "to=functions.f<|end|><|message|>{}", "to=functions.f<|message|>[1]<|call|>"}) {
+        expect_parse(f, bad, bad, json::array());
+    }
+    // Prose that happens to hold the words is content.
+    expect_parse(f, "set to=functions of x", "set to=functions of x", json::array());
+}
+
+TEST(ToolCallsText, Gemma) {
+    const auto f = ToolFormat::kGemma;
+    expect_parse(f, "[get_weather(city=\"Paris\", days=3), now()]", "",
+                 json::array({call("get_weather", R"({"city":"Paris","days":3})"), call("now", "{}")}));
+    // Python literals: single quotes, True / None, lists, dicts, escapes.
+    expect_parse(f, "[f(a='it\\'s', b=True, c=None, d=[1, 2.5], e={'k': 'v'}, g=-1)]", "",
+                 json::array({call("f", R"({"a":"it's","b":true,"c":null,"d":[1,2.5],"e":{"k":"v"},"g":-1})")}));
+    // A ```tool_code block after some text.
+    expect_parse(f, "Sure.\n```tool_code\nget_weather(city=\"Rome\")\n```\n", "Sure.",
+                 json::array({call("get_weather", R"({"city":"Rome"})")}));
+    expect_parse(f, "```tool_code\n[now(), now(tz=\"UTC\")]\n```", "",
+                 json::array({call("now", "{}"), call("now", R"({"tz":"UTC"})")}));
+    // Text after a bare list is content.
+    expect_parse(f, "[now()] and more", "and more", json::array({call("now", "{}")}));
+    for (const char* bad : {"[1, 2, 3]", "[f(1, 2)]", "[f(a=)]", "[f(a=1]", "[f(a='open", "[not a call",
+                            "```tool_code\nx = 1\n```"}) {
+        expect_parse(f, bad, bad, json::array());
+    }
+    // A bracket later in the text is not a call.
+    expect_parse(f, "See [1].", "See [1].", json::array());
+}
+
+TEST(ToolCallsText, DetectsTheFormatOfRealTemplates) {
+    const std::string dir = test::repo_path("tests/fixtures/chat/templates/");
+    struct Case {
+        const char* file;
+        ToolFormat want;
+    };
+    for (Case c : {Case{"Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", ToolFormat::kQwen3Coder},
+                   Case{"llama-cpp-glm-4.5.jinja", ToolFormat::kGlm},
+                   Case{"openai-gpt-oss-120b.jinja", ToolFormat::kHarmony},
+                   Case{"vllm-gemma3-pythonic.jinja", ToolFormat::kGemma},
+                   Case{"Qwen-Qwen3-0.6B.jinja", ToolFormat::kHermes},
+                   Case{"ByteDance-Seed-OSS.jinja", ToolFormat::kSeed}}) {
+        std::string how;
+        EXPECT_EQ(detect_tool_format(test::read_file(dir + c.file), &how), c.want) << c.file << ": " << how;
+        auto t = ChatTemplate::parse(test::read_file(dir + c.file));
+        EXPECT_TRUE(t.is_ok()) << c.file << ": " << t.status().to_string();
+    }
+    for (const char* name : {"qwen3-coder", "glm", "harmony", "gemma"})
+        EXPECT_EQ(tool_format_name(*tool_format_from_name(name)), std::string(name));
+    EXPECT_EQ(tool_format_from_name("gpt-oss"), ToolFormat::kHarmony);
+    EXPECT_NE(tool_format_names().find("qwen3-coder, glm, harmony, gemma"), std::string::npos);
+}
+
+// A forced call: the opening in the prompt, the model's arguments, the closing the server adds. And for a choice of
+// tools: trigger + literal is the named opening.
+TEST(ToolCallsText, OpeningsAndLiterals) {
+    for (ToolFormat f : kToolFormats) {
+        EXPECT_EQ(tool_call_opening(f, "get_weather"),
+                  tool_call_trigger(f, true) + tool_call_literal(f, "get_weather"))
+            << tool_format_name(f);
+        if (!tool_call_constrainable(f)) continue;
+        const std::string text = tool_call_opening(f, "get_weather") + "{\"city\": \"Paris\"}" + tool_call_closing(f);
+        ToolCallParser parser(f);
+        std::vector<ToolCallParser::Piece> pieces;
+        std::string feed = text;
+        if (f == ToolFormat::kHarmony) feed = text.substr(text.find("to=functions."));  // after the splitter
+        parser.feed(feed, &pieces);
+        parser.finish(&pieces);
+        Assembled a;
+        for (const auto& p : pieces)
+            if (!p.tool_call.is_null()) merge_tool_call_delta(p.tool_call, &a.calls);
+        ASSERT_EQ(a.calls.size(), 1u) << tool_format_name(f) << ": " << text;
+        EXPECT_EQ(a.calls[0]["function"]["name"], "get_weather") << tool_format_name(f);
+        EXPECT_EQ(a.calls[0]["function"]["arguments"], R"({"city":"Paris"})") << tool_format_name(f);
+    }
+    EXPECT_EQ(tool_call_trigger(ToolFormat::kLlama3, true), "");
+    EXPECT_EQ(tool_call_trigger(ToolFormat::kLlama3, false), "<|python_tag|>");
+    EXPECT_EQ(tool_call_trigger(ToolFormat::kHarmony, false), "to=functions.");
+    EXPECT_FALSE(tool_call_constrainable(ToolFormat::kGemma));
+    // Gemma: the opening of a named call, the model's Python arguments.
+    expect_parse(ToolFormat::kGemma, tool_call_opening(ToolFormat::kGemma, "now") + "tz=\"UTC\")]", "",
+                 json::array({call("now", R"({"tz":"UTC"})")}));
+}
+
+TEST(ToolCallsText, RandomOutputIsChunkingInvariant) {
+    const std::vector<std::string> parts = {"<tool_call>", "</tool_call>", "<function=f>", "</function>",
+                                            "<parameter=x>", "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>",
+                                            "</arg_value>", "to=functions.", "<|message|>", "<|call|>", "<|end|>",
+                                            "```tool_code", "```", "[", "]", "(", ")", "f", "x=", "'a'", "\"b\"",
+                                            "{}", "{\"k\": 1}", ", ", "\n", " ", "1", "True"};
+    std::mt19937 rng(4321);
+    for (int iter = 0; iter < 3000; ++iter) {
+        std::string text;
+        const int n = 1 + static_cast<int>(rng() % 20);
+        for (int i = 0; i < n; ++i) text += parts[rng() % parts.size()];
+        for (auto f : {ToolFormat::kQwen3Coder, ToolFormat::kGlm, ToolFormat::kHarmony, ToolFormat::kGemma}) {
+            const Assembled whole = assemble(f, text, 0, kTools);
+            for (size_t chunk : {1, 2, 5}) {
+                const Assembled a = assemble(f, text, chunk, kTools);
+                ASSERT_EQ(a.content, whole.content) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+                ASSERT_EQ(a.calls, whole.calls) << tool_format_name(f) << " chunk " << chunk << ": " << text;
+            }
+            for (const auto& c : whole.calls) {
+                const json args = json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
+                ASSERT_TRUE(args.is_object()) << text;
+            }
+        }
+    }
+}
+
+}  // namespace
+}  // namespace exl3::chat
