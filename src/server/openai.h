@@ -32,9 +32,18 @@ struct ParsedRequest {
     nlohmann::ordered_json tools;      // chat: the tools list, or null (also when tool_choice is "none")
     std::string tool_choice = "auto";  // chat: none, auto, required, or "function" (named: see tool_function)
     std::string tool_function;         // chat: the function tool_choice names
-    // chat, a named function whose parameters compile as a JSON Schema (runtime/json_schema.h): the arguments are
-    // generated under it (gen.json_schema) and the job ends when they close; else they are not constrained.
+    // chat, a named function: its arguments are generated under its parameters' schema (gen.json_schema; any JSON
+    // object where that schema uses keywords runtime/json_schema.h cannot hold output to) and the job ends when they
+    // close.
     bool constrained_call = false;
+    // chat with tools: per tool, the schema its arguments are generated under when a call is forced (as above), for
+    // tool_choice "required" and for "auto" when every tool is strict (strict_tools).
+    std::vector<std::string> tool_schemas;
+    bool strict_tools = false;
+    // chat: the template's extra variables -- chat_template_kwargs, and the top-level enable_thinking and
+    // reasoning_effort that vLLM / TabbyAPI clients send.
+    nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+    int max_reasoning_tokens = -1;  // chat: the reasoning budget (GenerationRequest::reasoning); -1: none
     bool parallel_tool_calls = true;       // false: only the first call of a reply is returned
     bool has_skip_special_tokens = false;  // the client chose skip_special_tokens (else the server may)
     std::string prompt;                 // completions: text
