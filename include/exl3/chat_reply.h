@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "exl3/generator.h"
 #include "exl3/status.h"
 #include "exl3/tool_calls.h"
 
@@ -30,6 +31,11 @@ ReplyFormat reply_format(std::string_view template_source,
 // Whether a rendered prompt (what the template wrote, plus anything appended) leaves the reply inside reasoning: the
 // template opened the block for the model (QwQ, the DeepSeek-R1 distills).
 bool reply_starts_in_reasoning(const ReplyFormat& f, std::string_view prompt);
+
+// The Generator's reasoning settings (GenerationRequest::reasoning) for a reply to `prompt`: the markers, the closing a
+// budget writes, whether the reply starts inside a block; max_tokens: the budget (-1: none). Empty settings (no
+// markers) for a model that does not reason.
+GenerationRequest::Reasoning reasoning_settings(const ReplyFormat& f, std::string_view prompt, int max_tokens = -1);
 
 struct ChatReply {
     std::string reasoning;        // "" when the reply has none

@@ -96,6 +96,19 @@ bool reply_starts_in_reasoning(const ReplyFormat& f, std::string_view prompt) {
     return r.is_ok() && chat::prompt_opens_reasoning(*r, prompt);
 }
 
+GenerationRequest::Reasoning reasoning_settings(const ReplyFormat& f, std::string_view prompt, int max_tokens) {
+    GenerationRequest::Reasoning g;
+    auto r = reasoning_of(f);
+    if (!r.is_ok() || !r->on()) return g;
+    g.open = r->open;
+    g.close = r->close;
+    g.closing = chat::reasoning_closing(*r);
+    g.open_anywhere = r->kind == chat::ReasoningKind::kHarmony;
+    g.starts_inside = chat::prompt_opens_reasoning(*r, prompt);
+    g.max_tokens = max_tokens;
+    return g;
+}
+
 Result<ChatReply> parse_reply(const ReplyFormat& f, std::string_view reply, bool starts_in_reasoning,
                               const nlohmann::ordered_json& tools) {
     chat::ReplyOptions o;

@@ -497,5 +497,54 @@ class ToolCallsTest(unittest.TestCase):
         self.assertFalse(g.has_work)
 
 
+class ReasoningTest(unittest.TestCase):
+    """Generator.chat with a template that opens a reasoning block (QwQ's, on the tiny model's tokenizer): the reply's
+    reasoning apart from its content, and max_reasoning_tokens closing the block so that an answer follows."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(MODEL, name), "rb") as f, open(os.path.join(cls.dir.name, name), "wb") as out:
+                out.write(f.read())
+        config_path = os.path.join(cls.dir.name, "tokenizer_config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        with open(os.path.join(ROOT, "tests", "fixtures", "chat", "templates", "Qwen-QwQ-32B.jinja")) as f:
+            config["chat_template"] = f.read()
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        cls.tok = exl3.Tokenizer(cls.dir.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_reply_format(self):
+        self.assertEqual(self.tok.reply_format(), {"tools": "hermes", "reasoning": "tags", "reasoning_open": "<think>",
+                                                   "reasoning_close": "</think>"})
+        self.assertEqual(tokenizer().reply_format()["reasoning"], "none")
+
+    def test_chat_splits_reasoning_and_keeps_the_budget(self):
+        g = exl3.Generator(model(), self.tok)
+        messages = [{"role": "user", "content": "Hi"}]
+        c = g.chat(messages, max_new_tokens=16, max_reasoning_tokens=4, ignore_eos=True)
+        self.assertEqual(c.reasoning_tokens, 4)
+        self.assertTrue(c.reasoning)
+        self.assertNotIn("</think>", c.reasoning + c.content)
+        self.assertIn("</think>", c.text)  # the reply as written: reasoning, the closing the budget placed, answer
+        # Without a budget the tiny model never closes the block: all reasoning, no content.
+        free = g.chat(messages, max_new_tokens=8, ignore_eos=True)
+        self.assertEqual((free.content, free.reasoning_tokens), ("", 8))
+        # A model without reasoning markers refuses a budget; the low-level keyword checks its fields.
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Generator(model(), tokenizer()).chat(messages, max_reasoning_tokens=3)
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", reasoning={"open": "<think>", "close": "</think>", "max_tokens": -3})
+        with self.assertRaises(TypeError):
+            g.submit("x", reasoning={"opne": "<think>"})
+        self.assertFalse(g.has_work)
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
