@@ -224,6 +224,13 @@ Read read_calls(PyReader& r, bool list, ojson* calls) {
 }
 
 
+// Arguments written as one JSON object (a forced call writes them so); false when the text is not one.
+bool object_arguments(std::string_view text, ojson* args) {
+    while (!text.empty() && is_ws(text.back())) text.remove_suffix(1);
+    *args = ojson::parse(text, nullptr, /*allow_exceptions=*/false);
+    return !args->is_discarded() && args->is_object();
+}
+
 bool type_is_string(const ojson* type) {
     if (!type) return false;
     if (type->is_string()) return *type == "string";
@@ -271,12 +278,10 @@ bool ToolCallParser::step_xml(size_t i, bool final, std::vector<Piece>* out) {
     ojson args = ojson::object();
     size_t p = skip_ws(b, gt + 1);
     if (p < end && b[p] == '{') {  // the arguments as one JSON object
-        const ojson v = ojson::parse(b.substr(p, end - p), nullptr, /*allow_exceptions=*/false);
-        if (v.is_discarded() || !v.is_object()) {
+        if (!object_arguments(b.substr(p, end - p), &args)) {
             give_up(out);
             return true;
         }
-        args = v;
         p = end;
     }
     while ((p = skip_ws(b, p)) < end) {
@@ -333,14 +338,10 @@ bool ToolCallParser::step_glm(size_t i, bool final, std::vector<Piece>* out) {
     }
     ojson args = ojson::object();
     if (p < end && b[p] == '{') {
-        size_t q = end;
-        while (q > p && is_ws(b[q - 1])) --q;
-        const ojson v = ojson::parse(b.substr(p, q - p), nullptr, /*allow_exceptions=*/false);
-        if (v.is_discarded() || !v.is_object()) {
+        if (!object_arguments(b.substr(p, end - p), &args)) {
             give_up(out);
             return true;
         }
-        args = v;
         p = end;
     }
     while ((p = skip_ws(b, p)) < end) {

@@ -3,8 +3,6 @@
 // templates, typed by the tools' schemas, and the openings and literals a forced call is written with.
 #include <gtest/gtest.h>
 
-#include <random>
-
 #include "chat/tool_calls.h"
 #include "exl3/chat_template.h"
 #include "test_util.h"
@@ -202,32 +200,6 @@ TEST(ToolCallsText, OpeningsAndLiterals) {
     // Gemma: the opening of a named call, the model's Python arguments.
     expect_parse(ToolFormat::kGemma, tool_call_opening(ToolFormat::kGemma, "now") + "tz=\"UTC\")]", "",
                  json::array({call("now", R"({"tz":"UTC"})")}));
-}
-
-TEST(ToolCallsText, RandomOutputIsChunkingInvariant) {
-    const std::vector<std::string> parts = {"<tool_call>", "</tool_call>", "<function=f>", "</function>",
-                                            "<parameter=x>", "</parameter>", "<arg_key>", "</arg_key>", "<arg_value>",
-                                            "</arg_value>", "to=functions.", "<|message|>", "<|call|>", "<|end|>",
-                                            "```tool_code", "```", "[", "]", "(", ")", "f", "x=", "'a'", "\"b\"",
-                                            "{}", "{\"k\": 1}", ", ", "\n", " ", "1", "True"};
-    std::mt19937 rng(4321);
-    for (int iter = 0; iter < 3000; ++iter) {
-        std::string text;
-        const int n = 1 + static_cast<int>(rng() % 20);
-        for (int i = 0; i < n; ++i) text += parts[rng() % parts.size()];
-        for (auto f : {ToolFormat::kQwen3Coder, ToolFormat::kGlm, ToolFormat::kHarmony, ToolFormat::kGemma}) {
-            const Assembled whole = assemble(f, text, 0, kTools);
-            for (size_t chunk : {1, 2, 5}) {
-                const Assembled a = assemble(f, text, chunk, kTools);
-                ASSERT_EQ(a.content, whole.content) << tool_format_name(f) << " chunk " << chunk << ": " << text;
-                ASSERT_EQ(a.calls, whole.calls) << tool_format_name(f) << " chunk " << chunk << ": " << text;
-            }
-            for (const auto& c : whole.calls) {
-                const json args = json::parse(c["function"]["arguments"].get<std::string>(), nullptr, false);
-                ASSERT_TRUE(args.is_object()) << text;
-            }
-        }
-    }
 }
 
 }  // namespace

@@ -55,6 +55,20 @@ async function stop(proc) {
     return exited;
 }
 
+// Runs fn(base) against a second server started with `extra` options, then stops it (it must exit cleanly).
+async function withServer(extra, what, fn) {
+    const s = await start(extra);
+    extraServers.add(s.proc);
+    s.proc.on("exit", (code) => fail(`the ${what} server died (exit ${code})`));
+    try {
+        await fn(s.base);
+    } finally {
+        const code = await stop(s.proc);
+        extraServers.delete(s.proc);
+        assert.equal(code, 0, `the ${what} server exited with ${code}`);
+    }
+}
+
 const main = await start().catch((e) => fail(e.message));
 server = main.proc;
 const base = main.base;
@@ -562,11 +576,8 @@ const tests = {
         // QwQ's template opens <think> in the prompt, so the reply starts inside reasoning. The tiny model never closes
         // it; max_reasoning_tokens makes the server close it after that many tokens and the answer follow.
         if (!templates) return console.log("     (no templates: reasoning skipped)");
-        const s = await start(["--chat-template", `${templates}/Qwen-QwQ-32B.jinja`]);
-        extraServers.add(s.proc);
-        s.proc.on("exit", (code) => fail(`the QwQ server died (exit ${code})`));
-        try {
-            const c = new OpenAI({ apiKey: KEY, baseURL: s.base + "/v1", maxRetries: 0, timeout: 30_000 });
+        await withServer(["--chat-template", `${templates}/Qwen-QwQ-32B.jinja`], "QwQ", async (at) => {
+            const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
             const body = { model: MODEL, messages: askTime, max_tokens: 16, temperature: 0, max_reasoning_tokens: 5 };
             const r = await c.chat.completions.create(body);
             const m = r.choices[0].message;
@@ -598,7 +609,7 @@ const tests = {
             // tools, as OpenAI's strict mode has them, hold it valid). The request's bias makes the model write
             // "<tool_call>" (or most of it: the prompt's "<think>" is inside the penalty's window) in its reasoning,
             // and again after the budget closes the block.
-            const opens = await writesToolCallOpening(s.base);
+            const opens = await writesToolCallOpening(at);
             const strict = TOOLS.map((t) => ({ ...t, function: { ...t.function, strict: true,
                 parameters: { ...t.function.parameters, additionalProperties: false } } }));
             const t = await c.chat.completions.create({ model: MODEL, messages: askTime, tools: strict, max_tokens: 120,
@@ -608,13 +619,13 @@ const tests = {
             assert.equal(t.choices[0].finish_reason, "tool_calls", JSON.stringify(t.choices[0]));
             assert.equal(tm.tool_calls.length, 1, JSON.stringify(tm));
             // A forced call skips reasoning: the prompt's block is closed before the call's opening.
-            const f = await c.chat.completions.create({ ...(await forcedToolCallParams(s.base, false)),
+            const f = await c.chat.completions.create({ ...(await forcedToolCallParams(at, false)),
                                                         model: MODEL, max_reasoning_tokens: 3 });
             assert.equal(f.choices[0].finish_reason, "tool_calls", JSON.stringify(f.choices[0]));
             assert.ok(!f.choices[0].message.reasoning_content, JSON.stringify(f.choices[0].message));
             // Bad budgets and template variables: clear 400s naming the field.
             const chat = (b) => raw("POST", "/v1/chat/completions", JSON.stringify({ messages: askTime, ...b }),
-                                    { at: s.base });
+                                    { at });
             for (const [b, param] of [[{ max_reasoning_tokens: -1 }, "max_reasoning_tokens"],
                                       [{ max_reasoning_tokens: 2.5 }, "max_reasoning_tokens"],
                                       [{ max_reasoning_tokens: "5" }, "max_reasoning_tokens"],
@@ -627,24 +638,17 @@ const tests = {
                 assert.equal(e.json.error.param, param);
             }
             assert.match((await chat({ max_reasoning_tokens: -1 })).json.error.message, /integer >= 0/);
-        } finally {
-            const code = await stop(s.proc);
-            extraServers.delete(s.proc);
-            assert.equal(code, 0, `the QwQ server exited with ${code}`);
-        }
+        });
     },
     async thinkingSwitch() {
         // Qwen3's template: enable_thinking (top level, as vLLM clients send it, or in chat_template_kwargs) reaches
         // the template, which then writes an empty think block into the prompt.
         if (!templates) return console.log("     (no templates: enable_thinking skipped)");
-        const s = await start(["--chat-template", `${templates}/Qwen-Qwen3-0.6B.jinja`]);
-        extraServers.add(s.proc);
-        s.proc.on("exit", (code) => fail(`the Qwen3 server died (exit ${code})`));
-        try {
+        await withServer(["--chat-template", `${templates}/Qwen-Qwen3-0.6B.jinja`], "Qwen3", async (at) => {
             const rendered = async (extra) => {
-                const t = await raw("POST", "/tokenize", JSON.stringify({ messages: askTime, ...extra }), { at: s.base });
+                const t = await raw("POST", "/tokenize", JSON.stringify({ messages: askTime, ...extra }), { at });
                 assert.equal(t.status, 200, t.text);
-                return (await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }), { at: s.base }))
+                return (await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }), { at }))
                     .json.prompt;
             };
             assert.ok(!(await rendered({})).includes("<think>"));
@@ -652,16 +656,12 @@ const tests = {
                 assert.ok((await rendered(extra)).endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
                           JSON.stringify(extra));
             // The reply after an empty block is all answer.
-            const c = new OpenAI({ apiKey: KEY, baseURL: s.base + "/v1", maxRetries: 0, timeout: 30_000 });
+            const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
             const r = await c.chat.completions.create({ model: MODEL, messages: askTime, max_tokens: 6, temperature: 0,
                                                         enable_thinking: false });
             assert.ok(!r.choices[0].message.reasoning_content, JSON.stringify(r.choices[0].message));
             assert.equal(r.usage.completion_tokens_details.reasoning_tokens, 0);
-        } finally {
-            const code = await stop(s.proc);
-            extraServers.delete(s.proc);
-            assert.equal(code, 0, `the Qwen3 server exited with ${code}`);
-        }
+        });
     },
     async speculative() {
         // A server with n-gram proposals (--ngram) and one with the model as its own draft (--draft-model): the
