@@ -355,7 +355,7 @@ bool ToolCallParser::step_glm(size_t i, bool final, std::vector<Piece>* out) {
         }
         const std::string key(b.substr(key_at, key_end - key_at));
         const std::string_view value = b.substr(v_at + kGlmValue.size(), v_end - v_at - kGlmValue.size());
-        bool ok = !key.empty() && key.size() <= kMaxNameBytes;
+        bool ok = !key.empty() && key.size() <= kMaxNameBytes && text_value(key).has_value();  // a key is UTF-8
         if (ok) args[key] = typed_value(name, key, value, &ok);
         if (!ok) {
             give_up(out);

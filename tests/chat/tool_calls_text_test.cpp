@@ -66,7 +66,8 @@ TEST(ToolCallsText, Glm) {
                  json::array({call("get_weather", R"({"zip":"007"})")}), kTools);
     for (const char* bad : {"<tool_call>get_weather\n<arg_key>city</arg_key>\n</tool_call>",
                             "<tool_call>two words\n</tool_call>", "<tool_call>f\n<arg_value>x</arg_value></tool_call>",
-                            "<tool_call>f\n{not json}\n</tool_call>"}) {
+                            "<tool_call>f\n{not json}\n</tool_call>",
+                            "<tool_call>f\n<arg_key>c\x94</arg_key><arg_value>1</arg_value></tool_call>"}) {
         expect_parse(f, bad, bad, json::array());
     }
 }
