@@ -257,6 +257,25 @@ const std::unordered_map<std::string, Setter>& request_setters() {
         s["add_special_tokens"] = [](GenerationRequest& r, py::handle h) {
             r.add_special_tokens = cast_arg<bool>(h, "add_special_tokens");
         };
+        // A list of {"literal": str, "json_schema": dict or str} (GenerationRequest::choices), and its trigger.
+        s["choices"] = [](GenerationRequest& r, py::handle h) {
+            r.choices.clear();
+            for (py::handle c : cast_arg<py::list>(h, "choices")) {
+                const auto d = cast_arg<py::dict>(c, "choices[i]");
+                if (!d.contains("literal") || !d.contains("json_schema"))
+                    raise(invalid_argument("each of 'choices' needs 'literal' and 'json_schema'"));
+                GenerationRequest::Choice choice;
+                choice.literal = cast_arg<std::string>(d["literal"], "choices[i].literal");
+                py::handle schema = d["json_schema"];
+                choice.json_schema = py::isinstance<py::str>(schema)
+                                         ? schema.cast<std::string>()
+                                         : py::module_::import("json").attr("dumps")(schema).cast<std::string>();
+                r.choices.push_back(std::move(choice));
+            }
+        };
+        s["choices_trigger"] = [](GenerationRequest& r, py::handle h) {
+            r.choices_trigger = cast_arg<std::string>(h, "choices_trigger");
+        };
         // A dict of GenerationRequest::Reasoning's fields (what Generator.chat builds with exl3.reasoning_settings).
         s["reasoning"] = [](GenerationRequest& r, py::handle h) {
             const auto d = cast_arg<py::dict>(h, "reasoning");

@@ -220,18 +220,7 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
         if (std::string e = chat::tools_error(*it); !e.empty()) return bad_request(e, "tools", "invalid_type");
         if (!it->empty()) out->tools = *it;
     }
-    // Each tool's arguments schema for a forced call: its parameters where they compile (none: an empty object), else
-    // any JSON object -- the call still parses, its arguments unchecked.
-    out->tool_schemas.clear();
-    out->strict_tools = !out->tools.is_null();
-    if (!out->tools.is_null())
-        for (const auto& t : out->tools) {
-            const std::string schema = chat::tool_arguments_schema(t);
-            out->tool_schemas.push_back(JsonSchema::compile(schema).is_ok() ? schema : R"({"type": "object"})");
-            const auto strict = t["function"].find("strict");
-            out->strict_tools = out->strict_tools && strict != t["function"].end() && strict->is_boolean() &&
-                                strict->get<bool>();
-        }
+    out->tool_schemas = forced_call_schemas(out->tools, &out->strict_tools);
     if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
         if (it->is_string()) {
             out->tool_choice = it->get<std::string>();
@@ -485,6 +474,20 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
 
 bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out) {
     return chat::parse_tool_calls(chat::ToolFormat::kHermes, text, out);
+}
+
+std::vector<std::string> forced_call_schemas(const ojson& tools, bool* all_strict) {
+    std::vector<std::string> schemas;
+    if (all_strict) *all_strict = tools.is_array() && !tools.empty();
+    if (!tools.is_array()) return schemas;
+    for (const auto& t : tools) {
+        const std::string schema = chat::tool_arguments_schema(t);
+        schemas.push_back(JsonSchema::compile(schema).is_ok() ? schema : R"({"type": "object"})");
+        const auto strict = t["function"].find("strict");
+        if (all_strict)
+            *all_strict = *all_strict && strict != t["function"].end() && strict->is_boolean() && strict->get<bool>();
+    }
+    return schemas;
 }
 
 int json_depth(const ojson& j) {

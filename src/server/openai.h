@@ -66,6 +66,11 @@ std::optional<ApiError> parse_request(const nlohmann::ordered_json& body, bool c
 // Hermes / Qwen tool calls: chat::parse_tool_calls(ToolFormat::kHermes, ...) (chat/tool_calls.h has every format).
 bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out);
 
+// Per tool of a well-formed OpenAI tools list (null: none), the schema a forced call's arguments are generated under
+// (chat::TurnOptions::tool_schemas): its parameters where runtime/json_schema.h compiles them (none: an empty object),
+// else any JSON object -- the call still parses, its arguments unchecked. *all_strict: every tool has "strict": true.
+std::vector<std::string> forced_call_schemas(const nlohmann::ordered_json& tools, bool* all_strict = nullptr);
+
 // Nesting depth of a JSON value (a scalar is 0), walked without recursion.
 int json_depth(const nlohmann::ordered_json& j);
 

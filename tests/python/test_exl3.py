@@ -483,6 +483,27 @@ class ToolCallsTest(unittest.TestCase):
         # generate() leaves content unset: it reads no template.
         self.assertIsNone(g.generate("Hi", max_new_tokens=2).content)
 
+    def test_choices_hold_the_output(self):
+        # The Generator's choices (what tool_choice "required" generates under): the output is one literal and then a
+        # value its schema admits, the job ending when that closes -- sampled on the model's device.
+        g = exl3.Generator(model(), tokenizer())
+        city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
+                "additionalProperties": False}
+        choices = [{"literal": '{"name": "get_weather", "arguments": ', "json_schema": city},
+                   {"literal": '{"name": "now", "arguments": ', "json_schema": {"type": "object",
+                                                                            "additionalProperties": False}}]
+        for seed in range(4):
+            c = g.generate("The keeper wrote:", max_new_tokens=60, choices=choices, temperature=1.0, seed=seed)
+            self.assertEqual(c.finish_reason, "stop", c.text)
+            call = json.loads(c.text + "}")
+            self.assertIn(call["name"], ("get_weather", "now"))
+            self.assertEqual(list(call["arguments"]), ["city"] if call["name"] == "get_weather" else [])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", choices=[{"literal": "a"}])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", choices_trigger="<tool_call>")  # without choices
+        self.assertFalse(g.has_work)
+
     def test_bad_tools(self):
         g = exl3.Generator(model(), tokenizer())
         messages = [{"role": "user", "content": "Hi"}]
