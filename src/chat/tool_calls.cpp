@@ -186,8 +186,8 @@ std::string tool_call_trigger(ToolFormat f, bool required) {
     return {};
 }
 
-bool tool_call_constrainable(ToolFormat f) {
-    return f != ToolFormat::kGemma;
+bool tool_call_constrainable(ToolFormat) {
+    return true;  // Gemma's forced calls pass their arguments as name(**{...}): a JSON object is a Python dict
 }
 
 std::string tool_call_literal(ToolFormat f, const std::string& function) {
@@ -212,7 +212,7 @@ std::string tool_call_literal(ToolFormat f, const std::string& function) {
         case ToolFormat::kHarmony:
             return function + " <|constrain|>json" + std::string(kHarmonyMessage);
         case ToolFormat::kGemma:
-            return function + "(";
+            return function + "(**";
     }
     return {};
 }
@@ -241,8 +241,9 @@ std::string tool_call_closing(ToolFormat f) {
         case ToolFormat::kGranite:
             return "}]";
         case ToolFormat::kMistralArgs:
-        case ToolFormat::kGemma:
             return {};
+        case ToolFormat::kGemma:
+            return ")]";
         case ToolFormat::kCommandR:
             return "}]<|END_ACTION|>";
         case ToolFormat::kSeed:

@@ -38,7 +38,8 @@ enum class ToolFormat {
                    // (reasoning.h) passes on for a message to a function; a raw reply's
                    // <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|> reads too
     kGemma,        // [NAME(key=value, ...), ...] as the whole reply, optionally in a ```tool_code fence: Python
-                   // call syntax with Python or JSON literals (Gemma 3's tool templates)
+                   // call syntax with Python or JSON literals (Gemma 3's tool templates); a forced call is written
+                   // NAME(**{...}), its arguments a JSON object (a Python dict)
 };
 // Every format, in the order tool_format_names() lists them.
 inline constexpr ToolFormat kToolFormats[] = {
@@ -74,7 +75,8 @@ std::string tool_call_closing(ToolFormat f);
 // call is the whole reply) and <|python_tag|> under "auto".
 std::string tool_call_trigger(ToolFormat f, bool required);
 std::string tool_call_literal(ToolFormat f, const std::string& function);
-// Whether calls of this format can be generated under a JSON Schema (not Gemma's Python-syntax arguments).
+// Whether calls of this format can be generated under a JSON Schema (every format now: Gemma's forced calls write
+// their arguments as NAME(**{...})).
 bool tool_call_constrainable(ToolFormat f);
 
 // The strings that start a tool call in this format (to check whether the tokenizer treats them as special tokens,

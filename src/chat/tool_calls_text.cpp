@@ -68,7 +68,7 @@ public:
     }
     Read more() const { return final_ ? Read::kBad : Read::kMore; }
 
-    // One call: NAME(key=value, ...).
+    // One call: NAME(key=value, ...), or NAME(**{...}) (a dict of the arguments, as a forced call writes them).
     Read call(std::string* name, ojson* args) {
         skip();
         const size_t at = p_;
@@ -82,6 +82,15 @@ public:
             if (!first && !eat(',')) return at_end() ? more() : Read::kBad;
             if (eat(')')) return Read::kOk;  // a trailing comma
             skip();
+            if (s_.substr(p_).starts_with("**")) {
+                p_ += 2;
+                ojson d;
+                if (Read r = value(&d, 0); r != Read::kOk) return r;
+                if (!d.is_object()) return Read::kBad;
+                for (auto& [k, v] : d.items()) (*args)[k] = v;
+                continue;
+            }
+            if (p_ + 1 >= s_.size() && s_.substr(p_) == "*") return more();
             const size_t k = p_;
             while (p_ < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[p_])) || s_[p_] == '_')) ++p_;
             if (p_ == s_.size()) return more();

@@ -102,7 +102,8 @@ TEST(ToolCallsText, Gemma) {
                  json::array({call("now", "{}"), call("now", R"({"tz":"UTC"})")}));
     // Text after a bare list is content.
     expect_parse(f, "[now()] and more", "and more", json::array({call("now", "{}")}));
-    for (const char* bad : {"[1, 2, 3]", "[f(1, 2)]", "[f(a=)]", "[f(a=1]", "[f(a='open", "[not a call",
+    for (const char* bad : {"[1, 2, 3]", "[f(1, 2)]", "[f(a=)]", "[f(a=1]", "[f(a='open", "[not a call", "[f(**[1])]",
+                            "[f(**)]",
                             "```tool_code\nx = 1\n```"}) {
         expect_parse(f, bad, bad, json::array());
     }
@@ -147,10 +148,10 @@ TEST(ToolCallsText, OpeningsAndLiterals) {
     EXPECT_EQ(tool_call_trigger(ToolFormat::kLlama3, true), "");
     EXPECT_EQ(tool_call_trigger(ToolFormat::kLlama3, false), "<|python_tag|>");
     EXPECT_EQ(tool_call_trigger(ToolFormat::kHarmony, false), "to=functions.");
-    EXPECT_FALSE(tool_call_constrainable(ToolFormat::kGemma));
-    // Gemma: the opening of a named call, the model's Python arguments.
-    expect_parse(ToolFormat::kGemma, tool_call_opening(ToolFormat::kGemma, "now") + "tz=\"UTC\")]", "",
-                 json::array({call("now", R"({"tz":"UTC"})")}));
+    // Gemma: a forced call passes its arguments as a dict; a call may mix both forms.
+    EXPECT_EQ(tool_call_opening(ToolFormat::kGemma, "now"), "[now(**");
+    expect_parse(ToolFormat::kGemma, "[now(tz=\"UTC\", **{\"dst\": true})]", "",
+                 json::array({call("now", R"({"tz":"UTC","dst":true})")}));
 }
 
 }  // namespace

@@ -572,6 +572,33 @@ const tests = {
             }
         }
     },
+    async forcedCallsInEveryFormat() {
+        // tool_choice "required" and a named function on the templates of the formats that are not JSON: Qwen3-Coder's
+        // and Seed-OSS's XML, GLM-4.5's <arg_key>, gpt-oss's Harmony header, Gemma's Python calls -- each reply a
+        // valid call, parsed back the same whole and streamed.
+        const tools = TOOLS.map((t) => ({ ...t, function: { ...t.function,
+            parameters: { ...t.function.parameters, additionalProperties: false } } }));
+        for (const file of ["Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", "llama-cpp-glm-4.5.jinja",
+                            "openai-gpt-oss-120b.jinja", "ByteDance-Seed-OSS.jinja", "vllm-gemma3-pythonic.jinja"]) {
+            await withServer(["--chat-template", `${committed}/${file}`], file, async (at) => {
+                const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
+                for (const tool_choice of ["required", { type: "function", function: { name: "get_weather" } }]) {
+                    const body = { model: MODEL, messages: askTime, tools, tool_choice, max_tokens: 120,
+                                   temperature: 0.8, seed: 3 };
+                    const r = await c.chat.completions.create(body);
+                    const call = r.choices[0].message.tool_calls?.[0];
+                    assert.equal(r.choices[0].finish_reason, "tool_calls", `${file}: ${JSON.stringify(r.choices[0])}`);
+                    const args = JSON.parse(call.function.arguments);
+                    if (tool_choice !== "required") assert.equal(call.function.name, "get_weather", file);
+                    assert.ok(call.function.name === "get_time" ? Object.keys(args).length === 0
+                                                                : typeof args.city === "string", JSON.stringify(call));
+                    const final = await c.chat.completions.stream(body).finalChatCompletion();
+                    assert.deepEqual(final.choices[0].message.tool_calls.map((t) => t.function), [call.function],
+                                     `${file}: streamed as whole`);
+                }
+            });
+        }
+    },
     async reasoning() {
         // QwQ's template opens <think> in the prompt, so the reply starts inside reasoning. The tiny model never closes
         // it; max_reasoning_tokens makes the server close it after that many tokens and the answer follow.
