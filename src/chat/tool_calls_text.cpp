@@ -390,7 +390,9 @@ bool ToolCallParser::step_harmony(size_t i, bool final, std::vector<Piece>* out)
     const size_t m = b.find(kHarmonyMessage, name_end);
     const size_t header_end = m == std::string::npos ? b.size() : m;
     const std::string_view header = b.substr(name_end, header_end - name_end);
-    bool header_ok = is_name(name) && header.size() <= kMaxHarmonyHeaderBytes;
+    // (While <|message|> is arriving, its first bytes are not the header's.)
+    const size_t arriving = m == std::string::npos ? partial_marker_suffix(header, kHarmonyMessage) : 0;
+    bool header_ok = is_name(name) && header.size() - arriving <= kMaxHarmonyHeaderBytes;
     for (std::string_view e : kHarmonyEnds) header_ok = header_ok && header.find(e) == std::string_view::npos;
     if (!header_ok) {
         give_up(out);

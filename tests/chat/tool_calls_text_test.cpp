@@ -80,6 +80,11 @@ TEST(ToolCallsText, Harmony) {
     expect_parse(f, "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Tokyo\"}<|call|>", "",
                  json::array({call("get_weather", R"({"city":"Tokyo"})")}));
     expect_parse(f, "to=functions.now<|message|>{}", "", json::array({call("now", "{}")}));
+    // A header near its bound: the same verdict while its <|message|> is still arriving (a fuzzer's find).
+    const std::string header(60, ' ');
+    expect_parse(f, "to=functions.now" + header + "<|message|>{}<|call|>", "", json::array({call("now", "{}")}));
+    const std::string over = "to=functions.now" + header + "     <|message|>{}<|call|>";
+    expect_parse(f, over, over, json::array());
     for (const char* bad : {"to=functions.f<|message|>not json<|call|>", "to=functions.<|message|>{}<|call|>",
                             "to=functions.f<|end|><|message|>{}", "to=functions.f<|message|>[1]<|call|>"}) {
         expect_parse(f, bad, bad, json::array());
