@@ -455,8 +455,8 @@ void bind_tokenizer(py::module_& m) {
             },
             py::arg("name") = "default",
             "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
-            "'mistral', 'mistral-args', 'granite', 'command-r', 'seed', 'qwen3-coder', 'glm', 'harmony' or 'gemma' "
-            "(what exl3.parse_tool_calls takes).")
+            "'mistral', 'mistral-args', 'granite', 'command-r', 'command-r-plus', 'seed', 'qwen3-coder', 'glm', "
+            "'harmony' or 'gemma' (what exl3.parse_tool_calls takes).")
         .def(
             "reply_format",
             [](const PyTokenizer& t, const std::string& name) {

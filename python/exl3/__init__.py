@@ -88,9 +88,10 @@ def parse_tool_calls(text: str, format: str = "hermes") -> tuple:
     """Splits a model's reply into its text and the tool calls in it, as `exl3 serve` does: returns
     (content, tool_calls), tool_calls a list of {"id", "name", "arguments"} (arguments a dict). format is how the
     model writes calls: 'hermes' (<tool_call>...</tool_call>: Qwen, Hermes), 'llama3', 'mistral', 'mistral-args',
-    'granite' (<|tool_call|>[...]), 'command-r' (<|START_ACTION|>[...]<|END_ACTION|>), 'seed' (Seed-OSS's
-    <seed:tool_call><function=...> form), 'qwen3-coder' (<tool_call><function=...>), 'glm' (<arg_key> /
-    <arg_value>), 'harmony' (gpt-oss's commentary channel) or 'gemma' ([name(key=value)] Python calls);
+    'granite' (<|tool_call|>[...]), 'command-r' (<|START_ACTION|>[...]<|END_ACTION|>), 'command-r-plus'
+    (Action: ```json [...]```), 'seed' (Seed-OSS's <seed:tool_call><function=...> form), 'qwen3-coder'
+    (<tool_call><function=...>), 'glm' (<arg_key> / <arg_value>), 'harmony' (gpt-oss's commentary channel) or
+    'gemma' ([name(key=value)] Python calls);
     Tokenizer.tool_call_format() says which its chat template teaches. A call whose JSON is malformed, or that the
     reply ends inside, stays in the content."""
     content, calls = _exl3._parse_tool_calls(text, format)

@@ -14,6 +14,8 @@ inline constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs =
                                   kMistralCallId = "[CALL_ID]";
 inline constexpr std::string_view kGraniteCalls = "<|tool_call|>";
 inline constexpr std::string_view kCohereOpen = "<|START_ACTION|>", kCohereClose = "<|END_ACTION|>";
+// Command R+: "Action:" then the list of actions in a ```json fence; "directly-answer" is its action for no tool.
+inline constexpr std::string_view kActionMarker = "Action:", kFence = "```", kDirectlyAnswer = "directly-answer";
 inline constexpr std::string_view kSeedOpen = "<seed:tool_call>", kSeedClose = "</seed:tool_call>";
 // Seed-OSS's and Qwen3-Coder's function elements.
 inline constexpr std::string_view kXmlFunction = "<function=", kXmlFunctionEnd = "</function>";

@@ -70,6 +70,8 @@ const char* tool_format_name(ToolFormat f) {
             return "granite";
         case ToolFormat::kCommandR:
             return "command-r";
+        case ToolFormat::kCommandRPlus:
+            return "command-r-plus";
         case ToolFormat::kSeed:
             return "seed";
         case ToolFormat::kQwen3Coder:
@@ -116,6 +118,12 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
     if (src.find(kCohereOpen) != std::string_view::npos) {
         set_how("the template writes <|START_ACTION|>");
         return ToolFormat::kCommandR;
+    }
+    // Command R+'s tool-use template: "Action:" before a ```json list of {"tool_name", "parameters"} objects.
+    if (src.find(kActionMarker) != std::string_view::npos && src.find("```json") != std::string_view::npos &&
+        src.find("\"tool_name\"") != std::string_view::npos) {
+        set_how("the template writes Action:, ```json and \"tool_name\"");
+        return ToolFormat::kCommandRPlus;
     }
     if (src.find(kGraniteCalls) != std::string_view::npos) {
         set_how("the template writes <|tool_call|>");
@@ -176,6 +184,8 @@ std::string tool_call_trigger(ToolFormat f, bool required) {
             return std::string(kGraniteCalls);
         case ToolFormat::kCommandR:
             return std::string(kCohereOpen);
+        case ToolFormat::kCommandRPlus:
+            return std::string(kActionMarker);
         case ToolFormat::kSeed:
             return std::string(kSeedOpen);
         case ToolFormat::kHarmony:
@@ -204,6 +214,8 @@ std::string tool_call_literal(ToolFormat f, const std::string& function) {
             return function + std::string(kMistralArgs);
         case ToolFormat::kCommandR:
             return "[{\"tool_call_id\": \"0\", \"tool_name\": " + quoted + ", \"parameters\": ";
+        case ToolFormat::kCommandRPlus:  // laid out as its template writes earlier calls
+            return "\n```json\n[\n    {\n        \"tool_name\": " + quoted + ",\n        \"parameters\": ";
         case ToolFormat::kSeed:  // the arguments come as one JSON object inside the function element
         case ToolFormat::kQwen3Coder:
             return "\n" + std::string(kXmlFunction) + function + ">\n";
@@ -226,6 +238,8 @@ std::string tool_call_opening(ToolFormat f, const std::string& function) {
             return "{\"name\": \"";
         case ToolFormat::kQwen3Coder:
             return std::string(kHermesOpen) + "\n" + std::string(kXmlFunction);
+        case ToolFormat::kCommandRPlus:
+            return std::string(kActionMarker) + "\n```json\n[\n    {\n        \"tool_name\": \"";
         default:
             return tool_call_trigger(f, true);
     }
@@ -246,6 +260,8 @@ std::string tool_call_closing(ToolFormat f) {
             return ")]";
         case ToolFormat::kCommandR:
             return "}]<|END_ACTION|>";
+        case ToolFormat::kCommandRPlus:
+            return "\n    }\n]```";
         case ToolFormat::kSeed:
             return "\n</function>\n</seed:tool_call>";
         case ToolFormat::kQwen3Coder:
@@ -273,6 +289,8 @@ std::vector<std::string> tool_call_markers(ToolFormat f) {
             return {std::string(kGraniteCalls)};
         case ToolFormat::kCommandR:
             return {std::string(kCohereOpen), std::string(kCohereClose)};
+        case ToolFormat::kCommandRPlus:
+            return {std::string(kActionMarker)};
         case ToolFormat::kSeed:
             return {std::string(kSeedOpen), std::string(kSeedClose)};
         case ToolFormat::kHarmony:
@@ -387,6 +405,8 @@ std::string_view call_marker(ToolFormat f) {
             return kGraniteCalls;
         case ToolFormat::kCommandR:
             return kCohereOpen;
+        case ToolFormat::kCommandRPlus:
+            return kActionMarker;
         case ToolFormat::kSeed:
             return kSeedOpen;
         case ToolFormat::kHarmony:
@@ -552,6 +572,8 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
         case ToolFormat::kGranite:
         case ToolFormat::kCommandR:
             return step_list(i, final, out);
+        case ToolFormat::kCommandRPlus:
+            return step_action(i, final, out);
         case ToolFormat::kSeed:
         case ToolFormat::kQwen3Coder:
             return step_xml(i, final, out);
@@ -594,6 +616,60 @@ bool ToolCallParser::step_list(size_t i, bool final, std::vector<Piece>* out) {
         return true;
     }
     for (const auto& call : v) emit_call(call, out);
+    return finish_call(consumed);
+}
+
+// Command R+'s actions at buf_[i] (after "Action:"): a JSON list of {"tool_name", "parameters"} objects (or one
+// object) in a ``` fence (info string "json" or none) as its template writes them, or bare; the closing fence is
+// consumed when it follows. All of the list or none of it; "directly-answer" actions are left out, and a list of
+// nothing else is not a call.
+bool ToolCallParser::step_action(size_t i, bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    size_t j = i;
+    bool fenced = false;
+    if (b.substr(j).starts_with(kFence)) {
+        size_t k = j + kFence.size();
+        while (k < b.size() && k - j < 16 && b[k] >= 'a' && b[k] <= 'z') ++k;
+        if (k == b.size()) return wait_or_give_up(final, out);
+        const std::string_view info = b.substr(j + kFence.size(), k - j - kFence.size());
+        if ((info != "" && info != "json") || !is_ws(b[k])) {
+            give_up(out);
+            return true;
+        }
+        j = skip_ws(b, k);
+        if (j == b.size()) return wait_or_give_up(final, out);
+        fenced = true;
+    } else if (may_become(b.substr(j), kFence)) {
+        return wait_or_give_up(final, out);
+    }
+    if (b[j] != '[' && b[j] != '{') {
+        give_up(out);
+        return true;
+    }
+    ojson v;
+    bool gave_up = false;
+    const size_t end = value_at(j, final, &v, &gave_up, out);
+    if (gave_up) return true;
+    if (end == std::string::npos) return false;
+    size_t consumed = end;
+    if (fenced) {
+        const size_t k = skip_ws(b, end);
+        if (!final && may_become(b.substr(k), kFence)) return false;
+        if (b.substr(k).starts_with(kFence)) consumed = k + kFence.size();
+    }
+    if (v.is_object()) v = ojson::array({v});
+    ojson calls = ojson::array();
+    std::string name, args, id;
+    bool ok = true;
+    for (const auto& call : v) {
+        ok = ok && call_fields(call, &name, &args, &id);
+        if (ok && name != kDirectlyAnswer) calls.push_back(call);
+    }
+    if (!ok || calls.empty()) {
+        give_up(out);
+        return true;
+    }
+    for (const auto& call : calls) emit_call(call, out);
     return finish_call(consumed);
 }
 

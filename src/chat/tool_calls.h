@@ -8,6 +8,7 @@
 //            or newlines; "arguments" accepted for "parameters" (Llama 3.1/3.2/3.3)
 //   mistral  [TOOL_CALLS] followed by a JSON list [{"name", "arguments", "id"?}, ...] (Nemo, Mistral 7B v0.3), or by
 //            N[ARGS]{...} / N[CALL_ID]id[ARGS]{...} (Mistral Small 3.2, Devstral, Magistral)
+//   ... and the others of ToolFormat below.
 // A call whose JSON is malformed (or whose reply ends inside it) is not a call: it and everything after it stay plain
 // content, marker included. The parser never fails and never throws.
 #pragma once
@@ -29,6 +30,8 @@ enum class ToolFormat {
     kGranite,      // <|tool_call|>[{"name": ..., "arguments": {...}}] (Granite 3.x)
     kCommandR,     // <|START_ACTION|>[{"tool_call_id": "0", "tool_name": ..., "parameters": {...}}]<|END_ACTION|>
                    // (Command R7B / A)
+    kCommandRPlus,  // Action:\n```json\n[{"tool_name": ..., "parameters": {...}}, ...]``` (Command R / R+'s tool-use
+                    // template); the action "directly-answer" (its way of calling no tool) is not a call
     kSeed,         // <seed:tool_call><function=NAME><parameter=K>V</parameter>...</function></seed:tool_call>
                    // (Seed-OSS; V is JSON when it parses as a number, bool, null, list or object, else text)
     kQwen3Coder,   // <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>\n</tool_call>
@@ -44,8 +47,8 @@ enum class ToolFormat {
 // Every format, in the order tool_format_names() lists them.
 inline constexpr ToolFormat kToolFormats[] = {
     ToolFormat::kHermes,  ToolFormat::kLlama3,     ToolFormat::kMistral, ToolFormat::kMistralArgs,
-    ToolFormat::kGranite, ToolFormat::kCommandR,   ToolFormat::kSeed,    ToolFormat::kQwen3Coder,
-    ToolFormat::kGlm,     ToolFormat::kHarmony,    ToolFormat::kGemma};
+    ToolFormat::kGranite, ToolFormat::kCommandR,   ToolFormat::kCommandRPlus, ToolFormat::kSeed,
+    ToolFormat::kQwen3Coder, ToolFormat::kGlm,     ToolFormat::kHarmony,    ToolFormat::kGemma};
 const char* tool_format_name(ToolFormat f);
 std::optional<ToolFormat> tool_format_from_name(std::string_view name);  // "hermes", "llama3", "mistral"...
 // Every name tool_format_from_name takes, for messages: "hermes, llama3, mistral, ..., harmony, gemma".
@@ -117,6 +120,7 @@ private:
     bool step_call(bool final, std::vector<Piece>* out);
     bool step_mistral(size_t i, bool final, std::vector<Piece>* out);
     bool step_list(size_t i, bool final, std::vector<Piece>* out);
+    bool step_action(size_t i, bool final, std::vector<Piece>* out);
     bool step_xml(size_t i, bool final, std::vector<Piece>* out);
     bool step_glm(size_t i, bool final, std::vector<Piece>* out);
     bool step_harmony(size_t i, bool final, std::vector<Piece>* out);

@@ -7,6 +7,7 @@
 
 #include <random>
 
+#include "exl3/chat_template.h"
 #include "exl3/tool_calls.h"
 #include "test_util.h"
 #include "tool_call_test_util.h"
@@ -136,6 +137,51 @@ TEST(ToolCalls, GraniteAndCommandR) {
             if (text.find(tool_call_markers(f)[0]) == 0) expect_parse(f, text, text, json::array());
 }
 
+// Command R+'s actions: "Action:" and a ```json list of {"tool_name", "parameters"}, as its tool-use template teaches
+// and writes earlier calls; "directly-answer" (the template's action for answering without a tool) is not a call.
+TEST(ToolCalls, CommandRPlus) {
+    const auto f = ToolFormat::kCommandRPlus;
+    // The real template renders an earlier call; the parser reads back what it wrote.
+    const std::string src =
+        test::read_file(test::repo_path("tests/fixtures/chat/templates/CohereForAI-c4ai-command-r-plus-tool_use.jinja"));
+    ASSERT_FALSE(src.empty());
+    auto tmpl = ChatTemplate::parse(src);
+    ASSERT_TRUE(tmpl.is_ok()) << tmpl.status().message();
+    const auto history = nlohmann::ordered_json::parse(R"({"messages": [{"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "I will look.", "tool_calls": [
+          {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}},
+          {"type": "function", "function": {"name": "now", "arguments": {}}}]}],
+        "tools": [], "bos_token": "", "add_generation_prompt": false})");
+    auto rendered = tmpl->render(history);
+    ASSERT_TRUE(rendered.is_ok()) << rendered.status().message();
+    const size_t at = rendered->find("<|CHATBOT_TOKEN|>");
+    ASSERT_NE(at, std::string::npos) << *rendered;
+    const std::string turn = rendered->substr(at + 17, rendered->find("<|START_OF_TURN_TOKEN|>", at) - at - 17);
+    ASSERT_NE(turn.find("Action:\n```json\n["), std::string::npos) << turn;
+    expect_parse(f, turn, "I will look.",
+                 json::array({call("get_weather", R"({"city":"Paris","days":2})"), call("now", "{}")}));
+    // Compact, bare (no fence), one object, and text after the closing fence.
+    expect_parse(f, "Action: ```json\n[{\"tool_name\": \"now\", \"parameters\": {}}]```\nDone.", "Done.",
+                 json::array({call("now", "{}")}));
+    expect_parse(f, "Action: [{\"tool_name\": \"now\"}]", "", json::array({call("now", "{}")}));
+    expect_parse(f, "Action:\n```\n{\"tool_name\": \"now\", \"parameters\": {}}\n```", "",
+                 json::array({call("now", "{}")}));
+    // directly-answer is left out of the calls; alone, the reply is what the model wrote.
+    expect_parse(f,
+                 "Action: ```json\n[{\"tool_name\": \"directly-answer\", \"parameters\": {}}, "
+                 "{\"tool_name\": \"now\", \"parameters\": {}}]```",
+                 "", json::array({call("now", "{}")}));
+    for (const std::string& text : std::vector<std::string>{
+             "Action: ```json\n[{\"tool_name\": \"directly-answer\", \"parameters\": {}}]```",
+             "Action: take the stairs.", "Action:", "Action: ```python\n[{\"tool_name\": \"now\"}]```",
+             "Action: ```json[{\"tool_name\": \"now\"}]```", "Action: ```json\n[]```",
+             "Action: ```json\n[{\"tool_name\": \"now\"}, {\"name\": 1}]```",
+             "Action: ```json\n[{\"tool_name\": \"now\"", "Action: ``", "Action: ```jsonjsonjsonjsonjson\n[]"})
+        expect_parse(f, text, text, json::array());
+    // Prose that only mentions an action: the text as it is.
+    expect_parse(f, "Next Action", "Next Action", json::array());
+}
+
 // Seed-OSS's XML-like calls: one function element a call, parameters as text or (where they parse) JSON values.
 TEST(ToolCalls, SeedOss) {
     const auto f = ToolFormat::kSeed;
@@ -223,6 +269,7 @@ TEST(ToolCalls, OpeningsForToolChoice) {
           Case{ToolFormat::kLlama3, "{\"city\": \"Paris\"}}"}, Case{ToolFormat::kMistral, "{\"city\": \"Paris\"}}]"},
           Case{ToolFormat::kMistralArgs, "{\"city\": \"Paris\"}"}, Case{ToolFormat::kGranite, "{\"city\": \"Paris\"}}]"},
           Case{ToolFormat::kCommandR, "{\"city\": \"Paris\"}}]<|END_ACTION|>"},
+          Case{ToolFormat::kCommandRPlus, "{\"city\": \"Paris\"}\n    }\n]```"},
           Case{ToolFormat::kSeed, "{\"city\": \"Paris\"}\n</function>\n</seed:tool_call>"}}) {
         const std::string text = tool_call_opening(c.f, "get_weather") + c.continuation;
         expect_parse(c.f, text, "", json::array({call("get_weather", R"({"city":"Paris"})")}));
@@ -286,6 +333,7 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
                    Case{"Qwen-Qwen2.5-7B-Instruct.jinja", ToolFormat::kHermes},
                    Case{"Qwen-Qwen3-0.6B.jinja", ToolFormat::kHermes}, Case{"Qwen-QwQ-32B.jinja", ToolFormat::kHermes},
                    Case{"CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja", ToolFormat::kCommandR},
+                   Case{"CohereForAI-c4ai-command-r-plus-tool_use.jinja", ToolFormat::kCommandRPlus},
                    Case{"ibm-granite-granite-3.3-2B-Instruct.jinja", ToolFormat::kGranite},
                    Case{"ByteDance-Seed-OSS.jinja", ToolFormat::kSeed},
                    Case{"Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", ToolFormat::kQwen3Coder},
@@ -305,6 +353,7 @@ TEST(ToolCalls, DetectsTheFormatOfRealTemplates) {
     EXPECT_EQ(tool_format_from_name("qwen"), ToolFormat::kHermes);
     EXPECT_EQ(tool_format_from_name("granite"), ToolFormat::kGranite);
     EXPECT_EQ(tool_format_from_name("command-r"), ToolFormat::kCommandR);
+    EXPECT_EQ(tool_format_from_name("command-r-plus"), ToolFormat::kCommandRPlus);
     EXPECT_FALSE(tool_format_from_name("gpt").has_value());
 }
 
@@ -384,6 +433,8 @@ TEST(ToolCalls, RandomOutputIsChunkingInvariant) {
                                             "</parameter>",
                                             "</function>",
                                             "\"tool_name\"",
+                                            "Action:",
+                                            "```json",
                                             "{",
                                             "}",
                                             "[",

@@ -31,9 +31,10 @@ function fail(msg) {
     process.exit(1);
 }
 
-// Starts a server on a free port (--port 0) and reads the port from its stdout line.
+// Starts a server on a free port (--port 0) and reads the port from its stdout line; `extra` may set its own -c.
 function start(extra = []) {
-    return startServer(exl3, ["-m", modelDir, "-c", String(CONTEXT), "--api-key", KEY, "--max-body-mb", "1",
+    const context = extra.includes("-c") ? [] : ["-c", String(CONTEXT)];
+    return startServer(exl3, ["-m", modelDir, ...context, "--api-key", KEY, "--max-body-mb", "1",
                               "--max-queue", "96", "-t", "2", ...extra]);
 }
 const stop = stopServer;
@@ -557,13 +558,18 @@ const tests = {
     },
     async forcedCallsInEveryFormat() {
         // tool_choice "required" and a named function on the templates of the formats that are not JSON: Qwen3-Coder's
-        // and Seed-OSS's XML, GLM-4.5's <arg_key>, gpt-oss's Harmony header, Gemma's Python calls -- each reply a
-        // valid call, parsed back the same whole and streamed.
+        // and Seed-OSS's XML, GLM-4.5's <arg_key>, gpt-oss's Harmony header, Gemma's Python calls, and Command R+'s
+        // Action: ```json list -- each reply a valid call, parsed back the same whole and streamed.
+        // (Command R+'s template prints every parameter's description: it needs one.)
         const tools = TOOLS.map((t) => ({ ...t, function: { ...t.function,
             parameters: { ...t.function.parameters, additionalProperties: false } } }));
+        tools[1].function.parameters.properties = { city: { type: "string", description: "The city" } };
         for (const file of ["Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", "llama-cpp-glm-4.5.jinja",
-                            "openai-gpt-oss-120b.jinja", "ByteDance-Seed-OSS.jinja", "vllm-gemma3-pythonic.jinja"]) {
-            await withServer(["--chat-template", `${committed}/${file}`], file, async (at) => {
+                            "openai-gpt-oss-120b.jinja", "ByteDance-Seed-OSS.jinja", "vllm-gemma3-pythonic.jinja",
+                            "CohereForAI-c4ai-command-r-plus-tool_use.jinja"]) {
+            // Command R+'s preamble alone is some 600 tokens.
+            const context = file.includes("command-r-plus") ? ["-c", "1024"] : [];
+            await withServer(["--chat-template", `${committed}/${file}`, ...context], file, async (at) => {
                 const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
                 for (const tool_choice of ["required", { type: "function", function: { name: "get_weather" } }]) {
                     const body = { model: MODEL, messages: askTime, tools, tool_choice, max_tokens: 120,

@@ -408,7 +408,8 @@ Runner add_chat(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--tool-format", o->tool_format,
                    "with --tools: how calls are written: auto (from the template's markers), hermes, llama3, "
-                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>), seed "
+                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>), command-r-plus "
+                   "(Action: ```json), seed "
                    "(<seed:tool_call>), qwen3-coder, glm, harmony (gpt-oss), gemma (Python calls)")
         ->capture_default_str();
     app.add_option("--max-reasoning-tokens", o->max_reasoning_tokens,
