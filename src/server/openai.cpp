@@ -480,6 +480,19 @@ bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out
     return chat::parse_tool_calls(chat::ToolFormat::kHermes, text, out);
 }
 
+chat::TurnOptions turn_options(const ParsedRequest& p) {
+    chat::TurnOptions t;
+    t.tools = p.tools;
+    t.tool_choice = p.tool_choice;
+    t.function = p.tool_function;
+    t.tool_schemas = p.tool_schemas;
+    t.strict_tools = p.strict_tools;
+    t.parallel = p.parallel_tool_calls;
+    t.constrained_output = p.gen.json_object || (p.tools.is_null() && !p.gen.json_schema.empty());
+    t.max_reasoning_tokens = p.max_reasoning_tokens;
+    return t;
+}
+
 std::vector<std::string> forced_call_schemas(const ojson& tools, bool* all_strict) {
     std::vector<std::string> schemas;
     if (all_strict) *all_strict = tools.is_array() && !tools.empty();

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_turn.h"
 #include "chat/tool_calls.h"
 #include "exl3/generator.h"
 
@@ -72,6 +73,10 @@ bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out
 // (chat::TurnOptions::tool_schemas): its parameters where runtime/json_schema.h compiles them (none: an empty object),
 // else any JSON object -- the call still parses, its arguments unchecked. *all_strict: every tool has "strict": true.
 std::vector<std::string> forced_call_schemas(const nlohmann::ordered_json& tools, bool* all_strict = nullptr);
+
+// What a parsed chat request asks of its turn (chat/chat_turn.h's plan_turn): tools, tool_choice, the forced calls'
+// schemas, a JSON reply, the reasoning budget.
+chat::TurnOptions turn_options(const ParsedRequest& p);
 
 // Nesting depth of a JSON value (a scalar is 0), walked without recursion.
 int json_depth(const nlohmann::ordered_json& j);

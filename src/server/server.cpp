@@ -207,16 +207,7 @@ std::optional<ApiError> Engine::prepare(ParsedRequest& p, bool chat, Prepared* o
             return bad_request("the chat template refused these messages: " + text.status().message(), "messages",
                                "template_error");
         *text += p.assistant_prefix;
-        chat::TurnOptions t;
-        t.tools = p.tools;
-        t.tool_choice = p.tool_choice;
-        t.function = p.tool_function;
-        t.tool_schemas = p.tool_schemas;
-        t.strict_tools = p.strict_tools;
-        t.parallel = p.parallel_tool_calls;
-        t.constrained_output = p.gen.json_object || (p.tools.is_null() && !p.gen.json_schema.empty());
-        t.max_reasoning_tokens = p.max_reasoning_tokens;
-        const chat::TurnPlan plan = chat::plan_turn(formats, t, *text);
+        const chat::TurnPlan plan = chat::plan_turn(formats, turn_options(p), *text);
         *text += plan.suffix;
         out->opening = plan.opening;
         out->closing = plan.closing;

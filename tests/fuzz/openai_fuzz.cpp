@@ -23,15 +23,7 @@ void check_plan(const exl3::server::ParsedRequest& r) {
     harmony.reasoning = exl3::chat::harmony_reasoning();
     for (const auto& [m, prompt] : {std::pair{think, "<|im_start|>assistant\n<think>\n"},
                                     std::pair{harmony, "<|start|>assistant"}}) {
-        exl3::chat::TurnOptions t;
-        t.tools = r.tools;
-        t.tool_choice = r.tool_choice;
-        t.function = r.tool_function;
-        t.tool_schemas = r.tool_schemas;
-        t.strict_tools = r.strict_tools;
-        t.parallel = r.parallel_tool_calls;
-        t.constrained_output = r.gen.json_object || (r.tools.is_null() && !r.gen.json_schema.empty());
-        t.max_reasoning_tokens = r.max_reasoning_tokens;
+        const exl3::chat::TurnOptions t = exl3::server::turn_options(r);
         const exl3::chat::TurnPlan plan = exl3::chat::plan_turn(m, t, prompt);
         if (!plan.suffix.ends_with(plan.opening)) std::abort();
         if ((!plan.choices.empty() || !plan.json_schema.empty()) && plan.closing.empty() &&
