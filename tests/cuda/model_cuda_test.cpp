@@ -125,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaFamilies,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
-                                           "cohere_parallel", "cohere2_sliding"));
+                                           "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 // Mixtures of experts. A token's experts are a discontinuous choice: where two candidates' router scores are
 // closer than 16-bit rounding (CUDA's router reads bf16 activations, the CPU's fp32), the two backends pick
 // different experts for that token and its logits part, and the positions after it follow through attention. So:
