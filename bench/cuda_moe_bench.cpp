@@ -23,6 +23,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/exl3/exl3_plan.h"
 #include "backend/cuda/moe_layer.h"
 
 using namespace exl3;
@@ -257,6 +258,16 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
         p = def;
         p.gate_up.prerotate = p.down.prerotate = !def.gate_up.prerotate;
         vars.push_back({def.gate_up.prerotate ? "in-block rotation" : "rotation kernel", p});
+        // A variant whose pass does not fit a block's shared memory (Mixtral's down stage at 16 rows and 2 splits) is
+        // one the plan never makes: left out.
+        const size_t smem_cap = exl3k::smem_device_cap();
+        const MoeLayerWeights& w0 = layers[0].w;
+        std::erase_if(vars, [&](const Variant& v) {
+            const bool fits = exl3_moe_smem_bytes(w0.gate_up.shape, w0.gate_up.classes, v.plan.gate_up) <= smem_cap &&
+                              exl3_moe_smem_bytes(w0.down.shape, w0.down.classes, v.plan.down) <= smem_cap;
+            if (!fits) std::printf("| %d | %.1f | %s | does not fit shared memory | | | |\n", n, active, v.name);
+            return !fits;
+        });
         size_t wsb = 0;
         for (const Variant& v : vars) wsb = std::max(wsb, moe_layer_chunk_bytes(layers[0].w, s.top_k, chunk, v.plan));
         if (!ws.reserve(wsb).is_ok()) std::exit(1);

@@ -211,9 +211,9 @@ public:
     Status moe(int li, Slot in, Slot out) {
         EXL3_RETURN_IF_ERROR(flush());
         const DevMoe& m = layer(li).moe;
-        if (!m.grouped.ok()) return moe_host_routed(li, in, out);
-        const ModelConfig& c = s_.cfg;
         const int n = T();
+        if (!m.grouped.ok() || host_routed_prefill(n)) return moe_host_routed(li, in, out);
+        const ModelConfig& c = s_.cfg;
         const void* x = slot(in);
         EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
         const bool shared = m.shared.gate_up.in > 0, gated = m.shared_gate.in > 0;
@@ -235,6 +235,16 @@ public:
         EXL3_RETURN_IF_ERROR(cuda::moe_layer(m.grouped, io, s_.moe_ws.get(), s_.moe_ws.bytes(), st()));
         if (into_h) in_h_[static_cast<size_t>(out)] = true;
         return Status::ok();
+    }
+    // A long prefill runs its experts host-routed: each chosen expert once over all its rows at once (the EXL3 large
+    // path's tensor-core GEMM) instead of the grouped kernels' decode of every expert's weights once per 256-token
+    // chunk (docs/kernels/moe.md: 2048 tokens of Qwen3-30B-A3B, 5.6 ms a layer grouped). Never while a graph is
+    // captured (the host path waits for the routing), nor in the batch-invariant mode (a token's bits would depend on
+    // the step).
+    bool host_routed_prefill(int n) const {
+        if (n < kMoeHostRoutedTokens || s_.opts.batch_invariant) return false;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        return cudaStreamIsCapturing(st(), &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
     }
     // Inference keeps no linear inputs (the converter captures them on the CPU).
     Status capture(int, LinearInput, Slot) { return Status::ok(); }
