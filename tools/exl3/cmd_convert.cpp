@@ -1,5 +1,5 @@
-// `exl3 convert`: HF checkpoint -> EXL3 (src/convert/convert.h). --device cuda runs the Viterbi tile encoder (the
-// bulk of the work) on the GPU with codes identical to the CPU's; the rest of the pipeline stays on the CPU.
+// `exl3 convert`: HF checkpoint -> EXL3 (src/convert/convert.h). --device cuda runs the calibration forward and the
+// linear algebra on the GPU; the stage breakdown and the peak memory are printed at the end.
 #include <fmt/format.h>
 
 #include <memory>
@@ -9,6 +9,25 @@
 #include "core/thread_pool.h"
 
 namespace exl3::cli {
+
+namespace {
+
+// Where the time went (stages.h), and the peak memory; the last line stays the one-line summary.
+void print_stages(const convert::ConvertReport& r) {
+    std::string line;
+    for (const auto& [name, sec] : r.stages)
+        if (sec >= 0.05) line += fmt::format("{}{} {:.1f}s ({:.0f}%)", line.empty() ? "" : ", ", name, sec,
+                                             r.seconds > 0 ? 100.0 * sec / r.seconds : 0.0);
+    fmt::print("stages: {}\n", line);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    fmt::print("peak memory: host {:.2f} GiB (resident with the mapped checkpoint's pages {:.2f} GiB){}; calibration "
+               "{} x {} tokens\n",
+               r.peak_host_bytes / gib, r.peak_resident_bytes / gib,
+               r.peak_gpu_bytes >= 0 ? fmt::format(", GPU {:.2f} GiB", r.peak_gpu_bytes / gib) : std::string(),
+               r.calibration_rows, r.calibration_cols);
+}
+
+}  // namespace
 
 Runner add_convert(CLI::App& app) {
     struct Opts {
@@ -28,8 +47,18 @@ Runner add_convert(CLI::App& app) {
                    "calibration text file. Default: no outside text; 3/4 of the rows are text sampled from the model "
                    "itself (BOS + one of its most probable first tokens, then temperature 0.9, min-p 0.01), 1/4 are "
                    "uniformly random token ids; deterministic in --seed");
-    app.add_option("--calibration-rows", o->c.calibration_rows, "calibration sequences")->capture_default_str();
-    app.add_option("--calibration-cols", o->c.calibration_cols, "tokens per calibration sequence")
+    app.add_option("--calibration-rows", o->c.calibration_rows,
+                   "calibration sequences (0: sized to the model, 4 tokens per input of its widest linear, 4096 to "
+                   "131072 tokens)")
+        ->capture_default_str();
+    app.add_option("--calibration-cols", o->c.calibration_cols, "tokens per calibration sequence (0: 256, or 512 "
+                   "from 8192 tokens on)")
+        ->capture_default_str();
+    app.add_option("--host-memory", o->c.host_memory_gb, "GiB of host memory the conversion may use: refused up "
+                   "front when its estimate exceeds it (0: no limit)")
+        ->capture_default_str();
+    app.add_option("--gpu-memory", o->c.gpu_memory_gb, "GiB of GPU memory --device cuda may use: the calibration "
+                   "forward takes fewer rows at a time, else refused up front (0: no limit)")
         ->capture_default_str();
     app.add_option("--seed", o->c.seed, "seed of the sign vectors, sampling and sensitivity sample")
         ->capture_default_str();
@@ -37,7 +66,8 @@ Runner add_convert(CLI::App& app) {
                    "keep resume state here: after each finished layer its tensors and the calibration state are "
                    "saved; rerunning the same command resumes after the last finished layer with a byte-identical "
                    "result (other options are refused); removed after success");
-    app.add_option("--device", o->device, "cpu, or cuda: the Viterbi encoder on GPU 0 (identical output)")
+    app.add_option("--device", o->device, "cpu, or cuda: the calibration forward, Hessians, LDL, LDLQ, Viterbi and "
+                   "scale refit on GPU 0 (the same recipe in fp32: statistically the CPU's output)")
         ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
     add_threads_option(app, o->threads);
@@ -60,6 +90,7 @@ Runner add_convert(CLI::App& app) {
         }
         auto r = convert::convert_model(o->c, *pool);
         if (!r.is_ok()) return fail("convert", r.status().message());
+        print_stages(*r);
         fmt::print("converted {} -> {}: {:.4f} bpw, {} tensors, {:.1f} s{}\n", o->c.input_dir, o->c.output_dir,
                    r->achieved_bpw, r->tensors, r->seconds,
                    r->resumed_layers ? fmt::format(" (resumed after layer {})", r->resumed_layers) : std::string());
