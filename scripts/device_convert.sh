@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# `exl3 convert` at real sizes on the GPU machine (issue 43), from binaries built here (sm_90) and carried:
+#   tests  the converter's CUDA tests: the GPU quantizer's kernels and quantize() against the CPU (exl3_gpu_quantizer_tests,
+#          with the calibration forward on CudaOps against the CPU one), the Viterbi kernel (exl3_viterbi_cuda_tests,
+#          its throughput line), and the CPU conversion tests with a GPU present (exl3_convert_tests);
+#   1b     a random-weight Llama-3.2-1B (tools/bench/make_random_model.py --shape llama3-1b, bf16) converted at 4.0 bpw
+#          with defaults (--device cuda), wall time, the stage breakdown and peak memory `exl3 convert` prints, and
+#          `exl3 inspect` of the output (loadable);
+#   8b     the same for Llama-3-8B (--shape llama3-8b);
+#   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
+#          time is the difference over two layers, and 80 layers are extrapolated as T(2) + 78 x that -- an
+#          extrapolation, said so in the output.
+# Carried (git-ignored): $P/bins.tar.xz with exl3, exl3_gpu_quantizer_tests, exl3_viterbi_cuda_tests,
+# exl3_convert_tests (bash scripts/pack_device.sh build/release exl3 exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests
+# exl3_convert_tests; it writes .device/r1), plus libcpp-httplib as pack_device.sh does.
+# Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
+# <= 8 min: run it alone, timeout_s 600); 70b ~5 min (models ~1.5 min, two converts).
+# Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/r1] [BITS=4.0]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+P=.device/r1
+modes=()
+for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; BITS=*) BITS=${a#BITS=} ;; *) modes+=("$a") ;; esac; done
+BITS=${BITS:-4.0}
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+B=/tmp/b; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
+export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
+# The tests find tests/models where they were built: point that path at this checkout.
+for d in /work/wt/h43 /work/main; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }; done
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+free -g | head -2
+
+peak_rss() { awk '/VmHWM/{print $2/1048576 " GiB"}' "/proc/$1/status" 2>/dev/null; }
+
+convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the breakdown
+  local shape=$1 layers=$2 src=/tmp/m-$1-$2 dst=/tmp/q-$1-$2
+  if [ ! -f "$src/config.json" ]; then
+    local t0=$(date +%s.%N)
+    python3 tools/bench/make_random_model.py --shape "$shape" ${layers:+--layers $layers} --out "$src" \
+      > "$OUT/make-$shape-$layers.log" 2>&1 || { echo "random model $shape failed"; tail -5 "$OUT/make-$shape-$layers.log"; return 1; }
+    echo "made $shape ${layers:+($layers layers) }in $(echo "$(date +%s.%N) - $t0" | bc) s: $(du -sh "$src" | cut -f1)"
+  fi
+  rm -rf "$dst"
+  local t0=$(date +%s.%N)
+  "$B/exl3" convert -i "$src" -o "$dst" -b "$BITS" --device cuda --no-progress > "$OUT/convert-$shape-$layers.log" 2>&1
+  local rc=$? wall
+  wall=$(echo "$(date +%s.%N) - $t0" | bc)
+  echo "== $shape${layers:+ ($layers layers)} at $BITS bpw: exit $rc, wall ${wall} s"
+  grep -E "^stages:|^peak memory:|^converted" "$OUT/convert-$shape-$layers.log"
+  [ $rc = 0 ] || tail -5 "$OUT/convert-$shape-$layers.log"
+  [ $rc = 0 ] && "$B/exl3" inspect "$dst" 2>&1 | head -4
+  echo "$wall" > "$OUT/wall-$shape-$layers"
+  rm -rf "$dst"
+  return $rc
+}
+
+for m in "${modes[@]}"; do
+  case "$m" in
+    tests)
+      for t in exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests; do
+        [ -x "$B/$t" ] || { echo "$t not carried"; continue; }
+        echo "== $t"
+        timeout 300 "$B/$t" > "$OUT/$t.log" 2>&1; echo "exit $?"
+        grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|proxy CPU|tiles/s|rel. error" "$OUT/$t.log" | head -40
+      done ;;
+    1b) convert llama3-1b "" ;;
+    8b) convert llama3-8b "" ;;
+    70b)
+      convert llama3-70b 2 && convert llama3-70b 4
+      if [ -f "$OUT/wall-llama3-70b-2" ] && [ -f "$OUT/wall-llama3-70b-4" ]; then
+        t2=$(cat "$OUT/wall-llama3-70b-2"); t4=$(cat "$OUT/wall-llama3-70b-4")
+        echo "70B EXTRAPOLATED (not measured): a layer $(echo "($t4 - $t2) / 2" | bc -l | cut -c1-6) s;" \
+             "80 layers ~ $(echo "($t2 + 78 * ($t4 - $t2) / 2) / 60" | bc -l | cut -c1-6) min" \
+             "(the 2-layer run's fixed costs -- calibration text, embedding, head -- plus 78 more layers)"
+      fi ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 70b)" ;;
+  esac
+done
