@@ -7,23 +7,30 @@
 #          with defaults (--device cuda), wall time, the stage breakdown and peak memory `exl3 convert` prints, and
 #          `exl3 inspect` of the output (loadable);
 #   8b     the same for Llama-3-8B (--shape llama3-8b);
+#   ablate tiny-target converted on the GPU at 2.0 and 3.0 bpw with each of the recipe's steps left out (--recipe) and
+#          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
+#   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw with the defaults, perplexity on eval.txt and on wikitext-2 test
+#          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
 #   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
 #          time is the difference over two layers, and 80 layers are extrapolated as T(2) + 78 x that -- an
 #          extrapolation, said so in the output.
-# Carried (git-ignored): $P/bins.tar.xz with exl3, exl3_gpu_quantizer_tests, exl3_viterbi_cuda_tests,
-# exl3_convert_tests (bash scripts/pack_device.sh build/release exl3 exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests
-# exl3_convert_tests; it writes .device/r1), plus libcpp-httplib as pack_device.sh does.
+# Carried (git-ignored), by scripts/pack_convert.sh: $P/bins.tar.xz (exl3, and for `tests` the three test
+# binaries), libcpp-httplib, and for `ablate` / `table` $P/shared.tar.xz (models/tiny-target,
+# models/tiny-target-exl3-4.0bpw, data/*.txt, laid out like ../shared). Keep a call under 64 MiB: pack_convert.sh
+# speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
 # <= 8 min: run it alone, timeout_s 600); 70b ~5 min (models ~1.5 min, two converts).
-# Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/r1] [BITS=4.0]
+# ablate ~8 min, table ~4 min (each conversion of tiny-target some 10-30 s on the H200, each perplexity a few s).
+# Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/c43] [BITS=4.0]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-P=.device/r1
+P=.device/c43
 modes=()
 for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; BITS=*) BITS=${a#BITS=} ;; *) modes+=("$a") ;; esac; done
 BITS=${BITS:-4.0}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 B=/tmp/b; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
+S=/tmp/shared; [ -f "$P/shared.tar.xz" ] && mkdir -p "$S" && xz -dc "$P/shared.tar.xz" | tar xf - -C "$S"
 export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
 # The tests find tests/models where they were built: point that path at this checkout.
 for d in /work/wt/h43 /work/main; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }; done
@@ -54,6 +61,19 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
   return $rc
 }
 
+ppl() {  # ppl MODEL TEXT -> perplexity (CUDA engine, ctx 512)
+  "$B/exl3" ppl -m "$1" -f "$2" --device cuda --ctx 512 --json 2>/dev/null | grep -oE '"perplexity": *[0-9.]+' | grep -oE '[0-9.]+$'
+}
+tiny() {  # tiny NAME BPW [convert flags] -> one table row: eval (and wikitext with WIKI=1)
+  local name=$1 bpw=$2 dst=/tmp/tt; shift 2
+  rm -rf "$dst"
+  local t0=$(date +%s.%N)
+  "$B/exl3" convert -i "$S/models/tiny-target" -o "$dst" -b "$bpw" --device cuda --no-progress "$@" > "$OUT/tiny-$name-$bpw.log" 2>&1 \
+    || { echo "| $name | $bpw | failed: $(tail -1 "$OUT/tiny-$name-$bpw.log") |"; return; }
+  local wall=$(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5)
+  echo "| $name | $bpw | $(ppl "$dst" "$S/data/eval.txt") | ${WIKI:+$(ppl "$dst" "$S/data/wikitext-2-test.txt") | }$wall s |"
+}
+
 for m in "${modes[@]}"; do
   case "$m" in
     tests)
@@ -73,6 +93,25 @@ for m in "${modes[@]}"; do
              "80 layers ~ $(echo "($t2 + 78 * ($t4 - $t2) / 2) / 60" | bc -l | cut -c1-6) min" \
              "(the 2-layer run's fixed costs -- calibration text, embedding, head -- plus 78 more layers)"
       fi ;;
-    *) echo "unknown mode $m (tests, 1b, 8b, 70b)" ;;
+    ablate)
+      echo "| tiny-target | bpw | eval.txt | convert |"
+      echo "| bf16 | 16 | $(ppl "$S/models/tiny-target" "$S/data/eval.txt") | |"
+      for b in 2.0 3.0; do
+        tiny default "$b"
+        tiny "recipe none (before issue 43)" "$b" --recipe none
+        tiny "no refit" "$b" --recipe in-scales,scale-search
+        tiny "no in-scales" "$b" --recipe scale-search,refit
+        tiny "no scale search" "$b" --recipe in-scales,refit
+        tiny "calibration 64x512" "$b" --calibration-rows 64 --calibration-cols 512
+        tiny "calibration 256x512" "$b" --calibration-rows 256 --calibration-cols 512
+        tiny "calibration.txt 64x512" "$b" --calibration "$S/data/calibration.txt" --calibration-rows 64 --calibration-cols 512
+      done ;;
+    table)
+      echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
+      for ref in tiny-target tiny-target-exl3-4.0bpw; do
+        echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
+      done
+      for b in 2.0 2.5 3.0 3.5 4.0 5.0; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 70b, ablate, table)" ;;
   esac
 done

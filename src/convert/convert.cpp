@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <thread>
 #include <tuple>
 #include <chrono>
 #include <cmath>
@@ -149,6 +151,8 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
 
 // The CUDA calibration forward's rows at a time: its step buffers take ~100-250 KB a token at 8B-70B shapes.
 constexpr int kCalibChunkTokens = 8192;
+// GPU quantizers working side by side on a layer's linears (check_budgets takes fewer where memory is short).
+constexpr int kGpuWorkers = 2;
 
 // One conversion, pass by pass (convert.h).
 class Converter {
@@ -170,6 +174,14 @@ private:
     Status quantize_layers();
     Status quantize_head(const Calib& cs);
     Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw);
+    quant::QuantizeOptions quantize_options(int K, uint64_t seed) const;
+    // The quantized linear to the output (and the work dir's layer file), the progress bar advanced.
+    Status commit(const Lin& l, const quant::QuantizedLinear& q, SafetensorsWriter* lw);
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    Result<quant::QuantizedLinear> quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
+                                                const quant::QuantizeOptions& qo);
+    Status quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw);
+#endif
     Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
     // layer_forward, its time split between the forward and the Hessian captures (hs may be null).
     Status forward(int li, Calib& cs, LayerHess* hs);
@@ -202,6 +214,7 @@ private:
 #ifdef EXL3_CONVERT_HAVE_CUDA
     std::unique_ptr<cuda::GpuQuantizer> gq_;
     std::unique_ptr<::exl3::cuda::LayerRunner> runner_;  // the calibration forward on the GPU (null: on the CPU)
+    std::vector<std::unique_ptr<cuda::GpuQuantizer>> workers_;  // more quantizers, each a stream, beside gq_
 #endif
     std::optional<WorkDir> wd_;
     std::vector<int32_t> toks_;
@@ -214,6 +227,7 @@ private:
     std::optional<Progress> bar_;
     int64_t host_peak_ = 0;
     int calib_chunk_tokens_ = kCalibChunkTokens;
+    int gpu_workers_ = kGpuWorkers;
 };
 
 // Every tensor through the shared loader (models/weights.h: names from the architecture's table, shapes, dtypes,
@@ -264,7 +278,9 @@ Status Converter::check_budgets() {
     if (!gpu || opt_.gpu_memory_gb <= 0) return Status::ok();
     // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
     const int64_t per_token = 12 * D + 8 * static_cast<int64_t>(c_.intermediate_size) + 2 * lin_.max_in();
-    const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu, budget = static_cast<int64_t>(opt_.gpu_memory_gb * gib);
+    const int64_t budget = static_cast<int64_t>(opt_.gpu_memory_gb * gib);
+    while (gpu_workers_ > 1 && layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_ > budget / 2) --gpu_workers_;
+    const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_;
     while (calib_chunk_tokens_ > opt_.calibration_cols && fixed + per_token * calib_chunk_tokens_ > budget)
         calib_chunk_tokens_ /= 2;
     const int64_t need = fixed + per_token * std::max(calib_chunk_tokens_, opt_.calibration_cols);
@@ -273,8 +289,9 @@ Status Converter::check_budgets() {
                                             "Hessians, the largest linear's quantizer), over --gpu-memory {:.1f}",
                                             need / gib, opt_.gpu_memory_gb));
     if (opt_.progress)
-        fmt::print(stderr, "exl3 convert: estimated peaks: host {:.1f} GiB, GPU {:.1f} GiB ({} calibration tokens at a time)\n",
-                   host / gib, need / gib, calib_chunk_tokens_);
+        fmt::print(stderr, "exl3 convert: estimated peaks: host {:.1f} GiB, GPU {:.1f} GiB ({} calibration tokens at a time, "
+                   "{} quantizer{})\n",
+                   host / gib, need / gib, calib_chunk_tokens_, gpu_workers_, gpu_workers_ > 1 ? "s" : "");
     return Status::ok();
 }
 
@@ -283,6 +300,12 @@ Status Converter::make_encoder() {
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (opt_.device == ConvertDevice::kCuda) {
         EXL3_ASSIGN_OR_RETURN(gq_, cuda::GpuQuantizer::create(0, &pool_));
+        // Small linears (k and v) leave most of the GPU idle in a Viterbi launch: more workers quantize a layer's
+        // linears side by side, as the memory budget allows (check_budgets).
+        for (int w = 1; w < gpu_workers_; ++w) {
+            EXL3_ASSIGN_OR_RETURN(auto g, cuda::GpuQuantizer::create(0, nullptr));
+            workers_.push_back(std::move(g));
+        }
         if (opt_.progress) fmt::print(stderr, "exl3 convert: quantizing on {}\n", gq_->device_name());
         // The calibration forward on the GPU too, kCalibChunkTokens tokens at a time (where CUDA attention takes
         // the model's head size; else it stays on the CPU threads).
@@ -464,27 +487,28 @@ Status Converter::allocate_bits() {
     return Status::ok();
 }
 
-Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw) {
-    if (rows_of(h) == 0)
-        return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     quant::QuantizeOptions qo;
     qo.K = K;
     qo.codebook = opt_.codebook;
     qo.seed = seed;
     qo.encode_tiles = encoder_;
-    qo.times = &qt_;
     qo.in_scales = opt_.recipe.in_scales;
     qo.scale_search = opt_.recipe.scale_search;
     qo.scale_tiles = opt_.recipe.scale_tiles;
     qo.refit = opt_.recipe.refit;
+    return qo;
+}
+
+Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw) {
+    if (rows_of(h) == 0)
+        return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+    quant::QuantizeOptions qo = quantize_options(K, seed);
+    qo.times = &qt_;
     quant::QuantizedLinear q;
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (gq_) {
-        // The reconstruction comes back with the codes; it replaces the weight in place (the decoder's view of the
-        // layer points at this buffer).
-        std::vector<float> weff(l.w.size());
-        EXL3_ASSIGN_OR_RETURN(q, gq_->quantize(l.w.data(), l.out, l.in, h.gpu, qo, weff.data()));
-        std::copy(weff.begin(), weff.end(), l.w.begin());
+        EXL3_ASSIGN_OR_RETURN(q, quantize_gpu(*gq_, l, h, qo));
     }
 #endif
     if (!gpu_on()) {
@@ -493,6 +517,10 @@ Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsW
         StageTimer timer(times_, Stage::kFinish);
         EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
     }
+    return commit(l, q, lw);
+}
+
+Status Converter::commit(const Lin& l, const quant::QuantizedLinear& q, SafetensorsWriter* lw) {
     {
         StageTimer timer(times_, Stage::kWrite);
         const float* bias = l.b.empty() ? nullptr : l.b.data();
@@ -500,9 +528,69 @@ Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsW
         if (lw) EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(*lw, l.prefix, q, bias));
     }
     bar_->advance(static_cast<double>(q.k_pad) * q.n_pad / 256,
-                  fmt::format("{} K={} err {:.2g}", l.prefix, K, q.proxy_error));
+                  fmt::format("{} K={} err {:.2g}", l.prefix, q.K, q.proxy_error));
     return Status::ok();
 }
+
+#ifdef EXL3_CONVERT_HAVE_CUDA
+Result<quant::QuantizedLinear> Converter::quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
+                                                       const quant::QuantizeOptions& qo) {
+    // The reconstruction comes back with the codes; it replaces the weight in place (the decoder's view of the layer
+    // points at this buffer).
+    std::vector<float> weff(l.w.size());
+    EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q, g.quantize(l.w.data(), l.out, l.in, h.gpu, qo, weff.data()));
+    std::copy(weff.begin(), weff.end(), l.w.begin());
+    return q;
+}
+
+// A layer's linears on the GPU workers at once (they are independent: their Hessians come from the layer's inputs
+// before any of them is quantized), largest first; written in order on this thread.
+Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw) {
+    Layer& L = lin_.layer(li);
+    const size_t n = L.size();
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return static_cast<int64_t>(L[a].in) * L[a].out > static_cast<int64_t>(L[b].in) * L[b].out;
+    });
+    std::vector<std::optional<Result<quant::QuantizedLinear>>> res(n);
+    std::vector<quant::QuantTimes> times(workers_.size() + 1);
+    std::atomic<size_t> next{0};
+    auto work = [&](size_t w) {
+        cuda::GpuQuantizer& g = w == 0 ? *gq_ : *workers_[w - 1];
+        for (size_t k; (k = next++) < n;) {
+            const size_t i = order[k];
+            Lin& l = L[i];
+            const HessRef h = hess_of(hs, static_cast<int>(i), c_.is_moe(li));
+            if (rows_of(h) == 0) {
+                res[i] = invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+                continue;
+            }
+            quant::QuantizeOptions qo = quantize_options(alloc_[alloc_off_[static_cast<size_t>(li)] + i].K,
+                                                         opt_.seed + static_cast<uint64_t>(li) * 7 + i);
+            qo.encode_tiles = nullptr;  // the worker's own Viterbi (the shared encoder_ is worker 0's)
+            qo.times = &times[w];
+            res[i] = quantize_gpu(g, l, h, qo);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (size_t w = 1; w <= workers_.size(); ++w) threads.emplace_back(work, w);
+    work(0);
+    for (auto& t : threads) t.join();
+    for (const quant::QuantTimes& t : times) {
+        qt_.prepare += t.prepare;
+        qt_.ldl += t.ldl;
+        qt_.viterbi += t.viterbi;
+        qt_.ldlq += t.ldlq;
+        qt_.finish += t.finish;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (!res[i]->is_ok()) return res[i]->status().with_context("quantizing " + L[i].prefix);
+        EXL3_RETURN_IF_ERROR(commit(L[i], **res[i], lw));
+    }
+    return Status::ok();
+}
+#endif
 
 // Pass 2, layer by layer: Hessians from the calibration state propagated through the layers already quantized, LDLQ
 // + Viterbi per linear at its allocated K, then the layer's forward with its quantized weights.
@@ -548,7 +636,10 @@ Status Converter::quantize_layers() {
             }
             SafetensorsWriter lw;  // this layer's tensors, for the work dir
             SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
-            for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+#ifdef EXL3_CONVERT_HAVE_CUDA
+            if (gq_) EXL3_RETURN_IF_ERROR(quantize_layer_gpu(li, hs, lwp));
+#endif
+            for (int i = 0; i < static_cast<int>(L.size()) && !gpu_on(); ++i) {
                 Lin& l = L[static_cast<size_t>(i)];
                 EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, i, c_.is_moe(li)),
                                               alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,

@@ -15,10 +15,12 @@ namespace exl3::quant {
 
 namespace {
 
-// The multipliers the scale search tries, over the codebook-RMS match (bench/lab/quant_scale_lab: on Gaussian
-// targets the optimum is 1.1 at K = 1, 1.0 at K = 2, 0.95 at K = 3, 0.9 at K = 4-5, the curve flat within 2 % over
-// +-0.1; rotated real weights are near Gaussian, their outliers move it).
-constexpr double kScaleGrid[] = {0.80, 0.86, 0.92, 0.98, 1.04, 1.10};
+// The global scale over the codebook-RMS match: its prior by K, the MSE optimum on Gaussian targets
+// (bench/lab/quant_scale_lab: 1.1 at K = 1, 1.0 at K = 2, 0.95 at K = 3, 0.9 from K = 4 on; the curve is flat within
+// 2 % over +-0.1 around it), and the search's three points around the prior (rotated real weights are near Gaussian;
+// their outliers move the optimum a little), refined by the parabola through them.
+constexpr double kScalePrior[] = {1.0, 1.10, 1.00, 0.95, 0.90, 0.90, 0.90, 0.90, 0.90};  // by K
+constexpr double kScaleGrid[] = {0.92, 1.00, 1.08};
 constexpr int kGrid = static_cast<int>(sizeof(kScaleGrid) / sizeof(kScaleGrid[0]));
 
 uint64_t splitmix64(uint64_t& x) {
@@ -75,15 +77,15 @@ void matmul(const double* a, const double* b, double* c, int m, int k, int n, Th
 // Picks the multiplier of W' (at the codebook's RMS) with the least encoder error on a sample of its tiles.
 Result<double> search_scale(const std::vector<float>& w, int kp, int np, const ScaleSearch& s, Codebook cb,
                             uint64_t seed, ThreadPool& pool) {
-    const int total = (kp / 16) * (np / 16), n = std::min(std::max(s.tiles, 1), total);
+    const int total = (kp / 16) * (np / 16), n = scale_search_tiles(total, s.tiles);
     const std::vector<int> pick = sample_tile_indices(total, n, seed ^ 0x5CA1EDull);
     std::vector<float> base(static_cast<size_t>(n) * kTileValues);
     gather_tiles(w, kp, np, pick, base.data());
-    const std::vector<float> batch = scale_search_batch(base);
+    const std::vector<float> batch = scale_search_batch(base, s.K);
     std::vector<uint16_t> st(batch.size());
     EXL3_RETURN_IF_ERROR(encode_tiles(batch.data(), static_cast<int>(batch.size() / kTileValues), s.K, cb, st.data(),
                                       s.encode, pool));
-    return scale_search_pick(base, st, cb);
+    return scale_search_pick(base, st, s.K, cb);
 }
 
 }  // namespace
@@ -131,22 +133,30 @@ std::vector<double> input_scales(const std::vector<double>& row_sumsq, int in, i
     return isc;
 }
 
-std::vector<float> scale_search_batch(const std::vector<float>& base) {
+double scale_prior(int K) {
+    return kScalePrior[std::clamp(K, 1, 8)];
+}
+
+int scale_search_tiles(int total, int max_tiles) {
+    return std::min(total, std::min(std::max(max_tiles, 1), std::max(8, total / 16)));
+}
+
+std::vector<float> scale_search_batch(const std::vector<float>& base, int K) {
     std::vector<float> batch(base.size() * kGrid);
     for (int g = 0; g < kGrid; ++g)
         for (size_t i = 0; i < base.size(); ++i)
-            batch[static_cast<size_t>(g) * base.size() + i] = static_cast<float>(base[i] * kScaleGrid[g]);
+            batch[static_cast<size_t>(g) * base.size() + i] = static_cast<float>(base[i] * kScaleGrid[g] * scale_prior(K));
     return batch;
 }
 
-double scale_search_pick(const std::vector<float>& base, const std::vector<uint16_t>& st, Codebook cb) {
+double scale_search_pick(const std::vector<float>& base, const std::vector<uint16_t>& st, int K, Codebook cb) {
     const float* lut = codebook_lut(cb);
     double mse[kGrid];
     for (int g = 0; g < kGrid; ++g) {
         double e = 0;
         for (size_t i = 0; i < base.size(); ++i) {
             const size_t j = static_cast<size_t>(g) * base.size() + i;
-            const double d = lut[st[j]] / kScaleGrid[g] - base[i];
+            const double d = lut[st[j]] / (kScaleGrid[g] * scale_prior(K)) - base[i];
             e += d * d;
         }
         mse[g] = e;
@@ -158,7 +168,7 @@ double scale_search_pick(const std::vector<float>& base, const std::vector<uint1
         const double off = den > 0 ? std::clamp(0.5 * (y0 - y2) / den, -0.5, 0.5) : 0.0;
         m += off * (kScaleGrid[b + 1] - kScaleGrid[b]);
     }
-    return m;
+    return m * scale_prior(K);
 }
 
 Status finish_scales(std::vector<double> su, std::vector<double> sv, int in, int out, RotatedWeight* P) {
@@ -290,7 +300,7 @@ Result<RotatedWeight> rotate_weight(const float* w, int out, int in, Codebook cb
     for (float v : m) sq += static_cast<double>(v) * v;
     const double rms = std::sqrt(sq / (static_cast<double>(in) * out));
     const double f = rms > 0 ? codebook_rms(cb) / rms : 1.0;
-    P.scale = 1.0;
+    P.scale = scale_prior(s.K);
     if (s.search && rms > 0) {
         for (float& v : m) v = static_cast<float>(v * f);
         EXL3_ASSIGN_OR_RETURN(P.scale, search_scale(m, kp, np, s, cb, seed, pool));

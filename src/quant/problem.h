@@ -34,7 +34,7 @@ struct RotatedWeight {
     int k_pad = 0, n_pad = 0;
     std::vector<float> w;             // W' [k_pad, n_pad], built from the fp16 scales as stored
     std::vector<uint16_t> suh, svh;   // fp16 bits
-    double scale = 1.0;               // the search's factor over the codebook-RMS match
+    double scale = 1.0;               // the global scale over the codebook-RMS match (scale_prior or searched)
     double unit = 1.0;                // RMS of svh: W' error x unit ~ output error (for comparisons across tensors)
 };
 
@@ -52,10 +52,14 @@ void apply_output_scales(const std::vector<double>& row_sumsq, int in, std::vect
 std::vector<double> input_scales(const std::vector<double>& row_sumsq, int in, int out, int k_pad, bool in_scales);
 // The codebook's RMS over all states.
 double codebook_rms(Codebook cb);
+// The global scale at K without a search (the optimum on Gaussian targets).
+double scale_prior(int K);
+// Tiles the search samples from a tensor of `total`: at most max_tiles, at most a 16th of the tensor (at least 8).
+int scale_search_tiles(int total, int max_tiles);
 // The scale search's batch: the n sampled tiles [n, 256] at every multiplier of the grid, [grid, n, 256].
-std::vector<float> scale_search_batch(const std::vector<float>& base);
+std::vector<float> scale_search_batch(const std::vector<float>& base, int K);
 // The multiplier with the least error, from the batch's states (the parabola through the best grid point).
-double scale_search_pick(const std::vector<float>& base, const std::vector<uint16_t>& states, Codebook cb);
+double scale_search_pick(const std::vector<float>& base, const std::vector<uint16_t>& states, int K, Codebook cb);
 // suh, svh (fp16 bits), unit and scale of P from su = signs x input scales / (f x scale) and sv; refuses scales
 // that do not fit fp16.
 Status finish_scales(std::vector<double> su, std::vector<double> sv, int in, int out, RotatedWeight* P);

@@ -32,7 +32,7 @@ void print_stages(const convert::ConvertReport& r) {
 Runner add_convert(CLI::App& app) {
     struct Opts {
         convert::ConvertOptions c;
-        std::string codebook = "mul1", device = "cpu";
+        std::string codebook = "mul1", device = "cpu", recipe = "in-scales,scale-search,refit";
         int threads = 0;
         bool no_progress = false;
     };
@@ -69,6 +69,11 @@ Runner add_convert(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, or cuda: the calibration forward, Hessians, LDL, LDLQ, Viterbi and "
                    "scale refit on GPU 0 (the same recipe in fp32: statistically the CPU's output)")
         ->capture_default_str();
+    app.add_option("--recipe", o->recipe,
+                   "the encoder's optional steps, comma-separated, or none: in-scales (per-input-channel scales), "
+                   "scale-search (the global scale by test encodes, else its prior by K), refit (suh/svh refitted to "
+                   "the codes); for measuring what each is worth (docs/conversion.md)")
+        ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
     add_threads_option(app, o->threads);
     return [o]() {
@@ -80,6 +85,19 @@ Runner add_convert(CLI::App& app) {
             return fail("convert", fmt::format("unknown device '{}': use cpu or cuda", o->device));
         }
         o->c.progress = !o->no_progress;
+        auto& rc = o->c.recipe;
+        rc.in_scales = rc.scale_search = rc.refit = false;
+        for (size_t b = 0; b <= o->recipe.size();) {
+            size_t e = o->recipe.find(',', b);
+            if (e == std::string::npos) e = o->recipe.size();
+            const std::string part = o->recipe.substr(b, e - b);
+            if (part == "in-scales") rc.in_scales = true;
+            else if (part == "scale-search") rc.scale_search = true;
+            else if (part == "refit") rc.refit = true;
+            else if (part != "none" && !part.empty())
+                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit or none", part));
+            b = e + 1;
+        }
         if (!quant::codebook_from_name(o->codebook, &o->c.codebook))
             return fail("convert", fmt::format("unknown codebook '{}': use mul1, mcg or 3inst", o->codebook));
         std::unique_ptr<ThreadPool> own;

@@ -224,7 +224,8 @@ Result<std::unique_ptr<GpuQuantizer>> GpuQuantizer::create(int device, ThreadPoo
     EXL3_RETURN_IF_ERROR(ck(cudaStreamCreateWithFlags(&I.st, cudaStreamNonBlocking), "stream"));
     EXL3_RETURN_IF_ERROR(ckb(cublasCreate(&I.blas), "create"));
     EXL3_RETURN_IF_ERROR(ckb(cublasSetStream(I.blas, I.st), "set stream"));
-    EXL3_RETURN_IF_ERROR(ckb(cublasSetMathMode(I.blas, CUBLAS_PEDANTIC_MATH), "math mode"));  // fp32, no TF32
+    // fp32 GEMMs stay fp32 (TF32 only with CUBLAS_TF32_TENSOR_OP_MATH); the Hessians' 16-bit GEMMs take the tensor cores.
+    EXL3_RETURN_IF_ERROR(ckb(cublasSetMathMode(I.blas, CUBLAS_DEFAULT_MATH), "math mode"));
     EXL3_RETURN_IF_ERROR(cks(cusolverDnCreate(&I.solver), "create"));
     EXL3_RETURN_IF_ERROR(cks(cusolverDnSetStream(I.solver, I.st), "set stream"));
     return g;
@@ -319,10 +320,10 @@ Status GpuQuantizer::Impl::rotate(const float* dW, int out, int in, const quant:
     EXL3_ASSIGN_OR_RETURN(const double sq, all_dot(dM.as(), dM.as(), kp, np));
     const double rms = std::sqrt(sq / (static_cast<double>(in) * out));
     const double f = rms > 0 ? quant::codebook_rms(opt.codebook) / rms : 1.0;
-    P->scale = 1.0;
+    P->scale = quant::scale_prior(opt.K);
     if (opt.scale_search && rms > 0) {
         EXL3_RETURN_IF_ERROR(ck(scale_rc(dM.as(), kp, np, nullptr, nullptr, static_cast<float>(f), st), "scale"));
-        const int total = (kp / 16) * (np / 16), n = std::min(std::max(opt.scale_tiles, 1), total);
+        const int total = (kp / 16) * (np / 16), n = quant::scale_search_tiles(total, opt.scale_tiles);
         const std::vector<int> pick = quant::sample_tile_indices(total, n, opt.seed ^ 0x5CA1EDull);
         Dev dp, dt;
         EXL3_RETURN_IF_ERROR(upload(dp, pick.data(), pick.size(), st));
@@ -330,11 +331,11 @@ Status GpuQuantizer::Impl::rotate(const float* dW, int out, int in, const quant:
         EXL3_RETURN_IF_ERROR(ck(gather_picked(dM.as(), np, dp.as<int>(), n, dt.as(), st), "gather"));
         std::vector<float> base(static_cast<size_t>(n) * 256);
         EXL3_RETURN_IF_ERROR(download(dt, base.data(), base.size(), st));
-        const std::vector<float> batch = quant::scale_search_batch(base);
+        const std::vector<float> batch = quant::scale_search_batch(base, opt.K);
         std::vector<uint16_t> states(batch.size());
         EXL3_RETURN_IF_ERROR(vit->encode(batch.data(), static_cast<int>(batch.size() / 256), opt.K, opt.codebook,
                                          states.data()));
-        P->scale = quant::scale_search_pick(base, states, opt.codebook);
+        P->scale = quant::scale_search_pick(base, states, opt.K, opt.codebook);
     }
     for (int r = 0; r < kp; ++r) su[static_cast<size_t>(r)] *= isc[static_cast<size_t>(r)] / (f * P->scale);
     EXL3_RETURN_IF_ERROR(quant::finish_scales(std::move(su), std::move(sv), in, out, P));
