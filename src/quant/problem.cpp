@@ -311,6 +311,29 @@ Result<RotatedWeight> rotate_weight(const float* w, int out, int in, Codebook cb
     return P;
 }
 
+QuantizedLinear quantized_header(const RotatedWeight& P, int in, int out, int K, Codebook cb, double sigma) {
+    QuantizedLinear q;
+    q.in_features = in;
+    q.out_features = out;
+    q.k_pad = P.k_pad;
+    q.n_pad = P.n_pad;
+    q.K = K;
+    q.codebook = cb;
+    q.suh = P.suh;
+    q.svh = P.svh;
+    q.scale = P.scale;
+    q.sigma_used = sigma;
+    q.trellis.assign(static_cast<size_t>(P.k_pad / 16) * (P.n_pad / 16) * 16 * K, 0);
+    return q;
+}
+
+Status not_positive_definite(double sigma) {
+    return invalid_argument(fmt::format("the Hessian is not positive definite even with damping {:.3g} x "
+                                        "mean(diag); the calibration data may be degenerate (too few rows, or "
+                                        "constant activations)",
+                                        sigma));
+}
+
 Result<DampedHessian> damped_rotated_hessian(const double* h, double count, int in, const std::vector<uint16_t>& suh,
                                              double sigma, int retries, ThreadPool& pool) {
     const int kp = static_cast<int>(suh.size());
@@ -345,10 +368,7 @@ Result<DampedHessian> damped_rotated_hessian(const double* h, double count, int 
             return d;
         }
     }
-    return invalid_argument(fmt::format("the Hessian is not positive definite even with damping {:.3g} x "
-                                        "mean(diag); the calibration data may be degenerate (too few rows, or "
-                                        "constant activations)",
-                                        sigma / 4));
+    return not_positive_definite(sigma / 4);
 }
 
 std::vector<double> rotated_hessian_diagonal(const double* h, double count, int in, const std::vector<uint16_t>& suh) {

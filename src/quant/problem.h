@@ -79,6 +79,12 @@ struct DampedHessian {
 Result<DampedHessian> damped_rotated_hessian(const double* h, double count, int in, const std::vector<uint16_t>& suh,
                                              double sigma, int retries, ThreadPool& pool);
 
+// A QuantizedLinear with P's shape and scales, K, the codebook, the damping used and a zeroed trellis.
+QuantizedLinear quantized_header(const RotatedWeight& P, int in, int out, int K, Codebook cb, double sigma);
+
+// The error when the damping retries ran out (sigma: the last damping tried).
+Status not_positive_definite(double sigma);
+
 // diag(H') of the undamped H / count (h == nullptr: H = I) under the scales suh.
 std::vector<double> rotated_hessian_diagonal(const double* h, double count, int in, const std::vector<uint16_t>& suh);
 

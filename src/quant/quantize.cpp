@@ -45,18 +45,7 @@ Result<QuantizedLinear> quantize_linear(const float* w, int out, int in, const d
     EXL3_ASSIGN_OR_RETURN(DampedHessian D, damped_rotated_hessian(hh, count, in, P.suh, opt.sigma,
                                                                    opt.max_damping_retries, pool));
     lap.to(&QuantTimes::ldl);
-    QuantizedLinear q;
-    q.in_features = in;
-    q.out_features = out;
-    q.k_pad = kp;
-    q.n_pad = np;
-    q.K = K;
-    q.codebook = opt.codebook;
-    q.suh = P.suh;
-    q.svh = P.svh;
-    q.scale = P.scale;
-    q.sigma_used = D.sigma;
-    q.trellis.assign(static_cast<size_t>(kp / 16) * (np / 16) * 16 * K, 0);
+    QuantizedLinear q = quantized_header(P, in, out, K, opt.codebook, D.sigma);
     const float* lut = codebook_lut(opt.codebook);
     const uint8_t* order = tile_element_order();
     const size_t npz = static_cast<size_t>(np);

@@ -37,38 +37,49 @@ Status cks(cusolverStatus_t e, const char* what) {
     return internal_error(fmt::format("GPU quantizer: cuSOLVER {}: status {}", what, static_cast<int>(e)));
 }
 
-// A device array counted in gpu_bytes_in_use.
+// A device array counted in gpu_bytes_in_use, allocated and freed in stream order (cudaMallocAsync: a free does not
+// wait for the whole device, so the GPU workers and the calibration forward keep running side by side).
+thread_local cudaStream_t t_stream = nullptr;  // the stream of the quantizer call under way on this thread
+
+// Sets t_stream for a call's scope.
+struct StreamScope {
+    cudaStream_t old;
+    explicit StreamScope(cudaStream_t st) : old(t_stream) { t_stream = st; }
+    ~StreamScope() { t_stream = old; }
+};
+
 class Dev {
 public:
-    Dev() = default;
+    Dev() : st_(t_stream) {}
     ~Dev() { release(); }
     Dev(const Dev&) = delete;
     Dev& operator=(const Dev&) = delete;
     Status alloc(size_t bytes, bool zero = false) {
         release();
         if (bytes == 0) return Status::ok();
-        if (cudaMalloc(&p_, bytes) != cudaSuccess) {
+        if (cudaMallocAsync(&p_, bytes, st_) != cudaSuccess) {
             cudaGetLastError();
             p_ = nullptr;
             return out_of_range(fmt::format("GPU quantizer: out of device memory allocating {:.2f} GiB ({:.2f} "
-                                                  "GiB held by the converter)",
-                                                  bytes / 1073741824.0, g_in_use.load() / 1073741824.0));
+                                            "GiB held by the converter)",
+                                            bytes / 1073741824.0, g_in_use.load() / 1073741824.0));
         }
         n_ = bytes;
         const int64_t now = g_in_use += static_cast<int64_t>(bytes);
         int64_t peak = g_peak.load();
         while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
         }
-        if (zero) return ck(cudaMemset(p_, 0, bytes), "memset");
+        if (zero) return ck(cudaMemsetAsync(p_, 0, bytes, st_), "memset");
         return Status::ok();
     }
     void release() {
         if (!p_) return;
-        cudaFree(p_);
+        cudaFreeAsync(p_, st_);
         g_in_use -= static_cast<int64_t>(n_);
         p_ = nullptr;
         n_ = 0;
     }
+    void set_stream(cudaStream_t st) { st_ = st; }
     template <class T = float>
     T* as() const {
         return static_cast<T*>(p_);
@@ -78,6 +89,7 @@ public:
 private:
     void* p_ = nullptr;
     size_t n_ = 0;
+    cudaStream_t st_;
 };
 
 // Row-major C [M, N] = alpha op(A) [M, K] op(B) [K, N] + beta C (column-major cuBLAS on the transposes).
@@ -121,6 +133,18 @@ GpuHessian::GpuHessian() : mem_(std::make_unique<Mem>()) {}
 GpuHessian::~GpuHessian() = default;
 GpuHessian::GpuHessian(GpuHessian&&) noexcept = default;
 GpuHessian& GpuHessian::operator=(GpuHessian&&) noexcept = default;
+
+Status GpuHessian::init(int dim) {
+    if (dim_ == 0) {
+        EXL3_RETURN_IF_ERROR(mem_->h.alloc(static_cast<size_t>(dim) * dim * sizeof(float), true));
+        EXL3_RETURN_IF_ERROR(mem_->good.alloc(sizeof(int), true));
+        // The Hessian lives on the legacy stream (it outlives any one call): its zeros before the quantizer's GEMMs.
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(nullptr), "hessian init"));
+        dim_ = dim;
+    }
+    if (dim_ != dim) return internal_error(fmt::format("Hessian of width {} given rows of width {}", dim_, dim));
+    return Status::ok();
+}
 
 Status GpuHessian::download(std::vector<double>* out) const {
     std::vector<float> f(static_cast<size_t>(dim_) * dim_);
@@ -222,6 +246,7 @@ Result<std::unique_ptr<GpuQuantizer>> GpuQuantizer::create(int device, ThreadPoo
     I.name = I.vit->device_name();
     EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(device), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(ck(cudaStreamCreateWithFlags(&I.st, cudaStreamNonBlocking), "stream"));
+    for (Dev* d : {&I.lut[0], &I.lut[1], &I.lut[2], &I.work, &I.info, &I.x16, &I.xf}) d->set_stream(I.st);
     EXL3_RETURN_IF_ERROR(ckb(cublasCreate(&I.blas), "create"));
     EXL3_RETURN_IF_ERROR(ckb(cublasSetStream(I.blas, I.st), "set stream"));
     // fp32 GEMMs stay fp32 (TF32 only with CUBLAS_TF32_TENSOR_OP_MATH); the Hessians' 16-bit GEMMs take the tensor cores.
@@ -233,13 +258,9 @@ Result<std::unique_ptr<GpuQuantizer>> GpuQuantizer::create(int device, ThreadPoo
 
 Status GpuQuantizer::add(GpuHessian& h, const float* x, int rows, int dim) {
     Impl& I = *impl_;
+    const StreamScope scope(I.st);
     EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
-    if (h.dim_ == 0) {
-        EXL3_RETURN_IF_ERROR(h.mem_->h.alloc(static_cast<size_t>(dim) * dim * sizeof(float), true));
-        EXL3_RETURN_IF_ERROR(h.mem_->good.alloc(sizeof(int), true));
-        h.dim_ = dim;
-    }
-    if (h.dim_ != dim) return internal_error(fmt::format("Hessian of width {} given rows of width {}", h.dim_, dim));
+    EXL3_RETURN_IF_ERROR(h.init(dim));
     EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(h.mem_->good.as(), 0, sizeof(int), I.st), "memset"));
     const int chunk = static_cast<int>(std::max<size_t>(1, (size_t{64} << 20) / (sizeof(float) * dim)));
     for (int r0 = 0; r0 < rows; r0 += chunk) {
@@ -259,14 +280,10 @@ Status GpuQuantizer::add(GpuHessian& h, const float* x, int rows, int dim) {
 
 Status GpuQuantizer::add_device(GpuHessian& h, const void* x, bool bf16, int rows, int dim, void* stream) {
     Impl& I = *impl_;
+    const StreamScope scope(I.st);
     EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
     auto cs = static_cast<cudaStream_t>(stream);
-    if (h.dim_ == 0) {
-        EXL3_RETURN_IF_ERROR(h.mem_->h.alloc(static_cast<size_t>(dim) * dim * sizeof(float), true));
-        EXL3_RETURN_IF_ERROR(h.mem_->good.alloc(sizeof(int), true));
-        h.dim_ = dim;
-    }
-    if (h.dim_ != dim) return internal_error(fmt::format("Hessian of width {} given rows of width {}", h.dim_, dim));
+    EXL3_RETURN_IF_ERROR(h.init(dim));
     const size_t n = static_cast<size_t>(rows) * dim;
     if (I.x16.bytes() < n * 2) EXL3_RETURN_IF_ERROR(I.x16.alloc(n * 2));
     EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(h.mem_->good.as(), 0, sizeof(int), cs), "memset"));
@@ -386,10 +403,7 @@ Result<quant::DampedHessian> GpuQuantizer::Impl::damp(const float* H, double cou
         d.lambda = lambda;
         return d;
     }
-    return invalid_argument(fmt::format("the Hessian is not positive definite even with damping {:.3g} x "
-                                        "mean(diag); the calibration data may be degenerate (too few rows, or "
-                                        "constant activations)",
-                                        sigma / 4));
+    return quant::not_positive_definite(sigma / 4);
 }
 
 // LDLQ over the rotated W' (dM) with the factor dL: 16-row blocks from the last, each block's tiles through the
@@ -579,6 +593,7 @@ Result<std::vector<double>> GpuQuantizer::sensitivity(const float* w, int out, i
                                                       const std::vector<int>& ks, quant::Codebook cb, int tiles,
                                                       uint64_t seed) {
     Impl& I = *impl_;
+    const StreamScope scope(I.st);
     if (h.dim_ != in || h.rows_ <= 0) return invalid_argument("no finite calibration rows reach this layer");
     EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
     quant::QuantizeOptions opt;  // as quant::sample_sensitivity: the default recipe without the scale search
@@ -627,6 +642,7 @@ Result<std::vector<double>> GpuQuantizer::sensitivity(const float* w, int out, i
 Result<quant::QuantizedLinear> GpuQuantizer::quantize(const float* w, int out, int in, const GpuHessian& h,
                                                       const quant::QuantizeOptions& opt, float* w_eff) {
     Impl& I = *impl_;
+    const StreamScope scope(I.st);
     if (opt.K < quant::kMinBits || opt.K > quant::kMaxBits)
         return invalid_argument(fmt::format("K = {}: must be 1..8", opt.K));
     if (opt.use_hessian && (h.dim_ != in || h.rows_ <= 0))
@@ -660,24 +676,13 @@ Result<quant::QuantizedLinear> GpuQuantizer::quantize(const float* w, int out, i
     }
     EXL3_ASSIGN_OR_RETURN(quant::DampedHessian D, I.damp(H ? H : ident.as(), count, in, P.suh, opt, dL));
     lap.to(&quant::QuantTimes::ldl);
-    quant::QuantizedLinear q;
-    q.in_features = in;
-    q.out_features = out;
-    q.k_pad = P.k_pad;
-    q.n_pad = P.n_pad;
-    q.K = opt.K;
-    q.codebook = opt.codebook;
-    q.suh = P.suh;
-    q.svh = P.svh;
-    q.scale = P.scale;
-    q.sigma_used = D.sigma;
+    quant::QuantizedLinear q = quant::quantized_header(P, in, out, opt.K, opt.codebook, D.sigma);
     std::vector<uint16_t> states;
     EXL3_RETURN_IF_ERROR(I.ldlq(dM, dL, P.k_pad, P.n_pad, opt, dE, &states, opt.times));
     dL.release();
     lap = quant::QuantLap(opt.times);  // ldlq() accounted its own time
     // The codes packed on the host, tile by tile.
     const int ntn = P.n_pad / 16, K = opt.K;
-    q.trellis.assign(static_cast<size_t>(P.k_pad / 16) * ntn * 16 * K, 0);
     auto pack = [&](size_t b, size_t e) {
         for (size_t t = b; t < e; ++t)
             quant::pack_tile_states(states.data() + t * 256, K, q.trellis.data() + t * 16 * K);

@@ -39,6 +39,7 @@ public:
 
 private:
     friend class GpuQuantizer;
+    Status init(int dim);  // zeros [dim, dim] on first use; a later width must match
     struct Mem;
     std::unique_ptr<Mem> mem_;
     int dim_ = 0;
