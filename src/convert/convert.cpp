@@ -253,7 +253,8 @@ Status Converter::check_budgets() {
     const double gib = 1073741824.0;
     const int64_t T = static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols, D = c_.hidden_size;
     // Per layer: its fp32 copies, its Hessians (one per input: x^T x of q/k/v's, o's, gate/up's, each down's), the
-    // largest linear's GPU quantizer (H, L or Hd, the refit's A: 3 x in^2; W, W', T, E, W^T, H W, Q, ...: 9 x in x out).
+    // largest linear's GPU quantizer at its peak, the refit (Hd and A: 2 x in^2; W, E, Q0, W^T, Hd W^T, Q and a
+    // product: 7 x in x out, fp32).
     int64_t layer_w = 0, layer_h = 0, quant_gpu = 0;
     for (int li = 0; li < c_.num_layers; ++li) {
         int64_t w = 0, h = 0;
@@ -262,7 +263,7 @@ Status Converter::check_budgets() {
             w += static_cast<int64_t>(l.in) * l.out;
             if (l.in != prev_in) h += static_cast<int64_t>(l.in) * l.in;  // inputs shared by neighbours count once
             prev_in = l.in;
-            quant_gpu = std::max(quant_gpu, (3 * static_cast<int64_t>(l.in) * l.in + 9 * static_cast<int64_t>(l.in) * l.out) * 4);
+            quant_gpu = std::max(quant_gpu, (2 * static_cast<int64_t>(l.in) * l.in + 7 * static_cast<int64_t>(l.in) * l.out) * 4);
         }
         layer_w = std::max(layer_w, w);
         layer_h = std::max(layer_h, h);
@@ -397,6 +398,7 @@ Status Converter::forward(int li, Calib& cs, LayerHess* hs) {
         };
         s = runner_->set_layer(li, lin_.calib().layers[static_cast<size_t>(li)]);
         if (s.is_ok()) s = runner_->run(li, cs.h.data(), cs.rows, hs ? &cap : nullptr);
+        runner_->drop_layer();  // its memory to the quantizers until the next forward
         if (s.is_ok()) s = check_state(c_, li, cs, hs != nullptr);
     } else
 #endif

@@ -146,8 +146,10 @@ TEST(Encoder, LdlqBeatsDirectRoundingAndLoads) {
     auto q = quantize_linear(w.data(), out, in, h.data(), rows, opt, pool);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(q.is_ok()) << q.status().message();
-    std::printf("LDLQ 256x256 K=3: %.2f s (%d tiles, %.0f tiles/s on %d threads), proxy %.4g\n", dt, 256,
-                256 / dt, pool.size(), q->proxy_error);
+    std::printf("LDLQ 256x256 K=3: %.2f s (%d tiles, %.0f tiles/s on %d threads), proxy %.4g (before the scale refit "
+                "%.4g), global scale %.3f\n",
+                dt, 256, 256 / dt, pool.size(), q->proxy_error, q->proxy_before_refit, q->scale);
+    EXPECT_LE(q->proxy_error, q->proxy_before_refit);
     opt.use_hessian = false;
     auto qd = quantize_linear(w.data(), out, in, h.data(), rows, opt, pool);
     ASSERT_TRUE(qd.is_ok());

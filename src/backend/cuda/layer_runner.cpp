@@ -72,6 +72,14 @@ Status LayerRunner::set_layer(int li, const HostLayer& layer) {
     return upload_layer(layer, I.s.act, I.s.cfg, &I.s.w.layers[static_cast<size_t>(li)]);
 }
 
+void LayerRunner::drop_layer() {
+    Impl& I = *impl_;
+    if (I.layer < 0) return;
+    cudaSetDevice(I.s.ctx->device());
+    I.s.w.layers[static_cast<size_t>(I.layer)] = DevLayer{};
+    I.layer = -1;
+}
+
 Status LayerRunner::run(int li, float* h, int rows, const Capture* capture) {
     Impl& I = *impl_;
     StepState& s = I.s;

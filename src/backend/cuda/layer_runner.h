@@ -27,6 +27,8 @@ public:
 
     // Uploads layer li's weights (dense, in the activation type), replacing the previous layer's.
     Status set_layer(int li, const HostLayer& layer);
+    // Frees the uploaded layer's weights.
+    void drop_layer();
     // Runs layer li (set_layer first) over h [rows * cols, hidden] (host fp32), which then holds its output.
     Status run(int li, float* h, int rows, const Capture* capture);
     bool bf16() const;
