@@ -37,7 +37,7 @@ for d in /work/wt/h43 /work/main; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 free -g | head -2
 
-peak_rss() { awk '/VmHWM/{print $2/1048576 " GiB"}' "/proc/$1/status" 2>/dev/null; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
 convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the breakdown
   local shape=$1 layers=$2 src=/tmp/m-$1-$2 dst=/tmp/q-$1-$2
@@ -45,13 +45,13 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
     local t0=$(date +%s.%N)
     python3 tools/bench/make_random_model.py --shape "$shape" ${layers:+--layers $layers} --out "$src" \
       > "$OUT/make-$shape-$layers.log" 2>&1 || { echo "random model $shape failed"; tail -5 "$OUT/make-$shape-$layers.log"; return 1; }
-    echo "made $shape ${layers:+($layers layers) }in $(echo "$(date +%s.%N) - $t0" | bc) s: $(du -sh "$src" | cut -f1)"
+    echo "made $shape ${layers:+($layers layers) }in $(since "$t0") s: $(du -sh "$src" | cut -f1)"
   fi
   rm -rf "$dst"
   local t0=$(date +%s.%N)
   "$B/exl3" convert -i "$src" -o "$dst" -b "$BITS" --device cuda --no-progress > "$OUT/convert-$shape-$layers.log" 2>&1
   local rc=$? wall
-  wall=$(echo "$(date +%s.%N) - $t0" | bc)
+  wall=$(since "$t0")
   echo "== $shape${layers:+ ($layers layers)} at $BITS bpw: exit $rc, wall ${wall} s"
   grep -E "^stages:|^peak memory:|^converted" "$OUT/convert-$shape-$layers.log"
   [ $rc = 0 ] || tail -5 "$OUT/convert-$shape-$layers.log"
@@ -70,7 +70,7 @@ tiny() {  # tiny NAME BPW [convert flags] -> one table row: eval (and wikitext w
   local t0=$(date +%s.%N)
   "$B/exl3" convert -i "$S/models/tiny-target" -o "$dst" -b "$bpw" --device cuda --no-progress "$@" > "$OUT/tiny-$name-$bpw.log" 2>&1 \
     || { echo "| $name | $bpw | failed: $(tail -1 "$OUT/tiny-$name-$bpw.log") |"; return; }
-  local wall=$(echo "$(date +%s.%N) - $t0" | bc | cut -c1-5)
+  local wall=$(since "$t0")
   echo "| $name | $bpw | $(ppl "$dst" "$S/data/eval.txt") | ${WIKI:+$(ppl "$dst" "$S/data/wikitext-2-test.txt") | }$wall s |"
 }
 
@@ -89,9 +89,8 @@ for m in "${modes[@]}"; do
       convert llama3-70b 2 && convert llama3-70b 4
       if [ -f "$OUT/wall-llama3-70b-2" ] && [ -f "$OUT/wall-llama3-70b-4" ]; then
         t2=$(cat "$OUT/wall-llama3-70b-2"); t4=$(cat "$OUT/wall-llama3-70b-4")
-        echo "70B EXTRAPOLATED (not measured): a layer $(echo "($t4 - $t2) / 2" | bc -l | cut -c1-6) s;" \
-             "80 layers ~ $(echo "($t2 + 78 * ($t4 - $t2) / 2) / 60" | bc -l | cut -c1-6) min" \
-             "(the 2-layer run's fixed costs -- calibration text, embedding, head -- plus 78 more layers)"
+        awk -v a="$t2" -v b="$t4" 'BEGIN { printf "70B EXTRAPOLATED (not measured): a layer %.1f s; 80 layers ~ %.1f min " \
+          "(the 2-layer run'"'"'s fixed costs -- calibration text, embedding, head -- plus 78 more layers)\n", (b - a) / 2, (a + 78 * (b - a) / 2) / 60 }'
       fi ;;
     ablate)
       echo "| tiny-target | bpw | eval.txt | convert |"
