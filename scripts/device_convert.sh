@@ -20,7 +20,7 @@
 # speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
 # <= 8 min: run it alone, timeout_s 600); 70b ~5 min (models ~1.5 min, two converts).
-# ablate ~8 min, table ~4 min (each conversion of tiny-target some 10-30 s on the H200, each perplexity a few s).
+# ablate ~9 min, table ~4 min (each conversion of tiny-target some 10-30 s on the H200, each perplexity a few s).
 # Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/c43] [BITS=4.0]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -104,6 +104,8 @@ for m in "${modes[@]}"; do
         tiny "calibration 64x512" "$b" --calibration-rows 64 --calibration-cols 512
         tiny "calibration 256x512" "$b" --calibration-rows 256 --calibration-cols 512
         tiny "calibration.txt 64x512" "$b" --calibration "$S/data/calibration.txt" --calibration-rows 64 --calibration-cols 512
+        tiny "damping 0.1" "$b" --damping 0.1
+        tiny "calibration 256x512, damping 0.1" "$b" --calibration-rows 256 --calibration-cols 512 --damping 0.1
       done ;;
     table)
       echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"

@@ -144,6 +144,7 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"calibration_rows", opt.calibration_rows},
             {"calibration_cols", opt.calibration_cols},
             {"sensitivity_tiles", opt.sensitivity_tiles},
+            {"damping", opt.damping},
             {"recipe", fmt::format("{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
                                    opt.recipe.refit)},
             {"seed", opt.seed}};
@@ -499,6 +500,7 @@ quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     qo.scale_search = opt_.recipe.scale_search;
     qo.scale_tiles = opt_.recipe.scale_tiles;
     qo.refit = opt_.recipe.refit;
+    qo.sigma = opt_.damping;
     return qo;
 }
 
@@ -748,6 +750,7 @@ Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool)
     if (!(opt.bpw >= 1.0 && opt.bpw <= 8.0))
         return invalid_argument(fmt::format("bpw {} out of range: EXL3 stores 1..8 bits per weight", opt.bpw));
     if (opt.head_bits < 1 || opt.head_bits > 8) return invalid_argument("head bits must be 1..8");
+    if (!(opt.damping > 0 && opt.damping < 10)) return invalid_argument("damping must be in (0, 10)");
     if (opt.calibration_rows < 0 || opt.calibration_cols < 0 || opt.calibration_cols == 1)
         return invalid_argument("calibration needs rows and columns (0: sized to the model)");
     std::error_code ec;

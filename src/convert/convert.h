@@ -47,6 +47,7 @@ struct ConvertOptions {
     std::string work_dir;          // empty: no resume state
     int stop_after_layer = -1;     // test hook: fail (cleanly) right after layer N is committed to the work dir
     ConvertRecipe recipe;
+    double damping = 0.025;     // the Hessians' damping: H + damping x mean(diag H) x I (4x per retry)
     double host_memory_gb = 0;  // > 0: refuse up front when the estimated host peak exceeds it
     double gpu_memory_gb = 0;   // > 0: the same for the GPU (--device cuda); the calibration forward's chunk shrinks first
 };

@@ -69,6 +69,8 @@ Runner add_convert(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, or cuda: the calibration forward, Hessians, LDL, LDLQ, Viterbi and "
                    "scale refit on GPU 0 (the same recipe in fp32: statistically the CPU's output)")
         ->capture_default_str();
+    app.add_option("--damping", o->c.damping, "the Hessians' damping, a fraction of their mean diagonal added to it")
+        ->capture_default_str();
     app.add_option("--recipe", o->recipe,
                    "the encoder's optional steps, comma-separated, or none: in-scales (per-input-channel scales), "
                    "scale-search (the global scale by test encodes, else its prior by K), refit (suh/svh refitted to "
