@@ -9,8 +9,8 @@ a valid code), K bits per weight, the head at --head-bits, random signs x scales
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
 whatever the codes are.
 
-Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
-                                    qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b
+Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|
+                                    phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
@@ -33,6 +33,12 @@ SHAPES = {
                        vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
                        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
                        tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "llama3-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
+                       intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                       vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
+                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
     "llama3-1b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048,
                       intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
                       head_dim=64, vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,

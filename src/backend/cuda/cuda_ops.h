@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -29,8 +30,15 @@ namespace exl3::cuda {
 // take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
 class CudaOps {
 public:
-    CudaOps(StepState& s, cuda::AttentionBatch batch)
-        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()) {}
+    // kv_layer0: the first layer the KV pages hold (the converter keeps one layer's pages at a time).
+    CudaOps(StepState& s, cuda::AttentionBatch batch, int kv_layer0 = 0)
+        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()),
+          kv_layer0_(kv_layer0) {}
+
+    // The converter's calibration forward: each linear's input x [rows, cols] (the activation type, on the stream's
+    // device, valid until the next op) to the hook, which must be done with it before returning.
+    using CaptureHook = std::function<Status(int layer, LinearInput input, const void* x, int rows, int cols)>;
+    void set_capture(CaptureHook hook) { capture_ = std::move(hook); }
 
     const DevLayer& layer(int li) const { return s_.w.layers[static_cast<size_t>(li)]; }
     Status begin_step(const StepPlan& p) {
@@ -157,7 +165,7 @@ public:
         const float* inv_freq = s_.inv_freq.as<float>() + (which == 2 ? hd : 0);
         // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
         cuda::QkvPaged paged;
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         kv_appended_ = kv.k_bits == 0 && kv.v_bits == 0;
         if (kv_appended_) {
             paged.k_pages = kv.k;
@@ -178,7 +186,7 @@ public:
     }
     Status attention(int li, int window) {
         EXL3_RETURN_IF_ERROR(flush());
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         if (!kv_appended_)
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         kv_appended_ = false;
@@ -246,8 +254,12 @@ public:
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         return cudaStreamIsCapturing(st(), &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
     }
-    // Inference keeps no linear inputs (the converter captures them on the CPU).
-    Status capture(int, LinearInput, Slot) { return Status::ok(); }
+    // Inference keeps no linear inputs: without a hook this does nothing.
+    Status capture(int li, LinearInput input, Slot sl) {
+        if (!capture_) return Status::ok();
+        EXL3_RETURN_IF_ERROR(flush());
+        return capture_(li, input, slot(sl), T(), slot_width(s_.cfg, sl));
+    }
     Status logits(float eps, float*) {
         EXL3_RETURN_IF_ERROR(head_logits(eps));
         if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
@@ -490,10 +502,12 @@ private:
 
     StepState& s_;
     cuda::AttentionBatch batch_;
+    CaptureHook capture_;
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
     PendingGlu glu_;
     const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
+    const int kv_layer0_;        // the first layer the KV pages hold
     bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
     bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h

@@ -152,6 +152,46 @@ Status build_grouped(DevMoe& dm, int hidden) {
 
 }  // namespace
 
+Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, DevLayer* out) {
+    DevLayer& dl = *out;
+    dl = DevLayer{};
+    // Norms and sinks the family has (an empty buffer stands for none).
+    const std::pair<DeviceBuffer*, const std::vector<float>*> norms[] = {
+        {&dl.attn_norm, &hl.attn_norm},           {&dl.mlp_norm, &hl.mlp_norm},
+        {&dl.q_norm, &hl.q_norm},                 {&dl.k_norm, &hl.k_norm},
+        {&dl.post_attn_norm, &hl.post_attn_norm}, {&dl.post_mlp_norm, &hl.post_mlp_norm},
+        {&dl.sinks, &hl.sinks}};
+    for (const auto& [d, h] : norms)
+        if (!h->empty()) EXL3_RETURN_IF_ERROR(upload_f32(*d, *h));
+    EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
+    // The residual branch's scale rides on the two linears whose outputs join the stream (or on their post-norms,
+    // which would undo a scale of their inputs).
+    const float branch = cfg.post_norms ? 1.0f : cfg.residual_scale;
+    if (cfg.post_norms && cfg.residual_scale != 1.0f) {
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.post_attn_norm, scaled(hl.post_attn_norm, cfg.residual_scale)));
+        EXL3_RETURN_IF_ERROR(upload_f32(dl.post_mlp_norm, scaled(hl.post_mlp_norm, cfg.residual_scale)));
+    }
+    EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, branch));
+    EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
+    EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, branch));
+    const HostMoe& hm = hl.moe;
+    if (hm.experts.empty()) return Status::ok();
+    DevMoe& dm = dl.moe;
+    EXL3_RETURN_IF_ERROR(upload_linear(hm.router, act, &dm.router));
+    if (!hm.score_bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dm.score_bias, hm.score_bias));
+    dm.experts.resize(hm.experts.size());
+    for (size_t e = 0; e < hm.experts.size(); ++e) {
+        EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].gate_up, act, &dm.experts[e].gate_up));
+        EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].down, act, &dm.experts[e].down, branch));
+    }
+    if (!hm.shared.gate_up.parts.empty()) {
+        EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.gate_up, act, &dm.shared.gate_up));
+        EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.down, act, &dm.shared.down, branch));
+    }
+    if (!hm.shared_gate.parts.empty()) EXL3_RETURN_IF_ERROR(upload_linear(hm.shared_gate, act, &dm.shared_gate));
+    return build_grouped(dm, cfg.hidden_size);
+}
+
 Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfig& cfg) {
     EXL3_RETURN_IF_ERROR(embed.upload(to_act(w.embed, act).data(), static_cast<size_t>(w.embed.numel()) * 2));
     const HostPart& hp = w.head.parts[0];
@@ -167,48 +207,7 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
     // The logit scale rides on the final norm's weights: the head is linear in them.
     EXL3_RETURN_IF_ERROR(upload_f32(final_norm, scaled(w.final_norm, cfg.logit_scale)));
     layers.resize(w.layers.size());
-    for (size_t i = 0; i < w.layers.size(); ++i) {
-        const HostLayer& hl = w.layers[i];
-        DevLayer& dl = layers[i];
-        // Norms and sinks the family has (an empty buffer stands for none).
-        const std::pair<DeviceBuffer*, const std::vector<float>*> norms[] = {
-            {&dl.attn_norm, &hl.attn_norm},
-            {&dl.mlp_norm, &hl.mlp_norm},
-            {&dl.q_norm, &hl.q_norm},
-            {&dl.k_norm, &hl.k_norm},
-            {&dl.post_attn_norm, &hl.post_attn_norm},
-            {&dl.post_mlp_norm, &hl.post_mlp_norm},
-            {&dl.sinks, &hl.sinks}};
-        for (const auto& [d, h] : norms)
-            if (!h->empty()) EXL3_RETURN_IF_ERROR(upload_f32(*d, *h));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
-        // The residual branch's scale rides on the two linears whose outputs join the stream (or on their post-norms,
-        // which would undo a scale of their inputs).
-        const float branch = cfg.post_norms ? 1.0f : cfg.residual_scale;
-        if (cfg.post_norms && cfg.residual_scale != 1.0f) {
-            EXL3_RETURN_IF_ERROR(upload_f32(dl.post_attn_norm, scaled(hl.post_attn_norm, cfg.residual_scale)));
-            EXL3_RETURN_IF_ERROR(upload_f32(dl.post_mlp_norm, scaled(hl.post_mlp_norm, cfg.residual_scale)));
-        }
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, branch));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
-        EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, branch));
-        const HostMoe& hm = hl.moe;
-        if (hm.experts.empty()) continue;
-        DevMoe& dm = dl.moe;
-        EXL3_RETURN_IF_ERROR(upload_linear(hm.router, act, &dm.router));
-        if (!hm.score_bias.empty()) EXL3_RETURN_IF_ERROR(upload_f32(dm.score_bias, hm.score_bias));
-        dm.experts.resize(hm.experts.size());
-        for (size_t e = 0; e < hm.experts.size(); ++e) {
-            EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].gate_up, act, &dm.experts[e].gate_up));
-            EXL3_RETURN_IF_ERROR(upload_linear(hm.experts[e].down, act, &dm.experts[e].down, branch));
-        }
-        if (!hm.shared.gate_up.parts.empty()) {
-            EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.gate_up, act, &dm.shared.gate_up));
-            EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.down, act, &dm.shared.down, branch));
-        }
-        if (!hm.shared_gate.parts.empty()) EXL3_RETURN_IF_ERROR(upload_linear(hm.shared_gate, act, &dm.shared_gate));
-        EXL3_RETURN_IF_ERROR(build_grouped(dm, cfg.hidden_size));
-    }
+    for (size_t i = 0; i < w.layers.size(); ++i) EXL3_RETURN_IF_ERROR(upload_layer(w.layers[i], act, cfg, &layers[i]));
     return Status::ok();
 }
 

@@ -66,4 +66,8 @@ struct DeviceWeights {
     Status upload(const HostWeights& w, ActType act, const ModelConfig& cfg);
 };
 
+// One decoder layer's tensors (DeviceWeights::upload does every layer this way; the converter's calibration forward
+// one at a time).
+Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, DevLayer* out);
+
 }  // namespace exl3::cuda
