@@ -7,9 +7,13 @@
 #            made here, for the grouped kernels beside offload: streamed MoE layers, one MoE block on the CPU beside
 #            grouped ones, its load within its plan) and exl3_cuda_tests filtered by CUDA_FILTER (default: the model
 #            tests, CUDA against the CPU with every weight through the placer -- the golden families' MatchCpu, the
-#            MoE golden models, gpt_oss among them once its fixtures are committed; a random EXL3 gpt-oss made here,
-#            its biased experts and clamped SwiGLU on the grouped kernels, CudaModel.Exl3GptOssMatchesCpu; the clamped
-#            SwiGLU's ops against the CPU reference: FamilyOps.SwigluClampMul, MoeLayer.MatchesCpuBiasesAndActivations);
+#            MoE golden models, gpt_oss and gpt_oss_mxfp4 among them; a random EXL3 gpt-oss made here, its biased
+#            experts and clamped SwiGLU on the grouped kernels, CudaModel.Exl3GptOssMatchesCpu, and host-routed in a
+#            long prefill (main's 512+ token steps), CudaModel.Exl3GptOssLongPrefillMatchesCpu, beside the Qwen3-MoE's
+#            Exl3ExpertsLongPrefillMatchesCpu; the clamped SwiGLU's ops against the CPU reference:
+#            FamilyOps.SwigluClampMul, MoeLayer.MatchesCpuBiasesAndActivations), and exl3_gpu_quantizer_tests'
+#            CalibForwardCuda (the converter's calibration forward on the GPU, its layers uploaded through an
+#            OwnPlacer: tiny-draft and the golden gpt-oss, whose experts' biases and clamped SwiGLU it now runs);
 #   fit      for each bit rate in BITS (default 2.25,2.5): a random Llama-3-70B-shaped EXL3 model, a mix of K = 2 and
 #            3 per tensor, head 4 bits (tools/bench/make_random_model.py on the GPU, timed; reused when already made;
 #            the disk holds one at a time), its plan (exl3 inspect --memory --gpu-memory 23 -c 16481 --kv-bits 4), and
@@ -21,12 +25,12 @@
 # Every step's timeout is cut to what is left of LIMIT seconds (default 550); a step with less than 30 s left is
 # skipped and says so (the last parts first: the offload runs, then the second bit rate).
 # Carried (git-ignored): $P/bins.tar.xz from `bash scripts/pack_device.sh build/release exl3 exl3_cuda_memory_tests
-# exl3_cuda_tests` (it writes .device/r1: move its files to $P, default .device/m46), libcpp-httplib beside it.
-# Usage (device tool, timeout_s 600): bash scripts/device_memory.sh [P=.device/m46]
+# exl3_cuda_tests exl3_gpu_quantizer_tests` (it writes .device/r1, the default P), libcpp-httplib beside it.
+# Usage (device tool, timeout_s 600): bash scripts/device_memory.sh [P=.device/r1]
 #   (PARTS=offload BITS=2.5 etc. for a part alone)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-P=.device/m46
+P=.device/r1
 for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; esac; done
 BITS=${BITS:-2.25,2.5}
 PARTS=${PARTS:-tests,fit,offload}
@@ -75,14 +79,20 @@ if has tests; then
       --out /tmp/models/gpt-oss-tiny > /tmp/gpt_oss_tiny.log 2>&1 || tail -3 /tmp/gpt_oss_tiny.log
   fi
   [ -f /tmp/models/gpt-oss-tiny/config.json ] && export EXL3_TEST_EXL3_GPT_OSS=/tmp/models/gpt-oss-tiny
-  for t in exl3_cuda_memory_tests exl3_cuda_tests; do
+  for t in exl3_cuda_memory_tests exl3_cuda_tests exl3_gpu_quantizer_tests; do
     [ -x $B/$t ] || continue
     filter='*'
     [ $t = exl3_cuda_tests ] && filter=${CUDA_FILTER:-CudaModel.*:*CudaFamilies.MatchCpu*:*CudaExperts.*:$GPT_OSS_OPS}
+    [ $t = exl3_gpu_quantizer_tests ] && filter='*CalibForwardCuda*'
     echo "== $t ($filter)"
     run_for 150 $B/$t --gtest_filter="$filter" > /tmp/$t.log 2>&1; echo "exit $?"
     cat /tmp/$t.log >> "$OUT/tests.log"
     grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests|$SUMMARY" /tmp/$t.log | head -30
+    # The calibration forward: each model's worst Hessian and state errors against the CPU.
+    awk '/Hessian rel. error/ { m = $1; e = $(NF - 2) + 0; st = $NF; sub(/\)/, "", st); st += 0;
+           if (e > he[m]) he[m] = e; if (st > se[m]) se[m] = st }
+         END { for (m in he) printf "  calibration forward %s: worst Hessian %.2e, worst state %.2e\n", m, he[m], se[m] }' \
+      /tmp/$t.log
   done
 fi
 

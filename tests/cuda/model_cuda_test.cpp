@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/moe_layer.h"
 #include "cuda_test_util.h"
 #include "exl3/model.h"
 #include "format/safetensors.h"
@@ -117,7 +118,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaFamilies,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
-                                           "cohere_parallel", "cohere2_sliding"));
+                                           "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 // Mixtures of experts. A token's experts are a discontinuous choice: where two candidates' router scores are
 // closer than 16-bit rounding (CUDA's router reads bf16 activations, the CPU's fp32), the two backends pick
 // different experts for that token and its logits part, and the positions after it follow through attention. So:
@@ -142,27 +143,27 @@ std::string all_experts_copy(const std::string& dir, const std::string& name) {
     return out.string();
 }
 
-// The share of a 200-token prefill's positions whose logits match the CPU's within tol.
-void compare_routed(const std::string& dir, float tol, float min_share) {
+// The share of an n-token prefill's positions whose logits match the CPU's within tol.
+void compare_routed(const std::string& dir, float tol, float min_share, int n = 200) {
     auto cpu = load(dir, "cpu");
     auto gpu = load(dir, "cuda");
     ASSERT_TRUE(cpu && gpu);
     const int V = cpu->info().vocab_size;
-    auto prompt = tokens(200, 7, V);
+    auto prompt = tokens(n, 7, V);
     std::vector<float> lc, lg;
     auto sc = cpu->new_sequence(), sg = gpu->new_sequence();
     ASSERT_TRUE(cpu->forward(**sc, prompt, true, &lc).is_ok());
     Status st = gpu->forward(**sg, prompt, true, &lg);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     int within = 0, first_off = -1;
-    for (int r = 0; r < 200; ++r) {
-        const bool ok = rel_err(lg.data() + r * V, lc.data() + r * V, V) < tol;
+    for (int r = 0; r < n; ++r) {
+        const bool ok = rel_err(lg.data() + static_cast<size_t>(r) * V, lc.data() + static_cast<size_t>(r) * V, V) < tol;
         within += ok;
         if (!ok && first_off < 0) first_off = r;
     }
-    std::printf("  %s: routed experts, %d of 200 prefill positions within %.0e of the CPU (first off: %d)\n",
-                dir.c_str(), within, tol, first_off);
-    EXPECT_GE(within, static_cast<int>(min_share * 200));
+    std::printf("  %s: routed experts, %d of %d prefill positions within %.0e of the CPU (first off: %d)\n",
+                dir.c_str(), within, n, tol, first_off);
+    EXPECT_GE(within, static_cast<int>(min_share * n));
 }
 
 class CudaExperts : public ::testing::TestWithParam<const char*> {
@@ -218,6 +219,24 @@ TEST(CudaModel, Exl3ExpertsMatchCpu) {
 TEST(CudaModel, Exl3GptOssMatchesCpu) {
     EXL3_REQUIRE_GPU();
     compare_exl3_experts("EXL3_TEST_EXL3_GPT_OSS", "exl3_gpt_oss");
+}
+
+// A prefill of kMoeHostRoutedTokens or more runs the experts host-routed (one GEMM an expert over all its rows): the
+// same logits as the CPU's as the grouped path's are.
+TEST(CudaModel, Exl3ExpertsLongPrefillMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_MOE");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_MOE names no random EXL3 MoE model";
+    compare_routed(dir, 6e-2f, 0.75f, cuda::kMoeHostRoutedTokens + 88);
+}
+
+// gpt-oss's long prefill: the host-routed experts with their biases through the EXL3 linears and the clamped SwiGLU
+// in swiglu_clamp_mul (its short steps take the grouped kernels: Exl3GptOssMatchesCpu).
+TEST(CudaModel, Exl3GptOssLongPrefillMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_GPT_OSS");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_GPT_OSS names no random EXL3 gpt-oss model";
+    compare_routed(dir, 6e-2f, 0.75f, cuda::kMoeHostRoutedTokens + 88);
 }
 
 // Its steps run the grouped kernels with no host round trip, so decode steps are captured again: a replayed step

@@ -193,57 +193,9 @@ Status CudaExecutor::check_pages(const StepPlan& plan, const std::vector<Sequenc
 // goes up: the arrays up to the last sequence's pages, and the output rows (at a context of 128k tokens a page-table
 // row is 2048 entries, most of them unused).
 Status CudaExecutor::upload_plan(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) {
-    StepState& s = s_;
-    const int B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
-    EXL3_RETURN_IF_ERROR(s.plan_host_free());
-    int32_t* hp = s.plan_host;
-    std::copy(plan.tokens.begin(), plan.tokens.end(), hp + s.off_tokens);
-    std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
-    std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
-    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
-    size_t pages_end = s.off_pages;
-    for (int b = 0; b < B; ++b) {
-        const auto& pg = seqs[static_cast<size_t>(b)]->pages;
-        const size_t row = s.off_pages + static_cast<size_t>(b) * s.kv.max_pages_per_seq();
-        std::copy(pg.begin(), pg.end(), hp + row);
-        pages_end = row + pg.size();
-    }
-    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp + s.off_rows);
-    EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
-    if (uses_local_rope(s.cfg)) {
-        EXL3_ASSIGN_OR_RETURN(s.rope_local, rope_frequencies(s.cfg.rope_local, s.cfg.head_dim, plan.max_seq_len));
-    }
-    cudaStream_t st = s.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(
-        cudaMemcpyAsync(s.plan_dev.get(), hp, pages_end * sizeof(int32_t), cudaMemcpyHostToDevice, st), "plan upload"));
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.as<int32_t>() + s.off_rows, hp + s.off_rows,
-                                                    static_cast<size_t>(n_out) * sizeof(int32_t),
-                                                    cudaMemcpyHostToDevice, st),
-                                    "plan upload"));
-    if (!s.w.embed_table()) {  // the embedding table is in host memory: the step's rows go up
-        const size_t row = static_cast<size_t>(s.cfg.hidden_size) * 2;
-        auto* dst = static_cast<uint8_t*>(s.embed_rows_host.get());
-        const auto* table = static_cast<const uint8_t*>(s.w.embed_host.get());
-        for (size_t t = 0; t < plan.tokens.size(); ++t)
-            std::memcpy(dst + t * row, table + static_cast<size_t>(plan.tokens[t]) * row, row);
-        EXL3_RETURN_IF_ERROR(check_cuda(
-            cudaMemcpyAsync(s.embed_rows.get(), dst, plan.tokens.size() * row, cudaMemcpyHostToDevice, st),
-            "embedding rows upload"));
-    }
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
-    // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
-    std::vector<float> freqs = s.rope.inv_freq;
-    if (uses_local_rope(s.cfg)) {
-        freqs.resize(static_cast<size_t>(s.cfg.head_dim), 0.0f);
-        freqs.insert(freqs.end(), s.rope_local.inv_freq.begin(), s.rope_local.inv_freq.end());
-    }
-    if (freqs != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
-        EXL3_RETURN_IF_ERROR(check_cuda(
-            cudaMemcpyAsync(s.inv_freq.get(), freqs.data(), freqs.size() * sizeof(float), cudaMemcpyHostToDevice, st),
-            "rope upload"));
-        s.inv_freq_uploaded = std::move(freqs);
-    }
-    return Status::ok();
+    std::vector<const std::vector<int32_t>*> pages;
+    for (int b = 0; b < plan.batch(); ++b) pages.push_back(&seqs[static_cast<size_t>(b)]->pages);
+    return s_.upload_plan(plan, pages);
 }
 
 // Replays the graph captured for (B, r, attention bound), capturing it on first use.

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -32,9 +33,15 @@ namespace exl3::cuda {
 class CudaOps {
 public:
     // logit_row0: where in s.logits this step's logit rows go (a chunk of a longer step follows the rows before it).
-    CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0)
+    // kv_layer0: the first layer the KV pages hold (the converter keeps one layer's pages at a time).
+    CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0, int kv_layer0 = 0)
         : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()),
-          logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
+          kv_layer0_(kv_layer0), logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
+
+    // The converter's calibration forward: each linear's input x [rows, cols] (the activation type, on the stream's
+    // device, valid until the next op) to the hook, which must be done with it before returning.
+    using CaptureHook = std::function<Status(int layer, LinearInput input, const void* x, int rows, int cols)>;
+    void set_capture(CaptureHook hook) { capture_ = std::move(hook); }
 
     // The decoder asks for each layer as it enters it: a streamed layer's weights are waited for then
     // (WeightStream::enter_layer; an error surfaces at logits()).
@@ -172,7 +179,7 @@ public:
         const float* inv_freq = s_.inv_freq.as<float>() + (which == 2 ? hd : 0);
         // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
         cuda::QkvPaged paged;
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         kv_appended_ = kv.k_bits == 0 && kv.v_bits == 0;
         if (kv_appended_) {
             paged.k_pages = kv.k;
@@ -193,7 +200,7 @@ public:
     }
     Status attention(int li, int window) {
         EXL3_RETURN_IF_ERROR(flush());
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         if (!kv_appended_)
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         kv_appended_ = false;
@@ -227,9 +234,9 @@ public:
         EXL3_RETURN_IF_ERROR(flush());
         if (layer(li).moe.on_host) return host_moe(li, in, out);
         const DevMoe& m = layer(li).moe;
-        if (!m.grouped.ok()) return moe_host_routed(li, in, out);
-        const ModelConfig& c = s_.cfg;
         const int n = T();
+        if (!m.grouped.ok() || host_routed_prefill(n)) return moe_host_routed(li, in, out);
+        const ModelConfig& c = s_.cfg;
         const void* x = slot(in);
         EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
         const bool shared = m.shared.gate_up.in > 0, gated = m.shared_gate.in > 0;
@@ -252,8 +259,22 @@ public:
         if (into_h) in_h_[static_cast<size_t>(out)] = true;
         return Status::ok();
     }
-    // Inference keeps no linear inputs (the converter captures them on the CPU).
-    Status capture(int, LinearInput, Slot) { return Status::ok(); }
+    // A long prefill runs its experts host-routed: each chosen expert once over all its rows at once (the EXL3 large
+    // path's tensor-core GEMM) instead of the grouped kernels' decode of every expert's weights once per 256-token
+    // chunk (docs/kernels/moe.md: 2048 tokens of Qwen3-30B-A3B, 5.6 ms a layer grouped). Never while a graph is
+    // captured (the host path waits for the routing), nor in the batch-invariant mode (a token's bits would depend on
+    // the step).
+    bool host_routed_prefill(int n) const {
+        if (n < kMoeHostRoutedTokens || s_.opts.batch_invariant) return false;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        return cudaStreamIsCapturing(st(), &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    }
+    // Inference keeps no linear inputs: without a hook this does nothing.
+    Status capture(int li, LinearInput input, Slot sl) {
+        if (!capture_) return Status::ok();
+        EXL3_RETURN_IF_ERROR(flush());
+        return capture_(li, input, slot(sl), T(), slot_width(s_.cfg, sl));
+    }
     // residual: what still joins the stream before the final norm (kNone: the stream holds everything).
     Status logits(float eps, float*, Slot residual = Slot::kDown) {
         EXL3_RETURN_IF_ERROR(stream_status_);
@@ -535,10 +556,12 @@ private:
 
     StepState& s_;
     cuda::AttentionBatch batch_;
+    CaptureHook capture_;
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
     PendingGlu glu_;
     const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
+    const int kv_layer0_;        // the first layer the KV pages hold
     bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
     bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h

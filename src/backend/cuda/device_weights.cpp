@@ -184,8 +184,17 @@ Status place_moe(WeightPlacer& pl, const HostMoe& hm, ActType act, DevMoe* dm, f
     return Status::ok();
 }
 
-Status place_layer(WeightPlacer& pl, const HostLayer& hl, ActType act, const ModelConfig& cfg, bool moe_on_host,
-                   DevLayer* dl) {
+}  // namespace
+
+Status OwnPlacer::place(DeviceBuffer& b, size_t bytes, WeightKind, const std::function<void(void*)>& fill) {
+    host_.resize(bytes);
+    fill(host_.data());
+    return b.upload(host_.data(), bytes);
+}
+
+Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, WeightPlacer& pl, DevLayer* dl,
+                    bool moe_on_host) {
+    *dl = DevLayer{};
     // The residual branch's scale rides on the two linears whose outputs join the stream (or on their post-norms,
     // which would undo a scale of their inputs).
     const float branch = cfg.post_norms ? 1.0f : cfg.residual_scale;
@@ -212,8 +221,6 @@ Status place_layer(WeightPlacer& pl, const HostLayer& hl, ActType act, const Mod
     }
     return place_moe(pl, hl.moe, act, &dl->moe, branch, cfg.hidden_size);
 }
-
-}  // namespace
 
 Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfig& cfg, WeightPlacer& pl,
                              const UploadOptions& options) {
@@ -253,7 +260,7 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
     for (size_t i = 0; i < w.layers.size(); ++i) {
         pl.layer = static_cast<int>(i);
         const bool moe_host = i < options.moe_on_host.size() && options.moe_on_host[i];
-        EXL3_RETURN_IF_ERROR(place_layer(pl, w.layers[i], act, cfg, moe_host, &layers[i]));
+        EXL3_RETURN_IF_ERROR(upload_layer(w.layers[i], act, cfg, pl, &layers[i], moe_host));
     }
     pl.layer = -1;
     return Status::ok();

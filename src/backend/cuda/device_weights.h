@@ -102,4 +102,19 @@ struct DeviceWeights {
                   const UploadOptions& options = {});
 };
 
+// Each tensor its own device allocation (the converter's calibration forward, one layer at a time: LayerRunner).
+class OwnPlacer final : public WeightPlacer {
+public:
+    Status place(DeviceBuffer& b, size_t bytes, WeightKind kind, const std::function<void(void*)>& fill) override;
+
+private:
+    std::vector<uint8_t> host_;
+};
+
+// One decoder layer's tensors through `placer` (its `layer` set by the caller), *out reset first; moe_on_host: its
+// MoE block stays in host memory (DevMoe::on_host). DeviceWeights::upload places every layer this way, the
+// converter's LayerRunner one at a time through an OwnPlacer.
+Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, WeightPlacer& placer, DevLayer* out,
+                    bool moe_on_host = false);
+
 }  // namespace exl3::cuda

@@ -118,6 +118,10 @@ struct StepState {
 
     // Waits until the last plan upload has left the pinned buffer.
     Status plan_host_free();
+    // The plan to the device (never inside a graph: a replay reads these same device arrays) with the RoPE frequencies
+    // of its longest sequence, and the step's embedding rows when the table is in host memory; pages[b]: sequence b's
+    // page ids. Only what the step reads goes up.
+    Status upload_plan(const StepPlan& plan, const std::vector<const std::vector<int32_t>*>& pages);
     // Buffers for a step of T tokens over B sequences with n_out logit rows. Growing invalidates graphs.
     Status reserve(int T, int B, int n_out);
     void drop_graphs();
