@@ -8,20 +8,22 @@
 #include <numeric>
 #include <random>
 
+#include "core/thread_pool.h"
 #include "exl3/model.h"
 
 namespace exl3::convert {
 
 namespace {
 
-// Samples from softmax(logits / temperature) restricted to tokens with p >= min_p * p_max.
-int32_t sample_token(const float* logits, int vocab, float temperature, float min_p, std::mt19937_64& rng) {
+// Samples from softmax(logits / temperature) restricted to tokens with p >= min_p * p_max. w: scratch of vocab doubles.
+int32_t sample_token(const float* logits, int vocab, float temperature, float min_p, std::mt19937_64& rng,
+                     std::vector<double>& w) {
     float mx = -INFINITY;
     for (int i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
     if (!std::isfinite(mx)) return static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
     const double cut = std::log(static_cast<double>(min_p)) * temperature;  // logit - mx >= cut
     double total = 0;
-    std::vector<double> w(static_cast<size_t>(vocab), 0.0);
+    w.assign(static_cast<size_t>(vocab), 0.0);
     for (int i = 0; i < vocab; ++i) {
         const double d = static_cast<double>(logits[i]) - mx;
         if (d >= cut && std::isfinite(d)) total += (w[static_cast<size_t>(i)] = std::exp(d / temperature));
@@ -82,11 +84,24 @@ Result<std::vector<int32_t>> sample_calibration_tokens(const std::string& model_
         items[static_cast<size_t>(r)].seq = seqs.back().get();
         items[static_cast<size_t>(r)].tokens = rows[static_cast<size_t>(r)];
     }
+    // Each row draws from its own generator (seeded from the seed and the row), so the rows are drawn on all threads
+    // with the same result: a 128k vocabulary's softmax for 48 rows a step took 57 of a Llama-3.2-1B conversion's
+    // 164 s on one thread.
+    std::vector<std::mt19937_64> row_rng;
+    for (int r = 0; r < n_sampled; ++r) row_rng.emplace_back(rng() ^ (0xD1B54A32D192ED03ull * static_cast<uint64_t>(r + 1)));
+    ThreadPool own(o.pool ? 1 : 0);
+    ThreadPool& pool = o.pool ? *o.pool : own;
+    std::vector<std::vector<double>> scratch(static_cast<size_t>(n_sampled));
+    std::vector<int32_t> drawn(static_cast<size_t>(n_sampled));
     std::vector<float> logits;
     while (static_cast<int>(rows[0].size()) < o.cols) {
         EXL3_RETURN_IF_ERROR(model->forward_batch(items, &logits).with_context("sampling calibration text"));
+        pool.parallel_for(static_cast<size_t>(n_sampled), 1, [&](size_t b, size_t e) {
+            for (size_t r = b; r < e; ++r)
+                drawn[r] = sample_token(logits.data() + r * V, V, o.temperature, o.min_p, row_rng[r], scratch[r]);
+        });
         for (int r = 0; r < n_sampled; ++r) {
-            const int32_t t = sample_token(logits.data() + static_cast<size_t>(r) * V, V, o.temperature, o.min_p, rng);
+            const int32_t t = drawn[static_cast<size_t>(r)];
             rows[static_cast<size_t>(r)].push_back(t);
             items[static_cast<size_t>(r)].tokens = {t};
         }

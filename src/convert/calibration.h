@@ -15,6 +15,10 @@
 
 #include "exl3/status.h"
 
+namespace exl3 {
+class ThreadPool;
+}
+
 namespace exl3::convert {
 
 struct SampledCalibration {
@@ -24,6 +28,7 @@ struct SampledCalibration {
     float temperature = 0.9f;
     float min_p = 0.01f;
     bool progress = true;
+    ThreadPool* pool = nullptr;  // the rows' draws on these threads (null: all of the machine's)
 };
 
 // Token ids [rows * cols], row-major, for the checkpoint in model_dir.

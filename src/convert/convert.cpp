@@ -67,7 +67,7 @@ struct HessRef {
     const GpuHess& gpu;
 };
 
-Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const ModelConfig& c) {
+Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const ModelConfig& c, ThreadPool& pool) {
     const size_t need = static_cast<size_t>(opt.calibration_rows) * opt.calibration_cols;
     std::vector<int32_t> toks;
     if (!opt.calibration_file.empty()) {
@@ -94,6 +94,7 @@ Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const
         sc.seed = opt.seed;
         sc.device = opt.device == ConvertDevice::kCuda ? "cuda" : "cpu";
         sc.progress = opt.progress;
+        sc.pool = &pool;
         EXL3_ASSIGN_OR_RETURN(toks, sample_calibration_tokens(opt.input_dir, sc));
     }
     for (int32_t t : toks)
@@ -345,7 +346,7 @@ Status Converter::calibration() {
     }
     if (!have) {
         StageTimer timer(times_, Stage::kCalibText);
-        EXL3_ASSIGN_OR_RETURN(toks_, calibration_tokens(opt_, c_));
+        EXL3_ASSIGN_OR_RETURN(toks_, calibration_tokens(opt_, c_, pool_));
         if (wd_->enabled()) EXL3_RETURN_IF_ERROR(wd_->save_tokens(toks_));
     }
     return Status::ok();
