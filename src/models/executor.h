@@ -1,8 +1,9 @@
-// The seam between the Model and a backend. A Model owns one executor (several, one per GPU, once tensor
-// parallelism lands): the Model checks a step, plans it (StepPlan) and gives the sequences their KV pages
-// (src/kv); the executor runs the step on its device and owns every device detail -- the memory behind the pages,
-// step buffers, streams, captured graphs and the GPU sampler. Nothing of that crosses this interface: logits come
-// back on the host, or tokens drawn on the device do.
+// The seam between the Model and a backend. A Model owns one executor, the sharded executor (sharded_executor.h),
+// which holds one executor per rank of tensor parallelism (one per GPU; one in all for an unsplit model). The Model
+// checks a step, plans it (StepPlan) and gives the sequences their KV pages (src/kv); the executor runs the step on
+// its device and owns every device detail -- the memory behind the pages, step buffers, streams, captured graphs and
+// the GPU sampler. Nothing of that crosses this interface: logits come back on the host, or tokens drawn on the
+// device do.
 //
 // One virtual call per step, never per op: inside, the executor drives the one decoder (models/decoder.h) over its
 // backend's primitives, resolved at compile time.
@@ -19,6 +20,7 @@
 #include "format/model_config.h"
 #include "kv/page_pool.h"
 #include "kv/sequence.h"
+#include "models/collective.h"
 #include "models/decoder.h"
 #include "models/weights.h"
 
@@ -35,6 +37,7 @@ struct ExecutorOptions {
     bool batch_invariant = false;
     bool graphs = true;      // CUDA: capture uniform steps as graphs
     bool prefix_cache = true;
+    RankLink link;           // tensor parallelism: this executor's rank and how it reaches the others (none: alone)
 };
 
 class Executor {

@@ -16,6 +16,7 @@
 #include "kv/sequence.h"
 #include "models/decoder.h"
 #include "models/executor.h"
+#include "models/sharded_executor.h"
 #include "models/weights.h"
 
 namespace exl3 {
@@ -45,7 +46,33 @@ Status check_options(const LoadOptions& o) {
     if (o.page_size < 0) return invalid_argument("page_size must not be negative");
     if (o.cache_tokens < 0) return invalid_argument("cache_tokens must not be negative");
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", o.kv_bits_k));
+    if (o.tensor_parallel < 0) return invalid_argument("tensor_parallel must not be negative");
+    for (int g : o.gpus)
+        if (g < 0) return invalid_argument(fmt::format("gpus: device {} is negative", g));
     return check_kv_bits("kv_bits_v", o.kv_bits_v);
+}
+
+// The ranks of tensor parallelism and their devices (`device`: parse_device's, -1 for the CPU).
+Result<ParallelOptions> parallel_options(const LoadOptions& o, int device) {
+    ParallelOptions p;
+    int n = o.tensor_parallel;
+    if (!o.gpus.empty()) {
+        if (device < 0) return invalid_argument("gpus names CUDA devices: load on device \"cuda\"");
+        if (n != 0 && n != static_cast<int>(o.gpus.size()))
+            return invalid_argument(fmt::format("tensor_parallel {} with {} gpus", n, o.gpus.size()));
+        for (size_t i = 0; i < o.gpus.size(); ++i)
+            if (std::count(o.gpus.begin(), o.gpus.end(), o.gpus[i]) > 1)
+                return invalid_argument(fmt::format("gpus names device {} twice", o.gpus[i]));
+        p.devices = o.gpus;
+        n = static_cast<int>(o.gpus.size());
+    } else {
+        n = std::max(n, 1);
+        for (int r = 0; device >= 0 && r < n; ++r) p.devices.push_back(device + r);
+    }
+    p.shard.ranks = n;
+    p.shard.weights = o.tensor_split;
+    p.shard.split_experts = o.split_experts;
+    return p;
 }
 
 // "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N.
@@ -222,13 +249,11 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     eo.batch_invariant = options.batch_invariant;
     eo.graphs = options.cuda_graphs;
     eo.prefix_cache = options.prefix_cache;
-    if (device < 0) {
-        EXL3_ASSIGN_OR_RETURN(im.exec, make_cpu_executor(im.cfg, im.weights, *im.pool, eo));
-    } else {
-        auto exec = make_cuda_executor(im.cfg, im.weights, eo);
-        if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
-        im.exec = std::move(*exec);
-    }
+    // Every model runs on the sharded executor: one rank unless tensor parallelism splits it.
+    EXL3_ASSIGN_OR_RETURN(ParallelOptions par, parallel_options(options, device));
+    auto exec = make_sharded_executor(im.cfg, im.weights, *im.pool, eo, par);
+    if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
+    im.exec = std::move(*exec);
     im.kv = std::make_unique<KvCache>(im.exec->page_pool_options());
     im.info.kv_bits_k = options.kv_bits_k;
     im.info.kv_bits_v = options.kv_bits_v;
