@@ -82,6 +82,8 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     s.act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
     // A mixture-of-experts step takes its experts' ids to the host: it cannot be captured.
     if (cfg.num_experts > 0) s.opts.graphs = false;
+    // Tensor parallelism without NCCL meets the other ranks at host barriers, which a graph cannot hold.
+    if (opts.link.sharded() && !opts.link.comm->capturable()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.w.upload(w, s.act, cfg));
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v));
@@ -212,8 +214,8 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
     last_rows_ = n_out;
     if (!logits_out) return Status::ok();  // they stay on the device (the sampler reads them on this stream)
     cudaStream_t st = s.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),
-                                                    static_cast<size_t>(n_out) * s.cfg.vocab_size * sizeof(float),
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.out_logits(),
+                                                    static_cast<size_t>(n_out) * s.vocab_out() * sizeof(float),
                                                     cudaMemcpyDeviceToHost, st),
                                     "logits download"));
     return check_cuda(cudaStreamSynchronize(st), "step");
@@ -224,7 +226,7 @@ Status CudaExecutor::sampler_rows(int rows) {
     if (rows <= sampler_rows_) return Status::ok();
     const int n = std::max(rows, std::max(32, 2 * sampler_rows_));
     sampler_rows_ = 0;
-    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.init(n, s_.cfg.vocab_size), "GPU sampler workspace"));
+    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.init(n, s_.vocab_out()), "GPU sampler workspace"));
     sampler_rows_ = n;
     return Status::ok();
 }
@@ -255,7 +257,7 @@ Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSe
         for (const DrawSettings::Edit& e : p.edits) edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban ? 1 : 0});
     }
     std::vector<DeviceSampler::Result> picked;
-    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.sample(static_cast<const float*>(s_.logits.get()), s_.cfg.vocab_size,
+    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.sample(s_.out_logits(), s_.vocab_out(),
                                                     dev, logprobs, &picked, s_.ctx->stream()),
                                     "GPU sampler"));
     out->resize(rows.size());
@@ -273,7 +275,7 @@ Status CudaExecutor::argmax(int rows, std::vector<int32_t>* out) {
     EXL3_RETURN_IF_ERROR(sampler_rows(rows));
     cudaStream_t st = s_.ctx->stream();
     EXL3_RETURN_IF_ERROR(check_cuda(
-        sampler_.enqueue_greedy(static_cast<const float*>(s_.logits.get()), s_.cfg.vocab_size, rows, st), "argmax"));
+        sampler_.enqueue_greedy(s_.out_logits(), s_.vocab_out(), rows, st), "argmax"));
     out->resize(static_cast<size_t>(rows));
     EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out->data(), sampler_.device_tokens(),
                                                     out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
@@ -285,8 +287,8 @@ Status CudaExecutor::logits_row(int row, float* out) {
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s_.ctx->device()), "cudaSetDevice"));
     if (row < 0 || row >= last_rows_) return internal_error("logits_row: a row the step did not compute");
     cudaStream_t st = s_.ctx->stream();
-    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out, static_cast<const float*>(s_.logits.get()) + row * vocab,
+    const size_t vocab = static_cast<size_t>(s_.vocab_out());
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out, s_.out_logits() + row * vocab,
                                                     vocab * sizeof(float), cudaMemcpyDeviceToHost, st),
                                     "row download"));
     return check_cuda(cudaStreamSynchronize(st), "row download");

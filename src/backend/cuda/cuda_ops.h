@@ -89,7 +89,8 @@ public:
     }
     Status linear(Slot in, const DevLinear& l, Slot out) {
         // Outputs that join the residual stream stay fp32; straight into h unless a post-norm comes first.
-        const bool f32 = StepState::is_f32(out), into_h = f32 && !s_.cfg.post_norms;
+        // (Not under tensor parallelism: the ranks' partial sums meet in the slot first, all_reduce.)
+        const bool f32 = StepState::is_f32(out), into_h = f32 && !s_.cfg.post_norms && !s_.opts.link.sharded();
         const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
         if (l.exl3.empty() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
             cuda::GemvOut o{slot(out), f32, false, bias};
@@ -249,7 +250,7 @@ public:
         EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * H * sizeof(float), st()), "moe out"));
         for (int e = 0; e < E; ++e) {
             const int r0 = start[static_cast<size_t>(e)], rows = start[static_cast<size_t>(e) + 1] - r0;
-            if (rows == 0) continue;
+            if (rows == 0 || m.experts[static_cast<size_t>(e)].gate_up.in == 0) continue;  // none, or another rank's
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, dtok + r0, rows, H, s_.moe_x.get(), s_.act, st()), "moe gather"));
             EXL3_RETURN_IF_ERROR(expert(m.experts[static_cast<size_t>(e)], s_.moe_x.get(), rows));
             EXL3_RETURN_IF_ERROR(ck(cuda::moe_scatter_add(s_.moe_y.as<float>(), dtok + r0, dw + r0, rows, H, y, st()), "moe sum"));
@@ -263,12 +264,25 @@ public:
     }
     // Inference keeps no linear inputs (the converter captures them on the CPU).
     Status capture(int, LinearInput, Slot) { return Status::ok(); }
+    // Tensor parallelism: the ranks' partial sums of an fp32 sub-layer output (o, down), in place; one rank: nothing.
+    Status all_reduce(Slot sl) {
+        const RankLink& l = s_.opts.link;
+        if (!l.sharded()) return Status::ok();
+        EXL3_RETURN_IF_ERROR(flush());
+        return l.comm->all_reduce(l.rank, static_cast<float*>(slot(sl)), static_cast<size_t>(T()) * s_.cfg.hidden_size,
+                                  st());
+    }
     Status logits(float eps, float*) {
         EXL3_RETURN_IF_ERROR(head_logits(eps));
-        if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
-        return ck(cuda::softcap_f32(s_.logits.as<float>(), static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
-                                    s_.cfg.logit_softcap, st()),
-                  "logit softcap");
+        if (s_.cfg.logit_softcap > 0.0f)
+            EXL3_RETURN_IF_ERROR(ck(cuda::softcap_f32(s_.logits.as<float>(),
+                                                      static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
+                                                      s_.cfg.logit_softcap, st()),
+                                    "logit softcap"));
+        const RankLink& l = s_.opts.link;
+        if (!l.sharded()) return Status::ok();
+        return l.comm->gather_columns(l.rank, s_.logits.as<float>(), static_cast<int>(plan_->out_rows.size()),
+                                      l.vocab_bounds, s_.logits_full.as<float>(), s_.gather_ws.as<float>(), st());
     }
 
 private:

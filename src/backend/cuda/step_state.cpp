@@ -46,6 +46,11 @@ Status StepState::reserve(int T, int B, int n_out) {
                                                                     (is_f32(static_cast<Slot>(s)) ? 4 : 2)));
     EXL3_RETURN_IF_ERROR(h.reserve(T_ * cfg.hidden_size * sizeof(float)));
     EXL3_RETURN_IF_ERROR(logits.reserve(static_cast<size_t>(out_capacity) * cfg.vocab_size * sizeof(float)));
+    if (opts.link.sharded() && opts.link.rank == 0) {
+        const size_t full = static_cast<size_t>(out_capacity) * static_cast<size_t>(opts.link.vocab()) * sizeof(float);
+        EXL3_RETURN_IF_ERROR(logits_full.reserve(full));
+        EXL3_RETURN_IF_ERROR(gather_ws.reserve(full));
+    }
     EXL3_RETURN_IF_ERROR(xout.reserve(static_cast<size_t>(out_capacity) * cfg.hidden_size * 2));
     off_tokens = 0;
     off_pos = off_tokens + T_;

@@ -34,6 +34,9 @@ struct StepState {
     int capacity = 0, batch_capacity = 0, out_capacity = 0;
     std::array<DeviceBuffer, kNumSlots + 1> slots;  // by Slot (kNone included, never sized)
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
+    // Tensor parallelism (opts.link): `logits` holds this rank's columns; rank 0 gathers every rank's into
+    // logits_full [rows, vocab] (through gather_ws), which the sampler and the host read.
+    DeviceBuffer logits_full, gather_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
     // Mixtures of experts (CudaOps::moe): router logits and routing scratch, the chosen ids and weights, the chosen
@@ -69,6 +72,9 @@ struct StepState {
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
     AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const;
     PagedKV paged(int layer) const { return kv.paged(layer, act); }
+    // The logits the sampler and the host read, and their row length: the whole vocabulary's on rank 0.
+    int vocab_out() const { return opts.link.sharded() ? opts.link.vocab() : cfg.vocab_size; }
+    const float* out_logits() const { return (opts.link.sharded() ? logits_full : logits).as<float>(); }
 
 private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
