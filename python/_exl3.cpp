@@ -483,7 +483,8 @@ void bind_model(py::module_& m) {
     py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
         .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
-                         std::optional<int> kv_bits_v, bool batch_invariant) {
+                         std::optional<int> kv_bits_v, bool batch_invariant, int tensor_parallel,
+                         const std::vector<int>& gpus, const std::vector<double>& tensor_split, bool split_experts) {
                  LoadOptions o;
                  o.device = device;
                  o.threads = threads;
@@ -494,6 +495,11 @@ void bind_model(py::module_& m) {
                  o.kv_bits_k = kv_bits_k.value_or(kv_bits);
                  o.kv_bits_v = kv_bits_v.value_or(kv_bits);
                  o.batch_invariant = batch_invariant;
+                 o.tensor_parallel = tensor_parallel;
+                 o.gpus = gpus;
+                 if (!gpus.empty() && device == "cpu") o.device = "cuda";
+                 o.tensor_split = tensor_split;
+                 o.split_experts = split_experts;
                  auto pm = std::make_shared<PyModel>();
                  Status failed;
                  {
@@ -510,10 +516,14 @@ void bind_model(py::module_& m) {
              py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
              py::arg("context_length") = 0, py::arg("cache_tokens") = 0, py::arg("page_size") = 0,
              py::arg("prefix_cache") = true, py::arg("kv_bits") = 0, py::arg("kv_bits_k") = py::none(),
-             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false,
+             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false, py::arg("tensor_parallel") = 0,
+             py::arg("gpus") = std::vector<int>{}, py::arg("tensor_split") = std::vector<double>{},
+             py::arg("split_experts") = false,
              "Loads a model directory. device: 'cpu', 'cuda' or 'cuda:N'; threads: CPU threads (0: EXL3_THREADS or "
              "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: the "
-             "context length); kv_bits (or kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache.")
+             "context length); kv_bits (or kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache; "
+             "tensor_parallel / gpus (e.g. [0, 1], implies device 'cuda') / tensor_split / split_experts: the model "
+             "split over several GPUs (docs/tensor-parallel.md).")
         .def_property_readonly(
             "info", [](const PyModel& pm) { return model_info_dict(pm.get().info()); },
             "The model's shape and configuration, as a dict.")

@@ -56,6 +56,7 @@ struct BenchOptions {
     std::string check_rows;
     int threads = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     bool json = false;
     // Generator mode (--jobs): concurrent jobs instead of the prefill/decode tables.
     std::string jobs;          // N values, comma-separated; empty: off
@@ -135,11 +136,12 @@ struct DecodeCeiling {
     }
 };
 
-DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
+// `gpus`: tensor parallelism's ranks, whose bandwidths add up (each reads its share of the weights and the cache).
+DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, int gpus = 1) {
     DecodeCeiling c;
     if (gpu) {
-        c.bandwidth = device_copy_bandwidth(0);
-        c.source = "device copy";
+        c.bandwidth = device_copy_bandwidth(0) * gpus;
+        c.source = gpus > 1 ? fmt::format("device copy x {} GPUs", gpus) : "device copy";
     }
     if (!gpu) {
         ThreadPool pool(threads);
@@ -162,6 +164,11 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
     // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
     c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
     return c;
+}
+
+// The GPUs a model loaded with `lo` runs on (tensor parallelism's ranks).
+int gpu_ranks(const LoadOptions& lo) {
+    return std::max({1, lo.tensor_parallel, static_cast<int>(lo.gpus.size())});
 }
 
 // What the rooflines read of a mixture of experts' routed experts.
@@ -321,7 +328,6 @@ int bench_jobs(const BenchOptions& o) {
         return fail("bench", fmt::format("--job-batch-tokens ({}) must exceed the largest --jobs ({}): every running "
                                          "job decodes a token each step",
                                          o.job_batch_tokens, max_jobs));
-    const bool gpu = o.device != "cpu";
     if (int64_t{o.job_prompt} + o.job_gen > std::numeric_limits<int>::max() / 2)
         return fail("bench", "--job-prompt + --job-gen is too large for one sequence");
     const int seq_len = o.job_prompt + o.job_gen;
@@ -329,6 +335,8 @@ int bench_jobs(const BenchOptions& o) {
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("bench", s.message());
+    const bool gpu = lo.device != "cpu";
     lo.context_length = seq_len;
     // Every job of the largest N holds its whole sequence at once; a partly filled page at the end of each (64
     // tokens, the largest default page) and one spare per job.
@@ -342,7 +350,7 @@ int bench_jobs(const BenchOptions& o) {
     if (!model.is_ok()) return fail("bench", model.status().to_string());
     const Model& m = **model;
     const ModelInfo& info = m.info();
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, gpu_ranks(lo));
     // Contexts run from job_prompt + 1 to job_prompt + job_gen while decoding: the roofline takes the mean.
     const double avg_ctx = o.job_prompt + o.job_gen / 2.0;
 
@@ -524,7 +532,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
     std::printf("KV cache: %lld bytes per token per layer (keys %d bits, values %d bits; 0 = unquantized)\n",
                 static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v);
     std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
-                gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
+                gpu ? ", 790 TFLOP/s bf16 matrix rate a GPU (anchors.md)" : "");
     if (info.num_experts > 0) print_expert_share(info);
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
     for (const auto& r : out["prefill"]) {
@@ -577,7 +585,6 @@ int bench(const BenchOptions& o) {
     const int max_rows = *std::max_element(check_rows->begin(), check_rows->end());
     if (max_rows > 33) return fail("bench", "--check-rows: at most 33 tokens a sequence (1 + 32 proposals)");
     if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
-    const bool gpu = o.device != "cpu";
     const int64_t max_ctx =
         std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
                           int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen + max_rows);
@@ -588,6 +595,8 @@ int bench(const BenchOptions& o) {
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("bench", s.message());
+    const bool gpu = lo.device != "cpu";
     lo.context_length = static_cast<int>(max_ctx + 64);
     lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
     lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
@@ -597,7 +606,7 @@ int bench(const BenchOptions& o) {
     const Model& m = **model;
     const ModelInfo& info = m.info();
 
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, gpu_ranks(lo));
     const double bandwidth = ceil.bandwidth;
     const std::string& bw_label = ceil.source;
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
@@ -639,7 +648,7 @@ int bench(const BenchOptions& o) {
         const double flops = linear_flops_per_token * P +
                              4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
         nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
-        if (gpu) row["roofline_tok_s"] = P / (flops / kGpuMatrixFlops);
+        if (gpu) row["roofline_tok_s"] = P / (flops / (kGpuMatrixFlops * gpu_ranks(lo)));
         out["prefill"].push_back(row);
     }
 
@@ -687,6 +696,7 @@ Runner add_bench(CLI::App& app) {
                    "(e.g. 1,2,3,5: 1 is the plain decode step)");
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
+    add_parallel_options(app, o->parallel);
     app.add_flag("--json", o->json, "print one JSON object");
     app.add_option("--jobs", o->jobs,
                    "generator mode instead of the tables above: N concurrent jobs for each N of this list (e.g. "
