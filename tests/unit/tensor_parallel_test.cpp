@@ -11,10 +11,10 @@
 #include <thread>
 
 #include "core/thread_pool.h"
+#include "executor_driver.h"
 #include "exl3/model.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
-#include "kv/kv_cache.h"
 #include "models/collective.h"
 #include "models/executor.h"
 #include "models/sharded_executor.h"
@@ -171,7 +171,8 @@ TEST(ShardPlan, ExpertsWholeOrSplit) {
 
 // ---- the split forward against the unsplit model ------------------------------------------------------------------
 
-std::unique_ptr<Model> load(const std::string& dir, int ranks, std::vector<double> split = {}, bool split_experts = false) {
+std::unique_ptr<Model> load(const std::string& dir, int ranks, std::vector<double> split = {},
+                            bool split_experts = false) {
     LoadOptions o;
     o.tensor_parallel = ranks;
     o.tensor_split = std::move(split);
@@ -246,7 +247,8 @@ TEST(TensorParallelCpu, TinyDraftEqualsTheWholeModel) {
 TEST(TensorParallelCpu, Exl3TinyTargetEqualsTheWholeModel) {
     EXL3_REQUIRE_DATA("tiny-target-cut/exl3", cut);
     std::vector<std::string> dirs{cut};
-    if (const std::string shared = test::shared_dir(); !shared.empty() && test::path_exists(shared + "/models/tiny-target-exl3-4.0bpw"))
+    if (const std::string shared = test::shared_dir();
+        !shared.empty() && test::path_exists(shared + "/models/tiny-target-exl3-4.0bpw"))
         dirs.push_back(shared + "/models/tiny-target-exl3-4.0bpw");
     for (const std::string& dir : dirs) {
         auto one = load(dir, 1);
@@ -305,38 +307,9 @@ TEST(TensorParallelCpu, GoldenFamiliesEqualTheWholeModel) {
 
 // ---- one rank: the sharded path is the plain one -------------------------------------------------------------------
 
-// Steps of one sequence through an executor, as the Model drives it: each step's logits.
-std::vector<std::vector<float>> drive(Executor& e, int vocab, const std::vector<std::vector<int32_t>>& steps) {
-    KvCache kv(e.page_pool_options());
-    Sequence::Impl seq;
-    seq.pool = kv.pool();
-    seq.max_length = 2048;
-    std::vector<std::vector<float>> out;
-    for (const auto& tokens : steps) {
-        StepPlan p;
-        const int n = static_cast<int>(tokens.size()), start = seq.length;
-        p.tokens = tokens;
-        for (int j = 0; j < n; ++j) {
-            p.positions.push_back(start + j);
-            p.out_rows.push_back(j);
-        }
-        p.q_start = {0, n};
-        p.seq_len = {start + n};
-        p.max_seq_len = start + n;
-        std::vector<Sequence::Impl*> seqs{&seq};
-        std::vector<size_t> before;
-        EXPECT_TRUE(kv.grow(p.seq_len, seqs, &before).is_ok());
-        out.emplace_back(static_cast<size_t>(n) * vocab);
-        const Status s = e.forward(p, seqs, out.back().data());
-        EXPECT_TRUE(s.is_ok()) << s.to_string();
-        kv.commit(seq, tokens, start + n, 0);
-    }
-    seq.release_pages();
-    return out;
-}
-
 TEST(TensorParallelCpu, OneRankIsThePlainExecutorBitForBit) {
-    for (const std::string rel : {"tests/models/tiny-draft", "tests/models/golden/qwen2_moe", "tests/models/golden/gemma2_softcap"}) {
+    for (const std::string rel :
+         {"tests/models/tiny-draft", "tests/models/golden/qwen2_moe", "tests/models/golden/gemma2_softcap"}) {
         const std::string dir = test::repo_path(rel);
         auto cfg = load_model_config(dir);
         auto store = TensorStore::open_dir(dir);
@@ -363,7 +336,7 @@ TEST(TensorParallelCpu, OneRankIsThePlainExecutorBitForBit) {
         EXPECT_EQ(c1.vocab_size, cfg->vocab_size);
         EXPECT_EQ(c1.expert_size, cfg->expert_size);
         const std::vector<std::vector<int32_t>> steps{random_tokens(30, 4, cfg->vocab_size), {3}, {9}, {1, 2, 3}};
-        const auto a = drive(**plain, cfg->vocab_size, steps), b = drive(**sharded, cfg->vocab_size, steps);
+        const auto a = test::drive(**plain, cfg->vocab_size, steps), b = test::drive(**sharded, cfg->vocab_size, steps);
         ASSERT_EQ(a.size(), b.size());
         for (size_t i = 0; i < a.size(); ++i)
             EXPECT_EQ(0, std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float))) << rel << " step " << i;

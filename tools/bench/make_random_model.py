@@ -9,7 +9,7 @@ a valid code), K bits per weight, the head at --head-bits, random signs x scales
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
 whatever the codes are.
 
-Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
+Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
                                     qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
@@ -28,6 +28,13 @@ SHAPES = {
                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
+    # Tensor parallelism's proof shape (issue 47): Llama-3-70B (80 layers, 64 heads of 128, 8 kv heads).
+    "llama3-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
+                       intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                       vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
+                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
     "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584,
                        intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
