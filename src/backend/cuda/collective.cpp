@@ -1,5 +1,7 @@
 // The CUDA backend's collectives for tensor parallelism (models/collective.h): NCCL, loaded at run time so that the
 // engine builds and runs where it is missing, or else peer-to-peer copies and a local sum.
+#include "models/collective.h"
+
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
@@ -13,7 +15,6 @@
 #include "backend/cuda/ops.cuh"
 #include "core/log.h"
 #include "core/rank_barrier.h"
-#include "models/collective.h"
 
 namespace exl3 {
 
@@ -89,11 +90,12 @@ class NcclCollective final : public Collective {
 public:
     static Result<std::unique_ptr<Collective>> create(const NcclApi* api, const std::vector<int>& devices) {
         auto c = std::unique_ptr<NcclCollective>(new NcclCollective(api, static_cast<int>(devices.size())));
-        // NVLink multicast (NVLS) off, before NCCL reads its environment: the lent machines' NVSwitch setup hangs
-        // with it, and the small all-reduces here do not need it.
+        // NVLink multicast (NVLS) off, before NCCL reads its environment: on shared GPU machines a program using it
+        // can put the host's GPUs out of service, and the small all-reduces here gain nothing from it.
         setenv("NCCL_NVLS_ENABLE", "0", 1);
         EXL3_RETURN_IF_ERROR(api->check(api->CommInitAll(c->comms_.data(), c->n_, devices.data()), "ncclCommInitAll"));
         c->live_ = true;
+        EXL3_RETURN_IF_ERROR(c->warm_up(devices));
         return std::unique_ptr<Collective>(std::move(c));
     }
     ~NcclCollective() override {
@@ -114,13 +116,15 @@ public:
     Status gather_columns(int rank, const float* src, int rows, const std::vector<int>& bounds, float* dst,
                           float* scratch, void* stream) override {
         const size_t R = static_cast<size_t>(rows);
-        auto cols = [&](int r) { return static_cast<size_t>(bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)]); };
+        auto cols = [&](int r) {
+            return static_cast<size_t>(bounds[static_cast<size_t>(r) + 1] - bounds[static_cast<size_t>(r)]);
+        };
         EXL3_RETURN_IF_ERROR(api_->check(api_->GroupStart(), "group start"));
         Status s;
         if (rank == 0) {
             for (int r = 1; r < n_ && s.is_ok(); ++r)
-                s = api_->check(api_->Recv(scratch + R * static_cast<size_t>(bounds[static_cast<size_t>(r)]), R * cols(r),
-                                           NcclApi::kFloat32, r, comm(0), st(stream)),
+                s = api_->check(api_->Recv(scratch + R * static_cast<size_t>(bounds[static_cast<size_t>(r)]),
+                                           R * cols(r), NcclApi::kFloat32, r, comm(0), st(stream)),
                                 "receive");
         } else {
             s = api_->check(api_->Send(src, R * cols(rank), NcclApi::kFloat32, 0, comm(rank), st(stream)), "send");
@@ -132,9 +136,9 @@ public:
         for (int r = 0; r < n_; ++r) {
             const float* from = r == 0 ? src : scratch + R * static_cast<size_t>(bounds[static_cast<size_t>(r)]);
             EXL3_RETURN_IF_ERROR(check_cuda(
-                cudaMemcpy2DAsync(dst + bounds[static_cast<size_t>(r)], static_cast<size_t>(bounds.back()) * sizeof(float),
-                                  from, cols(r) * sizeof(float), cols(r) * sizeof(float), R, cudaMemcpyDeviceToDevice,
-                                  st(stream)),
+                cudaMemcpy2DAsync(dst + bounds[static_cast<size_t>(r)],
+                                  static_cast<size_t>(bounds.back()) * sizeof(float), from, cols(r) * sizeof(float),
+                                  cols(r) * sizeof(float), R, cudaMemcpyDeviceToDevice, st(stream)),
                 "logits gather"));
         }
         return Status::ok();
@@ -150,6 +154,44 @@ public:
     bool recover() override { return !aborted_; }
 
 private:
+    // One all-reduce and one gather, driven from this thread for every GPU (NCCL's group calls): NCCL connects its
+    // channels lazily on first use, which must not happen inside a graph capture (a rank's first step may be one).
+    Status warm_up(const std::vector<int>& devices) {
+        std::vector<DeviceBuffer> buf(devices.size());
+        std::vector<cudaStream_t> streams(devices.size(), nullptr);
+        Status s;
+        for (size_t r = 0; r < devices.size() && s.is_ok(); ++r) {
+            s = check_cuda(cudaSetDevice(devices[r]), "cudaSetDevice");
+            if (s.is_ok()) s = buf[r].reserve(2 * static_cast<size_t>(n_) * sizeof(float));
+            if (s.is_ok()) s = check_cuda(cudaMemsetAsync(buf[r].get(), 0, buf[r].bytes(), nullptr), "warm-up");
+            if (s.is_ok()) s = check_cuda(cudaStreamCreateWithFlags(&streams[r], cudaStreamNonBlocking), "stream");
+            if (s.is_ok()) s = check_cuda(cudaDeviceSynchronize(), "warm-up");
+        }
+        if (s.is_ok()) s = api_->check(api_->GroupStart(), "group start");
+        for (int r = 0; r < n_ && s.is_ok(); ++r)
+            s = api_->check(api_->AllReduce(buf[static_cast<size_t>(r)].get(), buf[static_cast<size_t>(r)].get(), 1,
+                                            NcclApi::kFloat32, NcclApi::kSum, comm(r), streams[static_cast<size_t>(r)]),
+                            "warm-up all-reduce");
+        for (int r = 1; r < n_ && s.is_ok(); ++r) {
+            s = api_->check(api_->Send(buf[static_cast<size_t>(r)].get(), 1, NcclApi::kFloat32, 0, comm(r),
+                                       streams[static_cast<size_t>(r)]),
+                            "warm-up send");
+            if (s.is_ok())
+                s = api_->check(api_->Recv(buf[0].as<float>() + n_ + r, 1, NcclApi::kFloat32, r, comm(0), streams[0]),
+                                "warm-up receive");
+        }
+        if (s.is_ok()) s = api_->check(api_->GroupEnd(), "group end");
+        for (size_t r = 0; r < devices.size(); ++r) {
+            cudaSetDevice(devices[r]);
+            if (streams[r]) {
+                const Status w = check_cuda(cudaStreamSynchronize(streams[r]), "warm-up");
+                if (s.is_ok()) s = w;
+                cudaStreamDestroy(streams[r]);
+            }
+        }
+        return s;
+    }
+
     NcclCollective(const NcclApi* api, int n) : api_(api), n_(n), comms_(static_cast<size_t>(n), nullptr) {}
     NcclApi::Comm comm(int rank) const { return comms_[static_cast<size_t>(rank)]; }
     static cudaStream_t st(void* s) { return static_cast<cudaStream_t>(s); }
@@ -175,8 +217,7 @@ public:
                 int can = 0;
                 if (d != devices[r] && cudaDeviceCanAccessPeer(&can, devices[r], d) == cudaSuccess && can) {
                     const cudaError_t e = cudaDeviceEnablePeerAccess(d, 0);
-                    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled)
-                        return check_cuda(e, "peer access");
+                    if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return check_cuda(e, "peer access");
                     cudaGetLastError();
                 }
             }
@@ -205,14 +246,17 @@ public:
         for (int o = 0; o < n_; ++o) {  // every rank's values into stage[o], own included
             const size_t so = static_cast<size_t>(o);
             if (o == rank) {
-                EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(stage + so * n, data, n * sizeof(float), cudaMemcpyDeviceToDevice, s), "stage"));
+                EXL3_RETURN_IF_ERROR(check_cuda(
+                    cudaMemcpyAsync(stage + so * n, data, n * sizeof(float), cudaMemcpyDeviceToDevice, s), "stage"));
                 continue;
             }
             EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamWaitEvent(s, ready_[so], 0), "wait"));
-            EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyPeerAsync(stage + so * n, dev_[r], ptr_[so], dev_[so], n * sizeof(float), s), "peer copy"));
+            EXL3_RETURN_IF_ERROR(check_cuda(
+                cudaMemcpyPeerAsync(stage + so * n, dev_[r], ptr_[so], dev_[so], n * sizeof(float), s), "peer copy"));
         }
         EXL3_RETURN_IF_ERROR(finish_reads(rank, s));  // nobody reads `data` any more: overwrite it
-        EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(data, stage, n * sizeof(float), cudaMemcpyDeviceToDevice, s), "sum"));
+        EXL3_RETURN_IF_ERROR(
+            check_cuda(cudaMemcpyAsync(data, stage, n * sizeof(float), cudaMemcpyDeviceToDevice, s), "sum"));
         for (size_t o = 1; o < static_cast<size_t>(n_); ++o)
             EXL3_RETURN_IF_ERROR(check_cuda(add_f32(data, stage + o * n, static_cast<int64_t>(n), s), "sum"));
         return Status::ok();
@@ -231,13 +275,14 @@ public:
                 if (r != 0) {  // the peer's block next to rank 0 first, then laid out like its own
                     EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamWaitEvent(s, ready_[sr], 0), "wait"));
                     EXL3_RETURN_IF_ERROR(check_cuda(
-                        cudaMemcpyPeerAsync(scratch + R * c0, dev_[0], ptr_[sr], dev_[sr], R * w * sizeof(float), s), "peer copy"));
+                        cudaMemcpyPeerAsync(scratch + R * c0, dev_[0], ptr_[sr], dev_[sr], R * w * sizeof(float), s),
+                        "peer copy"));
                     from = scratch + R * c0;
                 }
-                EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpy2DAsync(dst + c0, static_cast<size_t>(bounds.back()) * sizeof(float), from,
-                                                                  w * sizeof(float), w * sizeof(float), R,
-                                                                  cudaMemcpyDeviceToDevice, s),
-                                                "logits gather"));
+                EXL3_RETURN_IF_ERROR(
+                    check_cuda(cudaMemcpy2DAsync(dst + c0, static_cast<size_t>(bounds.back()) * sizeof(float), from,
+                                                 w * sizeof(float), w * sizeof(float), R, cudaMemcpyDeviceToDevice, s),
+                               "logits gather"));
             }
         }
         return finish_reads(rank, s);
@@ -251,8 +296,13 @@ public:
 
 private:
     explicit PeerCollective(std::vector<int> devices)
-        : dev_(std::move(devices)), n_(static_cast<int>(dev_.size())), ready_(dev_.size(), nullptr),
-          copied_(dev_.size(), nullptr), ptr_(dev_.size(), nullptr), stage_(dev_.size()), barrier_(n_) {}
+        : dev_(std::move(devices)),
+          n_(static_cast<int>(dev_.size())),
+          ready_(dev_.size(), nullptr),
+          copied_(dev_.size(), nullptr),
+          ptr_(dev_.size(), nullptr),
+          stage_(dev_.size()),
+          barrier_(n_) {}
 
     // `data` is final on this rank's stream from here (ready), and every rank knows where it is.
     Status publish(int rank, float* data, cudaStream_t s) {
@@ -269,7 +319,8 @@ private:
         EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(copied_[static_cast<size_t>(rank)], s), "event"));
         EXL3_RETURN_IF_ERROR(barrier_.arrive_and_wait());
         for (int o = 0; o < n_; ++o)
-            if (o != rank) EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamWaitEvent(s, copied_[static_cast<size_t>(o)], 0), "wait"));
+            if (o != rank)
+                EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamWaitEvent(s, copied_[static_cast<size_t>(o)], 0), "wait"));
         return Status::ok();
     }
 
@@ -294,9 +345,10 @@ Result<std::unique_ptr<Collective>> make_cuda_collective(const std::vector<int>&
         if (c.is_ok()) return c;
         log_warn("tensor parallelism: {}; falling back to peer copies", c.status().message());
     } else {
-        log_warn("tensor parallelism: {}; falling back to peer copies (slower; no CUDA graphs). Install NCCL (e.g. "
-                 "the nvidia-nccl-cu13 Python package) and put its lib folder on LD_LIBRARY_PATH",
-                 api.status().message());
+        log_warn(
+            "tensor parallelism: {}; falling back to peer copies (slower; no CUDA graphs). Install NCCL (e.g. "
+            "the nvidia-nccl-cu13 Python package) and put its lib folder on LD_LIBRARY_PATH",
+            api.status().message());
     }
     return cuda::PeerCollective::create(devices);
 }
@@ -305,7 +357,8 @@ Result<std::vector<size_t>> cuda_free_memory(const std::vector<int>& devices) {
     std::vector<size_t> out;
     for (int d : devices) {
         size_t free = 0, total = 0;
-        EXL3_RETURN_IF_ERROR(cuda::check_cuda(cudaSetDevice(d), "cudaSetDevice").with_context(fmt::format("GPU {}", d)));
+        EXL3_RETURN_IF_ERROR(
+            cuda::check_cuda(cudaSetDevice(d), "cudaSetDevice").with_context(fmt::format("GPU {}", d)));
         EXL3_RETURN_IF_ERROR(cuda::check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo"));
         out.push_back(free);
     }

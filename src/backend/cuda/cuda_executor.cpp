@@ -88,8 +88,10 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v));
     EXL3_RETURN_IF_ERROR(s.reserve(256, 8, 8));
-    log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits)",
-             s.ctx->props().name, cfg.num_layers, s.kv.num_pages(), s.kv.page_size(),
+    log_info("CUDA {}{}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits)",
+             s.ctx->props().name,
+             opts.link.sharded() ? fmt::format(" (rank {} of {})", opts.link.rank, opts.link.comm->ranks()) : "",
+             cfg.num_layers, s.kv.num_pages(), s.kv.page_size(),
              static_cast<double>(s.kv.bytes()) / 1048576.0, opts.kv_bits_k ? opts.kv_bits_k : 16,
              opts.kv_bits_v ? opts.kv_bits_v : 16);
     return std::unique_ptr<Executor>(std::move(e));
