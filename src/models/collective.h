@@ -53,7 +53,7 @@ Result<std::vector<size_t>> cuda_free_memory(const std::vector<int>& devices);
 
 // What one rank's executor needs to know of the others (ExecutorOptions::link).
 struct RankLink {
-    Collective* comm = nullptr;     // null: the model is one rank; nothing to combine
+    Collective* comm = nullptr;  // null: the model is one rank; nothing to combine
     int rank = 0;
     std::vector<int> vocab_bounds;  // [ranks + 1]: the logit columns of each rank (ShardPlan::vocab_bounds)
     bool sharded() const { return comm != nullptr; }

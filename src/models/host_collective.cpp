@@ -77,6 +77,8 @@ private:
 
 }  // namespace
 
-std::unique_ptr<Collective> make_host_collective(int ranks) { return std::make_unique<HostCollective>(ranks); }
+std::unique_ptr<Collective> make_host_collective(int ranks) {
+    return std::make_unique<HostCollective>(ranks);
+}
 
 }  // namespace exl3

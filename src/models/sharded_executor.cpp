@@ -110,7 +110,8 @@ public:
 
     // Every rank runs the step on its shard; rank 0 ends up with the logits (gathered by the ranks' heads).
     Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) override {
-        if (broken_) return internal_error("tensor parallelism: a failed step broke the communicator; load the model again");
+        if (broken_)
+            return internal_error("tensor parallelism: a failed step broke the communicator; load the model again");
         std::mutex mu;
         Status first;  // the first rank to fail says why; the others then fail because it aborted
         threads_.run([&](int r) {
@@ -147,7 +148,8 @@ private:
 Status memory_weights(const std::vector<int>& devices, std::vector<double>* weights) {
     EXL3_ASSIGN_OR_RETURN(std::vector<size_t> free, cuda_free_memory(devices));
     const auto [lo, hi] = std::minmax_element(free.begin(), free.end());
-    if (*lo == 0) return out_of_range(fmt::format("GPU {} has no free memory", devices[static_cast<size_t>(lo - free.begin())]));
+    if (*lo == 0)
+        return out_of_range(fmt::format("GPU {} has no free memory", devices[static_cast<size_t>(lo - free.begin())]));
     if (static_cast<double>(*hi) <= 1.05 * static_cast<double>(*lo)) return Status::ok();
     weights->assign(free.begin(), free.end());
     return Status::ok();
@@ -155,14 +157,14 @@ Status memory_weights(const std::vector<int>& devices, std::vector<double>* weig
 
 }  // namespace
 
-Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, const HostWeights& w,
-                                                        ThreadPool& pool, const ExecutorOptions& eo,
-                                                        const ParallelOptions& po) {
+Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, const HostWeights& w, ThreadPool& pool,
+                                                        const ExecutorOptions& eo, const ParallelOptions& po) {
     const bool cuda = !po.devices.empty();
     ShardOptions so = po.shard;
     if (cuda) {
         if (so.ranks != static_cast<int>(po.devices.size()))
-            return invalid_argument(fmt::format("tensor parallelism over {} ranks on {} GPUs", so.ranks, po.devices.size()));
+            return invalid_argument(
+                fmt::format("tensor parallelism over {} ranks on {} GPUs", so.ranks, po.devices.size()));
         if (so.ranks > 1 && so.weights.empty()) EXL3_RETURN_IF_ERROR(memory_weights(po.devices, &so.weights));
     }
     EXL3_ASSIGN_OR_RETURN(ShardPlan plan, plan_shards(cfg, w, so));
@@ -190,11 +192,13 @@ Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, 
             rank->weights = HostWeights{};  // on the GPU now: the slices' host copies go
         } else {
             if (plan.ranks > 1) rank->pool = std::make_unique<ThreadPool>(std::max(1, pool.size() / plan.ranks));
-            EXL3_ASSIGN_OR_RETURN(rank->exec, make_cpu_executor(rank->cfg, rank->weights, rank->pool ? *rank->pool : pool, o));
+            EXL3_ASSIGN_OR_RETURN(rank->exec,
+                                  make_cpu_executor(rank->cfg, rank->weights, rank->pool ? *rank->pool : pool, o));
         }
         ranks.push_back(std::move(rank));
     }
-    return std::unique_ptr<Executor>(std::make_unique<ShardedExecutor>(std::move(plan), std::move(comm), std::move(ranks)));
+    return std::unique_ptr<Executor>(
+        std::make_unique<ShardedExecutor>(std::move(plan), std::move(comm), std::move(ranks)));
 }
 
 }  // namespace exl3

@@ -26,8 +26,7 @@ struct ParallelOptions {
 };
 
 // `w` must outlive the executor (the CPU ranks read it in place). eo.device and eo.link are set per rank.
-Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, const HostWeights& w,
-                                                        ThreadPool& pool, const ExecutorOptions& eo,
-                                                        const ParallelOptions& po);
+Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, const HostWeights& w, ThreadPool& pool,
+                                                        const ExecutorOptions& eo, const ParallelOptions& po);
 
 }  // namespace exl3

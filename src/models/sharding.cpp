@@ -139,8 +139,8 @@ public:
     // The parts' output columns: part i keeps cols[i] (in its own coordinates); the bias follows.
     Result<HostLinear> columns(const HostLinear& l, const std::vector<ShardRange>& cols) {
         if (cols.size() != l.parts.size())
-            return internal_error(fmt::format("sharding: {} column ranges for a linear of {} parts", cols.size(),
-                                              l.parts.size()));
+            return internal_error(
+                fmt::format("sharding: {} column ranges for a linear of {} parts", cols.size(), l.parts.size()));
         HostLinear r;
         r.in = l.in;
         int at = 0;
@@ -153,7 +153,8 @@ public:
                 EXL3_ASSIGN_OR_RETURN(HostPart s, part_columns(p, l.in, c));
                 r.parts.push_back(std::move(s));
             }
-            if (!l.bias.empty()) r.bias.insert(r.bias.end(), l.bias.begin() + at + c.begin, l.bias.begin() + at + c.end);
+            if (!l.bias.empty())
+                r.bias.insert(r.bias.end(), l.bias.begin() + at + c.begin, l.bias.begin() + at + c.end);
             r.out += c.size();
             at += p.out;
         }
@@ -184,7 +185,8 @@ private:
         if (!p.is_exl3()) {  // rows of the HF weight: a view
             const size_t row = static_cast<size_t>(in) * dtype_size(p.dense.dtype);
             s.dense = TensorView{static_cast<const uint8_t*>(p.dense.data) + row * static_cast<size_t>(c.begin),
-                                 p.dense.dtype, {c.size(), in}};
+                                 p.dense.dtype,
+                                 {c.size(), in}};
             return s;
         }
         if (!quant::exl3_slice_aligned(c.begin, c.end, p.exl3->out_features)) return dense(*p.exl3, c, {0, in});
@@ -209,8 +211,8 @@ private:
         std::vector<uint8_t> buf(static_cast<size_t>(p.out) * n * es);
         const auto* src = static_cast<const uint8_t*>(p.dense.data);
         for (size_t o = 0; o < static_cast<size_t>(p.out); ++o)
-            std::memcpy(buf.data() + o * n * es, src + (o * static_cast<size_t>(in) + static_cast<size_t>(r.begin)) * es,
-                        n * es);
+            std::memcpy(buf.data() + o * n * es,
+                        src + (o * static_cast<size_t>(in) + static_cast<size_t>(r.begin)) * es, n * es);
         out_->owned.push_back(std::move(buf));
         s.dense = TensorView{out_->owned.back().data(), p.dense.dtype, {p.out, r.size()}};
         return s;
@@ -218,7 +220,8 @@ private:
 
     // An EXL3 slice off the 128-blocks: the dense fp32 weight of the slice.
     Result<HostPart> dense(const quant::Exl3Linear& q, ShardRange cols, ShardRange rows) {
-        EXL3_ASSIGN_OR_RETURN(std::vector<float> w, quant::exl3_slice_dense(q, cols.begin, cols.end, rows.begin, rows.end));
+        EXL3_ASSIGN_OR_RETURN(std::vector<float> w,
+                              quant::exl3_slice_dense(q, cols.begin, cols.end, rows.begin, rows.end));
         const auto* b = reinterpret_cast<const uint8_t*>(w.data());
         out_->owned.emplace_back(b, b + w.size() * sizeof(float));
         ++fallbacks_;
@@ -269,8 +272,8 @@ Status shard_layer(Slicer& sl, const ModelConfig& cfg, const ShardPlan& plan, co
     o->moe.shared_gate = m.shared_gate;
     o->moe.experts.resize(m.experts.size());  // the experts of other ranks stay empty (no parts)
     for (int e = s.experts.begin; e < s.experts.end; ++e)
-        EXL3_RETURN_IF_ERROR(shard_expert(sl, m.experts[static_cast<size_t>(e)], s.expert_cols, !plan.split_experts || first,
-                                          &o->moe.experts[static_cast<size_t>(e)]));
+        EXL3_RETURN_IF_ERROR(shard_expert(sl, m.experts[static_cast<size_t>(e)], s.expert_cols,
+                                          !plan.split_experts || first, &o->moe.experts[static_cast<size_t>(e)]));
     if (!m.shared.gate_up.parts.empty())
         EXL3_RETURN_IF_ERROR(shard_expert(sl, m.shared, s.shared_cols, first, &o->moe.shared));
     return Status::ok();
@@ -285,9 +288,9 @@ std::vector<int> ShardPlan::vocab_bounds() const {
 }
 
 std::string ShardPlan::describe() const {
-    std::string s = fmt::format("{} rank{}: heads {} (kv {}{})", ranks, ranks == 1 ? "" : "s",
-                                sizes(*this, &RankShard::q_heads), sizes(*this, &RankShard::kv_heads),
-                                shared_kv ? ", shared" : "");
+    std::string s =
+        fmt::format("{} rank{}: heads {} (kv {}{})", ranks, ranks == 1 ? "" : "s", sizes(*this, &RankShard::q_heads),
+                    sizes(*this, &RankShard::kv_heads), shared_kv ? ", shared" : "");
     if (!shards.empty() && shards[0].inter.size() > 0) s += ", mlp " + sizes(*this, &RankShard::inter);
     if (!shards.empty() && shards[0].experts.size() > 0)
         s += split_experts ? ", expert columns " + sizes(*this, &RankShard::expert_cols)
@@ -324,15 +327,17 @@ Result<ShardPlan> plan_shards(const ModelConfig& cfg, const HostWeights& w, cons
     bool dense_mlp = false;
     for (int li = 0; li < cfg.num_layers; ++li) dense_mlp = dense_mlp || !cfg.is_moe(li);
     if (dense_mlp)
-        EXL3_RETURN_IF_ERROR(plan_columns(cfg, "MLP intermediate columns", cfg.intermediate_size, 0, weights, &RankShard::inter, &plan));
+        EXL3_RETURN_IF_ERROR(
+            plan_columns(cfg, "MLP intermediate columns", cfg.intermediate_size, 0, weights, &RankShard::inter, &plan));
     if (cfg.num_experts > 0 && n > 1) {
         if (o.split_experts) {
-            EXL3_RETURN_IF_ERROR(plan_columns(cfg, "columns in an expert", cfg.expert_size, 0, weights, &RankShard::expert_cols, &plan));
+            EXL3_RETURN_IF_ERROR(
+                plan_columns(cfg, "columns in an expert", cfg.expert_size, 0, weights, &RankShard::expert_cols, &plan));
         } else {
             if (cfg.num_experts < n)
-                return invalid_argument(fmt::format(
-                    "{} has {} experts, fewer than {} ranks: split every expert instead (split experts)", cfg.arch_name,
-                    cfg.num_experts, n));
+                return invalid_argument(
+                    fmt::format("{} has {} experts, fewer than {} ranks: split every expert instead (split experts)",
+                                cfg.arch_name, cfg.num_experts, n));
             EXL3_RETURN_IF_ERROR(plan_columns(cfg, "experts", cfg.num_experts, 1, weights, &RankShard::experts, &plan));
         }
         if (cfg.shared_expert_size > 0)
@@ -371,9 +376,10 @@ Status shard_weights(const HostWeights& full, const ModelConfig& cfg, const Shar
         EXL3_RETURN_IF_ERROR(shard_layer(sl, cfg, plan, s, full.layers[li], static_cast<int>(li), &out->layers[li])
                                  .with_context(fmt::format("rank {}, layer {}", rank, li)));
     if (sl.dense_fallbacks() > 0)
-        log_warn("rank {}: {} EXL3 slices do not lie on the 128-wide Hadamard blocks and run as dense fp32 weights of "
-                 "the slice (more memory, same values)",
-                 rank, sl.dense_fallbacks());
+        log_warn(
+            "rank {}: {} EXL3 slices do not lie on the 128-wide Hadamard blocks and run as dense fp32 weights of "
+            "the slice (more memory, same values)",
+            rank, sl.dense_fallbacks());
     return Status::ok();
 }
 

@@ -11,8 +11,8 @@ namespace {
 
 Status check_range(const Exl3Linear& l, const char* what, int begin, int end, int features) {
     if (begin < 0 || end > features || begin >= end)
-        return invalid_argument(fmt::format("EXL3 layer '{}': {} [{}, {}) outside [0, {})", l.name, what, begin, end,
-                                            features));
+        return invalid_argument(
+            fmt::format("EXL3 layer '{}': {} [{}, {}) outside [0, {})", l.name, what, begin, end, features));
     return Status::ok();
 }
 

@@ -29,7 +29,8 @@ std::vector<float> random_input(int n, int in, uint32_t seed) {
 std::vector<float> columns(const std::vector<float>& y, int n, int ld, int c0, int c1) {
     std::vector<float> out;
     for (int t = 0; t < n; ++t)
-        out.insert(out.end(), y.begin() + static_cast<size_t>(t) * ld + c0, y.begin() + static_cast<size_t>(t) * ld + c1);
+        out.insert(out.end(), y.begin() + static_cast<size_t>(t) * ld + c0,
+                   y.begin() + static_cast<size_t>(t) * ld + c1);
     return out;
 }
 
@@ -99,7 +100,8 @@ TEST(Exl3Slice, RowSplitPartialsSumToTheWholeLayer) {
                 EXPECT_EQ(part->in_features, w);
             }
             for (int t = 0; t < n; ++t)
-                for (int o = 0; o < s.out; ++o) sum[static_cast<size_t>(t) * s.out + o] += syn.layer.bias[static_cast<size_t>(o)];
+                for (int o = 0; o < s.out; ++o)
+                    sum[static_cast<size_t>(t) * s.out + o] += syn.layer.bias[static_cast<size_t>(o)];
             float worst = 0, scale = 0;
             for (size_t j = 0; j < sum.size(); ++j) {
                 worst = std::max(worst, std::fabs(sum[j] - whole[j]));
