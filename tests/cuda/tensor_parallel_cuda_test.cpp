@@ -94,15 +94,6 @@ std::vector<std::string> model_dirs() {
     return d;
 }
 
-float rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-    float d = 0, m = 0;
-    for (size_t i = 0; i < b.size(); ++i) {
-        d = std::max(d, std::fabs(a[i] - b[i]));
-        m = std::max(m, std::fabs(b[i]));
-    }
-    return d / m;
-}
-
 TEST(CudaTensorParallel, OneRankIsThePlainExecutorBitForBit) {
     EXL3_REQUIRE_GPU();
     for (const std::string& dir : model_dirs()) {
@@ -145,7 +136,7 @@ TEST(CudaTensorParallel, RanksOnOneGpuMatchOneRank) {
             float worst = 0;
             const auto got = test::drive(*split, V, steps(V), [&](size_t i, const std::vector<float>& lg) {
                 check_device_argmax(*split, lg, V, dir.c_str());
-                worst = std::max(worst, rel_err(lg, want[i]));
+                worst = std::max(worst, test::max_rel_diff(lg, want[i]));
             });
             std::printf("  %s over %zu ranks on one GPU: worst relative logit difference %.2e\n", dir.c_str(),
                         c.devices.size(), worst);
@@ -213,12 +204,12 @@ TEST(CudaTensorParallel, GpusOverNcclMatchOneGpu) {
             std::vector<float> l1, l2;
             ASSERT_TRUE(one->forward(**s1, prompt, true, &l1).is_ok());
             ASSERT_TRUE(split->forward(**s2, prompt, true, &l2).is_ok());
-            float worst = rel_err(l2, l1);
+            float worst = test::max_rel_diff(l2, l1);
             for (int i = 0; i < 16; ++i) {  // decode: graphs with NCCL inside
                 const std::vector<int32_t> t{prompt[static_cast<size_t>(i)]};
                 ASSERT_TRUE(one->forward(**s1, t, false, &l1).is_ok());
                 ASSERT_TRUE(split->forward(**s2, t, false, &l2).is_ok());
-                worst = std::max(worst, rel_err(l2, l1));
+                worst = std::max(worst, test::max_rel_diff(l2, l1));
             }
             std::printf("  %s over %d GPUs: worst relative logit difference %.2e\n", dir.c_str(), ranks, worst);
             EXPECT_LT(worst, dir.find("golden") != std::string::npos ? 6e-2f : 2e-2f) << dir;

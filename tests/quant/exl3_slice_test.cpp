@@ -16,14 +16,7 @@ namespace exl3::quant {
 namespace {
 
 using test::make_synthetic_layer;
-
-std::vector<float> random_input(int n, int in, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    std::vector<float> x(static_cast<size_t>(n) * in);
-    for (auto& v : x) v = nd(rng) + 0.01f;
-    return x;
-}
+using test::random_input;
 
 // Rows [b, e) of the columns [c0, c1) of y [n, ld].
 std::vector<float> columns(const std::vector<float>& y, int n, int ld, int c0, int c1) {

@@ -3,11 +3,14 @@
 // -- equal to the unsplit model on tiny-draft, EXL3 tiny-target and every golden family, N = 2, 3 (uneven), 4. One
 // rank is the sharded path too, and equals the plain executor bit for bit.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "core/thread_pool.h"
@@ -24,17 +27,6 @@
 
 namespace exl3 {
 namespace {
-
-// n token ids in [0, vocab) from a fixed LCG.
-std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& v : t) {
-        x = x * 1664525u + 1013904223u;
-        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-    }
-    return t;
-}
 
 // ---- the plan ----------------------------------------------------------------------------------------------------
 
@@ -182,21 +174,11 @@ std::unique_ptr<Model> load(const std::string& dir, int ranks, std::vector<doubl
     return m.is_ok() ? std::move(*m) : nullptr;
 }
 
-// max |a - b| / max |b|
-float rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-    float d = 0, m = 0;
-    for (size_t i = 0; i < b.size(); ++i) {
-        d = std::max(d, std::fabs(a[i] - b[i]));
-        m = std::max(m, std::fabs(b[i]));
-    }
-    return d / m;
-}
-
 // A prefill (every position's logits), decode steps, and a batched step of two sequences: the split model against
 // the unsplit one. Their sums run in another order (the ranks' partial sums of o and down), so: to fp32 rounding.
 float compare_split(const Model& one, const Model& split) {
     const int V = one.info().vocab_size;
-    const auto prompt = [&](uint32_t seed) { return random_tokens(24, seed, V); };
+    const auto prompt = [&](uint32_t seed) { return test::random_tokens(24, seed, V); };
     float worst = 0;
     auto s1 = one.new_sequence(), s2 = split.new_sequence();
     std::vector<float> l1, l2;
@@ -204,19 +186,19 @@ float compare_split(const Model& one, const Model& split) {
     const Status st = split.forward(**s2, prompt(3), true, &l2);
     EXPECT_TRUE(st.is_ok()) << st.to_string();
     if (!st.is_ok()) return 1.0f;
-    worst = std::max(worst, rel_err(l2, l1));
+    worst = std::max(worst, test::max_rel_diff(l2, l1));
     for (int i = 0; i < 4; ++i) {
         const std::vector<int32_t> t{static_cast<int32_t>((i * 37 + 5) % V)};
         EXPECT_TRUE(one.forward(**s1, t, false, &l1).is_ok());
         EXPECT_TRUE(split.forward(**s2, t, false, &l2).is_ok());
-        worst = std::max(worst, rel_err(l2, l1));
+        worst = std::max(worst, test::max_rel_diff(l2, l1));
     }
     auto a1 = one.new_sequence(), a2 = split.new_sequence();
     std::vector<Model::BatchItem> b1{{a1->get(), prompt(9), false}, {s1->get(), {7}, true}};
     std::vector<Model::BatchItem> b2{{a2->get(), prompt(9), false}, {s2->get(), {7}, true}};
     EXPECT_TRUE(one.forward_batch(b1, &l1).is_ok());
     EXPECT_TRUE(split.forward_batch(b2, &l2).is_ok());
-    return std::max(worst, rel_err(l2, l1));
+    return std::max(worst, test::max_rel_diff(l2, l1));
 }
 
 struct Case {
@@ -305,6 +287,50 @@ TEST(TensorParallelCpu, GoldenFamiliesEqualTheWholeModel) {
     EXPECT_GT(compared, 40);
 }
 
+// A golden model with twice the heads of half the width (the same q/k/v/o tensors read as 4 heads of 32 over 2 kv
+// heads): the golden mixtures of experts have 2 heads, too few for 3 or 4 ranks.
+std::string narrow_heads(const std::string& golden, const std::string& out) {
+    namespace fs = std::filesystem;
+    fs::create_directories(out);
+    std::ifstream in(golden + "/config.json");
+    nlohmann::json c = nlohmann::json::parse(in);
+    const int heads = c["num_attention_heads"].get<int>();
+    const int hd = c.contains("head_dim") && !c["head_dim"].is_null() ? c["head_dim"].get<int>()
+                                                                      : c["hidden_size"].get<int>() / heads;
+    c["num_attention_heads"] = 2 * heads;
+    c["num_key_value_heads"] = 2 * c["num_key_value_heads"].get<int>();
+    c["head_dim"] = hd / 2;
+    std::ofstream(out + "/config.json") << c.dump(2);
+    for (const auto& e : fs::directory_iterator(golden))
+        if (e.path().filename() != "config.json" && !fs::exists(out + "/" + e.path().filename().string()))
+            fs::create_symlink(e.path(), out + "/" + e.path().filename().string());
+    return out;
+}
+
+// Mixtures of experts over 2, 3 (2:1:1) and 4 ranks, whole experts and split ones: Qwen2-MoE (shared expert and its
+// gate, q/k/v biases) and Mixtral.
+TEST(TensorParallelCpu, MixturesOfExpertsOverTwoThreeAndFourRanks) {
+    const std::string tmp =
+        (std::filesystem::temp_directory_path() / ("exl3_tp_" + std::to_string(::getpid()))).string();
+    for (const char* name : {"qwen2_moe", "mixtral_moe"}) {
+        const std::string dir =
+            narrow_heads(test::repo_path(std::string("tests/models/golden/") + name), tmp + "/" + name);
+        auto one = load(dir, 1);
+        ASSERT_TRUE(one);
+        ASSERT_EQ(one->info().num_heads, 4);
+        for (const Case& k : kCases)
+            for (bool split_experts : {false, true}) {
+                auto split = load(dir, k.ranks, k.split, split_experts);
+                ASSERT_TRUE(split);
+                const float err = compare_split(*one, *split);
+                std::printf("  %s, 4 heads, over %d ranks%s: %.2e\n", name, k.ranks,
+                            split_experts ? " (split experts)" : "", err);
+                EXPECT_LT(err, 1e-4f) << name << " over " << k.ranks;
+            }
+    }
+    std::filesystem::remove_all(tmp);
+}
+
 // ---- one rank: the sharded path is the plain one -------------------------------------------------------------------
 
 TEST(TensorParallelCpu, OneRankIsThePlainExecutorBitForBit) {
@@ -335,7 +361,7 @@ TEST(TensorParallelCpu, OneRankIsThePlainExecutorBitForBit) {
         EXPECT_EQ(c1.num_heads, cfg->num_heads);
         EXPECT_EQ(c1.vocab_size, cfg->vocab_size);
         EXPECT_EQ(c1.expert_size, cfg->expert_size);
-        const std::vector<std::vector<int32_t>> steps{random_tokens(30, 4, cfg->vocab_size), {3}, {9}, {1, 2, 3}};
+        const std::vector<std::vector<int32_t>> steps{test::random_tokens(30, 4, cfg->vocab_size), {3}, {9}, {1, 2, 3}};
         const auto a = test::drive(**plain, cfg->vocab_size, steps), b = test::drive(**sharded, cfg->vocab_size, steps);
         ASSERT_EQ(a.size(), b.size());
         for (size_t i = 0; i < a.size(); ++i)
