@@ -23,6 +23,7 @@
 #include "exl3/model.h"
 #include "exl3/status.h"
 #include "exl3/tokenizer.h"
+#include "exl3/chat_reply.h"
 #include "exl3/tool_calls.h"
 
 namespace py = pybind11;
@@ -256,6 +257,39 @@ const std::unordered_map<std::string, Setter>& request_setters() {
         s["add_special_tokens"] = [](GenerationRequest& r, py::handle h) {
             r.add_special_tokens = cast_arg<bool>(h, "add_special_tokens");
         };
+        // A list of {"literal": str, "json_schema": dict or str} (GenerationRequest::choices), and its trigger.
+        s["choices"] = [](GenerationRequest& r, py::handle h) {
+            r.choices.clear();
+            for (py::handle c : cast_arg<py::list>(h, "choices")) {
+                const auto d = cast_arg<py::dict>(c, "choices[i]");
+                if (!d.contains("literal") || !d.contains("json_schema"))
+                    raise(invalid_argument("each of 'choices' needs 'literal' and 'json_schema'"));
+                GenerationRequest::Choice choice;
+                choice.literal = cast_arg<std::string>(d["literal"], "choices[i].literal");
+                py::handle schema = d["json_schema"];
+                choice.json_schema = py::isinstance<py::str>(schema)
+                                         ? schema.cast<std::string>()
+                                         : py::module_::import("json").attr("dumps")(schema).cast<std::string>();
+                r.choices.push_back(std::move(choice));
+            }
+        };
+        s["choices_trigger"] = [](GenerationRequest& r, py::handle h) {
+            r.choices_trigger = cast_arg<std::string>(h, "choices_trigger");
+        };
+        // A dict of GenerationRequest::Reasoning's fields (what Generator.chat builds with exl3.reasoning_settings).
+        s["reasoning"] = [](GenerationRequest& r, py::handle h) {
+            const auto d = cast_arg<py::dict>(h, "reasoning");
+            for (const auto& [key, value] : d) {
+                const std::string k = py::str(key);
+                if (k == "open") r.reasoning.open = cast_arg<std::string>(value, "reasoning.open");
+                else if (k == "close") r.reasoning.close = cast_arg<std::string>(value, "reasoning.close");
+                else if (k == "closing") r.reasoning.closing = cast_arg<std::string>(value, "reasoning.closing");
+                else if (k == "open_anywhere") r.reasoning.open_anywhere = cast_arg<bool>(value, "reasoning." + k);
+                else if (k == "starts_inside") r.reasoning.starts_inside = cast_arg<bool>(value, "reasoning." + k);
+                else if (k == "max_tokens") r.reasoning.max_tokens = cast_arg<int>(value, "reasoning.max_tokens");
+                else throw py::type_error("exl3: 'reasoning' has no field '" + k + "'");
+            }
+        };
         return t;
     }();
     return *table;
@@ -421,7 +455,27 @@ void bind_tokenizer(py::module_& m) {
             },
             py::arg("name") = "default",
             "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
-            "'mistral', 'mistral-args', 'granite', 'command-r' or 'seed' (what exl3.parse_tool_calls takes).")
+            "'mistral', 'mistral-args', 'granite', 'command-r', 'command-r-plus', 'seed', 'qwen3-coder', 'glm', "
+            "'harmony' or 'gemma' (what exl3.parse_tool_calls takes).")
+        .def(
+            "reply_format",
+            [](const PyTokenizer& t, const std::string& name) {
+                const std::string* source = t.tok->chat_template(name);
+                if (!source) raise(no_template(name));
+                const ReplyFormat f = reply_format(*source, [&](std::string_view text) {
+                    return t.tok->token_to_id(text).has_value();
+                });
+                py::dict d;
+                d["tools"] = f.tools;
+                d["reasoning"] = f.reasoning;
+                d["reasoning_open"] = f.reasoning_open;
+                d["reasoning_close"] = f.reasoning_close;
+                return d;
+            },
+            py::arg("name") = "default",
+            "How the chat template of that name's model writes replies: {'tools': its tool-call format, "
+            "'reasoning': 'none', 'tags' or 'harmony', 'reasoning_open', 'reasoning_close'} (markers found in the "
+            "template and the vocabulary).")
         .def(
             "_render_chat",
             [](PyTokenizer& t, const std::string& context_json, const std::string& name) {
@@ -618,6 +672,9 @@ void bind_job_update(py::module_& m) {
         .def_readonly("generated_tokens", &JobUpdate::generated_tokens)
         .def_readonly("draft_tokens", &JobUpdate::draft_tokens, "speculative decoding: tokens proposed so far")
         .def_readonly("accepted_tokens", &JobUpdate::accepted_tokens, "speculative decoding: proposals kept so far")
+        .def_readonly("reasoning_tokens", &JobUpdate::reasoning_tokens, "tokens drawn inside reasoning so far")
+        .def_readonly("output_closed", &JobUpdate::output_closed,
+                      "the job ended because its JSON object, schema value or tool choice closed")
         .def("__repr__", [](const JobUpdate& u) {
             return "<exl3.JobUpdate job=" + std::to_string(u.job) + " tokens=" + std::to_string(u.tokens.size()) +
                    (u.finish == FinishReason::kNone ? std::string()
@@ -683,7 +740,20 @@ void bind_generator(py::module_& m) {
     });
 }
 
-// The tool-call parser of include/exl3/tool_calls.h, for exl3.parse_tool_calls and Generator.chat(tools=...).
+// A ReplyFormat from the dict Tokenizer.reply_format gives.
+ReplyFormat reply_format_of(const py::dict& d) {
+    ReplyFormat f;
+    auto get = [&](const char* key, std::string* out) {
+        if (d.contains(key)) *out = cast_arg<std::string>(d[key], key);
+    };
+    get("tools", &f.tools);
+    get("reasoning", &f.reasoning);
+    get("reasoning_open", &f.reasoning_open);
+    get("reasoning_close", &f.reasoning_close);
+    return f;
+}
+
+// The reply parsers of include/exl3/tool_calls.h and chat_reply.h, for exl3.parse_tool_calls and Generator.chat.
 void bind_tool_calls(py::module_& m) {
     m.def(
         "_parse_tool_calls",
@@ -694,6 +764,34 @@ void bind_tool_calls(py::module_& m) {
             return py::make_tuple(r.content, calls);
         },
         py::arg("text"), py::arg("format"), "(content, [(id, name, arguments as JSON text)])");
+    m.def(
+        "_reasoning_settings",
+        [](const py::dict& format, py::handle prompt, int max_tokens) {
+            const GenerationRequest::Reasoning r =
+                reasoning_settings(reply_format_of(format), utf8(prompt, "prompt"), max_tokens);
+            py::dict d;
+            if (r.open.empty()) return d;
+            d["open"] = r.open;
+            d["close"] = r.close;
+            d["closing"] = r.closing;
+            d["open_anywhere"] = r.open_anywhere;
+            d["starts_inside"] = r.starts_inside;
+            d["max_tokens"] = r.max_tokens;
+            return d;
+        },
+        py::arg("format"), py::arg("prompt"), py::arg("max_tokens"));
+    m.def(
+        "_parse_reply",
+        [](const py::dict& format, py::handle text, bool starts_inside, const std::string& tools_json) {
+            const auto tools = nlohmann::ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+            if (tools.is_discarded()) raise(invalid_argument("tools is not JSON"));
+            const ChatReply r = take(parse_reply(reply_format_of(format), utf8(text, "text"), starts_inside, tools));
+            py::list calls;
+            for (const ToolCall& c : r.calls) calls.append(py::make_tuple(c.id, c.name, c.arguments));
+            return py::make_tuple(r.reasoning, r.content, calls);
+        },
+        py::arg("format"), py::arg("text"), py::arg("starts_inside"), py::arg("tools_json"),
+        "(reasoning, content, [(id, name, arguments as JSON text)])");
     m.def(
         "_tool_call_markers", [](const std::string& format) { return take(tool_call_markers(format)); },
         py::arg("format"));

@@ -11,7 +11,11 @@
 # ../shared) and $P/tinydraft.tar.xz (tests/models/tiny-draft, when it was left out of the tree to fit the call),
 # libcpp-httplib.
 # With MOE=1 a random-trellis EXL3 Qwen3-MoE (qwen3-moe-tiny) is made first for CudaModel.Exl3ExpertsMatchCpu.
-# GOLDEN picks the CPU golden tests (default Families/*); BENCH_ARGS the bench's flags.
+# GOLDEN picks the CPU golden tests (default Families/*:GptOss/*); CUDA_FILTER the tests of the CUDA binaries
+# (default all); BENCH_ARGS the bench's flags.
+# gpt-oss (issue 42): FAMILIES=gpt_oss,gpt_oss_mxfp4 makes both fixtures (transformers' bf16 experts, and the Hub's
+# MXFP4 blocks dequantized by transformers), runs GptOss/* golden, the attention sink cases (PagedAttention sink_*),
+# the CUDA refusal of its experts and FamilyConvert GptOss/* (exl3_convert_tests).
 # Usage (device tool): [FAMILIES=a,b] [BENCH=1] [SHAPES="..."] [MOE=1] bash scripts/device_families.sh [P=.device/p3]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -45,7 +49,7 @@ if [ -n "${FAMILIES:-}" ]; then
   (cd /tmp/g && tar czf "$OUT/golden.tgz" models golden)
 fi
 echo "== CPU golden tests of the families"
-timeout 180 /tmp/b/new/exl3_golden_tests --gtest_filter="${GOLDEN:-Families/*}" > /tmp/golden.log 2>&1; echo "exit $?"
+timeout 180 /tmp/b/new/exl3_golden_tests --gtest_filter="${GOLDEN:-Families/*:GptOss/*}" > /tmp/golden.log 2>&1; echo "exit $?"
 grep -E "worst relative|^\[  (PASSED|FAILED) |^\[  FAILED  \]" /tmp/golden.log; cat /tmp/golden.log >> "$OUT/tests.log"
 if [ "${MOE:-0}" = 1 ]; then
   python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
@@ -56,10 +60,10 @@ for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3
          exl3_cuda_sampler_tests exl3_viterbi_cuda_tests exl3_convert_tests; do
   [ -x /tmp/b/new/$t ] || continue
   echo "== $t"
-  timeout 300 /tmp/b/new/$t > /tmp/$t.log 2>&1; echo "exit $?"
+  timeout 300 /tmp/b/new/$t --gtest_filter="${CUDA_FILTER:-*}" > /tmp/$t.log 2>&1; echo "exit $?"
   cat /tmp/$t.log >> "$OUT/tests.log"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests" /tmp/$t.log | head -30
-  grep -E "(golden/[a-z0-9_]+|moe-tiny): prefill|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] cap_" /tmp/$t.log | head -60
+  grep -E "(golden/[a-z0-9_]+|moe-tiny): prefill|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] (cap|sink)_|invariant inv_sink|gpt-oss|GptOss" /tmp/$t.log | head -80
 done
 if [ "${BENCH:-0}" = 1 ]; then
   wait $models; cat /tmp/models.log

@@ -33,6 +33,8 @@ struct ModelInfo {
     int num_experts = 0;
     int experts_per_token = 0;
     int64_t expert_bytes = 0;
+    int64_t expert_parameters = 0;  // the routed experts' weights (in x out of each of their linears)
+    int64_t head_bytes = 0;         // the head's bytes as stored (the embedding table's when tied)
     std::string quantization;   // empty when unquantized, else e.g. "exl3 4.00 bpw, head 6 bpw, mul1"
     int kv_bits_k = 0;          // LoadOptions::kv_bits_k / kv_bits_v (0: unquantized)
     int kv_bits_v = 0;

@@ -53,13 +53,15 @@ StepPlan calibration_plan(const Calib& cs) {
     return p;
 }
 
-// act(x Wg^T) * (x Wu^T) [rows, width] of one expert (the converter's fp32 copies: dense parts).
+// act(x Wg^T + bg) * (x Wu^T + bu) [rows, width] of one expert (the converter's fp32 copies: dense parts; the
+// biases where the family has them).
 std::vector<float> expert_input(const ModelConfig& c, const HostExpert& e, const float* x, int rows, ThreadPool& pool) {
     const int I = e.down.in, H = e.gate_up.in;
+    const float* bias = e.gate_up.bias.empty() ? nullptr : e.gate_up.bias.data();
     std::vector<float> g(static_cast<size_t>(rows) * I), u(g.size());
-    cpu::matmul(x, rows, H, e.gate_up.parts[0].dense, nullptr, g.data(), pool);
-    cpu::matmul(x, rows, H, e.gate_up.parts[1].dense, nullptr, u.data(), pool);
-    (c.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(g.data(), u.data(), rows, I);
+    cpu::matmul(x, rows, H, e.gate_up.parts[0].dense, bias, g.data(), pool);
+    cpu::matmul(x, rows, H, e.gate_up.parts[1].dense, bias ? bias + I : nullptr, u.data(), pool);
+    apply_glu(c, g.data(), u.data(), rows, I);
     return g;
 }
 

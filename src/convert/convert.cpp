@@ -272,6 +272,7 @@ void Converter::bind_layer(int li) {
     L.k_norm = hf.k_norm;
     L.post_attn_norm = hf.post_attn_norm;
     L.post_mlp_norm = hf.post_mlp_norm;
+    L.sinks = hf.sinks;
     Layer& lins = layers_[static_cast<size_t>(li)];
     auto bind = [&](HostLinear& hl, std::initializer_list<int> idx) {
         hl = HostLinear{};
@@ -496,11 +497,13 @@ Status Converter::quantize_layers() {
         }
         EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, cs, nullptr, pool_)
                                  .with_context(fmt::format("calibration forward through quantized layer {}", li)));
-        std::vector<std::string> raw;  // the norms; an MoE layer's router, its bias and the shared gate
+        // The norms (and gpt-oss's sinks); an MoE layer's router (and its bias), its score bias and the shared gate.
+        std::vector<std::string> raw;
         for (LayerTensor t : side) raw.push_back(names.of(li, t));
         if (c_.is_moe(li))
             for (const char* r : {names.moe->router, names.moe->shared_gate})
-                if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
+                for (const char* member : {".weight", ".bias"})
+                    if (r) raw.push_back(names.layer_prefix(li) + r + member);
         if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
         for (const std::string& name : raw) {
             if (name.empty() || !st_.contains(name)) continue;

@@ -62,6 +62,18 @@ constexpr TensorNames kGlm4MoeNames = {kLlamaNames.embed, kLlamaNames.final_norm
 constexpr TensorNames kMixtralNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
                                        kLlamaNames.layer_tensors, nullptr, nullptr, &kMixtralExperts};
 
+// gpt-oss: Llama's attention with a sink logit per head; the router is `mlp.router` (with a bias), and HF checkpoints
+// hold the experts in batch tensors under mlp.experts. (bf16 gate_up_proj / down_proj, or the Hub's MXFP4 blocks and
+// scales); EXL3 files (the reference's and ours) store each expert's gate_proj / up_proj / down_proj apart.
+constexpr MoeNames kGptOssExperts = {"mlp.router", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj",
+                                     nullptr,      nullptr,            nullptr,     "mlp.experts."};
+constexpr TensorNames kGptOssNames = {
+    kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+    {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", nullptr, nullptr, nullptr,
+     "input_layernorm.weight", "post_attention_layernorm.weight", nullptr, nullptr, nullptr, nullptr,
+     "self_attn.sinks"},
+    nullptr, nullptr, &kGptOssExperts};
+
 // Phi-3 / Phi-4: Llama's names, q|k|v and gate|up fused in HF checkpoints.
 constexpr TensorNames kPhi3Names = {
     kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer, kLlamaNames.layer_tensors,
@@ -115,6 +127,7 @@ const std::vector<ArchInfo> kArchs = {
     {Arch::kQwen3Moe, "Qwen3MoeForCausalLM", "qwen3_moe", {&kQwen3MoeNames}},
     {Arch::kMixtral, "MixtralForCausalLM", "mixtral", {&kMixtralNames}},
     {Arch::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", {&kGlm4MoeNames}},
+    {Arch::kGptOss, "GptOssForCausalLM", "gpt_oss", {&kGptOssNames}},
 };
 
 }  // namespace

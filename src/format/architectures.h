@@ -13,20 +13,23 @@ namespace exl3 {
 enum class Arch {
     kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite,
     kGemma2, kGemma3, kGemma3Wrapped, kGlm4, kOlmo2, kOlmo3, kExaone4, kErnie45, kCohere, kCohere2,
-    kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe,
+    kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kGptOss,
 };
 
-// A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown).
+// A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown). kSinks: gpt-oss's
+// attention sinks, one logit per query head.
 enum class LayerTensor {
-    kQ, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm, kPostAttnNorm, kPostMlpNorm,
+    kQ, kK, kV, kO, kGate, kUp, kDown, kAttnNorm, kMlpNorm, kQNorm, kKNorm, kPostAttnNorm, kPostMlpNorm, kSinks,
 };
-constexpr int kLayerTensors = 13;
+constexpr int kLayerTensors = 14;
 constexpr int kLayerLinears = 7;  // kQ .. kDown
 
 // A mixture-of-experts MLP's tensors, relative to the layer (for the layers the config makes MoE): the router
 // linear [experts, hidden], each expert's three linears under `expert` ("{}" = the expert index), and optionally a
 // shared expert (gate_proj / up_proj / down_proj under `shared`), its sigmoid gate [1, hidden] and the router's score
-// correction bias [experts].
+// correction bias [experts]. `batched`: the prefix under which HF checkpoints of the family hold every expert of the
+// layer in batch tensors instead (gpt-oss: models/batched_experts.h); EXL3 files store the experts apart, under
+// `expert`.
 struct MoeNames {
     const char* router;
     const char* expert;
@@ -36,6 +39,7 @@ struct MoeNames {
     const char* shared = nullptr;
     const char* shared_gate = nullptr;
     const char* score_bias = nullptr;
+    const char* batched = nullptr;
 
     std::string expert_prefix(const std::string& layer_prefix, int e) const;
 };

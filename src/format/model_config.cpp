@@ -164,6 +164,7 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
         case Arch::kGemma3: case Arch::kGemma3Wrapped: r.theta = 1000000.0; break;
         case Arch::kOlmo3: case Arch::kErnie45: case Arch::kCohere: r.theta = 500000.0; break;
         case Arch::kMixtral: r.theta = 1000000.0; break;
+        case Arch::kGptOss: r.theta = 150000.0; break;
         default: break;
     }
     EXL3_RETURN_IF_ERROR(top.get_double("rope_theta", &r.theta));
@@ -192,6 +193,13 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
                                                    source + " " + where + ".sliding_attention", local));
     } else if (params) {
         EXL3_RETURN_IF_ERROR(parse_rope_params(*params, source + " " + where, r));
+    } else if (mc->arch == Arch::kGptOss) {  // GptOssConfig's default: YaRN x32 over 4096 positions, not truncated
+        r.type = RopeType::kYarn;
+        r.factor = 32.0;
+        r.beta_fast = 32.0;
+        r.beta_slow = 1.0;
+        r.truncate = false;
+        r.original_max_position_embeddings = 4096;
     }
     if (two_ropes(mc->arch)) EXL3_RETURN_IF_ERROR(rope_validate(local, mc->head_dim).with_context(source));
     return rope_validate(r, mc->head_dim).with_context(source);
@@ -235,8 +243,8 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
     const bool gemma = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped;
     if (f.has("head_dim") && mc.arch != Arch::kCohere2) {  // Cohere 2's config forces hidden / heads
         EXL3_RETURN_IF_ERROR(f.get_int("head_dim", &mc.head_dim, true, 1, 4096));
-    } else if (gemma || mc.arch == Arch::kErnie45) {
-        mc.head_dim = gemma ? 256 : 128;  // the config classes' defaults
+    } else if (gemma || mc.arch == Arch::kErnie45 || mc.arch == Arch::kGptOss) {
+        mc.head_dim = gemma ? 256 : mc.arch == Arch::kErnie45 ? 128 : 64;  // the config classes' defaults
     } else {
         if (mc.hidden_size % mc.num_heads)
             return invalid_argument(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {} and "
@@ -246,7 +254,7 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
     }
     if (mc.head_dim % 2) return invalid_argument(fmt::format("{}: head_dim {} must be even", source, mc.head_dim));
     const bool cohere = mc.arch == Arch::kCohere || mc.arch == Arch::kCohere2;
-    if (cohere) mc.rms_norm_eps = 1e-5;
+    if (cohere || mc.arch == Arch::kGptOss) mc.rms_norm_eps = 1e-5;
     EXL3_RETURN_IF_ERROR(f.get_double(cohere ? "layer_norm_eps" : "rms_norm_eps", &mc.rms_norm_eps));
     if (!(mc.rms_norm_eps > 0)) return invalid_argument(source + ": the norm epsilon must be positive");
     mc.max_position_embeddings = 2048;
@@ -295,6 +303,9 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
             mc.qkv_bias = attention_bias;
             break;
         case Arch::kMixtral:
+            break;
+        case Arch::kGptOss:  // GptOssConfig sets attention_bias whatever the file says
+            mc.qkv_bias = mc.o_bias = true;
             break;
         case Arch::kSeedOss:  // q, k, v biased by attention_bias; o by attention_out_bias
             EXL3_RETURN_IF_ERROR(f.get_bool("attention_out_bias", &out_bias));
@@ -358,9 +369,11 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
 Status parse_windows(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
     int window = 0;
     const bool periodic = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped ||
-                          mc.arch == Arch::kOlmo3 || mc.arch == Arch::kCohere2 || mc.arch == Arch::kExaone4;
-    // Those families' config classes window 4096 positions unless told otherwise (EXAONE 4's null: no windows).
-    if (periodic && !cfg.contains("sliding_window")) window = 4096;
+                          mc.arch == Arch::kOlmo3 || mc.arch == Arch::kCohere2 || mc.arch == Arch::kExaone4 ||
+                          mc.arch == Arch::kGptOss;
+    // Those families' config classes window 4096 positions unless told otherwise (EXAONE 4's null: no windows);
+    // gpt-oss's 128.
+    if (periodic && !cfg.contains("sliding_window")) window = mc.arch == Arch::kGptOss ? 128 : 4096;
     EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false, 0));  // 0 (Qwen2-MoE): none
     mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
     if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
@@ -380,8 +393,10 @@ Status parse_windows(const json& cfg, const Fields& f, const std::string& source
         return Status::ok();
     }
     if (periodic) {
-        // Without layer_types: every pattern-th layer global, the others windowed (Gemma 2: every other one).
-        int pattern = mc.arch == Arch::kGemma2 ? 2 : mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped ? 6 : 4;
+        // Without layer_types: every pattern-th layer global, the others windowed (Gemma 2, gpt-oss: every other one).
+        int pattern = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGptOss                    ? 2
+                      : mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped ? 6
+                                                                                      : 4;
         const char* key = f.has("sliding_window_pattern") ? "sliding_window_pattern" : "_sliding_window_pattern";
         if (cfg.contains(key) && cfg[key].is_string()) {  // EXAONE 4's "LLLG": L windowed, G global, repeating
             const std::string pat = cfg[key].get<std::string>();
@@ -488,6 +503,9 @@ Status parse_family(const Fields& f, const std::string& source, ModelConfig& mc)
         case Arch::kErnie45:
             mc.rope_interleaved = true;
             break;
+        case Arch::kGptOss:
+            mc.attn_sinks = true;
+            break;
         case Arch::kCohere:
         case Arch::kCohere2: {
             mc.norm = NormKind::kLayerNorm;
@@ -504,9 +522,34 @@ Status parse_family(const Fields& f, const std::string& source, ModelConfig& mc)
     return Status::ok();
 }
 
+// gpt-oss: every MLP is the experts, as wide as intermediate_size. The router takes the top k of its logits x R^T + b
+// and a softmax over those k: the weights of the softmax over all of them renormalised over the top k (norm_topk).
+// Biased experts with the clamped SwiGLU (alpha 1.702 in transformers' code, the limit swiglu_limit, 7 by default).
+// Defaults are GptOssConfig's; the Hub's files also say experts_per_token, which transformers does not read.
+Status parse_gpt_oss_moe(const Fields& f, const std::string& source, ModelConfig& mc) {
+    mc.num_experts = 128;
+    mc.experts_per_token = 4;
+    EXL3_RETURN_IF_ERROR(f.get_int("num_local_experts", &mc.num_experts, false, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &mc.experts_per_token, false, 1, 4096));
+    if (mc.experts_per_token > mc.num_experts)
+        return invalid_argument(fmt::format("{}: num_experts_per_tok {} exceeds the {} experts", source,
+                                            mc.experts_per_token, mc.num_experts));
+    mc.expert_size = mc.intermediate_size;
+    mc.moe_layer.assign(static_cast<size_t>(mc.num_layers), 1);
+    mc.norm_topk = true;
+    mc.router_bias = mc.expert_bias = true;
+    mc.act = Act::kSwigluClamp;
+    double limit = 7.0;
+    EXL3_RETURN_IF_ERROR(f.get_double("swiglu_limit", &limit));
+    if (!(limit > 0)) return invalid_argument(fmt::format("{}: swiglu_limit {} must be positive", source, limit));
+    mc.glu_limit = static_cast<float>(limit);
+    return Status::ok();
+}
+
 // Which layers are mixtures of experts and how they route: Qwen2/3-MoE (every decoder_sparse_step-th layer but
-// mlp_only_layers), Mixtral (all), GLM-4.5 (all after first_k_dense_replace).
+// mlp_only_layers), Mixtral (all), GLM-4.5 (all after first_k_dense_replace), gpt-oss (all).
 Status parse_moe(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
+    if (mc.arch == Arch::kGptOss) return parse_gpt_oss_moe(f, source, mc);
     const bool qwen = mc.arch == Arch::kQwen2Moe || mc.arch == Arch::kQwen3Moe;
     if (!qwen && mc.arch != Arch::kMixtral && mc.arch != Arch::kGlm4Moe) return Status::ok();
     // The Hub's configs name the count by family; transformers 5 writes num_local_experts for all of them.
@@ -583,6 +626,20 @@ Status parse_multipliers(const Fields& f, const std::string& source, ModelConfig
     return Status::ok();
 }
 
+// A quantization_config of quant_method mxfp4 (gpt-oss as published): its experts are MXFP4 blocks, dequantized at
+// load. Other methods are left to the weight loader (EXL3, or a clear refusal naming the method).
+Status parse_mxfp4(const json& cfg, const std::string& source, ModelConfig& mc) {
+    auto it = cfg.find("quantization_config");
+    if (it == cfg.end() || !it->is_object()) return Status::ok();
+    auto m = it->find("quant_method");
+    if (m == it->end() || !m->is_string() || m->get<std::string>() != "mxfp4") return Status::ok();
+    if (mc.arch != Arch::kGptOss)
+        return unsupported(fmt::format("{}: quant_method 'mxfp4' is read for gpt-oss's experts only, not for {}",
+                                       source, mc.arch_name));
+    mc.mxfp4_experts = true;
+    return Status::ok();
+}
+
 // The object that describes the decoder: the config itself, or a multimodal wrapper's text_config.
 Result<const json*> text_config(const json& cfg, const ArchInfo& info, const std::string& source) {
     if (info.arch != Arch::kMistral3 && info.arch != Arch::kGemma3Wrapped) return &cfg;
@@ -635,6 +692,7 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     else if (dtype == "float16") mc.dtype = DType::kF16;
     else if (dtype == "float32") mc.dtype = DType::kF32;
     else return unsupported(fmt::format("{}: dtype '{}' is not supported (bfloat16, float16, float32)", source, dtype));
+    EXL3_RETURN_IF_ERROR(parse_mxfp4(cfg, source, mc));
 
     std::vector<int> bos;
     EXL3_RETURN_IF_ERROR(parse_token_ids(*tc, "bos_token_id", tsource, &bos));
@@ -667,6 +725,8 @@ std::string family_features(const ModelConfig& c) {
     if (nope) f.push_back(fmt::format("{} layers without RoPE", nope));
     if (windowed && windowed < c.num_layers) f.push_back(fmt::format("{} of {} layers windowed", windowed, c.num_layers));
     if (c.act == Act::kGeluTanh) f.push_back("GeGLU (tanh)");
+    if (c.act == Act::kSwigluClamp) f.push_back(fmt::format("clamped SwiGLU (limit {:g})", c.glu_limit));
+    if (c.attn_sinks) f.push_back("attention sinks");
     if (c.embed_scale != 1.0f) f.push_back(fmt::format("embeddings x {:g}", c.embed_scale));
     if (c.residual_scale != 1.0f) f.push_back(fmt::format("residual x {:g}", c.residual_scale));
     if (c.attn_scale > 0.0f) f.push_back(fmt::format("attention scale {:g}", c.attn_scale));
@@ -676,9 +736,12 @@ std::string family_features(const ModelConfig& c) {
     if (c.num_experts > 0) {
         int moe = 0;
         for (int i = 0; i < c.num_layers; ++i) moe += c.is_moe(i);
-        f.push_back(fmt::format("{} experts ({} a token{}{}{}) in {} of {} layers", c.num_experts, c.experts_per_token,
-                                c.router_sigmoid ? ", sigmoid router" : "", c.shared_expert_size ? ", shared expert" : "",
-                                c.norm_topk ? "" : ", weights not renormalised", moe, c.num_layers));
+        f.push_back(fmt::format("{} experts ({} a token{}{}{}{}) in {} of {} layers", c.num_experts,
+                                c.experts_per_token, c.router_sigmoid ? ", sigmoid router" : "",
+                                c.shared_expert_size ? ", shared expert" : "",
+                                c.norm_topk ? "" : ", weights not renormalised", c.expert_bias ? ", biased" : "", moe,
+                                c.num_layers));
+        if (c.mxfp4_experts) f.push_back("MXFP4 experts (dequantized at load)");
     }
     std::string s;
     for (const auto& x : f) s += (s.empty() ? "" : ", ") + x;

@@ -21,8 +21,10 @@ enum class NormKind : uint8_t { kRms, kLayerNorm };
 // 4), per head with a weight vector of each head's own and the model's norm kind (Command R+: LayerNorm, weights
 // [heads, head_dim]), or over all heads of q and of k at once (Olmo 2/3).
 enum class QkNorm : uint8_t { kNone, kHead, kHeads, kFlat };
-// The MLP's gate activation: silu, or GELU with the tanh approximation (Gemma).
-enum class Act : uint8_t { kSilu, kGeluTanh };
+// The MLP's gate activation: silu, or GELU with the tanh approximation (Gemma), or gpt-oss's clamped SwiGLU:
+// g' = min(g, limit), u' = clamp(u, -limit, limit), act = g' sigmoid(alpha g') (u' + 1) (ModelConfig::glu_alpha,
+// glu_limit).
+enum class Act : uint8_t { kSilu, kGeluTanh, kSwigluClamp };
 
 struct ModelConfig {
     Arch arch = Arch::kLlama;
@@ -48,6 +50,8 @@ struct ModelConfig {
     bool parallel = false;      // Cohere: attention and MLP both read one norm of h; h += attention + MLP
     bool rope_interleaved = false;  // GPT-J RoPE: dims (2i, 2i+1) pair up (Cohere, GLM-4, ERNIE), not (i, i + r/2)
     Act act = Act::kSilu;
+    float glu_alpha = 1.702f;  // Act::kSwigluClamp's sigmoid slope and clamp (gpt-oss: 1.702, swiglu_limit 7)
+    float glu_limit = 7.0f;
     std::vector<int> sliding_window;  // [num_layers]; 0 = full attention, w = attend to the last w positions
     // [num_layers]; 0: no RoPE (SmolLM3's NoPE layers, Cohere 2's and EXAONE 4's global ones), 1: `rope`,
     // 2: `rope_local` (Gemma 3's and Olmo 3's sliding layers, on their own base)
@@ -59,6 +63,9 @@ struct ModelConfig {
     float logit_scale = 1.0f;     // logits = head(norm(h)) * logit_scale
     float attn_softcap = 0.0f;    // scores s -> c tanh(s / c) before the softmax (Gemma 2); 0: none
     float logit_softcap = 0.0f;   // logits l -> c tanh(l / c) (Gemma 2); 0: none
+    // gpt-oss: a learned logit per query head (LayerTensor::kSinks) joins each softmax's denominator, no value:
+    // a = exp(s_i) / (sum_j exp(s_j) + exp(sink_h)).
+    bool attn_sinks = false;
     // Mixtures of experts (num_experts 0: every MLP is dense). A token's MLP output in an MoE layer is
     // sum over its chosen experts e of weight_e * expert_e(x), plus the shared expert's (gated by sigmoid(x . g) where
     // the family has that gate). The router's scores are softmax(x R^T), or sigmoid(x R^T) (router_sigmoid: GLM-4.5)
@@ -74,6 +81,11 @@ struct ModelConfig {
     int expert_groups = 1;
     int topk_groups = 1;
     float routed_scale = 1.0f;
+    bool router_bias = false;         // the router linear has a bias (gpt-oss)
+    bool expert_bias = false;         // the routed experts' gate, up and down carry biases (gpt-oss)
+    // The checkpoint declares quant_method mxfp4 (gpt-oss as the Hub has it): its experts are OCP MXFP4 blocks,
+    // dequantized at load (models/batched_experts.h).
+    bool mxfp4_experts = false;
     std::vector<uint8_t> moe_layer;   // [num_layers]: 1 where the MLP is the experts (else dense, intermediate_size)
     RopeConfig rope;
     RopeConfig rope_local;          // for layers with rope_layer 2

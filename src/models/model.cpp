@@ -133,18 +133,29 @@ void Model::Impl::fill_info() {
     for (const auto& name : store.names()) {
         auto t = store.get(name);
         if (t.is_ok()) {
-            info.num_parameters += t->numel();
+            // MXFP4 experts (gpt-oss): two values a byte of blocks; their scales are not parameters.
+            const auto ends = [&](const char* x) {
+                return name.size() > 7 && name.compare(name.size() - 7, 7, x) == 0;
+            };
+            info.num_parameters += !cfg.mxfp4_experts ? t->numel() : ends("_blocks") ? 2 * t->numel()
+                                                                    : ends("_scales") ? 0 : t->numel();
             info.weight_bytes += static_cast<int64_t>(t->nbytes());
             if (cfg.num_experts > 0 && name.find(".experts.") != std::string::npos)
                 info.expert_bytes += static_cast<int64_t>(t->nbytes());
+            if (name.rfind("lm_head.", 0) == 0) info.head_bytes += static_cast<int64_t>(t->nbytes());
         }
     }
+    for (const HostLayer& l : weights.layers)
+        for (const HostExpert& e : l.moe.experts)
+            info.expert_parameters += static_cast<int64_t>(e.gate_up.in) * e.gate_up.out +
+                                      static_cast<int64_t>(e.down.in) * e.down.out;
     info.num_experts = cfg.num_experts;
     info.experts_per_token = cfg.experts_per_token;
     // EXL3: trellis words are not parameters; the loader counts each linear as in x out.
     info.quantization = weights.quantization;
     info.tied_embeddings = weights.head.parts.size() == 1 && !weights.head.parts[0].is_exl3() &&
                            weights.head.parts[0].dense.data == weights.embed.data;
+    if (info.tied_embeddings) info.head_bytes = static_cast<int64_t>(weights.embed.nbytes());
     if (weights.num_parameters > 0) info.num_parameters = weights.num_parameters;
 }
 

@@ -257,6 +257,7 @@ Status shard_layer(Slicer& sl, const ModelConfig& cfg, const ShardPlan& plan, co
     const bool per_head = cfg.qk_norm == QkNorm::kHeads;  // [heads, head_dim]: the rank's heads' rows
     o->q_norm = per_head ? sub(L.q_norm, q.begin, q.end) : L.q_norm;
     o->k_norm = per_head ? sub(L.k_norm, kv.begin, kv.end) : L.k_norm;
+    if (!L.sinks.empty()) o->sinks = sub(L.sinks, s.q_heads.begin, s.q_heads.end);  // one per q head (gpt-oss)
     if (L.qkv.parts.size() != 3)
         return internal_error(fmt::format("sharding: layer {}'s q|k|v has {} parts", li, L.qkv.parts.size()));
     EXL3_ASSIGN_OR_RETURN(o->qkv, sl.columns(L.qkv, {q, kv, kv}));

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/ops.h"
 #include "core/log.h"
+#include "models/batched_experts.h"
 #include "quant/exl3_model.h"
 
 namespace exl3 {
@@ -182,9 +183,10 @@ private:
     std::set<quant::Codebook> codebooks_;
 };
 
-// A declared quantization_config must be a valid EXL3 one; none at all is fine (dense checkpoints).
-Status check_quant_config(const std::string& dir, bool has_exl3) {
-    if (dir.empty()) return Status::ok();
+// A declared quantization_config must be a valid EXL3 one; none at all is fine (dense checkpoints), and so is
+// gpt-oss's mxfp4 (its experts are dequantized at load) where no tensor is EXL3.
+Status check_quant_config(const std::string& dir, bool has_exl3, bool mxfp4) {
+    if (dir.empty() || (mxfp4 && !has_exl3)) return Status::ok();
     auto qc = quant::read_exl3_quant_config(dir);
     if (qc.is_ok()) return Status::ok();
     if (qc.status().code() == StatusCode::kNotFound) {
@@ -215,36 +217,48 @@ Status check_exl3_members(const TensorStore& store) {
     return Status::ok();
 }
 
-// An expert's three linears under `prefix` (gate, up and down named by the family).
+// An expert's three linears under `prefix` (gate, up and down named by the family), biased or not.
 Status load_expert(Loader& ld, const MoeNames& m, const std::string& prefix, int64_t H, int64_t width, bool shared,
-                   HostExpert* e) {
+                   bool bias, HostExpert* e) {
     const char* gate = shared ? "gate_proj" : m.gate;
     const char* up = shared ? "up_proj" : m.up;
     const char* down = shared ? "down_proj" : m.down;
-    EXL3_RETURN_IF_ERROR(ld.part(prefix + gate, width, H, false, &e->gate_up));
-    EXL3_RETURN_IF_ERROR(ld.part(prefix + up, width, H, false, &e->gate_up));
-    return ld.part(prefix + down, H, width, false, &e->down);
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + gate, width, H, bias, &e->gate_up));
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + up, width, H, bias, &e->gate_up));
+    return ld.part(prefix + down, H, width, bias, &e->down);
 }
 
 Status load_moe(const TensorStore& store, Loader& ld, const ModelConfig& c, const TensorNames& n,
-                const std::string& prefix, HostMoe* moe) {
+                const std::string& prefix, const HostLoadOptions& opts, HostWeights* w, HostMoe* moe) {
     if (!n.moe) return internal_error(fmt::format("{} has no expert tensor names", c.arch_name));
     const MoeNames& m = *n.moe;
     const int64_t H = c.hidden_size, E = c.num_experts;
-    EXL3_RETURN_IF_ERROR(ld.part(prefix + m.router, E, H, false, &moe->router));
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + m.router, E, H, c.router_bias, &moe->router));
     if (c.router_sigmoid && m.score_bias) {
         const std::string bias = prefix + m.score_bias;
         if (store.contains(bias)) {
             EXL3_ASSIGN_OR_RETURN(moe->score_bias, ld.vec(bias, E));
         }
     }
-    moe->experts.resize(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e)
-        EXL3_RETURN_IF_ERROR(load_expert(ld, m, m.expert_prefix(prefix, e), H, c.expert_size, false,
-                                         &moe->experts[static_cast<size_t>(e)]));
+    if (m.batched && has_batched_experts(store, prefix + m.batched)) {  // gpt-oss's HF layouts: split here
+        const std::string batch = prefix + m.batched;
+        const bool blocks = store.contains(batch + "gate_up_proj_blocks");
+        if (blocks != c.mxfp4_experts)
+            return invalid_argument(fmt::format(
+                "{}: the experts under '{}' are {} but config.json's quantization_config {}",
+                store.file_of(batch + (blocks ? "gate_up_proj_blocks" : "gate_up_proj")), batch,
+                blocks ? "MXFP4 blocks" : "not MXFP4", blocks ? "names no mxfp4" : "says quant_method mxfp4"));
+        EXL3_RETURN_IF_ERROR(load_batched_experts(store, batch, c.num_experts, c.hidden_size, c.expert_size, opts.pool,
+                                                  &w->owned, &moe->experts));
+    } else {
+        moe->experts.resize(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e)
+            EXL3_RETURN_IF_ERROR(load_expert(ld, m, m.expert_prefix(prefix, e), H, c.expert_size, false, c.expert_bias,
+                                             &moe->experts[static_cast<size_t>(e)]));
+    }
     if (c.shared_expert_size > 0) {
         if (!m.shared) return internal_error(fmt::format("{} names no shared expert", c.arch_name));
-        EXL3_RETURN_IF_ERROR(load_expert(ld, m, prefix + m.shared, H, c.shared_expert_size, true, &moe->shared));
+        EXL3_RETURN_IF_ERROR(load_expert(ld, m, prefix + m.shared, H, c.shared_expert_size, true, false, &moe->shared));
         if (c.shared_expert_gate) EXL3_RETURN_IF_ERROR(ld.part(prefix + m.shared_gate, 1, H, false, &moe->shared_gate));
     }
     return Status::ok();
@@ -258,7 +272,7 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     for (const auto& name : store.names())
         has_exl3 = has_exl3 || (name.size() > 8 && name.compare(name.size() - 8, 8, ".trellis") == 0);
     // First: a config naming another quantization method explains the missing '.weight' tensors better.
-    EXL3_RETURN_IF_ERROR(check_quant_config(options.dir, has_exl3));
+    EXL3_RETURN_IF_ERROR(check_quant_config(options.dir, has_exl3, c.mxfp4_experts));
     if (has_exl3) EXL3_RETURN_IF_ERROR(check_exl3_members(store));
     const TensorNames& n = tensor_names(c.arch, [&](const std::string& t) { return store.contains(t); });
     w->names = &n;
@@ -302,6 +316,9 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
         }
         EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
+        if (c.attn_sinks) {
+            EXL3_ASSIGN_OR_RETURN(L.sinks, ld.vec(name(LayerTensor::kSinks), c.num_heads));
+        }
         if (c.qk_norm != QkNorm::kNone) {
             const bool flat = c.qk_norm == QkNorm::kFlat;  // over all heads at once: q_dim / kv_dim weights
             if (c.qk_norm == QkNorm::kHeads) {  // a weight vector of each head's own, [heads, head_dim]
@@ -313,7 +330,7 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             }
         }
         if (c.is_moe(i)) {
-            EXL3_RETURN_IF_ERROR(load_moe(store, ld, c, n, prefix, &L.moe));
+            EXL3_RETURN_IF_ERROR(load_moe(store, ld, c, n, prefix, options, w, &L.moe));
         } else if (n.fused_gate_up && store.contains(prefix + n.fused_gate_up + ".weight")) {
             EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_gate_up, {I, I}, H, c.mlp_bias, &L.gate_up));
         } else {

@@ -42,7 +42,7 @@ struct HostExpert {
 
 // A mixture-of-experts MLP (ModelConfig's routing fields say how it combines them).
 struct HostMoe {
-    HostLinear router;              // [experts, hidden]
+    HostLinear router;              // [experts, hidden] (+ bias: ModelConfig::router_bias)
     std::vector<float> score_bias;  // [experts]: GLM-4.5's choice correction, or empty
     std::vector<HostExpert> experts;
     HostExpert shared;              // parts empty: none
@@ -52,6 +52,7 @@ struct HostMoe {
 // Norm weights as the decoder applies them (Gemma's stored offsets already 1 + w); empty where the family has none.
 struct HostLayer {
     std::vector<float> attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;
+    std::vector<float> sinks;          // [num_heads]: the attention sinks (ModelConfig::attn_sinks), or empty
     HostLinear qkv, o, gate_up, down;  // gate_up / down empty in an MoE layer
     HostMoe moe;                       // an MoE layer's MLP (experts empty otherwise)
 };

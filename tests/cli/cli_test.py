@@ -470,7 +470,7 @@ class ToolsTest(unittest.TestCase):
         self.assertIn("<tools>\n" + listed + "\n</tools>", prompt)
         self.assertTrue(prompt.endswith("<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n"
                                         "<|im_start|>assistant\n"), prompt)
-        self.assertIn("tool calls parsed as hermes", err)
+        self.assertIn("tool calls as hermes", err)
         self.assertNotIn(b"<tools>", out)  # the prompt goes to stderr; stdout is only the reply
         # Without --tools (or with an empty list, or --tool-choice none) the same template offers none.
         empty = self.write("empty.json", b"[]")
@@ -513,13 +513,17 @@ class ToolsTest(unittest.TestCase):
         rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, stdin=b"Hello there\n")
         self.assertEqual(rc, 0, err)
         self.assertTrue(out.endswith(b"\n") and out.strip(), out)
-        # required: the reply is opened with <tool_call>; what the model writes after it is a call or, malformed,
-        # text that starts with the opening (never lost, never a crash).
-        rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, "--tool-choice", "required",
-                            stdin=b"Weather?\n")
+        # required: the reply is a call of one of the tools, held to its schema (a reply cut off inside it is the
+        # text it is).
+        rc, out, err = exl3(*self.args, "-n", "200", "--tools", self.tools, "--tool-choice", "required",
+                            stdin=b"Weather?\nAnd the time?\n")
         self.assertEqual(rc, 0, err)
-        text = out.decode("utf-8", "replace")
-        self.assertTrue(text.startswith("tool_call: {") or text.startswith("<tool_call>\n"), text)
+        lines = out.decode("utf-8").splitlines()
+        self.assertEqual(len(lines), 2, out)
+        for line in lines:
+            call = json.loads(line[len("tool_call: "):])
+            self.assertIn(call["name"], ("get_weather", "now"), line)
+            self.assertEqual(list(call["arguments"]), ["city"] if call["name"] == "get_weather" else [], line)
 
     def test_bad_tool_files(self):
         cases = (
@@ -542,6 +546,47 @@ class ToolsTest(unittest.TestCase):
             self.assertEqual(out, b"", args)
             for crash in ("terminate called", "Segmentation", "Assertion", "AddressSanitizer", "runtime error"):
                 self.assertNotIn(crash, err)
+
+
+class ReasoningTest(unittest.TestCase):
+    """`exl3 chat` with a model whose template opens a reasoning block (QwQ's, on the tiny model): the reasoning goes
+    to stderr between [reasoning] lines, the answer to stdout; --max-reasoning-tokens closes the block."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        model = os.path.join(self.dir.name, "model")
+        os.mkdir(model)
+        for name in os.listdir(TARGET):
+            if name != "tokenizer_config.json":
+                os.symlink(os.path.abspath(os.path.join(TARGET, name)), os.path.join(model, name))
+        with open(os.path.join(TARGET, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        with open("tests/fixtures/chat/templates/Qwen-QwQ-32B.jinja") as f:
+            config["chat_template"] = f.read()
+        with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        self.args = ["chat", "-m", model, "--temperature", "0", "-t", "2"]
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_reasoning_on_stderr_answer_on_stdout(self):
+        rc, out, err = exl3(*self.args, "-n", "16", "--max-reasoning-tokens", "4", stdin=b"Hello\n")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("reasoning tags", err)
+        self.assertIn("[reasoning]\n", err)
+        self.assertIn("[/reasoning]\n", err)
+        self.assertTrue(out.strip(), out)
+        self.assertNotIn(b"</think>", out)
+        self.assertNotIn(b"[reasoning]", out)
+        # No budget: the tiny model never closes the block, so all of the reply is reasoning.
+        rc, out, err = exl3(*self.args, "-n", "8", stdin=b"Hello\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, b"\n")
+        for bad in (("--max-reasoning-tokens", "-5"), ("--chat-template-kwargs", "[1]")):
+            rc, out, err = exl3(*self.args, *bad, stdin=b"Hi\n")
+            self.assertGreater(rc, 0, err)
+            self.assertEqual(out, b"")
 
 
 def main():

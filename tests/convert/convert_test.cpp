@@ -197,12 +197,7 @@ TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     auto a = logits_of(o.input_dir, toks), b = logits_of(o.output_dir, toks);
     ASSERT_EQ(a.size(), b.size());
     ASSERT_FALSE(a.empty());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-        num += (a[i] - b[i]) * (a[i] - b[i]);
-        den += a[i] * a[i];
-    }
-    const double rel = std::sqrt(num / den);
+    const double rel = test::relative_rms(a, b);
     std::printf("4.0 bpw logits relative error vs original: %.4f\n", rel);
     EXPECT_LT(rel, 0.3);  // random 2-layer model, measured 0.18 (per-tensor K=4 error ~0.07-0.09, compounding)
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,16 @@ inline std::vector<float> logits_of(const std::string& dir, const std::vector<in
     auto st = (*m)->forward(**seq, toks, true, &out);
     EXPECT_TRUE(st.is_ok()) << st.message();
     return out;
+}
+
+// How far logits b are from a: sqrt(sum (a - b)^2 / sum a^2) (sizes equal).
+inline double relative_rms(const std::vector<float>& a, const std::vector<float>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
+        den += static_cast<double>(a[i]) * a[i];
+    }
+    return std::sqrt(num / den);
 }
 
 }  // namespace exl3::test

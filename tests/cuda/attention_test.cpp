@@ -48,6 +48,7 @@ struct Case {
     std::vector<Seq> seqs;
     int k_bits = 0, v_bits = 0;  // KV-cache quantization of each side (0: 16-bit)
     float softcap = 0.0f;        // Gemma 2's score soft-cap (0: none)
+    bool sinks = false;          // gpt-oss's per-head sink logits (random, some above every score)
 };
 
 // One side of a quantized pool in the GPU layout: codes [slots, code_bytes], then params [slots, head_dim / 32] x 4
@@ -131,6 +132,7 @@ struct Step {
     QuantPool kq, vq, kq_after, vq_after;       // quantized sides: before and after kv_append
     std::vector<uint16_t> q_bits, kn_bits, vn_bits;
     std::vector<float> q_f;                     // rounded q
+    std::vector<float> sinks;                   // [n_heads] when the case has sinks
     std::vector<std::vector<float>> k_seq, v_seq;  // per sequence [len, n_kv, D] (rounded), new tokens included
 
     Step(const Case& cs, uint32_t seed) : c(cs) {
@@ -210,6 +212,8 @@ struct Step {
             k_seq.push_back(std::move(ks));
             v_seq.push_back(std::move(vs));
         }
+        if (c.sinks)  // about the scores' size; every third head's well above them (the sink takes most weight)
+            for (int h = 0; h < c.n_heads; ++h) sinks.push_back(2.0f * nd(rng) + (h % 3 == 2 ? 8.0f : 0.0f));
         const size_t qn = static_cast<size_t>(total_q) * c.n_heads * c.head_dim;
         q_bits.resize(qn);
         q_f.resize(qn);
@@ -221,6 +225,7 @@ struct Step {
 
     // cpu::attention per sequence: [total_q, n_heads, D].
     std::vector<float> reference(float scale, float softcap = 0.0f) const {
+        const float* sk = sinks.empty() ? nullptr : sinks.data();
         std::vector<float> out(static_cast<size_t>(total_q) * c.n_heads * c.head_dim);
         for (int b = 0; b < batch; ++b) {
             const auto& s = c.seqs[b];
@@ -229,7 +234,7 @@ struct Step {
             const size_t off = static_cast<size_t>(q_start[b]) * c.n_heads * c.head_dim;
             cpu::attention(q_f.data() + off, s.q_len, c.n_heads, c.n_kv_heads, c.head_dim, k_seq[b].data(),
                            v_seq[b].data(), s.len, pos.data(), c.window, scale, out.data() + off,
-                           ThreadPool::global(), softcap);
+                           ThreadPool::global(), softcap, sk);
         }
         return out;
     }
@@ -359,10 +364,13 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
     }
     const int splits =
         cuda::attention_num_splits(d.plan, c.n_heads, c.n_kv_heads, c.head_dim, c.k_bits, c.v_bits, tuning);
+    DevBuf<float> dsinks(s.sinks.size());
+    if (c.sinks) UPLOAD(dsinks.p, s.sinks);
+    const float* sinks = c.sinks ? dsinks.p : nullptr;
 
     EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));  // 0xFFFF is NaN in bf16 and fp16
     EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
-                                 nullptr, tuning, c.softcap));
+                                 nullptr, tuning, c.softcap, sinks));
     EXL3_CUDA_OK(cudaDeviceSynchronize());
     std::vector<uint16_t> got(s.q_bits.size());
     DOWNLOAD(got, d.out.p);
@@ -379,7 +387,7 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
         block_merge.combine_warp = false;
         EXL3_CUDA_OK(cudaMemset(d.out.p, 0xFF, s.q_bits.size() * 2));
         EXL3_CUDA_OK(cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, d.out.p, ws.p, nullptr, nullptr,
-                                     nullptr, block_merge, c.softcap));
+                                     nullptr, block_merge, c.softcap, sinks));
         EXL3_CUDA_OK(cudaDeviceSynchronize());
         std::vector<uint16_t> blk(s.q_bits.size());
         DOWNLOAD(blk, d.out.p);
@@ -406,7 +414,7 @@ void run_case(const Case& c, uint32_t seed, const cuda::AttentionTuning& tuning 
     bool rotated = false;
     EXL3_CUDA_OK(
         cuda::attention(d.q.p, d.kv, d.plan, c.n_heads, c.window, scale, out2.p, ws.p, nullptr, &rot, &rotated, tuning,
-                        c.softcap));
+                        c.softcap, sinks));
     EXPECT_EQ(rotated, splits > 1) << c.name;  // a merge kernel runs where the plan splits
     cuda::Exl3DevWeights w;                    // only suh and the shape are read by the rotation kernel
     w.trellis = reinterpret_cast<const uint16_t*>(dsuh.p);
@@ -465,6 +473,21 @@ const Case kCases[] = {
     {"cap_decode_f16_d128_g2_p16", AttnDType::kF16, 128, 16, 8, 16, 0, {{250, 1}, {3000, 1}}, 0, 0, 2.0f},
     {"cap_prefill_bf16_d128_g2_p64_k8v8", AttnDType::kBF16, 128, 16, 8, 64, 0, {{257, 257}}, 8, 8, 2.0f},
     {"q_mixed_f16_d64_g4_p64_k6v8", AttnDType::kF16, 64, 16, 4, 64, 0, {{180, 60}, {2, 2}, {299, 7}, {70, 1}}, 6, 8},
+    // gpt-oss's attention sinks (head_dim 64, 8 query heads a KV head, its window of 128 and full layers): the first
+    // split of each row adds the sink, the merge divides once; decode split and not, prefill, mixed, quantized.
+    {"sink_decode_bf16_d64_g8_p16", AttnDType::kBF16, 64, 64, 8, 16, 0, {{1, 1}, {17, 1}, {300, 1}, {3000, 1}}, 0, 0,
+     0.0f, true},
+    {"sink_decode_bf16_d64_g8_p64_w128", AttnDType::kBF16, 64, 64, 8, 64, 128, {{5, 1}, {129, 1}, {1000, 1}}, 0, 0,
+     0.0f, true},
+    {"sink_prefill_bf16_d64_g8_p64_w128", AttnDType::kBF16, 64, 64, 8, 64, 128, {{300, 300}, {31, 31}}, 0, 0, 0.0f,
+     true},
+    {"sink_prefill_f16_d64_g8_p16", AttnDType::kF16, 64, 16, 2, 16, 0, {{257, 257}}, 0, 0, 0.0f, true},
+    {"sink_mixed_bf16_d64_g8_p16_w128", AttnDType::kBF16, 64, 64, 8, 16, 128,
+     {{300, 120}, {50, 1}, {77, 77}, {1, 1}, {2600, 3}}, 0, 0, 0.0f, true},
+    {"sink_mixed_f16_d128_g4_p64_k8v8", AttnDType::kF16, 128, 32, 8, 64, 0, {{300, 120}, {50, 1}, {1300, 1}}, 8, 8,
+     0.0f, true},
+    {"sink_decode_bf16_d64_g8_long_w128_k4v4", AttnDType::kBF16, 64, 64, 8, 16, 128, {{2900, 1}, {45, 1}}, 4, 4, 0.0f,
+     true},
 };
 
 class PagedAttention : public ::testing::TestWithParam<int> {};
@@ -605,6 +628,8 @@ void run_invariance(const Case& c, uint32_t seed) {
     EXL3_CUDA_OK(cuda::kv_append(d.kv, d.plan, d.kn.p, d.vn.p, nullptr));  // the cache now holds every token
     const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     const size_t row = static_cast<size_t>(c.n_heads) * c.head_dim;
+    DevBuf<float> dsinks(s.sinks.size());
+    if (c.sinks) UPLOAD(dsinks.p, s.sinks);
 
     // Attention of the sequences `which` (indices into the step) as one batch of their own; their output rows.
     auto run_subset = [&](const std::vector<int>& which, std::vector<uint16_t>* got) {
@@ -633,7 +658,8 @@ void run_invariance(const Case& c, uint32_t seed) {
         pl.fixed_split_keys = 512;
         DevBuf<unsigned char> ws(cuda::attention_workspace_bytes(pl, c.n_heads, c.head_dim, c.k_bits, c.v_bits));
         EXL3_CUDA_OK(cudaMemset(dout.p, 0xFF, q.size() * 2));
-        EXL3_CUDA_OK(cuda::attention(dq.p, d.kv, pl, c.n_heads, c.window, scale, dout.p, ws.p, nullptr));
+        EXL3_CUDA_OK(cuda::attention(dq.p, d.kv, pl, c.n_heads, c.window, scale, dout.p, ws.p, nullptr, nullptr,
+                                     nullptr, {}, 0.f, c.sinks ? dsinks.p : nullptr));
         EXL3_CUDA_OK(cudaDeviceSynchronize());
         got->resize(q.size());
         DOWNLOAD(*got, dout.p);
@@ -679,6 +705,8 @@ TEST(PagedAttentionInvariant, RowsDoNotDependOnTheBatch) {
         {"inv_bf16_d256_g2_p64", AttnDType::kBF16, 256, 4, 2, 64, 0, {{150, 150}, {900, 1}, {90, 17}}},
         {"inv_q_bf16_d128_g4_p16_k8v4", AttnDType::kBF16, 128, 32, 8, 16, 0,
          {{300, 120}, {700, 1}, {1, 1}, {1100, 1}, {260, 3}}, 8, 4},
+        {"inv_sink_bf16_d64_g8_p16_w128", AttnDType::kBF16, 64, 64, 8, 16, 128,
+         {{300, 120}, {700, 1}, {77, 77}, {1, 1}, {1300, 1}}, 0, 0, 0.0f, true},
     };
     for (const Case& c : cases) run_invariance(c, 4242u);
 }

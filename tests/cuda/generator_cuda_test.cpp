@@ -199,6 +199,15 @@ TEST(GeneratorCuda, BatchInvariantExl3GreedyEqualsAlone) {
     expect_batch_invariant(dir);
 }
 
+// A mixture of experts with EXL3 experts (the grouped kernels, moe_layer.h: their k split is the one-token step's in
+// this mode): the random-trellis Qwen3-MoE named by EXL3_TEST_EXL3_MOE (scripts/device_moe.sh makes it).
+TEST(GeneratorCuda, BatchInvariantExl3MoeGreedyEqualsAlone) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_MOE");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_MOE names no random EXL3 MoE model";
+    expect_batch_invariant(dir);
+}
+
 // The bf16 model: its dense linears take the invariant GEMM (gemm_invariant.cuh) instead of the GEMV / cuBLAS.
 TEST(GeneratorCuda, BatchInvariantBf16GreedyEqualsAlone) {
     EXL3_REQUIRE_GPU();

@@ -94,12 +94,25 @@ INSTANTIATE_TEST_SUITE_P(Families, RandomModels,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
-                                           "cohere_parallel", "cohere2_sliding"));
+                                           "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 
 // Mixtures of experts: Qwen3-MoE (a dense layer between), Qwen2-MoE (gated shared expert, weights not
 // renormalised), Mixtral, GLM-4.5 (sigmoid router with correction bias and groups, shared expert, dense first layer).
 INSTANTIATE_TEST_SUITE_P(Experts, RandomModels,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"));
+
+// gpt-oss: attention sinks, every other layer windowed, YaRN, biased experts with the clamped SwiGLU routed by the
+// top k of the biased router logits; its experts in transformers' batched bf16 layout, and as the Hub's MXFP4
+// blocks. Skipped until scripts/device_families.sh (FAMILIES=gpt_oss,gpt_oss_mxfp4) has made the fixtures.
+class GptOssModels : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GptOssModels, MatchTransformers) {
+    const std::string golden = test::repo_path("tests/fixtures/golden/" + GetParam() + ".safetensors");
+    if (!test::path_exists(golden)) GTEST_SKIP() << golden << " is not there yet (made on the GPU machine)";
+    check_model(test::repo_path("tests/models/golden/" + GetParam()), golden);
+}
+
+INSTANTIATE_TEST_SUITE_P(GptOss, GptOssModels, ::testing::Values("gpt_oss", "gpt_oss_mxfp4"));
 
 // The real trained models at hand against transformers' logits for them: the committed tiny-draft always, and the
 // whole tiny-target (31 MB, nothing smaller stands in for it) where ../shared holds it.

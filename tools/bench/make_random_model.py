@@ -9,8 +9,8 @@ a valid code), K bits per weight, the head at --head-bits, random signs x scales
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
 whatever the codes are.
 
-Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
-                                    qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny
+Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
+                                    mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
@@ -95,6 +95,18 @@ SHAPES = {
                            rms_norm_eps=1e-6, max_position_embeddings=4096,
                            rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
+    # gpt-oss-20b (the Hub's config): attention sinks, q/k/v/o biases, every other layer windowed over 128 positions,
+    # YaRN x32; 32 biased experts as wide as the model, four a token, the clamped SwiGLU. Written with each expert
+    # apart (mlp.experts.{e}.gate_proj ...: the EXL3 files' layout), not as the Hub's MXFP4 batch tensors.
+    "gpt-oss-20b": dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=2880,
+                        intermediate_size=2880, num_local_experts=32, num_experts_per_tok=4, num_hidden_layers=24,
+                        num_attention_heads=64, num_key_value_heads=8, head_dim=64, vocab_size=201088,
+                        rms_norm_eps=1e-5, max_position_embeddings=131072, sliding_window=128,
+                        layer_types=["sliding_attention", "full_attention"] * 12, attention_bias=True,
+                        swiglu_limit=7.0,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                             beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
+                        tie_word_embeddings=False, bos_token_id=199998, eos_token_id=200002),
 }
 
 
@@ -105,14 +117,19 @@ def mlp_of(cfg, i, p):
     if not E or i in cfg.get("mlp_only_layers", []):
         return [(p + "mlp.gate_proj.weight", (I, H)), (p + "mlp.up_proj.weight", (I, H)),
                 (p + "mlp.down_proj.weight", (H, I))]
-    mixtral = cfg["model_type"] == "mixtral"
-    Ie = I if mixtral else cfg["moe_intermediate_size"]
+    mixtral, gpt_oss = cfg["model_type"] == "mixtral", cfg["model_type"] == "gpt_oss"
+    Ie = I if mixtral or gpt_oss else cfg["moe_intermediate_size"]
     m = p + ("block_sparse_moe." if mixtral else "mlp.")
     names = ("w1", "w3", "w2") if mixtral else ("gate_proj", "up_proj", "down_proj")
-    out = [(m + "gate.weight", (E, H))]
+    if gpt_oss:  # the router and every expert linear biased
+        out = [(m + "router.weight", (E, H)), (m + "router.bias", (E,))]
+    else:
+        out = [(m + "gate.weight", (E, H))]
     for e in range(E):
-        out += [(f"{m}experts.{e}.{names[0]}.weight", (Ie, H)), (f"{m}experts.{e}.{names[1]}.weight", (Ie, H)),
-                (f"{m}experts.{e}.{names[2]}.weight", (H, Ie))]
+        for n, shape in ((names[0], (Ie, H)), (names[1], (Ie, H)), (names[2], (H, Ie))):
+            out.append((f"{m}experts.{e}.{n}.weight", shape))
+            if gpt_oss:
+                out.append((f"{m}experts.{e}.{n}.bias", (shape[0],)))
     return out
 
 
@@ -120,7 +137,8 @@ def tensors_of(cfg):
     H, I, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim", H // cfg["num_attention_heads"])
     q, kv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    bias = cfg["model_type"] == "qwen2"
+    bias = cfg["model_type"] in ("qwen2", "gpt_oss")
+    gpt_oss = cfg["model_type"] == "gpt_oss"
     yield "model.embed_tokens.weight", (V, H)
     gemma = cfg["model_type"].startswith("gemma")
     for i in range(cfg["num_hidden_layers"]):
@@ -135,8 +153,10 @@ def tensors_of(cfg):
             yield p + "self_attn.k_norm.weight", (hd,)
         for name, shape in (("q_proj", (q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
             yield p + "self_attn." + name + ".weight", shape
-            if bias and name != "o_proj":
+            if bias and (name != "o_proj" or gpt_oss):
                 yield p + "self_attn." + name + ".bias", (shape[0],)
+        if gpt_oss:
+            yield p + "self_attn.sinks", (cfg["num_attention_heads"],)
         yield from mlp_of(cfg, i, p)
     yield "model.norm.weight", (H,)
     if not cfg.get("tie_word_embeddings") or cfg.get("quantization_config"):  # EXL3 files quantize a tied head too
@@ -207,7 +227,8 @@ def main():
                 continue  # written with its linear
             prefix = name[: -len(".weight")]
             K = a.head_bits if name == "lm_head.weight" else a.exl3_bits
-            has_bias = cfg["model_type"] == "qwen2" and any(x in name for x in ("q_proj", "k_proj", "v_proj"))
+            has_bias = (cfg["model_type"] == "qwen2" and any(x in name for x in ("q_proj", "k_proj", "v_proj"))) or (
+                cfg["model_type"] == "gpt_oss" and name != "lm_head.weight")
             part = exl3_linear(prefix, shape[0], shape[1], K, a.codebook, g, dev, has_bias)
             shard.update(part)
             shard_bytes += sum(v.numel() * v.element_size() for v in part.values())

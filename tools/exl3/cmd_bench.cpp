@@ -42,6 +42,9 @@ namespace exl3::cli {
 namespace {
 
 constexpr double kGpuMatrixFlops = 790e12;  // bf16 dense, measured (anchors.md / device KINDS.md)
+// The EXL3 decode's instruction rate: the best measured MUL1 mix, 25.3 weights/clk/SM with no memory traffic, on
+// every SM at the H200's 1.98 GHz (anchors.md, "The ideal batch-1 step").
+constexpr double kDecodeWeightsPerClkSm = 25.3, kGpuClockHz = 1.98e9;
 
 struct BenchOptions {
     std::string model;
@@ -126,8 +129,23 @@ struct DecodeCeiling {
     double expert_bytes = 0;  // all routed experts' bytes
     double expert_frac = 0;   // k / E
     double kv_per_token = 0;  // bytes of one cached token's keys and values over all layers
-    double weights_read(int batch) const {
-        return weight_read + expert_bytes * (1.0 - std::pow(1.0 - expert_frac, static_cast<double>(batch)));
+    // The ideal step (EXL3 on the GPU): each class of calls -- the layers' other linears, the head, the chosen
+    // experts -- at the larger of its bytes over the bandwidth and its weights over the decode's instruction rate
+    // (kDecodeWeightsPerClkSm); every call of a class has the same bits a weight, so the class's larger term is
+    // the sum of its calls'. Plus the KV cache at the bandwidth. decode_rate 0: no rate bound (16-bit weights).
+    double decode_rate = 0;  // weights/s
+    double layer_weights = 0, head_weights = 0, head_bytes = 0, expert_weights = 0;
+    double expert_share(int batch) const {
+        return expert_frac > 0 ? 1.0 - std::pow(1.0 - expert_frac, static_cast<double>(batch)) : 0.0;
+    }
+    double weights_read(int batch) const { return weight_read + expert_bytes * expert_share(batch); }
+    double ideal_seconds(int batch, double avg_ctx) const {
+        auto t = [&](double bytes, double weights) {
+            return std::max(bytes / bandwidth, decode_rate > 0 ? weights / decode_rate : 0.0);
+        };
+        const double f = expert_share(batch);
+        return t(weight_read - head_bytes, layer_weights) + t(head_bytes, head_weights) +
+               t(expert_bytes * f, expert_weights * f) + batch * avg_ctx * kv_per_token / bandwidth;
     }
     double bytes_per_step(int batch, double avg_ctx) const { return weights_read(batch) + batch * avg_ctx * kv_per_token; }
     // Tokens/s of `batch` sequences holding avg_ctx tokens each on average.
@@ -163,6 +181,15 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, int g
     }
     // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
     c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
+    c.head_weights = embed;
+    c.head_bytes = dense_gpu ? 2.0 * embed : static_cast<double>(info.head_bytes);
+    c.expert_weights = static_cast<double>(info.expert_parameters);
+    c.layer_weights = static_cast<double>(info.num_parameters) - embed - (tied ? 0.0 : embed) - c.expert_weights;
+    if (gpu && !info.quantization.empty()) {
+        const auto devs = list_devices();
+        const int sms = devs.empty() ? 132 : devs.front().multiprocessors;
+        c.decode_rate = kDecodeWeightsPerClkSm * sms * kGpuClockHz;
+    }
     return c;
 }
 
@@ -547,13 +574,20 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
     std::printf("\ndecode step: %s\n",
                 m.draws_on_device() ? "forward, greedy sampling on the GPU, token ids to the host (as the generator runs it)"
                             : "forward, logits on the host");
+    if (out.value("decode_rate", 0.0) > 0.0)
+        std::printf("ideal step: each class of calls (the layers' linears, the head, the chosen experts) at the larger of "
+                    "its bytes / bandwidth and its weights / %.3g weights/s (the decode's measured instruction rate, "
+                    "anchors.md), + the KV cache / bandwidth\n",
+                    out["decode_rate"].get<double>());
     std::printf(
-        "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline |\n"
-        "|---|---|---|---|---|---|\n");
+        "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline | ideal ms/step | %% of ideal |\n"
+        "|---|---|---|---|---|---|---|---|\n");
     for (const auto& r : out["decode"])
-        std::printf("| %d | %d | %.3f | %.1f | %.1f | %.0f %% |\n", r["batch"].get<int>(), r["context"].get<int>(),
-                    r["ms_per_step"].get<double>(), r["tok_s"].get<double>(), r["roofline_tok_s"].get<double>(),
-                    100.0 * r["tok_s"].get<double>() / r["roofline_tok_s"].get<double>());
+        std::printf("| %d | %d | %.3f | %.1f | %.1f | %.0f %% | %.3f | %.0f %% |\n", r["batch"].get<int>(),
+                    r["context"].get<int>(), r["ms_per_step"].get<double>(), r["tok_s"].get<double>(),
+                    r["roofline_tok_s"].get<double>(), 100.0 * r["tok_s"].get<double>() / r["roofline_tok_s"].get<double>(),
+                    r["ideal_ms_per_step"].get<double>(),
+                    100.0 * r["ideal_ms_per_step"].get<double>() / r["ms_per_step"].get<double>());
     if (out.contains("check")) {
         std::printf(
             "\nspeculative decoding's check step: R tokens a sequence, every row's logits (CUDA: each row "
@@ -630,6 +664,7 @@ int bench(const BenchOptions& o) {
                           {"kv_bits_k", info.kv_bits_k},
                           {"kv_bits_v", info.kv_bits_v},
                           {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
+                          {"decode_rate", ceil.decode_rate},
                           {"prefill", nlohmann::json::array()},
                           {"decode", nlohmann::json::array()}};
 
@@ -671,6 +706,7 @@ int bench(const BenchOptions& o) {
                                      {"ms_per_step", per_step * 1e3},
                                      {"tok_s", B / per_step},
                                      {"roofline_tok_s", ceil.roofline_tok_s(B, avg_ctx)},
+                                     {"ideal_ms_per_step", ceil.ideal_seconds(B, avg_ctx) * 1e3},
                                      {"bytes_per_step", ceil.bytes_per_step(B, avg_ctx)},
                                      {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token}});
         }

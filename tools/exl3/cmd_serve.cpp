@@ -12,6 +12,7 @@
 
 #include <fmt/core.h>
 
+#include "chat/tool_calls.h"
 #include "core/log.h"
 #include "exl3/model.h"
 #include "exl3/tokenizer.h"
@@ -186,7 +187,7 @@ Runner add_serve(CLI::App& app) {
                    "a Jinja chat template file to use instead of the model's (tools are parsed in its format)");
     app.add_option("--tool-format", o->server.tool_format,
                    "tool-call syntax to parse: auto (from the template's markers; <tool_call> when none is known), "
-                   "hermes, llama3, mistral, mistral-args")
+                   "or one of: " + chat::tool_format_names())
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads, "CPU threads for the model (0 = all)");

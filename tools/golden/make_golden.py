@@ -165,20 +165,41 @@ VARIANTS.update({
         partial_rotary_factor=0.5, rope_parameters=dict(ROPE, partial_rotary_factor=0.5)), "bfloat16", [7, 40]),
 })
 MOES = {"qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"}
+# gpt-oss: attention sinks (a logit per head in each softmax's denominator), q/k/v/o biases, every other layer
+# windowed, YaRN (not truncated), 4 biased experts of width 96, two a token, chosen by the top k of the biased router
+# logits and weighed by a softmax over those k, the clamped SwiGLU (gate and up clamped at 7: the experts' gate_up
+# weights are drawn 3x larger so that the clamps bite). transformers keeps the experts in batch tensors
+# (gate_up_proj [E, hidden, 2 x width], gate and up interleaved); gpt_oss_mxfp4 is such a model with its experts as
+# the Hub ships them, MXFP4 blocks and scales (quantized here, dequantized by transformers itself for the reference).
+GPT_OSS = dict(FAMILY, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+               intermediate_size=96, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+               layer_types=[SLIDE, FULL, SLIDE, FULL], attention_bias=True,
+               rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=8.0, beta_fast=32.0, beta_slow=1.0,
+                                    truncate=False, original_max_position_embeddings=64))
+VARIANTS.update({
+    "gpt_oss": ("GptOssForCausalLM", "gpt_oss", GPT_OSS, "bfloat16", [7, 40]),
+    "gpt_oss_mxfp4": ("GptOssForCausalLM", "gpt_oss", GPT_OSS, "bfloat16", [7, 40]),
+})
+GPT_OSS_VARIANTS = {"gpt_oss", "gpt_oss_mxfp4"}
 
 
 def randomize(model, seed):
     """Weights with enough spread that logits are far from uniform (greedy ties would make tests flaky)."""
     g = torch.Generator().manual_seed(seed)
+    gpt_oss = model.config.model_type == "gpt_oss"
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("bias"):
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif p.dim() in (2, 3):  # 3: experts stacked [experts, out, in]
-                fan_in = p.shape[-1]
+            elif name.endswith("self_attn.sinks"):  # gpt-oss: about the scores' size, so that they matter
+                p.copy_(2.0 * torch.randn(p.shape, generator=g))
+            elif p.dim() in (2, 3):  # 3: experts stacked [experts, out, in] (gpt-oss: [experts, in, out])
+                fan_in = p.shape[-2] if gpt_oss and p.dim() == 3 else p.shape[-1]
                 scale = 1.0 if "embed_tokens" in name else 1.5 / math.sqrt(fan_in)
+                if gpt_oss and name.endswith("gate_up_proj"):
+                    scale *= 3.0  # past the clamp now and then
                 p.copy_(scale * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():  # GLM-4.5's router correction bias is a buffer
             if name.endswith("e_score_correction_bias"):
@@ -200,9 +221,68 @@ def to_old_style(cfg_path):
 
 def load_fp32(model_dir, cls=None):
     loader = cls or AutoModelForCausalLM
-    model = loader.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    model.eval()
+    extra = {}
+    with open(os.path.join(model_dir, "config.json")) as f:
+        if json.load(f).get("quantization_config", {}).get("quant_method") == "mxfp4":
+            from transformers import Mxfp4Config  # the reference dequantizes the MXFP4 experts itself
+            extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    model = loader.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager", **extra)
+    model.float().eval()
     return model
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def to_mxfp4(w):
+    """OCP MXFP4 of w [..., n] (n a multiple of 32): blocks [..., n / 32, 16] u8 (value 2j in the low nibble of byte
+    j, 2j + 1 in its high nibble; E2M1 codes: sign bit 3, magnitude index 0..7 of E2M1) and scales [..., n / 32] u8
+    (E8M0: 2^(s - 127)), each block's scale the smallest power of two that brings its largest value within 6."""
+    *lead, n = w.shape
+    b = w.float().reshape(*lead, n // 32, 32)
+    exp = torch.ceil(torch.log2(b.abs().amax(-1).clamp(min=2.0 ** -100) / 6.0))
+    q = b / torch.exp2(exp)[..., None]
+    code = (q.abs()[..., None] - E2M1).abs().argmin(-1)
+    code = code | (((q < 0) & (code > 0)).long() << 3)
+    code = code.to(torch.uint8)
+    blocks = code[..., 0::2] | (code[..., 1::2] << 4)
+    return blocks.contiguous(), (exp + 127).to(torch.uint8).contiguous()
+
+
+def write_mxfp4(mdir):
+    """The saved gpt-oss model's experts as the Hub's MXFP4 checkpoints hold them: *_blocks / *_scales with rows as
+    output features (gate_up's interleaved), the biases as they were, and quant_method mxfp4 in config.json."""
+    from safetensors.torch import load_file
+    path = os.path.join(mdir, "model.safetensors")
+    sd = load_file(path)
+    for k in [k for k in sd if k.endswith("mlp.experts.gate_up_proj") or k.endswith("mlp.experts.down_proj")]:
+        w = sd.pop(k)  # [E, in, out] (x . W)
+        sd[k + "_blocks"], sd[k + "_scales"] = to_mxfp4(w.transpose(1, 2))
+    save_file(sd, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(mdir, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
+@torch.no_grad()
+def clamp_share(model):
+    """How often the clamped SwiGLU's clamps bite: the share of gate values above 7 and of up values outside +-7 for
+    unit-normal inputs through every expert (printed, so that the fixture is known to exercise them)."""
+    x = torch.randn(256, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    gate = up = 0.0
+    n = 0
+    for layer in model.model.layers:
+        ex = layer.mlp.experts
+        for e in range(ex.gate_up_proj.shape[0]):
+            gu = x @ ex.gate_up_proj[e].float() + ex.gate_up_proj_bias[e].float()
+            gate += (gu[:, 0::2] > 7).float().mean().item()
+            up += (gu[:, 1::2].abs() > 7).float().mean().item()
+            n += 1
+    return gate / n, up / n
 
 
 def make_wrapped(fields, model_type):
@@ -280,10 +360,16 @@ def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
     model = cls(cfg).to(torch.float32) if cls else AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     randomize(model, 1000 + idx)
     mdir = os.path.join(out, "models", name)
+    if name in GPT_OSS_VARIANTS:
+        gate, up = clamp_share(model)
+        print(f"  {name}: the clamps bite on {gate:.1%} of gate and {up:.1%} of up values (unit-normal inputs)",
+              flush=True)
     model.to(getattr(torch, dtype)).save_pretrained(mdir)
     if name in OLD_STYLE:
         to_old_style(os.path.join(mdir, "config.json"))
-    if name in MOES:  # the layout the engine must read: print the tensor names of one MoE layer
+    if name == "gpt_oss_mxfp4":
+        write_mxfp4(mdir)
+    if name in MOES or name in GPT_OSS_VARIANTS:  # the layout the engine must read: print the tensor names of one MoE layer
         from safetensors import safe_open
         for fn in sorted(os.listdir(mdir)):
             if fn.endswith(".safetensors"):

@@ -9,6 +9,14 @@
 
 namespace exl3 {
 
+void apply_glu(const ModelConfig& c, float* g, const float* u, int rows, int width) {
+    switch (c.act) {
+        case Act::kSilu: cpu::silu_mul(g, u, rows, width); break;
+        case Act::kGeluTanh: cpu::gelu_tanh_mul(g, u, rows, width); break;
+        case Act::kSwigluClamp: cpu::swiglu_clamp_mul(g, u, rows, width, c.glu_alpha, c.glu_limit); break;
+    }
+}
+
 Status CpuOps::begin_step(const StepPlan& plan) {
     plan_ = &plan;
     EXL3_ASSIGN_OR_RETURN(rope_, rope_frequencies(cfg_.rope, cfg_.head_dim, plan.max_seq_len));
@@ -119,7 +127,7 @@ void CpuOps::expert_mlp(const float* x, int n, const HostExpert& e, float* y) {
     for (int t = 0; t < n; ++t) {
         float* gt = g.data() + static_cast<size_t>(t) * I;
         std::memcpy(gt, gu.data() + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
-        (cfg_.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(gt, gu.data() + static_cast<size_t>(t) * 2 * I + I, 1, I);
+        apply_glu(cfg_, gt, gu.data() + static_cast<size_t>(t) * 2 * I + I, 1, I);
     }
     linear_rows(g.data(), n, e.down, y);
 }
@@ -219,6 +227,7 @@ Status CpuOps::attention(int layer, int window) {
     const ModelConfig& c = cfg_;
     const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
     const float scale = c.attention_scale();
+    const std::vector<float>& sinks = w_.layers[static_cast<size_t>(layer)].sinks;
     for (int b = 0; b < plan_->batch(); ++b) {
         const Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
         const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
@@ -245,7 +254,8 @@ Status CpuOps::attention(int layer, int window) {
         });
         cpu::attention(buf(Slot::kQ).data() + static_cast<size_t>(r0) * qd, r1 - r0, c.num_heads, c.num_kv_heads,
                        c.head_dim, k_seq_.data(), v_seq_.data(), total, plan_->positions.data() + r0, window, scale,
-                       buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_, c.attn_softcap);
+                       buf(Slot::kAttn).data() + static_cast<size_t>(r0) * qd, pool_, c.attn_softcap,
+                       sinks.empty() ? nullptr : sinks.data());
     }
     return Status::ok();
 }
@@ -275,8 +285,7 @@ Status CpuOps::silu_mul(Slot out) {
     float* g = buf(out).data();
     for (int t = 0; t < T; ++t) {
         std::memcpy(g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I, sizeof(float) * I);
-        (cfg_.act == Act::kGeluTanh ? cpu::gelu_tanh_mul : cpu::silu_mul)(g + static_cast<size_t>(t) * I,
-                                                                           gu + static_cast<size_t>(t) * 2 * I + I, 1, I);
+        apply_glu(cfg_, g + static_cast<size_t>(t) * I, gu + static_cast<size_t>(t) * 2 * I + I, 1, I);
     }
     return Status::ok();
 }

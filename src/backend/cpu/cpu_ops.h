@@ -19,6 +19,9 @@
 
 namespace exl3 {
 
+// The family's GLU in place: g[rows, width] = act(g) * u (silu, GELU-tanh, or gpt-oss's clamped SwiGLU).
+void apply_glu(const ModelConfig& c, float* g, const float* u, int rows, int width);
+
 // A linear's input [rows, cols] (fp32, row-major) as the decoder hands it to capture().
 using CaptureHook = std::function<void(int layer, LinearInput input, const float* x, int rows, int cols)>;
 

@@ -283,9 +283,17 @@ void gelu_tanh_mul(float* a, const float* b, int n, int d) {
     }
 }
 
+void swiglu_clamp_mul(float* a, const float* b, int n, int d, float alpha, float limit) {
+    const int64_t total = static_cast<int64_t>(n) * d;
+    for (int64_t i = 0; i < total; ++i) {
+        const float g = std::min(a[i], limit), u = std::clamp(b[i], -limit, limit);
+        a[i] = g / (1.0f + std::exp(-alpha * g)) * (u + 1.0f);
+    }
+}
+
 void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim, const float* k_cache,
                const float* v_cache, int cache_len, const int32_t* positions, int window, float scale, float* out,
-               ThreadPool& pool, float softcap) {
+               ThreadPool& pool, float softcap, const float* sinks) {
     const int group = n_heads / n_kv_heads;
     const int64_t kv_stride = static_cast<int64_t>(n_kv_heads) * head_dim;
     pool.parallel_for(static_cast<size_t>(n) * n_heads, 1, [&](size_t i0, size_t i1) {
@@ -310,7 +318,9 @@ void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim,
                 scores[static_cast<size_t>(p - first)] = s;
                 mx = std::max(mx, s);
             }
-            float sum = 0.0f;
+            // A sink is one more logit of the softmax (transformers: max over the scores and the sink, then exp).
+            if (sinks) mx = std::max(mx, sinks[h]);
+            float sum = sinks ? std::exp(sinks[h] - mx) : 0.0f;
             for (auto& s : scores) {
                 s = std::exp(s - mx);
                 sum += s;

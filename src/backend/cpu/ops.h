@@ -31,6 +31,9 @@ void rope_neox(float* x, int n, int heads, int head_dim, const int32_t* position
 void silu_mul(float* a, const float* b, int n, int d);
 // a[n, d] = gelu_tanh(a) * b, in place (GELU's tanh approximation, as torch's approximate="tanh").
 void gelu_tanh_mul(float* a, const float* b, int n, int d);
+// gpt-oss's clamped SwiGLU, in place: with g = min(a, limit) and u = clamp(b, -limit, limit),
+// a[n, d] = g * sigmoid(alpha * g) * (u + 1).
+void swiglu_clamp_mul(float* a, const float* b, int n, int d, float alpha, float limit);
 
 // How a mixture-of-experts layer picks a token's experts from its router logits (ModelConfig's fields).
 struct Routing {
@@ -50,9 +53,11 @@ void route_experts(const float* logits, int n, const Routing& r, int32_t* ids, f
 //   q [n, n_heads, head_dim]; k_cache, v_cache [cache_len, n_kv_heads, head_dim] holding positions 0..cache_len-1;
 //   query t sits at position positions[t] and sees keys p with p <= positions[t] and, if window > 0,
 //   p > positions[t] - window. out [n, n_heads, head_dim]. softcap > 0: scores s -> softcap tanh(s / softcap).
+//   sinks [n_heads] (gpt-oss), when given: head h's softmax gets one more term exp(sinks[h]) in its denominator, a
+//   logit that attends to nothing (the weights of the keys then sum to less than 1).
 void attention(const float* q, int n, int n_heads, int n_kv_heads, int head_dim, const float* k_cache,
                const float* v_cache, int cache_len, const int32_t* positions, int window, float scale, float* out,
-               ThreadPool& pool, float softcap = 0.0f);
+               ThreadPool& pool, float softcap = 0.0f, const float* sinks = nullptr);
 
 // One row of an embedding table (BF16/F16/F32) to fp32.
 void embedding_row(const TensorView& table, int64_t row, float* out);

@@ -76,15 +76,22 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
         return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", s.opts.page_size));
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
         return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
+    // The MoE expert path runs silu / GeGLU: gpt-oss's clamped SwiGLU is not there yet (docs/kernels/moe.md).
+    if (cfg.act == Act::kSwigluClamp)
+        return unsupported(fmt::format("{} on CUDA: its experts' clamped SwiGLU is not implemented on the GPU yet; "
+                                       "run it on the CPU (--device cpu)",
+                                       cfg.arch_name));
     if (!kv_bits_valid(opts.kv_bits_k) || !kv_bits_valid(opts.kv_bits_v))
         return invalid_argument(fmt::format("KV-cache bits {} / {}: 4, 6 or 8 (0: off)", opts.kv_bits_k, opts.kv_bits_v));
     EXL3_ASSIGN_OR_RETURN(s.ctx, CudaContext::create(opts.device));
     s.act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
-    // A mixture-of-experts step takes its experts' ids to the host: it cannot be captured.
-    if (cfg.num_experts > 0) s.opts.graphs = false;
     // Tensor parallelism without NCCL meets the other ranks at host barriers, which a graph cannot hold.
     if (opts.link.sharded() && !opts.link.comm->capturable()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.w.upload(w, s.act, cfg));
+    // A mixture-of-experts layer whose experts the grouped kernels do not take (dense ones, or EXL3 ones of unequal
+    // shapes) takes its experts' ids to the host: such a model's steps cannot be captured.
+    for (const DevLayer& l : s.w.layers)
+        if (!l.moe.experts.empty() && !l.moe.grouped.ok()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v));
     EXL3_RETURN_IF_ERROR(s.reserve(256, 8, 8));

@@ -14,6 +14,7 @@
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemv.cuh"
+#include "backend/cuda/moe_layer.h"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/step_state.h"
 #include "models/decoder.h"
@@ -195,72 +196,48 @@ public:
             rot.xh = cuda::exl3_prerotated_xh(s_.exl3_ws.get());
         }
         bool rotated = false;
+        const DeviceBuffer& sinks = layer(li).sinks;  // gpt-oss's; empty for the other families
         EXL3_RETURN_IF_ERROR(
             ck(cuda::attention(slot(Slot::kQ), kv, batch_, s_.cfg.num_heads, window, scale, slot(Slot::kAttn),
-                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated, {}, s_.cfg.attn_softcap),
+                               s_.attn_ws.get(), st(), want ? &rot : nullptr, &rotated, {}, s_.cfg.attn_softcap,
+                               sinks.get() ? sinks.as<float>() : nullptr),
                "attention"));
         attn_rotated_ = rotated;
         return Status::ok();
     }
-    // A mixture-of-experts MLP into `out` (fp32): the router and its top-k on the device, the chosen ids and weights
-    // to the host (the step waits for them; such steps are never captured), each chosen expert once over the rows that
-    // chose it (gathered), its outputs weighted into theirs, and the shared expert over every row.
+    // A mixture-of-experts MLP into `out` (fp32): the router on the device, then, where the layer's routed experts
+    // allow the grouped EXL3 kernels, everything else on the device too (moe_layer.h: the routing sorted by expert,
+    // one launch a stage, the weighted sum straight into h unless a post-norm follows; capturable), else the
+    // host-routed path below; the shared expert over every row.
     Status moe(int li, Slot in, Slot out) {
         EXL3_RETURN_IF_ERROR(flush());
         const DevMoe& m = layer(li).moe;
+        if (!m.grouped.ok()) return moe_host_routed(li, in, out);
         const ModelConfig& c = s_.cfg;
-        const int n = T(), E = c.num_experts, K = c.experts_per_token, H = c.hidden_size, nk = n * K;
+        const int n = T();
         const void* x = slot(in);
-        float* y = static_cast<float*>(slot(out));
         EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
-        cuda::MoeRouting r;
-        r.experts = E;
-        r.top_k = K;
-        r.sigmoid = c.router_sigmoid;
-        r.norm_topk = c.norm_topk;
-        r.groups = c.expert_groups;
-        r.topk_groups = c.topk_groups;
-        r.scale = c.routed_scale;
-        r.score_bias = m.score_bias.get() ? m.score_bias.as<float>() : nullptr;
-        EXL3_RETURN_IF_ERROR(ck(cuda::moe_route(s_.moe_logits.as<float>(), n, r, s_.moe_scratch.get(),
-                                                s_.moe_ids.as<int32_t>(), s_.moe_wts.as<float>(), st()),
-                                "moe_route"));
-        int32_t* ids = s_.moe_host;
-        float* wts = reinterpret_cast<float*>(ids + nk);
-        int32_t* tok = ids + 2 * nk;
-        float* tw = reinterpret_cast<float*>(ids + 3 * nk);
-        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(ids, s_.moe_ids.get(), nk * sizeof(int32_t), cudaMemcpyDeviceToHost, st()), "moe ids"));
-        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(wts, s_.moe_wts.get(), nk * sizeof(float), cudaMemcpyDeviceToHost, st()), "moe ids"));
-        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(st()), "moe ids"));
-        std::vector<int> start(static_cast<size_t>(E) + 1, 0);  // counting sort of the (token, weight) pairs by expert
-        for (int i = 0; i < nk; ++i) {
-            if (ids[i] < 0 || ids[i] >= E) return internal_error(fmt::format("router chose expert {} of {}", ids[i], E));
-            ++start[static_cast<size_t>(ids[i]) + 1];
-        }
-        for (int e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
-        std::vector<int> fill(start.begin(), start.end() - 1);
-        for (int i = 0; i < nk; ++i) {
-            const int at = fill[static_cast<size_t>(ids[i])]++;
-            tok[at] = i / K;
-            tw[at] = wts[i];
-        }
-        int32_t* dtok = s_.moe_sorted.as<int32_t>();
-        const float* dw = reinterpret_cast<const float*>(dtok + nk);
-        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(dtok, tok, 2 * nk * sizeof(int32_t), cudaMemcpyHostToDevice, st()), "moe rows"));
-        EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * H * sizeof(float), st()), "moe out"));
-        for (int e = 0; e < E; ++e) {
-            const int r0 = start[static_cast<size_t>(e)], rows = start[static_cast<size_t>(e) + 1] - r0;
-            if (rows == 0 || m.experts[static_cast<size_t>(e)].gate_up.in == 0) continue;  // none, or another rank's
-            EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, dtok + r0, rows, H, s_.moe_x.get(), s_.act, st()), "moe gather"));
-            EXL3_RETURN_IF_ERROR(expert(m.experts[static_cast<size_t>(e)], s_.moe_x.get(), rows));
-            EXL3_RETURN_IF_ERROR(ck(cuda::moe_scatter_add(s_.moe_y.as<float>(), dtok + r0, dw + r0, rows, H, y, st()), "moe sum"));
-        }
-        if (m.shared.gate_up.in == 0) return Status::ok();
-        EXL3_RETURN_IF_ERROR(expert(m.shared, x, n));
-        const bool gated = m.shared_gate.in > 0;
+        const bool shared = m.shared.gate_up.in > 0, gated = m.shared_gate.in > 0;
+        if (shared) EXL3_RETURN_IF_ERROR(expert(m.shared, x, n));
         if (gated) EXL3_RETURN_IF_ERROR(linear_rows(x, m.shared_gate, s_.moe_gate.get(), true, n));
-        return ck(cuda::moe_add_shared(s_.moe_y.as<float>(), gated ? s_.moe_gate.as<float>() : nullptr, n, H, y, st()),
-                  "moe shared");
+        cuda::MoeLayerIo io;
+        io.logits = s_.moe_logits.as<float>();
+        io.tokens = n;
+        io.routing = routing(m);
+        io.x = x;
+        io.act = s_.act;
+        io.glu.act = c.act == Act::kGeluTanh ? cuda::MoeAct::kGeluTanh : cuda::MoeAct::kSilu;
+        // The decoder's next add_norm then finds it in h (not under tensor parallelism: the ranks' partial sums meet in
+        // the slot first, all_reduce).
+        const bool into_h = !c.post_norms && !s_.opts.link.sharded();
+        io.out = into_h ? s_.h.as<float>() : static_cast<float*>(slot(out));
+        io.accumulate = into_h;
+        io.shared = shared ? s_.moe_y.as<float>() : nullptr;
+        io.shared_gate = gated ? s_.moe_gate.as<float>() : nullptr;
+        io.invariant = s_.opts.batch_invariant;
+        EXL3_RETURN_IF_ERROR(cuda::moe_layer(m.grouped, io, s_.moe_ws.get(), s_.moe_ws.bytes(), st()));
+        if (into_h) in_h_[static_cast<size_t>(out)] = true;
+        return Status::ok();
     }
     // Inference keeps no linear inputs (the converter captures them on the CPU).
     Status capture(int, LinearInput, Slot) { return Status::ok(); }
@@ -366,9 +343,18 @@ private:
     }
 
     // y[rows, l.out] = x[rows, l.in] W^T (+ bias), EXL3 or dense, out of any buffers (the experts').
+    // (Dense: the batch-invariant GEMM in that mode, the decode GEMV at a few rows.)
     Status linear_rows(const void* x, const DevLinear& l, void* y, bool f32, int rows) {
         if (!l.exl3_parts.empty()) return exl3_linear(x, l, y, f32, l.out, rows);
-        return cuda::gemm(*s_.ctx, x, l.w.get(), y, s_.act, f32, rows, l.out, l.in, l.bias.get() ? l.bias.as<float>() : nullptr);
+        const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
+        if (s_.opts.batch_invariant) return dense_invariant(x, l.w.get(), y, f32, rows, l.out, l.in, bias);
+        if (cuda::use_gemv(rows, l.in, x, l.w.get())) {
+            cuda::GemvIn gi;
+            gi.x = x;
+            return ck(cuda::gemv_ex(gi, l.w.get(), cuda::GemvOut{y, f32, false, bias}, s_.act, false, rows, l.out, l.in, st()),
+                      "gemv");
+        }
+        return cuda::gemm(*s_.ctx, x, l.w.get(), y, s_.act, f32, rows, l.out, l.in, bias);
     }
 
     // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]).
@@ -380,6 +366,70 @@ private:
                                     : cuda::silu_mul(s_.moe_gu.get(), s_.moe_g.get(), s_.act, rows, inter, st()),
                                 "expert glu"));
         return linear_rows(s_.moe_g.get(), e.down, s_.moe_y.get(), true, rows);
+    }
+
+    // The host-routed path (experts the grouped kernels do not take: dense ones, or EXL3 ones of unequal shapes): the
+    // chosen ids and weights to the host (the step waits for them; such steps are never captured), each chosen expert
+    // once over the rows that chose it (gathered), its outputs weighted into theirs, and the shared expert over every row.
+    Status moe_host_routed(int li, Slot in, Slot out) {
+        const DevMoe& m = layer(li).moe;
+        const ModelConfig& c = s_.cfg;
+        const int n = T(), E = c.num_experts, K = c.experts_per_token, H = c.hidden_size, nk = n * K;
+        const void* x = slot(in);
+        float* y = static_cast<float*>(slot(out));
+        EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
+        EXL3_RETURN_IF_ERROR(ck(cuda::moe_route(s_.moe_logits.as<float>(), n, routing(m), s_.moe_scratch.get(),
+                                                s_.moe_ids.as<int32_t>(), s_.moe_wts.as<float>(), st()),
+                                "moe_route"));
+        int32_t* ids = s_.moe_host;
+        float* wts = reinterpret_cast<float*>(ids + nk);
+        int32_t* tok = ids + 2 * nk;
+        float* tw = reinterpret_cast<float*>(ids + 3 * nk);
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(ids, s_.moe_ids.get(), nk * sizeof(int32_t), cudaMemcpyDeviceToHost, st()), "moe ids"));
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(wts, s_.moe_wts.get(), nk * sizeof(float), cudaMemcpyDeviceToHost, st()), "moe ids"));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(st()), "moe ids"));
+        std::vector<int> start(static_cast<size_t>(E) + 1, 0);  // counting sort of the (token, weight) pairs by expert
+        for (int i = 0; i < nk; ++i) {
+            if (ids[i] < 0 || ids[i] >= E) return internal_error(fmt::format("router chose expert {} of {}", ids[i], E));
+            ++start[static_cast<size_t>(ids[i]) + 1];
+        }
+        for (int e = 0; e < E; ++e) start[static_cast<size_t>(e) + 1] += start[static_cast<size_t>(e)];
+        std::vector<int> fill(start.begin(), start.end() - 1);
+        for (int i = 0; i < nk; ++i) {
+            const int at = fill[static_cast<size_t>(ids[i])]++;
+            tok[at] = i / K;
+            tw[at] = wts[i];
+        }
+        int32_t* dtok = s_.moe_sorted.as<int32_t>();
+        const float* dw = reinterpret_cast<const float*>(dtok + nk);
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(dtok, tok, 2 * nk * sizeof(int32_t), cudaMemcpyHostToDevice, st()), "moe rows"));
+        EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * H * sizeof(float), st()), "moe out"));
+        for (int e = 0; e < E; ++e) {
+            const int r0 = start[static_cast<size_t>(e)], rows = start[static_cast<size_t>(e) + 1] - r0;
+            if (rows == 0 || m.experts[static_cast<size_t>(e)].gate_up.in == 0) continue;  // none, or another rank's
+            EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, dtok + r0, rows, H, s_.moe_x.get(), s_.act, st()), "moe gather"));
+            EXL3_RETURN_IF_ERROR(expert(m.experts[static_cast<size_t>(e)], s_.moe_x.get(), rows));
+            EXL3_RETURN_IF_ERROR(ck(cuda::moe_scatter_add(s_.moe_y.as<float>(), dtok + r0, dw + r0, rows, H, y, st()), "moe sum"));
+        }
+        if (m.shared.gate_up.in == 0) return Status::ok();
+        EXL3_RETURN_IF_ERROR(expert(m.shared, x, n));
+        const bool gated = m.shared_gate.in > 0;
+        if (gated) EXL3_RETURN_IF_ERROR(linear_rows(x, m.shared_gate, s_.moe_gate.get(), true, n));
+        return ck(cuda::moe_add_shared(s_.moe_y.as<float>(), gated ? s_.moe_gate.as<float>() : nullptr, n, H, y, st()),
+                  "moe shared");
+    }
+    cuda::MoeRouting routing(const DevMoe& m) const {
+        const ModelConfig& c = s_.cfg;
+        cuda::MoeRouting r;
+        r.experts = c.num_experts;
+        r.top_k = c.experts_per_token;
+        r.sigmoid = c.router_sigmoid;
+        r.norm_topk = c.norm_topk;
+        r.groups = c.expert_groups;
+        r.topk_groups = c.topk_groups;
+        r.scale = c.routed_scale;
+        r.score_bias = m.score_bias.get() ? m.score_bias.as<float>() : nullptr;
+        return r;
     }
 
     cuda::Exl3Out exl3_out(void* y, bool f32, int ldy) const {

@@ -94,6 +94,62 @@ Status upload_linear(const HostLinear& l, ActType act, DevLinear* d, float scale
     return d->w.upload(all.data(), all.size() * 2);
 }
 
+// One stage's table for the grouped kernels: part i of every expert's linear (the gate|up or the down projection).
+// False where the experts' linears differ in shape or layout, or one's parts differ in bits or codebook.
+bool stage_table(const std::vector<DevExpert>& ex, bool down, MoeStage* st, std::vector<Exl3MoePart>* tab) {
+    auto lin = [&](size_t e) -> const DevLinear& { return down ? ex[e].down : ex[e].gate_up; };
+    const DevLinear& l0 = lin(0);
+    const int np = static_cast<int>(l0.exl3_parts.size());
+    if (np < 1 || np > 3) return false;
+    Exl3MoeShape& s = st->shape;
+    s.nparts = np;
+    s.k = l0.exl3_parts[0].w.k;
+    s.k_pad = l0.exl3_parts[0].w.k_pad;
+    s.ldy = l0.out;
+    for (int i = 0; i < np; ++i) {
+        s.n[i] = l0.exl3_parts[static_cast<size_t>(i)].w.n;
+        s.n_pad[i] = l0.exl3_parts[static_cast<size_t>(i)].w.n_pad;
+        s.col0[i] = l0.exl3_parts[static_cast<size_t>(i)].col0;
+    }
+    tab->assign(ex.size() * static_cast<size_t>(np), Exl3MoePart{});
+    st->classes.clear();
+    for (size_t e = 0; e < ex.size(); ++e) {
+        const DevLinear& l = lin(e);
+        if (static_cast<int>(l.exl3_parts.size()) != np || l.out != s.ldy) return false;
+        const Exl3DevWeights& w0 = l.exl3_parts[0].w;
+        for (int i = 0; i < np; ++i) {
+            const Exl3Part& q = l.exl3_parts[static_cast<size_t>(i)];
+            if (q.w.k != s.k || q.w.k_pad != s.k_pad || q.w.n != s.n[i] || q.w.n_pad != s.n_pad[i] ||
+                q.col0 != s.col0[i] || q.w.K != w0.K || q.w.codebook != w0.codebook)
+                return false;
+            (*tab)[e * static_cast<size_t>(np) + static_cast<size_t>(i)] =
+                Exl3MoePart{q.w.trellis, q.w.suh, q.w.svh, q.bias, exl3_moe_class(q.w.K, q.w.codebook), 0};
+        }
+        const int cls = exl3_moe_class(w0.K, w0.codebook);
+        if (std::find(st->classes.begin(), st->classes.end(), cls) == st->classes.end()) st->classes.push_back(cls);
+    }
+    return true;
+}
+
+// The grouped kernels' tables of a layer whose routed experts allow them (else dm.grouped stays empty).
+Status build_grouped(DevMoe& dm, int hidden) {
+    if (dm.experts.empty()) return Status::ok();
+    MoeLayerWeights g;
+    g.experts = static_cast<int>(dm.experts.size());
+    std::vector<Exl3MoePart> tg, td;
+    if (!stage_table(dm.experts, false, &g.gate_up, &tg) || !stage_table(dm.experts, true, &g.down, &td))
+        return Status::ok();
+    if (g.down.shape.nparts != 1 || g.gate_up.shape.ldy != 2 * g.down.shape.k || g.gate_up.shape.k != hidden ||
+        g.down.shape.ldy != hidden)
+        return Status::ok();
+    EXL3_RETURN_IF_ERROR(dm.gate_up_table.upload(tg.data(), tg.size() * sizeof(Exl3MoePart)));
+    EXL3_RETURN_IF_ERROR(dm.down_table.upload(td.data(), td.size() * sizeof(Exl3MoePart)));
+    g.gate_up.table = dm.gate_up_table.as<Exl3MoePart>();
+    g.down.table = dm.down_table.as<Exl3MoePart>();
+    dm.grouped = std::move(g);
+    return Status::ok();
+}
+
 }  // namespace
 
 Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfig& cfg) {
@@ -114,10 +170,15 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
     for (size_t i = 0; i < w.layers.size(); ++i) {
         const HostLayer& hl = w.layers[i];
         DevLayer& dl = layers[i];
-        // Norms the family has (an empty buffer stands for none).
+        // Norms and sinks the family has (an empty buffer stands for none).
         const std::pair<DeviceBuffer*, const std::vector<float>*> norms[] = {
-            {&dl.attn_norm, &hl.attn_norm}, {&dl.mlp_norm, &hl.mlp_norm},           {&dl.q_norm, &hl.q_norm},
-            {&dl.k_norm, &hl.k_norm},       {&dl.post_attn_norm, &hl.post_attn_norm}, {&dl.post_mlp_norm, &hl.post_mlp_norm}};
+            {&dl.attn_norm, &hl.attn_norm},
+            {&dl.mlp_norm, &hl.mlp_norm},
+            {&dl.q_norm, &hl.q_norm},
+            {&dl.k_norm, &hl.k_norm},
+            {&dl.post_attn_norm, &hl.post_attn_norm},
+            {&dl.post_mlp_norm, &hl.post_mlp_norm},
+            {&dl.sinks, &hl.sinks}};
         for (const auto& [d, h] : norms)
             if (!h->empty()) EXL3_RETURN_IF_ERROR(upload_f32(*d, *h));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.qkv, act, &dl.qkv));
@@ -146,6 +207,7 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
             EXL3_RETURN_IF_ERROR(upload_linear(hm.shared.down, act, &dm.shared.down, branch));
         }
         if (!hm.shared_gate.parts.empty()) EXL3_RETURN_IF_ERROR(upload_linear(hm.shared_gate, act, &dm.shared_gate));
+        EXL3_RETURN_IF_ERROR(build_grouped(dm, cfg.hidden_size));
     }
     return Status::ok();
 }

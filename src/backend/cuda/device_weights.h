@@ -8,6 +8,7 @@
 
 #include "backend/cuda/context.h"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
+#include "backend/cuda/moe_layer.h"
 #include "backend/cuda/ops.cuh"
 #include "exl3/status.h"
 #include "format/model_config.h"
@@ -41,10 +42,15 @@ struct DevMoe {
     std::vector<DevExpert> experts;
     DevExpert shared;         // in == 0: none
     DevLinear shared_gate;    // in == 0: none
+    // The routed experts for the grouped kernels (moe_layer.h): their parts' tables, when every expert is EXL3 with
+    // the same shapes (grouped.ok()); otherwise the layer takes the host-routed path (CudaOps::moe).
+    DeviceBuffer gate_up_table, down_table;
+    MoeLayerWeights grouped;
 };
 
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
+    DeviceBuffer sinks;  // fp32 [n_heads]: gpt-oss's attention sinks; empty: none
     DevLinear qkv, o, gate_up, down;
     DevMoe moe;  // experts empty: a dense MLP
 };

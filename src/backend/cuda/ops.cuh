@@ -93,7 +93,8 @@ struct MoeRouting {
     const float* score_bias = nullptr;  // device [experts] or null
 };
 size_t moe_route_scratch_bytes(int n, int experts);
-// logits [n, experts] (fp32) -> ids [n, top_k] and weights [n, top_k] (fp32), as cpu::route_experts.
+// logits [n, experts] (fp32) -> ids [n, top_k] and weights [n, top_k] (fp32), as cpu::route_experts (a warp a token,
+// moe.cu; experts <= 1024, groups <= 32; the softmax's sum in another order, so weights may differ in the last bit).
 cudaError_t moe_route(const float* logits, int n, const MoeRouting& r, void* scratch, int32_t* ids, float* weights,
                       cudaStream_t s);
 // out[tok[j], :] += w[j] * y[j, :] for j < n (fp32 [., d]); tok holds distinct rows.

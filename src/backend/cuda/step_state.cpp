@@ -90,6 +90,12 @@ Status StepState::reserve_moe() {
     EXL3_RETURN_IF_ERROR(moe_g.reserve(T * I * 2));
     EXL3_RETURN_IF_ERROR(moe_y.reserve(T * H * sizeof(float)));
     EXL3_RETURN_IF_ERROR(moe_gate.reserve(T * sizeof(float)));
+    size_t grouped = 0;
+    for (const DevLayer& l : w.layers)
+        if (l.moe.grouped.ok())
+            grouped = std::max(grouped, moe_layer_workspace_bytes(l.moe.grouped, cfg.experts_per_token, capacity,
+                                                                  opts.batch_invariant));
+    EXL3_RETURN_IF_ERROR(moe_ws.reserve(grouped));
     const size_t need = 4 * T * K;  // ids, weights down; tokens, weights up
     if (need <= moe_host_n) return Status::ok();
     if (moe_host) cudaFreeHost(moe_host);
@@ -118,8 +124,13 @@ Status StepState::reserve_exl3() {
     if (opts.batch_invariant) {  // the dense linears' GEMM of the mode (rows go in chunks: any capacity)
         size_t inv = 0;
         for (const DevLayer& l : w.layers)
-            for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down})
+            for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.moe.router, &l.moe.shared_gate,
+                                       &l.moe.shared.gate_up, &l.moe.shared.down})
                 if (d->w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d->out, d->in));
+        for (const DevLayer& l : w.layers)
+            for (const DevExpert& e : l.moe.experts)
+                for (const DevLinear* d : {&e.gate_up, &e.down})
+                    if (d->w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d->out, d->in));
         if (w.head) inv = std::max(inv, gemm_invariant_workspace_bytes(cfg.vocab_size, cfg.hidden_size));
         EXL3_RETURN_IF_ERROR(inv_ws.reserve(inv));
     }

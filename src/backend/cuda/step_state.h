@@ -43,6 +43,7 @@ struct StepState {
     // (token, weight) pairs sorted by expert, an expert's gathered rows, intermediates and output, the shared gate;
     // moe_host (pinned) takes the ids and weights down and the sorted pairs up.
     DeviceBuffer moe_logits, moe_scratch, moe_ids, moe_wts, moe_sorted, moe_x, moe_gu, moe_g, moe_y, moe_gate;
+    DeviceBuffer moe_ws;  // the grouped path's workspace (moe_layer.h): routing, rotated rows, split partials
     int32_t* moe_host = nullptr;
     size_t moe_host_n = 0;
     // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is

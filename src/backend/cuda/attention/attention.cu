@@ -254,7 +254,7 @@ size_t attention_workspace_bytes(const AttentionBatch& b, int n_heads, int head_
 
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
                       void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot, bool* rotated,
-                      const AttentionTuning& tuning, float softcap) {
+                      const AttentionTuning& tuning, float softcap, const float* sinks) {
     if (rotated) *rotated = false;
     if (kv.n_kv_heads <= 0 || n_heads <= 0 || n_heads % kv.n_kv_heads != 0 || !valid_head_dim(kv.head_dim) ||
         kv.page_size <= 0 || b.batch < 0 || !kv_bits_valid(kv.k_bits) || !kv_bits_valid(kv.v_bits) ||
@@ -280,14 +280,13 @@ cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b,
     p.seq_len = b.seq_len;
     p.page_table = b.page_table;
     p.max_pages = b.max_pages;
-    p.batch = b.batch;
+    p.sinks = sinks;
     p.page_size = kv.page_size;
     p.n_heads = n_heads;
     p.n_kv_heads = kv.n_kv_heads;
     p.group = n_heads / kv.n_kv_heads;
     p.q_tiles = pl.q_tiles;
     p.window = window;
-    p.splits = pl.splits;
     p.split_keys = pl.split_keys;
     p.total_rows_bound = b.total_q * n_heads;
     p.scale_log2 = scale * 1.4426950408889634f;

@@ -391,11 +391,17 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
         const int r = i / C::kChunks, c = i % C::kChunks;
         const int gr = row0 + r;
         if (gr >= row_end) continue;
+        const int t = gr / G, g = gr % G;
         float m_tot = -INFINITY;
 #pragma unroll
         for (int w = 0; w < WARPS_N; ++w) m_tot = fmaxf(m_tot, ml[(w * BM + r) * 2]);
-        const float ref = m_tot == -INFINITY ? 0.f : m_tot;
-        float l_tot = 0.f, o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        // gpt-oss's sink: one more logit of the row's softmax, without a value. The first split counts it (its
+        // partial then carries the sink's mass in its log-sum-exp, and the merge divides by it once); a uniform
+        // branch, not taken by the other families, whose bits stay as they were (ref = m_tot, l_tot from 0).
+        const float sink = p.sinks != nullptr && split == 0 ? p.sinks[kvh * G + g] * 1.4426950408889634f : -INFINITY;
+        const float top = fmaxf(m_tot, sink);
+        const float ref = top == -INFINITY ? 0.f : top;
+        float l_tot = sink == -INFINITY ? 0.f : exp2f(sink - ref), o[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int w = 0; w < WARPS_N; ++w) {
             const float f = exp2f(ml[(w * BM + r) * 2] - ref);
@@ -406,7 +412,6 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             o[4] += f * bq.x, o[5] += f * bq.y, o[6] += f * bq.z, o[7] += f * bq.w;
         }
         const float inv = l_tot > 0.f ? 1.f / l_tot : 0.f;
-        const int t = gr / G, g = gr % G;
         const int64_t orow = static_cast<int64_t>(q0 + t) * p.n_heads + kvh * G + g;
         if (p.part_o == nullptr) {  // one split, no merge: the output itself
             uint4 packed;
@@ -420,7 +425,7 @@ __global__ void __launch_bounds__(WARPS_M* WARPS_N * 32)
             float4* dst = reinterpret_cast<float4*>(p.part_o + prow * D + c * 8);
             dst[0] = make_float4(o[0] * inv, o[1] * inv, o[2] * inv, o[3] * inv);
             dst[1] = make_float4(o[4] * inv, o[5] * inv, o[6] * inv, o[7] * inv);
-            if (c == 0) p.part_lse[prow] = l_tot > 0.f ? m_tot + log2f(l_tot) : -INFINITY;
+            if (c == 0) p.part_lse[prow] = l_tot > 0.f ? ref + log2f(l_tot) : -INFINITY;
         }
     }
     EXL3_STEP_TRACE_END();

@@ -21,15 +21,14 @@ struct KernelParams {
     const int32_t* q_start;
     const int32_t* seq_len;
     const int32_t* page_table;
+    const float* sinks;   // [n_heads] gpt-oss's sink logits (one more softmax term each, added by split 0), or null
     int max_pages;
-    int batch;
     int page_size;
     int n_heads;
     int n_kv_heads;
     int group;            // n_heads / n_kv_heads
     int q_tiles;          // row tiles per (sequence, kv head): grid.x = batch * q_tiles
     int window;
-    int splits;
     int split_keys;       // keys per split (multiple of BN)
     int total_rows_bound; // total_q bound * n_heads: stride of one split in part_o / part_lse
     float scale_log2;     // scale * log2(e): scores live in the exp2 domain

@@ -117,9 +117,12 @@ struct AttnOutRotation {
 // rot (optional): also write the rotation when a merge kernel runs (the plan splits); *rotated says whether it did
 // (if not, `out` alone is written and the caller rotates). `out` is written either way, with the same bits.
 // softcap > 0: the scaled scores s become softcap * tanh(s / softcap) before the mask and softmax (Gemma 2).
+// sinks (gpt-oss), device memory [n_heads] fp32 or null: head h's softmax gets exp(sinks[h]) as one more term of its
+// denominator (a logit without a value), as cpu::attention does.
 cudaError_t attention(const void* q, const PagedKV& kv, const AttentionBatch& b, int n_heads, int window, float scale,
                       void* out, void* workspace, cudaStream_t s, const AttnOutRotation* rot = nullptr,
-                      bool* rotated = nullptr, const AttentionTuning& tuning = {}, float softcap = 0.f);
+                      bool* rotated = nullptr, const AttentionTuning& tuning = {}, float softcap = 0.f,
+                      const float* sinks = nullptr);
 // Tests: how many merge kernels were launched with the rotation so far in this process (host-side launches: a CUDA
 // graph counts when it is captured, not when it is replayed).
 long long attention_lab_out_rotations();

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Mixtures of experts on the GPU machine in one go (issue 42, docs/kernels/moe.md), from binaries built here for sm_90
+# and carried:
+#   bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests bench_cuda_moe
+#   (-> .device/r1/bins.tar.xz and the libcpp-httplib the exl3 binary links; carry .device/r1)
+# Steps:
+#   1. random models (tools/bench/make_random_model.py): qwen3-moe-tiny at EXL3 4 bits for the tests first; then, in
+#      the background, the Qwen3-30B-A3B shape at 4.0 bpw and the Mixtral-8x7B shape at 3.0 bpw (6-bit heads);
+#   2. the CUDA MoE tests: the grouped layer and the routing sort against the CPU (MoeLayer*, MoeRouteSort*), the
+#      routing kernel (FamilyOps.Moe*), the golden MoE families (CudaExperts*: dense experts, the host-routed path),
+#      the EXL3 MoE model (CudaModel.Exl3Experts*: against the CPU, graph replay = eager), the batch-invariant
+#      generator on it; compute-sanitizer memcheck on the layer tests;
+#   3. bench_cuda_moe (once the models are written: nothing else on the GPU): one layer at both shapes, 1 to 2048
+#      tokens, each plan variant, beside its ideal;
+#   4. exl3 bench on both models: prefill 2048, decode batch 1 and 32 at context 512, beside the roofline and the ideal
+#      step.
+# Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model.
+# Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+P=.device/r1
+for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; esac; done
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+t0=$(date +%s)
+el() { echo "[$(($(date +%s) - t0)) s]"; }
+B=/tmp/b
+mkdir -p $B && xz -dc "$P/bins.tar.xz" | tar xf - -C $B
+export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+
+echo "== $(el) random models"
+python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
+  > /tmp/moe_tiny.log 2>&1 && export EXL3_TEST_EXL3_MOE=/tmp/moe-tiny || tail -3 /tmp/moe_tiny.log
+(python3 tools/bench/make_random_model.py --shape qwen3-30b-a3b --exl3-bits 4 --head-bits 6 --out /tmp/models/qwen3 \
+   > /tmp/model_qwen3.log 2>&1 || { echo "qwen3-30b-a3b model failed"; tail -3 /tmp/model_qwen3.log; }
+ if [ "${SKIP_MIXTRAL:-0}" != 1 ]; then
+   python3 tools/bench/make_random_model.py --shape mixtral-8x7b --exl3-bits 3 --head-bits 6 --out /tmp/models/mixtral \
+     > /tmp/model_mixtral.log 2>&1 || { echo "mixtral-8x7b model failed"; tail -3 /tmp/model_mixtral.log; }
+ fi) > /tmp/models.log 2>&1 &
+models=$!
+
+echo "== $(el) CUDA MoE tests"
+timeout 300 $B/exl3_cuda_tests \
+  --gtest_filter='*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:*CudaExperts*:CudaModel.Exl3Experts*' > /tmp/moe_tests.log 2>&1
+echo "exit $?"
+grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure|Expected|Which is|error" /tmp/moe_tests.log | head -40
+grep -E "(golden/[a-z0-9_]+|moe-tiny|exl3_all_experts_[a-z0-9_]+): (prefill|routed)" /tmp/moe_tests.log | head -20
+cat /tmp/moe_tests.log >> "$OUT/tests.log"
+timeout 120 $B/exl3_cuda_generator_tests --gtest_filter='GeneratorCuda.BatchInvariant*' > /tmp/gen_tests.log 2>&1
+echo "generator tests exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure" /tmp/gen_tests.log | head -10
+cat /tmp/gen_tests.log >> "$OUT/tests.log"
+if command -v compute-sanitizer > /dev/null; then
+  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests \
+    --gtest_filter='Act/MoeLayer.MatchesCpuMul1/bf16:Act/MoeLayer.InvariantRowsAndGraphReplay/bf16:MoeRouteSort*' \
+    > /tmp/sanitizer.log 2>&1
+  echo "== $(el) compute-sanitizer memcheck exit $? ($(grep -E 'ERROR SUMMARY' /tmp/sanitizer.log | tail -1))"
+  grep -E "Invalid|out of bounds|at 0x" /tmp/sanitizer.log | head -8
+  cp /tmp/sanitizer.log "$OUT/"
+fi
+
+wait $models; echo "== $(el) models done"; cat /tmp/models.log
+echo "== $(el) bench_cuda_moe (one layer)"
+timeout 150 $B/bench_cuda_moe --tokens 1,8,32,256,2048 > /tmp/bench_moe.log 2>&1
+echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]" /tmp/bench_moe.log | head -64
+cp /tmp/bench_moe.log "$OUT/"
+
+for m in qwen3 mixtral; do
+  [ -d /tmp/models/$m ] || continue
+  args="-p 2048 -b 1,32 -c 512 -g 64"
+  echo "== $(el) $m: exl3 bench $args"
+  timeout 240 $B/exl3 bench -m /tmp/models/$m -d cuda $args > /tmp/bench_$m.log 2>&1
+  echo "exit $?"; cat /tmp/bench_$m.log >> "$OUT/bench.log"
+  grep -E "^experts:|^ideal step|^\| [0-9]+ \||error|Error" /tmp/bench_$m.log | head -12
+  rm -rf /tmp/models/$m  # disk
+done
+echo "== $(el) done"
