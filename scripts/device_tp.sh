@@ -5,9 +5,10 @@
 #   tar cf - -C ../shared models/tiny-target-exl3-4.0bpw | xz -T2 > .device/r1/models.tar.xz    # optional
 # and carry .device/r1 (git-ignored).
 #
-# STEP=one (one GPU, ~5 min): every model's path is the sharded one now --
+# STEP=one (one GPU, ~3 min, at most ~6.5 by its timeouts): every model's path is the sharded one now --
 #   1. exl3_cuda_tp_tests: one rank equals the plain CUDA executor bit for bit (logits and device argmax), two and
-#      three ranks on the one GPU (peer copies) match one rank, sliced EXL3 weights, experts, soft caps;
+#      three ranks on the one GPU (peer copies) match one rank, sliced EXL3 weights, experts, soft caps; EXL3
+#      experts over two ranks (split: the grouped kernels; whole: the host-routed path) on a random Qwen3-MoE;
 #   2. exl3_cuda_tests CudaModel.*: the models on CUDA against the CPU, through the sharded path;
 #   3. "costs no speed": bench_cuda_tp paths on a random-trellis Llama-3-8B EXL3 4.0 bpw -- the plain executor
 #      against the one-rank sharded one, prefill 2048 and decode batch 1 / 32 (ratio printed).
@@ -27,7 +28,11 @@ for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; esac; done
 STEP=${STEP:-one}
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT" /tmp/tp
 B=/tmp/tp/bin
+t0=$(date +%s); el() { echo "[$(($(date +%s) - t0)) s]"; }
 mkdir -p $B && xz -dc "$P/bins.tar.xz" | tar xf - -C $B
+# The tests read tests/models through the source folder they were built in: link it to this checkout if it differs.
+src=$(cat "$P/source_dir" 2>/dev/null)
+if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
 if [ -f "$P/models.tar.xz" ] && [ ! -d /tmp/shared/models ]; then
   mkdir -p /tmp/shared && xz -dc "$P/models.tar.xz" | tar xf - -C /tmp/shared
 fi
@@ -50,14 +55,27 @@ run_test() {  # binary, filter, timeout
 
 case "$STEP" in
 one)
-  run_test exl3_cuda_tp_tests "" 300
-  run_test exl3_cuda_tests "CudaModel.*" 300
+  # The bench's 8B model is made in the background (GPU, ~1 min) while the tests run.
   if [ ! -d /tmp/tp/llama3-8b ]; then
-    python3 tools/bench/make_random_model.py --shape llama3-8b --exl3-bits 4 --head-bits 6 --out /tmp/tp/llama3-8b \
-      > /tmp/tp/model8b.log 2>&1 || { echo "random model failed"; tail -3 /tmp/tp/model8b.log; }
+    (python3 tools/bench/make_random_model.py --shape llama3-8b --exl3-bits 4 --head-bits 6 --out /tmp/tp/llama3-8b \
+      > /tmp/tp/model8b.log 2>&1 || echo "random model failed" >> /tmp/tp/model8b.log) &
   fi
+  # EXL3 experts wide enough (256 columns) that two ranks' slices lie on the 128-blocks: the grouped MoE kernels
+  # under tensor parallelism (CudaTensorParallel.Exl3ExpertsOverRanksOnOneGpu; device_moe.sh runs CudaModel's own).
+  moe=
+  python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 \
+    --set moe_intermediate_size=256 --out /tmp/tp/moe-tp > /tmp/tp/moe.log 2>&1 \
+    && moe=/tmp/tp/moe-tp || tail -3 /tmp/tp/moe.log
+  echo "$(el) models"
+  EXL3_TEST_EXL3_MOE=$moe run_test exl3_cuda_tp_tests "" 120
+  echo "$(el)"
+  EXL3_TEST_EXL3_MOE= run_test exl3_cuda_tests "CudaModel.*" 120
+  echo "$(el)"
+  wait
+  grep "failed" /tmp/tp/model8b.log && tail -3 /tmp/tp/model8b.log
   echo "== bench_cuda_tp paths (Llama-3-8B EXL3 4.0 bpw, random trellis)"
-  timeout 300 $B/bench_cuda_tp paths /tmp/tp/llama3-8b 1 32 2>&1 | grep -v "^\[exl3 info\]" | tee -a "$OUT/bench.log"
+  timeout 120 $B/bench_cuda_tp paths /tmp/tp/llama3-8b 1 32 2>&1 | grep -v "^\[exl3 info\]" | tee -a "$OUT/bench.log"
+  echo "$(el) done"
   ;;
 tests)
   run_test exl3_cuda_tp_tests "" 400

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "core/thread_pool.h"
@@ -53,10 +54,12 @@ ExecutorOptions exec_options() {
 }
 
 // Ranks on the given devices (repeated: several ranks on one GPU).
-std::unique_ptr<Executor> sharded(const Loaded& l, std::vector<int> devices, std::vector<double> split = {}) {
+std::unique_ptr<Executor> sharded(const Loaded& l, std::vector<int> devices, std::vector<double> split = {},
+                                  bool split_experts = false) {
     ParallelOptions po;
     po.shard.ranks = static_cast<int>(devices.size());
     po.shard.weights = std::move(split);
+    po.shard.split_experts = split_experts;
     po.devices = std::move(devices);
     auto e = make_sharded_executor(l.cfg, l.w, ThreadPool::global(), exec_options(), po);
     EXPECT_TRUE(e.is_ok()) << e.status().to_string();
@@ -143,6 +146,35 @@ TEST(CudaTensorParallel, RanksOnOneGpuMatchOneRank) {
             // Random golden weights grow activations layer by layer: bf16 rounding shows more (model_cuda_test).
             EXPECT_LT(worst, golden ? 6e-2f : 2e-2f) << dir;
         }
+    }
+}
+
+// EXL3 experts (a random-trellis Qwen3-MoE, tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4
+// --set moe_intermediate_size=256, the directory in EXL3_TEST_EXL3_MOE; scripts/device_tp.sh makes it) over two
+// ranks on GPU 0: split experts (each rank 128 columns of every expert: EXL3 slices on the blocks, so the grouped
+// kernels, their output left in the slot for the all-reduce) and whole experts (8 a rank: the host-routed path, the
+// other rank's experts skipped), against one rank (the grouped kernels into h).
+TEST(CudaTensorParallel, Exl3ExpertsOverRanksOnOneGpu) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_MOE");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_MOE names no random EXL3 MoE model";
+    auto l = load_host(dir);
+    ASSERT_TRUE(l);
+    auto one = sharded(*l, {0});
+    ASSERT_TRUE(one);
+    const int V = l->cfg.vocab_size;
+    const auto want = test::drive(*one, V, steps(V));
+    for (bool split_experts : {true, false}) {
+        auto split = sharded(*l, {0, 0}, {}, split_experts);
+        ASSERT_TRUE(split);
+        float worst = 0;
+        test::drive(*split, V, steps(V), [&](size_t i, const std::vector<float>& lg) {
+            check_device_argmax(*split, lg, V, dir);
+            worst = std::max(worst, test::max_rel_diff(lg, want[i]));
+        });
+        std::printf("  %s over 2 ranks on one GPU (%s): worst relative logit difference %.2e\n", dir,
+                    split_experts ? "split experts" : "whole experts", worst);
+        EXPECT_LT(worst, 6e-2f) << (split_experts ? "split experts" : "whole experts");
     }
 }
 

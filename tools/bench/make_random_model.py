@@ -11,7 +11,7 @@ whatever the codes are.
 
 Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
                                     mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b
-                            --out DIR [--layers N]
+                            --out DIR [--layers N] [--set KEY=JSON ...]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
 import argparse
@@ -196,10 +196,17 @@ def main():
     ap.add_argument("--exl3-bits", type=int, default=0, help="EXL3 decoder linears at K bits per weight (1..8)")
     ap.add_argument("--head-bits", type=int, default=6)
     ap.add_argument("--codebook", default="mul1", choices=["mul1", "mcg", "3inst"])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override a config.json key of the shape, e.g. moe_intermediate_size=256")
     a = ap.parse_args()
     cfg = dict(SHAPES[a.shape])
     if a.layers:
         cfg["num_hidden_layers"] = a.layers
+    for kv in a.set:
+        key, sep, value = kv.partition("=")
+        if not sep or key not in cfg:
+            ap.error(f"--set {kv}: KEY=JSON with a key of the shape's config ({', '.join(sorted(cfg))})")
+        cfg[key] = json.loads(value)
     cfg["dtype"] = "bfloat16"
     os.makedirs(a.out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
