@@ -341,6 +341,7 @@ py::dict model_info_dict(const ModelInfo& i) {
     d["kv_bits_k"] = i.kv_bits_k;
     d["kv_bits_v"] = i.kv_bits_v;
     d["kv_bytes_per_token"] = i.kv_bytes_per_token;
+    d["cache_tokens"] = i.cache_tokens;
     return d;
 }
 
@@ -521,6 +522,75 @@ void bind_logits(py::module_& m) {
         });
 }
 
+// The GPU memory keywords of Model() and plan_memory().
+struct MemoryArgs {
+    std::optional<double> gpu_memory;  // GiB
+    int max_step_tokens = 0;
+    int offload_layers = 0;
+    std::string offload_mode = "stream";
+    int offload_experts = 0;
+    bool embed_on_gpu = false;
+};
+
+LoadOptions load_options(const std::string& device, int threads, int context_length, int cache_tokens, int page_size,
+                         bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k, std::optional<int> kv_bits_v,
+                         bool batch_invariant, const MemoryArgs& mem) {
+    LoadOptions o;
+    o.device = device;
+    o.threads = threads;
+    o.context_length = context_length;
+    o.cache_tokens = cache_tokens;
+    o.page_size = page_size;
+    o.prefix_cache = prefix_cache;
+    o.kv_bits_k = kv_bits_k.value_or(kv_bits);
+    o.kv_bits_v = kv_bits_v.value_or(kv_bits);
+    o.batch_invariant = batch_invariant;
+    if (mem.gpu_memory) {
+        if (!(*mem.gpu_memory > 0)) raise(invalid_argument("gpu_memory must be a positive number of GiB"));
+        o.gpu_memory = static_cast<int64_t>(*mem.gpu_memory * 1024.0 * 1024.0 * 1024.0);
+    }
+    o.max_step_tokens = mem.max_step_tokens;
+    o.offload_layers = mem.offload_layers;
+    if (mem.offload_mode != "stream" && mem.offload_mode != "cpu")
+        raise(invalid_argument("offload_mode must be 'stream' or 'cpu', not '" + mem.offload_mode + "'"));
+    o.offload_mode = mem.offload_mode == "cpu" ? OffloadMode::kCpu : OffloadMode::kStream;
+    o.offload_experts = mem.offload_experts;
+    o.embed_on_gpu = mem.embed_on_gpu;
+    return o;
+}
+
+py::dict memory_plan_dict(const MemoryPlan& p) {
+    py::dict d;
+    auto items = [](const std::vector<MemoryItem>& v) {
+        py::list l;
+        for (const auto& i : v) {
+            py::dict e;
+            e["name"] = i.name;
+            e["detail"] = i.detail;
+            e["bytes"] = i.bytes;
+            l.append(e);
+        }
+        return l;
+    };
+    d["device"] = p.device;
+    d["budget"] = p.budget;
+    d["gpu"] = items(p.gpu);
+    d["host"] = items(p.host);
+    d["gpu_total"] = p.gpu_total();
+    d["context_length"] = p.context_length;
+    d["cache_tokens"] = p.cache_tokens;
+    d["kv_bytes_per_token"] = p.kv_bytes_per_token;
+    d["max_step_tokens"] = p.max_step_tokens;
+    d["offload_layers"] = p.offload_layers;
+    d["offload_mode"] = p.offload_mode == OffloadMode::kCpu ? "cpu" : "stream";
+    d["offload_expert_layers"] = p.offload_expert_layers;
+    d["fits"] = p.fits;
+    d["short_by"] = p.short_by;
+    d["suggestions"] = p.suggestions;
+    d["table"] = p.table();
+    return d;
+}
+
 // exl3.Sequence: one sequence's KV cache in a model.
 void bind_sequence(py::module_& m) {
     py::class_<PySequence, std::shared_ptr<PySequence>>(m, "Sequence",
@@ -534,21 +604,42 @@ void bind_sequence(py::module_& m) {
 
 // exl3.Model: loading, forward passes, greedy generation, cache statistics.
 void bind_model(py::module_& m) {
+    m.def(
+        "plan_memory",
+        [](const std::string& path, const std::string& device, int context_length, int cache_tokens, int page_size,
+           int kv_bits, std::optional<int> kv_bits_k, std::optional<int> kv_bits_v, std::optional<double> gpu_memory,
+           int max_step_tokens, int offload_layers, const std::string& offload_mode, int offload_experts,
+           bool embed_on_gpu) {
+            const MemoryArgs mem{gpu_memory, max_step_tokens, offload_layers, offload_mode, offload_experts,
+                                 embed_on_gpu};
+            const LoadOptions o = load_options(device, 0, context_length, cache_tokens, page_size, true, kv_bits,
+                                               kv_bits_k, kv_bits_v, false, mem);
+            Result<MemoryPlan> r = internal_error("not run");
+            {
+                py::gil_scoped_release nogil;
+                r = Model::plan_memory(path, o);
+            }
+            return memory_plan_dict(take(std::move(r)));
+        },
+        py::arg("path"), py::kw_only(), py::arg("device") = "cuda", py::arg("context_length") = 0,
+        py::arg("cache_tokens") = 0, py::arg("page_size") = 0, py::arg("kv_bits") = 0,
+        py::arg("kv_bits_k") = py::none(), py::arg("kv_bits_v") = py::none(), py::arg("gpu_memory") = py::none(),
+        py::arg("max_step_tokens") = 0, py::arg("offload_layers") = 0, py::arg("offload_mode") = "stream",
+        py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false,
+        "The GPU memory plan Model(path, device=..., ...) would make, without loading anything onto a GPU (with "
+        "gpu_memory given no GPU is needed): a dict with the items, the resolved cache and context, 'fits' and "
+        "'suggestions'.");
     py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
         .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
-                         std::optional<int> kv_bits_v, bool batch_invariant, int tensor_parallel,
-                         const std::vector<int>& gpus, const std::vector<double>& tensor_split, bool split_experts) {
-                 LoadOptions o;
-                 o.device = device;
-                 o.threads = threads;
-                 o.context_length = context_length;
-                 o.cache_tokens = cache_tokens;
-                 o.page_size = page_size;
-                 o.prefix_cache = prefix_cache;
-                 o.kv_bits_k = kv_bits_k.value_or(kv_bits);
-                 o.kv_bits_v = kv_bits_v.value_or(kv_bits);
-                 o.batch_invariant = batch_invariant;
+                         std::optional<int> kv_bits_v, bool batch_invariant, std::optional<double> gpu_memory,
+                         int max_step_tokens, int offload_layers, const std::string& offload_mode, int offload_experts,
+                         bool embed_on_gpu, int tensor_parallel, const std::vector<int>& gpus,
+                         const std::vector<double>& tensor_split, bool split_experts) {
+                 const MemoryArgs mem{gpu_memory, max_step_tokens, offload_layers, offload_mode, offload_experts,
+                                      embed_on_gpu};
+                 LoadOptions o = load_options(device, threads, context_length, cache_tokens, page_size, prefix_cache,
+                                              kv_bits, kv_bits_k, kv_bits_v, batch_invariant, mem);
                  o.tensor_parallel = tensor_parallel;
                  o.gpus = gpus;
                  if (!gpus.empty() && device == "cpu") o.device = "cuda";
@@ -570,14 +661,22 @@ void bind_model(py::module_& m) {
              py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
              py::arg("context_length") = 0, py::arg("cache_tokens") = 0, py::arg("page_size") = 0,
              py::arg("prefix_cache") = true, py::arg("kv_bits") = 0, py::arg("kv_bits_k") = py::none(),
-             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false, py::arg("tensor_parallel") = 0,
+             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false, py::arg("gpu_memory") = py::none(),
+             py::arg("max_step_tokens") = 0, py::arg("offload_layers") = 0, py::arg("offload_mode") = "stream",
+             py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false, py::arg("tensor_parallel") = 0,
              py::arg("gpus") = std::vector<int>{}, py::arg("tensor_split") = std::vector<double>{},
              py::arg("split_experts") = false,
              "Loads a model directory. device: 'cpu', 'cuda' or 'cuda:N'; threads: CPU threads (0: EXL3_THREADS or "
-             "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: the "
-             "context length); kv_bits (or kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache; "
-             "tensor_parallel / gpus (e.g. [0, 1], implies device 'cuda') / tensor_split / split_experts: the model "
-             "split over several GPUs (docs/tensor-parallel.md).")
+             "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: CUDA "
+             "gives it what the memory plan leaves, the CPU grows it up to the context length); kv_bits (or "
+             "kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache. GPU memory (docs/memory.md): "
+             "gpu_memory (GiB per GPU, None: what the device has free less 0.5 GiB), max_step_tokens, offload_layers "
+             "(-1: as few as fit), offload_mode ('stream' or 'cpu'), offload_experts (-1: every MoE layer), "
+             "embed_on_gpu. tensor_parallel / gpus (e.g. [0, 1], implies device 'cuda') / tensor_split / "
+             "split_experts: the model split over several GPUs (docs/tensor-parallel.md).")
+        .def_property_readonly(
+            "memory_plan", [](const PyModel& pm) { return memory_plan_dict(pm.get().memory_plan()); },
+            "The GPU memory plan the model was loaded with, as a dict (CUDA; 'table' is the text the load logs).")
         .def_property_readonly(
             "info", [](const PyModel& pm) { return model_info_dict(pm.get().info()); },
             "The model's shape and configuration, as a dict.")

@@ -8,7 +8,8 @@
 # STEP=one (one GPU, ~3 min, at most ~6.5 by its timeouts): every model's path is the sharded one now --
 #   1. exl3_cuda_tp_tests: one rank equals the plain CUDA executor bit for bit (logits and device argmax), two and
 #      three ranks on the one GPU (peer copies) match one rank, sliced EXL3 weights, experts, soft caps; EXL3
-#      experts over two ranks (split: the grouped kernels; whole: the host-routed path) on a random Qwen3-MoE;
+#      experts over two ranks (split: the grouped kernels; whole: the host-routed path) on a random Qwen3-MoE, and
+#      its 600-token prefill (the host-routed prefill on each rank);
 #   2. exl3_cuda_tests CudaModel.*: the models on CUDA against the CPU, through the sharded path;
 #   3. "costs no speed": bench_cuda_tp paths on a random-trellis Llama-3-8B EXL3 4.0 bpw -- the plain executor
 #      against the one-rank sharded one, prefill 2048 and decode batch 1 / 32 (ratio printed).

@@ -32,6 +32,7 @@ from ._exl3 import (
     Sequence,
     Tokenizer,
     UnsupportedError,
+    plan_memory,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "OutOfRangeError",
     "Sequence",
     "Tokenizer",
+    "plan_memory",
     "UnsupportedError",
     "apply_chat_template",
     "parse_tool_calls",

@@ -58,6 +58,9 @@ struct RankLink {
     std::vector<int> vocab_bounds;  // [ranks + 1]: the logit columns of each rank (ShardPlan::vocab_bounds)
     bool sharded() const { return comm != nullptr; }
     int vocab() const { return vocab_bounds.empty() ? 0 : vocab_bounds.back(); }
+    // The logit columns this rank gathers from every rank (rank 0 of several), else 0. Set before the communicator
+    // exists (the memory plan counts rank 0's gather buffers).
+    int gathered_vocab() const { return rank == 0 && vocab_bounds.size() > 2 ? vocab() : 0; }
 };
 
 }  // namespace exl3

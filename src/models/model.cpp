@@ -16,6 +16,8 @@
 #include "kv/sequence.h"
 #include "models/decoder.h"
 #include "models/executor.h"
+#include "models/memory_plan.h"
+#include "models/rank_memory.h"
 #include "models/sharded_executor.h"
 #include "models/weights.h"
 
@@ -45,6 +47,14 @@ Status check_options(const LoadOptions& o) {
             fmt::format("threads must be in [0, {}] (0: all hardware threads), got {}", kMaxThreads, o.threads));
     if (o.page_size < 0) return invalid_argument("page_size must not be negative");
     if (o.cache_tokens < 0) return invalid_argument("cache_tokens must not be negative");
+    if (o.gpu_memory < 0) return invalid_argument("gpu_memory must not be negative (0: what the device has free)");
+    if (o.max_step_tokens < 0 || o.max_step_tokens > (1 << 20))
+        return invalid_argument(fmt::format("max_step_tokens must be in [0, {}] (0: {}), got {}", 1 << 20,
+                                            kDefaultMaxStepTokens, o.max_step_tokens));
+    if (o.offload_layers < -1)
+        return invalid_argument("offload_layers must be -1 (as many as needed), 0 (none) or a number of layers");
+    if (o.offload_experts < -1)
+        return invalid_argument("offload_experts must be -1 (every MoE layer), 0 (none) or a number of MoE layers");
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", o.kv_bits_k));
     if (o.tensor_parallel < 0) return invalid_argument("tensor_parallel must not be negative");
     for (int g : o.gpus)
@@ -88,6 +98,31 @@ Result<int> parse_device(const std::string& dev) {
     return invalid_argument("unknown device '" + dev + "' (cpu, cuda, cuda:N)");
 }
 
+// The executor options a load asks for, before the memory plan resolves the rest.
+ExecutorOptions executor_options(const LoadOptions& o, int device, int context) {
+    ExecutorOptions eo;
+    eo.device = std::max(device, 0);
+    eo.context_length = context;
+    eo.cache_tokens = o.cache_tokens;
+    eo.page_size = o.page_size;
+    eo.kv_bits_k = o.kv_bits_k;
+    eo.kv_bits_v = o.kv_bits_v;
+    eo.batch_invariant = o.batch_invariant;
+    eo.graphs = o.cuda_graphs;
+    eo.prefix_cache = o.prefix_cache;
+    return eo;
+}
+
+// Logs a multi-line text a line at a time.
+void log_lines(const std::string& text) {
+    size_t a = 0;
+    while (a < text.size()) {
+        const size_t b = std::min(text.find('\n', a), text.size());
+        log_info("{}", text.substr(a, b - a));
+        a = b + 1;
+    }
+}
+
 }  // namespace
 
 Sequence::Sequence(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -105,6 +140,7 @@ struct Model::Impl {
     ThreadPool* pool = nullptr;
     std::unique_ptr<Executor> exec;
     std::unique_ptr<KvCache> kv;  // page ids and prefix index; the memory behind them is the executor's
+    MemoryPlan memory;            // CUDA: the plan the executor was sized by
     mutable std::mutex mu;        // one step at a time: the executor, the cache and the counters below
     mutable int64_t tokens_computed = 0;
     // Logit rows of the last device forward that belong to the caller (a padded step computes more).
@@ -226,6 +262,35 @@ std::vector<Model::BatchItem> Model::Impl::pad_uniform(const std::vector<BatchIt
 Model::Model() : impl_(std::make_unique<Impl>()) {}
 Model::~Model() = default;
 const ModelInfo& Model::info() const { return impl_->info; }
+const MemoryPlan& Model::memory_plan() const { return impl_->memory; }
+
+Result<MemoryPlan> Model::plan_memory(const std::string& dir, const LoadOptions& options) {
+    EXL3_RETURN_IF_ERROR(check_options(options));
+    EXL3_ASSIGN_OR_RETURN(const int device, parse_device(options.device));
+    EXL3_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
+    EXL3_ASSIGN_OR_RETURN(const TensorStore store, TensorStore::open_dir(dir));
+    HostWeights w;
+    HostLoadOptions ho;
+    ho.dir = dir;
+    EXL3_RETURN_IF_ERROR(load_host_weights(store, cfg, &w, ho).with_context("reading " + dir));
+    // Tensor parallelism: every rank's shard planned for its GPU (split as tensor_split says, else evenly); the plan
+    // returned is the first rank's that does not fit, else rank 0's.
+    EXL3_ASSIGN_OR_RETURN(const ParallelOptions par, parallel_options(options, std::max(device, 0)));
+    EXL3_ASSIGN_OR_RETURN(const ShardPlan shards, plan_shards(cfg, w, par.shard));
+    RankMemoryPlanner planner(options, executor_options(options, std::max(device, 0), cfg.max_position_embeddings),
+                              shards.ranks, false);
+    for (int r = 0; r < shards.ranks; ++r) {
+        HostWeights rw;
+        EXL3_RETURN_IF_ERROR(shard_weights(w, cfg, shards, r, &rw));
+        const RankLink link = shards.ranks > 1 ? RankLink{nullptr, r, shards.vocab_bounds()} : RankLink{};
+        EXL3_RETURN_IF_ERROR(planner.count(r, par.devices[static_cast<size_t>(r)],
+                                           shard_config(cfg, shards.shards[static_cast<size_t>(r)]), rw, link));
+    }
+    EXL3_ASSIGN_OR_RETURN(std::vector<MemoryPlan> plans, planner.plan());
+    for (MemoryPlan& p : plans)
+        if (!p.fits) return std::move(p);
+    return std::move(plans[0]);
+}
 std::string Model::device() const { return impl_->exec->device(); }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOptions& options) {
@@ -250,26 +315,39 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     im.fill_info();
     if (options.context_length > 0) im.info.context_length = options.context_length;
 
-    ExecutorOptions eo;
-    eo.device = std::max(device, 0);
-    eo.context_length = im.info.context_length;
-    eo.cache_tokens = options.cache_tokens;
-    eo.page_size = options.page_size;
-    eo.kv_bits_k = options.kv_bits_k;
-    eo.kv_bits_v = options.kv_bits_v;
-    eo.batch_invariant = options.batch_invariant;
-    eo.graphs = options.cuda_graphs;
-    eo.prefix_cache = options.prefix_cache;
-    // Every model runs on the sharded executor: one rank unless tensor parallelism splits it.
+    ExecutorOptions eo = executor_options(options, device, im.info.context_length);
+    eo.pool = im.pool;
+    // Every model runs on the sharded executor: one rank unless tensor parallelism splits it. On CUDA each rank's
+    // shard is planned for its GPU before anything is allocated there; a plan that does not fit is refused.
     EXL3_ASSIGN_OR_RETURN(ParallelOptions par, parallel_options(options, device));
+    RankMemoryPlanner planner(options, eo, par.shard.ranks, true);
+    std::vector<MemoryPlan> plans;
+    if (device >= 0) {
+        par.planner.count = [&](int rank, int dev, const ModelConfig& c, const HostWeights& w, const RankLink& link) {
+            return planner.count(rank, dev, c, w, link);
+        };
+        par.planner.resolve = [&](const ExecutorOptions& base) -> Result<std::vector<ExecutorOptions>> {
+            EXL3_ASSIGN_OR_RETURN(plans, planner.plan());
+            for (const MemoryPlan& p : plans) log_lines(p.table());
+            EXL3_RETURN_IF_ERROR(planner.check(plans));
+            std::vector<ExecutorOptions> out;
+            for (const MemoryPlan& p : plans) out.push_back(RankMemoryPlanner::resolved(base, p));
+            return out;
+        };
+    }
     auto exec = make_sharded_executor(im.cfg, im.weights, *im.pool, eo, par);
     if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
     im.exec = std::move(*exec);
+    if (device >= 0) {
+        im.memory = plans[0];  // rank 0's (each rank's table is in the load log)
+        im.info.context_length = im.memory.context_length;
+    }
     im.kv = std::make_unique<KvCache>(im.exec->page_pool_options());
     im.info.kv_bits_k = options.kv_bits_k;
     im.info.kv_bits_v = options.kv_bits_v;
     // 16-bit keys and values on CUDA, fp32 on the CPU, or their codes and fp16 parameters when quantized.
     im.info.kv_bytes_per_token = im.exec->kv_bytes_per_token();
+    im.info.cache_tokens = device < 0 ? options.cache_tokens : im.memory.cache_tokens;
     return m;
 }
 

@@ -169,6 +169,21 @@ Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, 
     }
     EXL3_ASSIGN_OR_RETURN(ShardPlan plan, plan_shards(cfg, w, so));
     std::unique_ptr<Collective> comm;
+    auto link_of = [&](int r) {  // the rank's logit columns (and, once it exists, the communicator)
+        return plan.ranks > 1 ? RankLink{comm.get(), r, plan.vocab_bounds()} : RankLink{};
+    };
+    // Every rank's shard planned before any rank allocates (the communicator's buffers come after), each rank's
+    // slices made and dropped in turn.
+    std::vector<ExecutorOptions> opts(static_cast<size_t>(plan.ranks), eo);
+    if (cuda && po.planner.count) {
+        for (int r = 0; r < plan.ranks; ++r) {
+            const ModelConfig rc = shard_config(cfg, plan.shards[static_cast<size_t>(r)]);
+            HostWeights rw;
+            EXL3_RETURN_IF_ERROR(shard_weights(w, cfg, plan, r, &rw));
+            EXL3_RETURN_IF_ERROR(po.planner.count(r, po.devices[static_cast<size_t>(r)], rc, rw, link_of(r)));
+        }
+        EXL3_ASSIGN_OR_RETURN(opts, po.planner.resolve(eo));
+    }
     if (plan.ranks > 1) {
         if (cuda) {
             EXL3_ASSIGN_OR_RETURN(comm, make_cuda_collective(po.devices));
@@ -182,14 +197,18 @@ Result<std::unique_ptr<Executor>> make_sharded_executor(const ModelConfig& cfg, 
         auto rank = std::make_unique<Rank>();
         rank->cfg = shard_config(cfg, plan.shards[static_cast<size_t>(r)]);
         EXL3_RETURN_IF_ERROR(shard_weights(w, cfg, plan, r, &rank->weights));
-        ExecutorOptions o = eo;
-        if (comm) o.link = RankLink{comm.get(), r, plan.vocab_bounds()};
+        ExecutorOptions o = opts[static_cast<size_t>(r)];
+        o.link = link_of(r);
         if (cuda) {
             o.device = po.devices[static_cast<size_t>(r)];
             auto e = make_cuda_executor(rank->cfg, rank->weights, o);
             if (!e.is_ok()) return e.status().with_context(fmt::format("cuda:{}", o.device));
             rank->exec = std::move(*e);
-            rank->weights = HostWeights{};  // on the GPU now: the slices' host copies go
+            // On the GPU now: the slices' host copies go, unless the CPU reads the weights in place (offloaded
+            // layers run there, or MoE blocks; one rank only).
+            const bool cpu_reads = (o.offload_layers > 0 && o.offload_mode == OffloadMode::kCpu) ||
+                                   o.offload_expert_layers > 0;
+            if (!cpu_reads) rank->weights = HostWeights{};
         } else {
             if (plan.ranks > 1) rank->pool = std::make_unique<ThreadPool>(std::max(1, pool.size() / plan.ranks));
             EXL3_ASSIGN_OR_RETURN(rank->exec,

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -48,5 +49,15 @@ struct DevBuf {
     DevBuf(const DevBuf&) = delete;
     DevBuf& operator=(const DevBuf&) = delete;
 };
+
+// max |a - b| / max |b| over one row (of logits).
+inline float rel_err(const float* a, const float* b, int n) {
+    float md = 0, mr = 0;
+    for (int i = 0; i < n; ++i) {
+        md = std::max(md, std::fabs(a[i] - b[i]));
+        mr = std::max(mr, std::fabs(b[i]));
+    }
+    return md / mr;
+}
 
 }  // namespace exl3::test

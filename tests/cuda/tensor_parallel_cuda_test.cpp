@@ -149,6 +149,30 @@ TEST(CudaTensorParallel, RanksOnOneGpuMatchOneRank) {
     }
 }
 
+// The last row's logits of one prefill of `tokens` (a step of 512+ tokens runs the experts host-routed).
+std::vector<float> prefill_last(Executor& e, int vocab, const std::vector<int32_t>& tokens) {
+    KvCache kv(e.page_pool_options());
+    Sequence::Impl seq;
+    seq.pool = kv.pool();
+    seq.max_length = 1 << 20;
+    const int n = static_cast<int>(tokens.size());
+    StepPlan p;
+    p.tokens = tokens;
+    for (int j = 0; j < n; ++j) p.positions.push_back(j);
+    p.out_rows = {n - 1};
+    p.q_start = {0, n};
+    p.seq_len = {n};
+    p.max_seq_len = n;
+    std::vector<Sequence::Impl*> seqs{&seq};
+    std::vector<size_t> before;
+    EXPECT_TRUE(kv.grow(p.seq_len, seqs, &before).is_ok());
+    std::vector<float> out(static_cast<size_t>(vocab));
+    const Status st = e.forward(p, seqs, out.data());
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    seq.release_pages();
+    return out;
+}
+
 // EXL3 experts (a random-trellis Qwen3-MoE, tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4
 // --set moe_intermediate_size=256, the directory in EXL3_TEST_EXL3_MOE; scripts/device_tp.sh makes it) over two
 // ranks on GPU 0: split experts (each rank 128 columns of every expert: EXL3 slices on the blocks, so the grouped
@@ -164,6 +188,8 @@ TEST(CudaTensorParallel, Exl3ExpertsOverRanksOnOneGpu) {
     ASSERT_TRUE(one);
     const int V = l->cfg.vocab_size;
     const auto want = test::drive(*one, V, steps(V));
+    const std::vector<int32_t> long_prompt = test::random_tokens(600, 5, V);
+    const std::vector<float> long_want = prefill_last(*one, V, long_prompt);
     for (bool split_experts : {true, false}) {
         auto split = sharded(*l, {0, 0}, {}, split_experts);
         ASSERT_TRUE(split);
@@ -175,6 +201,12 @@ TEST(CudaTensorParallel, Exl3ExpertsOverRanksOnOneGpu) {
         std::printf("  %s over 2 ranks on one GPU (%s): worst relative logit difference %.2e\n", dir,
                     split_experts ? "split experts" : "whole experts", worst);
         EXPECT_LT(worst, 6e-2f) << (split_experts ? "split experts" : "whole experts");
+        // A 600-token prefill: its first 512-token chunk runs the experts host-routed on every rank (each rank its
+        // own experts or columns, its partial sum in its slot), the rest of it on the grouped kernels.
+        const float long_diff = test::max_rel_diff(prefill_last(*split, V, long_prompt), long_want);
+        std::printf("  600-token prefill (%s): relative logit difference %.2e\n",
+                    split_experts ? "split experts" : "whole experts", long_diff);
+        EXPECT_LT(long_diff, 6e-2f) << "600-token prefill, " << (split_experts ? "split experts" : "whole experts");
     }
 }
 

@@ -221,6 +221,31 @@ class ModelTest(unittest.TestCase):
                 exl3.Model(d)
             self.assertIn("safetensors", str(e.exception))
 
+    def test_memory_plan(self):
+        # The GPU memory plan needs no GPU when a budget is given (docs/memory.md).
+        p = exl3.plan_memory(MODEL, gpu_memory=1.0, context_length=1024, kv_bits=8, cache_tokens=4096)
+        self.assertTrue(p["fits"], p["table"])
+        self.assertEqual((p["context_length"], p["cache_tokens"]), (1024, 4096))
+        self.assertEqual(p["kv_bytes_per_token"], 4 * 2 * 2 * 72)
+        self.assertEqual(p["gpu_total"], sum(i["bytes"] for i in p["gpu"]))
+        self.assertIn("KV cache", p["table"])
+        small = exl3.plan_memory(MODEL, gpu_memory=0.05)
+        self.assertFalse(small["fits"])
+        self.assertGreater(small["short_by"], 0)
+        self.assertTrue(any(s.startswith("--gpu-memory") for s in small["suggestions"]), small["suggestions"])
+        # A load whose plan does not fit is refused before a GPU is touched.
+        with self.assertRaises(exl3.OutOfRangeError) as e:
+            exl3.Model(MODEL, device="cuda", gpu_memory=0.05)
+        self.assertIn("more than the budget", str(e.exception))
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Model(MODEL, offload_mode="gpu")
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.plan_memory(MODEL, gpu_memory=-1.0)
+        m = model()
+        if DEVICE != "cpu":
+            self.assertTrue(m.memory_plan["fits"])
+            self.assertEqual(m.info["cache_tokens"], m.memory_plan["cache_tokens"])
+
     def test_sequences_keep_their_model_alive(self):
         m = exl3.Model(MODEL, device=DEVICE, threads=2)
         seq = m.new_sequence()

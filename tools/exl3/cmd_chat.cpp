@@ -333,6 +333,7 @@ int chat(const ChatOptions& o) {
     lo.device = o.device;
     if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("chat", s.message());
     lo.prefix_cache = !o.no_prefix_cache;
+    o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("chat", model.status().to_string());
     // One job per turn, its whole prompt in one step (what is not in the cache yet).

@@ -76,6 +76,7 @@ int run(const RunOptions& o) {
     lo.context_length = o.context;
     lo.device = o.device;
     if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("run", s.message());
+    o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("run", model.status().to_string());
     const Model& m = **model;

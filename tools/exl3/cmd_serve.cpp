@@ -55,13 +55,15 @@ Result<server::LoadedModel> load_model(const ServeOptions& o, const server::Load
     o.kv_bits.apply(lo);
     if (spec.cache_tokens > 0) lo.cache_tokens = spec.cache_tokens;
     if (spec.kv_bits >= 0) lo.kv_bits_k = lo.kv_bits_v = spec.kv_bits;
+    SpeculativeFlags flags = o.spec;
+    flags.draft_model = spec.draft_dir;
+    // Each load is planned within the GPU budget (--gpu-memory; the old model is freed before it), a draft's too.
+    flags.share_gpu_budget(spec.dir, lo);
     auto model = Model::load(spec.dir, lo);
     if (!model.is_ok()) return model.status();
     m.model = std::move(*model);
     step("model", 2, 2);
     m.gen = o.gen;
-    SpeculativeFlags flags = o.spec;
-    flags.draft_model = spec.draft_dir;
     EXL3_RETURN_IF_ERROR(flags.apply(lo, m.gen, &m.draft));
     if (m.draft) {
         m.draft_name = std::filesystem::path(spec.draft_dir).filename().string();
