@@ -2,7 +2,8 @@
 # Tensor parallelism (issue 47, docs/tensor-parallel.md) on the GPU machine, binaries built on the Debian machine
 # (sm_90). Pack them first (here):
 #   bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_tp_tests bench_cuda_tp
-#   tar cf - -C ../shared models/tiny-target-exl3-4.0bpw | xz -T2 > .device/r1/models.tar.xz    # optional
+#   tar cf - -C ../shared models/tiny-target-exl3-4.0bpw | xz -T2 > .device/r1/models.tar.xz    # optional (12 MB)
+# (the tests' tiny EXL3 model, tiny-target-cut, comes from the committed extract: no need to carry it)
 # and carry .device/r1 (git-ignored).
 #
 # STEP=one (one GPU, ~3 min, at most ~6.5 by its timeouts): every model's path is the sharded one now --
@@ -34,6 +35,11 @@ mkdir -p $B && xz -dc "$P/bins.tar.xz" | tar xf - -C $B
 # The tests read tests/models through the source folder they were built in: link it to this checkout if it differs.
 src=$(cat "$P/source_dir" 2>/dev/null)
 if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
+# The committed tiny-target-cut extract (its EXL3 model: sliced EXL3 over ranks) where the tests look for it.
+bd=$(cat "$P/build_dir" 2>/dev/null)
+if [ -n "$bd" ] && [ ! -d "$bd/tests/shared_extract/tiny-target-cut" ]; then
+  mkdir -p "$bd/tests/shared_extract" && tar xJf tests/fixtures/shared_extract/tiny-target-cut.tar.xz -C "$bd/tests/shared_extract"
+fi
 if [ -f "$P/models.tar.xz" ] && [ ! -d /tmp/shared/models ]; then
   mkdir -p /tmp/shared && xz -dc "$P/models.tar.xz" | tar xf - -C /tmp/shared
 fi
