@@ -21,3 +21,7 @@ target_include_directories(bench_cuda_hop_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)
 
 add_executable(bench_cuda_moe ${CMAKE_CURRENT_LIST_DIR}/cuda_moe_bench.cpp)
 target_link_libraries(bench_cuda_moe PRIVATE exl3_cuda exl3_cpu exl3_options)
+
+# Tensor parallelism: the one-rank sharded path against the plain executor, and the all-reduces of a step over GPUs.
+add_executable(bench_cuda_tp ${CMAKE_CURRENT_LIST_DIR}/cuda_tp_bench.cpp)
+target_link_libraries(bench_cuda_tp PRIVATE exl3_models exl3_options)

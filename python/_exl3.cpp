@@ -634,11 +634,17 @@ void bind_model(py::module_& m) {
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
                          std::optional<int> kv_bits_v, bool batch_invariant, std::optional<double> gpu_memory,
                          int max_step_tokens, int offload_layers, const std::string& offload_mode, int offload_experts,
-                         bool embed_on_gpu) {
+                         bool embed_on_gpu, int tensor_parallel, const std::vector<int>& gpus,
+                         const std::vector<double>& tensor_split, bool split_experts) {
                  const MemoryArgs mem{gpu_memory, max_step_tokens, offload_layers, offload_mode, offload_experts,
                                       embed_on_gpu};
-                 const LoadOptions o = load_options(device, threads, context_length, cache_tokens, page_size,
-                                                    prefix_cache, kv_bits, kv_bits_k, kv_bits_v, batch_invariant, mem);
+                 LoadOptions o = load_options(device, threads, context_length, cache_tokens, page_size, prefix_cache,
+                                              kv_bits, kv_bits_k, kv_bits_v, batch_invariant, mem);
+                 o.tensor_parallel = tensor_parallel;
+                 o.gpus = gpus;
+                 if (!gpus.empty() && device == "cpu") o.device = "cuda";
+                 o.tensor_split = tensor_split;
+                 o.split_experts = split_experts;
                  auto pm = std::make_shared<PyModel>();
                  Status failed;
                  {
@@ -657,14 +663,17 @@ void bind_model(py::module_& m) {
              py::arg("prefix_cache") = true, py::arg("kv_bits") = 0, py::arg("kv_bits_k") = py::none(),
              py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false, py::arg("gpu_memory") = py::none(),
              py::arg("max_step_tokens") = 0, py::arg("offload_layers") = 0, py::arg("offload_mode") = "stream",
-             py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false,
+             py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false, py::arg("tensor_parallel") = 0,
+             py::arg("gpus") = std::vector<int>{}, py::arg("tensor_split") = std::vector<double>{},
+             py::arg("split_experts") = false,
              "Loads a model directory. device: 'cpu', 'cuda' or 'cuda:N'; threads: CPU threads (0: EXL3_THREADS or "
              "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: CUDA "
              "gives it what the memory plan leaves, the CPU grows it up to the context length); kv_bits (or "
              "kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache. GPU memory (docs/memory.md): "
-             "gpu_memory (GiB, None: what the device has free less 0.5 GiB), max_step_tokens, offload_layers "
+             "gpu_memory (GiB per GPU, None: what the device has free less 0.5 GiB), max_step_tokens, offload_layers "
              "(-1: as few as fit), offload_mode ('stream' or 'cpu'), offload_experts (-1: every MoE layer), "
-             "embed_on_gpu.")
+             "embed_on_gpu. tensor_parallel / gpus (e.g. [0, 1], implies device 'cuda') / tensor_split / "
+             "split_experts: the model split over several GPUs (docs/tensor-parallel.md).")
         .def_property_readonly(
             "memory_plan", [](const PyModel& pm) { return memory_plan_dict(pm.get().memory_plan()); },
             "The GPU memory plan the model was loaded with, as a dict (CUDA; 'table' is the text the load logs).")

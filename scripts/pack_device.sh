@@ -13,6 +13,10 @@ tmp=$(mktemp -d)
 for t in "${targets[@]}"; do cp "$(find "$build" -name "$t" -type f -perm -u+x | head -1)" "$tmp/"; done
 mkdir -p .device/r1
 (cd "$tmp" && tar cf - -- *) | xz -T1 --lzma2=preset=6,dict=192MiB > .device/r1/bins.tar.xz
+# The source folder the tests were built in (they read tests/models through it; device_tp.sh links it there).
+sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" > .device/r1/source_dir
+# The build folder (the tests read the committed fixture extracts under its tests/shared_extract).
+realpath "$build" > .device/r1/build_dir
 lib=$(ldconfig -p | awk '/libcpp-httplib.so.0.11 /{print $NF; exit}')
 [ -n "$lib" ] && cp "$lib" .device/r1/
 rm -rf "$tmp"

@@ -2,11 +2,16 @@
 // extracts of that folder (tests/fixtures/shared_extract/*.tar.xz, unpacked into the build tree at configure time).
 #pragma once
 
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
-#include <sys/stat.h>
+#include <vector>
 
 namespace exl3::test {
 
@@ -39,6 +44,27 @@ inline std::string shared_or_extract(const std::string& rel) {
     if (!shared.empty() && path_exists(shared + "/" + rel)) return shared + "/" + rel;
     if (path_exists(extract_dir() + "/" + rel)) return extract_dir() + "/" + rel;
     return {};
+}
+
+// n token ids in [0, vocab) from a fixed LCG: the same prompts on every run and machine.
+inline std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    uint32_t x = seed;
+    for (auto& v : t) {
+        x = x * 1664525u + 1013904223u;
+        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
+    }
+    return t;
+}
+
+// max |a - b| / max |b|: logits against reference logits.
+inline float max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    float d = 0, m = 0;
+    for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+        d = std::max(d, std::fabs(a[i] - b[i]));
+        m = std::max(m, std::fabs(b[i]));
+    }
+    return d / m;
 }
 
 // A whole file as bytes ("" when it cannot be read).

@@ -74,6 +74,18 @@ struct LoadOptions {
     // CUDA: steps in which every sequence brings the same few tokens (decode, speculative decoding's checks) are
     // captured once as CUDA graphs and replayed. false runs every step eagerly (slower; for comparisons).
     bool cuda_graphs = true;
+    // Tensor parallelism (docs/tensor-parallel.md): the model split over several GPUs of this machine, each holding
+    // its share of every layer's heads and columns, of the head and of the KV cache; one process, one stream and
+    // executor per GPU, combined by NCCL (or peer copies without it). gpus: the CUDA devices, e.g. {0, 1}; empty:
+    // tensor_parallel of them from `device`'s index on. tensor_parallel: how many ranks (0: gpus' count, or one).
+    // On the CPU, more than one rank runs the reference split over threads (for tests). Outputs equal one GPU's up
+    // to rounding (sums in another order).
+    int tensor_parallel = 0;
+    std::vector<int> gpus;
+    // Each GPU's share of the model, relative (e.g. {3, 1}); empty: by their free memory (even within 5 %).
+    std::vector<double> tensor_split;
+    // Mixtures of experts: every expert split over the GPUs by its columns, not whole experts per GPU.
+    bool split_experts = false;
 
     // GPU memory (CUDA; docs/memory.md). The model is planned before anything is allocated: weights, embeddings,
     // head, KV cache, step buffers, graphs and the CUDA context within a budget, and a plan that does not fit is

@@ -1,10 +1,19 @@
 // What a build without the CUDA backend answers where the CUDA executor and devices would be.
 #include "exl3/devices.h"
+#include "models/collective.h"
 #include "models/executor.h"
 
 namespace exl3 {
 
 Result<std::unique_ptr<Executor>> make_cuda_executor(const ModelConfig&, const HostWeights&, const ExecutorOptions&) {
+    return unsupported("this build has no CUDA backend");
+}
+
+Result<std::unique_ptr<Collective>> make_cuda_collective(const std::vector<int>&) {
+    return unsupported("this build has no CUDA backend");
+}
+
+Result<std::vector<size_t>> cuda_free_memory(const std::vector<int>&) {
     return unsupported("this build has no CUDA backend");
 }
 

@@ -15,7 +15,8 @@
 // A backend B provides the primitives below on its own buffers (named by Slot) and weights; the sequence of
 // operations lives here only, so the CPU reference, the CUDA path and the converter's calibration forward cannot
 // drift apart. capture(layer, input, slot) hands a linear's input to whoever asked (the converter); inference
-// backends make it a no-op.
+// backends make it a no-op. all_reduce(slot) sums a sub-layer's partial outputs over the ranks of tensor parallelism
+// (models/sharding.h: o and down split by rows); a no-op on one rank.
 #pragma once
 
 #include <cstdint>
@@ -75,6 +76,7 @@ Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
     EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
     EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
+    EXL3_RETURN_IF_ERROR(b.all_reduce(Slot::kO));  // tensor parallelism: the ranks' partial sums (one rank: no-op)
     if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kO, L.post_attn_norm, eps));
     if (c.parallel)  // the MLP reads the same x: kO joins h now
         EXL3_RETURN_IF_ERROR(b.add_residual(Slot::kO));
@@ -88,6 +90,7 @@ Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
         EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kDownIn, Slot::kG));
         EXL3_RETURN_IF_ERROR(b.linear(Slot::kG, L.down, Slot::kDown));
     }
+    EXL3_RETURN_IF_ERROR(b.all_reduce(Slot::kDown));
     if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kDown, L.post_mlp_norm, eps));
     return Status::ok();
 }

@@ -1,8 +1,9 @@
-// The seam between the Model and a backend. A Model owns one executor (several, one per GPU, once tensor
-// parallelism lands): the Model checks a step, plans it (StepPlan) and gives the sequences their KV pages
-// (src/kv); the executor runs the step on its device and owns every device detail -- the memory behind the pages,
-// step buffers, streams, captured graphs and the GPU sampler. Nothing of that crosses this interface: logits come
-// back on the host, or tokens drawn on the device do.
+// The seam between the Model and a backend. A Model owns one executor, the sharded executor (sharded_executor.h),
+// which holds one executor per rank of tensor parallelism (one per GPU; one in all for an unsplit model). The Model
+// checks a step, plans it (StepPlan) and gives the sequences their KV pages (src/kv); the executor runs the step on
+// its device and owns every device detail -- the memory behind the pages, step buffers, streams, captured graphs and
+// the GPU sampler. Nothing of that crosses this interface: logits come back on the host, or tokens drawn on the
+// device do.
 //
 // One virtual call per step, never per op: inside, the executor drives the one decoder (models/decoder.h) over its
 // backend's primitives, resolved at compile time.
@@ -21,6 +22,7 @@
 #include "format/model_config.h"
 #include "kv/page_pool.h"
 #include "kv/sequence.h"
+#include "models/collective.h"
 #include "models/decoder.h"
 #include "models/weights.h"
 
@@ -37,6 +39,7 @@ struct ExecutorOptions {
     bool batch_invariant = false;
     bool graphs = true;      // CUDA: capture uniform steps as graphs
     bool prefix_cache = true;
+    RankLink link;           // tensor parallelism: this executor's rank and how it reaches the others (none: alone)
     // CUDA, resolved by the memory plan (models/memory_plan.h): tokens a step's buffers hold, the last
     // offload_layers layers' weights in host memory (run as offload_mode says), the MoE blocks of the first
     // offload_expert_layers MoE layers on the CPU, the embedding table on the GPU or in pinned host memory.

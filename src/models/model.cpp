@@ -17,6 +17,8 @@
 #include "models/decoder.h"
 #include "models/executor.h"
 #include "models/memory_plan.h"
+#include "models/rank_memory.h"
+#include "models/sharded_executor.h"
 #include "models/weights.h"
 
 namespace exl3 {
@@ -54,7 +56,33 @@ Status check_options(const LoadOptions& o) {
     if (o.offload_experts < -1)
         return invalid_argument("offload_experts must be -1 (every MoE layer), 0 (none) or a number of MoE layers");
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", o.kv_bits_k));
+    if (o.tensor_parallel < 0) return invalid_argument("tensor_parallel must not be negative");
+    for (int g : o.gpus)
+        if (g < 0) return invalid_argument(fmt::format("gpus: device {} is negative", g));
     return check_kv_bits("kv_bits_v", o.kv_bits_v);
+}
+
+// The ranks of tensor parallelism and their devices (`device`: parse_device's, -1 for the CPU).
+Result<ParallelOptions> parallel_options(const LoadOptions& o, int device) {
+    ParallelOptions p;
+    int n = o.tensor_parallel;
+    if (!o.gpus.empty()) {
+        if (device < 0) return invalid_argument("gpus names CUDA devices: load on device \"cuda\"");
+        if (n != 0 && n != static_cast<int>(o.gpus.size()))
+            return invalid_argument(fmt::format("tensor_parallel {} with {} gpus", n, o.gpus.size()));
+        for (size_t i = 0; i < o.gpus.size(); ++i)
+            if (std::count(o.gpus.begin(), o.gpus.end(), o.gpus[i]) > 1)
+                return invalid_argument(fmt::format("gpus names device {} twice", o.gpus[i]));
+        p.devices = o.gpus;
+        n = static_cast<int>(o.gpus.size());
+    } else {
+        n = std::max(n, 1);
+        for (int r = 0; device >= 0 && r < n; ++r) p.devices.push_back(device + r);
+    }
+    p.shard.ranks = n;
+    p.shard.weights = o.tensor_split;
+    p.shard.split_experts = o.split_experts;
+    return p;
 }
 
 // "cpu" -> -1, "cuda" -> 0, "cuda:N" -> N.
@@ -83,30 +111,6 @@ ExecutorOptions executor_options(const LoadOptions& o, int device, int context) 
     eo.graphs = o.cuda_graphs;
     eo.prefix_cache = o.prefix_cache;
     return eo;
-}
-
-// The memory plan of a CUDA load (models/memory_plan.h). ask_device: the device's free memory is asked (and a
-// budget given is capped by it); without a budget it must be.
-Result<MemoryPlan> cuda_plan(const ModelConfig& cfg, const HostWeights& w, const LoadOptions& o, int device,
-                             bool ask_device) {
-    if (o.offload_layers > cfg.num_layers)
-        return invalid_argument(
-            fmt::format("offload_layers = {}: the model has {} layers", o.offload_layers, cfg.num_layers));
-    EXL3_ASSIGN_OR_RETURN(const DeviceCosts costs,
-                          cuda_device_costs(cfg, w, executor_options(o, device, cfg.max_position_embeddings)));
-    PlanInput in;
-    in.options = o;
-    in.model_context = cfg.max_position_embeddings;
-    in.device = fmt::format("cuda:{}", device);
-    in.decoder_bpw = w.decoder_bpw;
-    if (ask_device || o.gpu_memory == 0) {
-        auto dm = cuda_device_memory(device);
-        if (dm.is_ok())
-            in.device_memory = *dm;
-        else if (o.gpu_memory == 0)
-            return dm.status().with_context("planning GPU memory without a budget (--gpu-memory)");
-    }
-    return plan_memory(cfg, costs, in);
 }
 
 // Logs a multi-line text a line at a time.
@@ -269,7 +273,23 @@ Result<MemoryPlan> Model::plan_memory(const std::string& dir, const LoadOptions&
     HostLoadOptions ho;
     ho.dir = dir;
     EXL3_RETURN_IF_ERROR(load_host_weights(store, cfg, &w, ho).with_context("reading " + dir));
-    return cuda_plan(cfg, w, options, std::max(device, 0), false);
+    // Tensor parallelism: every rank's shard planned for its GPU (split as tensor_split says, else evenly); the plan
+    // returned is the first rank's that does not fit, else rank 0's.
+    EXL3_ASSIGN_OR_RETURN(const ParallelOptions par, parallel_options(options, std::max(device, 0)));
+    EXL3_ASSIGN_OR_RETURN(const ShardPlan shards, plan_shards(cfg, w, par.shard));
+    RankMemoryPlanner planner(options, executor_options(options, std::max(device, 0), cfg.max_position_embeddings),
+                              shards.ranks, false);
+    for (int r = 0; r < shards.ranks; ++r) {
+        HostWeights rw;
+        EXL3_RETURN_IF_ERROR(shard_weights(w, cfg, shards, r, &rw));
+        const RankLink link = shards.ranks > 1 ? RankLink{nullptr, r, shards.vocab_bounds()} : RankLink{};
+        EXL3_RETURN_IF_ERROR(planner.count(r, par.devices[static_cast<size_t>(r)],
+                                           shard_config(cfg, shards.shards[static_cast<size_t>(r)]), rw, link));
+    }
+    EXL3_ASSIGN_OR_RETURN(std::vector<MemoryPlan> plans, planner.plan());
+    for (MemoryPlan& p : plans)
+        if (!p.fits) return std::move(p);
+    return std::move(plans[0]);
 }
 std::string Model::device() const { return impl_->exec->device(); }
 
@@ -297,28 +317,30 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
 
     ExecutorOptions eo = executor_options(options, device, im.info.context_length);
     eo.pool = im.pool;
-    if (device < 0) {
-        EXL3_ASSIGN_OR_RETURN(im.exec, make_cpu_executor(im.cfg, im.weights, *im.pool, eo));
-    } else {
-        // Planned before anything is allocated on the device; a plan that does not fit is refused here.
-        auto plan = cuda_plan(im.cfg, im.weights, options, device, true);
-        if (!plan.is_ok()) return plan.status().with_context("device '" + options.device + "'");
-        im.memory = std::move(*plan);
-        log_lines(im.memory.table());
-        if (!im.memory.fits)
-            return out_of_range(fmt::format("device '{}': {}", options.device, im.memory.refusal()));
+    // Every model runs on the sharded executor: one rank unless tensor parallelism splits it. On CUDA each rank's
+    // shard is planned for its GPU before anything is allocated there; a plan that does not fit is refused.
+    EXL3_ASSIGN_OR_RETURN(ParallelOptions par, parallel_options(options, device));
+    RankMemoryPlanner planner(options, eo, par.shard.ranks, true);
+    std::vector<MemoryPlan> plans;
+    if (device >= 0) {
+        par.planner.count = [&](int rank, int dev, const ModelConfig& c, const HostWeights& w, const RankLink& link) {
+            return planner.count(rank, dev, c, w, link);
+        };
+        par.planner.resolve = [&](const ExecutorOptions& base) -> Result<std::vector<ExecutorOptions>> {
+            EXL3_ASSIGN_OR_RETURN(plans, planner.plan());
+            for (const MemoryPlan& p : plans) log_lines(p.table());
+            EXL3_RETURN_IF_ERROR(planner.check(plans));
+            std::vector<ExecutorOptions> out;
+            for (const MemoryPlan& p : plans) out.push_back(RankMemoryPlanner::resolved(base, p));
+            return out;
+        };
+    }
+    auto exec = make_sharded_executor(im.cfg, im.weights, *im.pool, eo, par);
+    if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
+    im.exec = std::move(*exec);
+    if (device >= 0) {
+        im.memory = plans[0];  // rank 0's (each rank's table is in the load log)
         im.info.context_length = im.memory.context_length;
-        eo.context_length = im.memory.context_length;
-        eo.cache_tokens = im.memory.cache_tokens;
-        eo.page_size = im.memory.page_size;
-        eo.max_step_tokens = im.memory.max_step_tokens;
-        eo.offload_layers = im.memory.offload_layers;
-        eo.offload_mode = im.memory.offload_mode;
-        eo.offload_expert_layers = im.memory.offload_expert_layers;
-        eo.embed_on_gpu = im.memory.embed_on_gpu;
-        auto exec = make_cuda_executor(im.cfg, im.weights, eo);
-        if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
-        im.exec = std::move(*exec);
     }
     im.kv = std::make_unique<KvCache>(im.exec->page_pool_options());
     im.info.kv_bits_k = options.kv_bits_k;

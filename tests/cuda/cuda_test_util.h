@@ -11,6 +11,8 @@
 #include <random>
 #include <vector>
 
+#include "test_util.h"  // random_tokens
+
 #define EXL3_REQUIRE_GPU()                                                        \
     do {                                                                          \
         int n_ = 0;                                                               \
@@ -56,17 +58,6 @@ inline float rel_err(const float* a, const float* b, int n) {
         mr = std::max(mr, std::fabs(b[i]));
     }
     return md / mr;
-}
-
-// n token ids in [0, vocab) from a fixed LCG: the same prompts on every run and machine.
-inline std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {
-    std::vector<int32_t> t(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& v : t) {
-        x = x * 1664525u + 1013904223u;
-        v = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(vocab));
-    }
-    return t;
 }
 
 }  // namespace exl3::test

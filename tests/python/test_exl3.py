@@ -174,6 +174,23 @@ class ModelTest(unittest.TestCase):
         _, want = self.golden["greedy.tokens"]
         self.assertEqual(model().generate_greedy(prompt, len(want)), want)
 
+    def test_tensor_parallel(self):
+        # The model split over ranks (on the CPU: the reference over threads) gives the unsplit model's logits up to
+        # summation order; more ranks than attention heads is refused clearly.
+        if DEVICE != "cpu" and int(os.environ.get("EXL3_TEST_GPUS", "1")) < 2:
+            self.skipTest("needs two GPUs (EXL3_TEST_GPUS=2)")
+        _, tokens = self.golden["seq0.tokens"]
+        whole = model().forward(model().new_sequence(), tokens, all_logits=True)
+        kw = {"gpus": [0, 1]} if DEVICE != "cpu" else {"tensor_parallel": 2, "tensor_split": [2, 1]}
+        split = exl3.Model(MODEL, device=DEVICE, **kw)
+        self.assertEqual(split.device, "cpu" if DEVICE == "cpu" else "cuda:0,1")
+        logits = split.forward(split.new_sequence(), tokens, all_logits=True)
+        diff = max(abs(a - b) for r in range(len(tokens)) for a, b in zip(logits[r], whole[r]))
+        self.assertLess(diff, 1e-4 if DEVICE == "cpu" else 5e-2)
+        with self.assertRaises(exl3.InvalidArgumentError) as e:
+            exl3.Model(MODEL, tensor_parallel=5)
+        self.assertIn("cannot be split 5 ways", str(e.exception))
+
     def test_errors(self):
         m = model()
         with self.assertRaises(exl3.Error) as e:

@@ -16,17 +16,7 @@ namespace exl3::quant {
 namespace {
 
 using test::make_synthetic_layer;
-
-std::vector<float> random_input(int n, int in, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> nd;
-    std::vector<float> x(static_cast<size_t>(n) * in);
-    for (auto& v : x) {
-        v = nd(rng);
-        if (v == 0.0f) v = 0.5f;  // never zeros: a skipped term must show up
-    }
-    return x;
-}
+using test::random_input;
 
 // max |y - ref| / (sum_i |x_i w_i| + |bias|): the error relative to what fp32 accumulation can promise.
 double matmul_error(const Exl3Linear& l, const std::vector<float>& x, int n, const std::vector<float>& y) {

@@ -42,4 +42,16 @@ inline SyntheticLayer make_synthetic_layer(int in, int out, int K, Codebook cb, 
     return s;
 }
 
+// Random activations [n, in], never zero (a skipped term must show up).
+inline std::vector<float> random_input(int n, int in, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd;
+    std::vector<float> x(static_cast<size_t>(n) * in);
+    for (auto& v : x) {
+        v = nd(rng);
+        if (v == 0.0f) v = 0.5f;
+    }
+    return x;
+}
+
 }  // namespace exl3::quant::test

@@ -71,15 +71,7 @@ int argmax(const float* row, int n) {
     return static_cast<int>(std::max_element(row, row + n) - row);
 }
 
-// max |a - b| / max |b| over one [rows, vocab] block.
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-    double diff = 0, ref = 0;
-    for (size_t i = 0; i < b.size(); ++i) {
-        diff = std::max(diff, static_cast<double>(std::fabs(a[i] - b[i])));
-        ref = std::max(ref, static_cast<double>(std::fabs(b[i])));
-    }
-    return diff / ref;
-}
+using test::max_rel_diff;  // max |a - b| / max |b| over one [rows, vocab] block
 
 TEST(Exl3Model, LoadsAndReportsQuantization) {
     EXL3_REQUIRE_EXL3_PAIR(p);

@@ -113,6 +113,47 @@ TEST(MemoryPlan, SamplerReservedAtLoad) {
     EXPECT_EQ(item(without->gpu, "sampler"), s);
 }
 
+// Tensor parallelism over 2 GPUs: each rank's shard is planned for its own GPU with the budget of each (half the
+// heads, columns and vocabulary of tiny-draft a rank), a rank that does not fit refuses the load naming it, and
+// offload over several GPUs is refused.
+TEST(MemoryPlan, TensorParallelRanksPlanTheirShards) {
+    SKIP_WITHOUT_CUDA();
+    LoadOptions o;
+    o.device = "cuda";
+    o.gpu_memory = kGiB;
+    o.context_length = 2048;
+    o.cache_tokens = 4096;
+    o.tensor_parallel = 2;
+    o.tensor_split = {1, 1};
+    const std::string dir = test::repo_path("tests/models/tiny-draft");
+    auto p = Model::plan_memory(dir, o);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_TRUE(p->fits);
+    EXPECT_NE(p->device.find("rank 0 of 2"), std::string::npos) << p->device;
+    // q|k|v [256, 256] (2 q heads, 1 kv head), o [256, 128], gate|up [768, 256], down [256, 384]: half a layer's.
+    const int64_t linears = (512 * 256 + 256 * 256 + 1536 * 256 + 256 * 768) * 2;
+    EXPECT_EQ(item(p->gpu, "layers: unquantized linears"), 4 * linears / 2);
+    EXPECT_EQ(item(p->gpu, "head"), 4096 * 256 * 2);
+    EXPECT_EQ(p->kv_bytes_per_token, 4 * 1 * 128 * 2);
+    EXPECT_EQ(p->cache_tokens, 4096);
+    // A budget no rank fits: the load is refused before anything is allocated, the rank and its GPU named.
+    o.gpu_memory = 1 << 20;
+    auto small = Model::plan_memory(dir, o);
+    ASSERT_TRUE(small.is_ok());
+    EXPECT_FALSE(small->fits);
+    auto m = Model::load(dir, o);
+    ASSERT_FALSE(m.is_ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kOutOfRange);
+    EXPECT_NE(m.status().message().find("tensor parallelism, cuda:0 (rank 0 of 2)"), std::string::npos)
+        << m.status().message();
+    o.gpu_memory = kGiB;
+    o.offload_layers = 2;
+    auto off = Model::plan_memory(dir, o);
+    ASSERT_FALSE(off.is_ok());
+    EXPECT_EQ(off.status().code(), StatusCode::kUnsupported);
+    EXPECT_NE(off.status().message().find("does not offload"), std::string::npos) << off.status().message();
+}
+
 // With no cache size given the KV cache takes what the budget leaves, in whole pages, up to kMaxCacheSequences
 // contexts.
 TEST(MemoryPlan, CacheTakesWhatIsLeft) {

@@ -13,7 +13,7 @@ the one that keeps the running average over all decoder weights closest to K, as
 Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
                                     mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b|
                                     gpt-oss-tiny
-                            --out DIR [--layers N]
+                            --out DIR [--layers N] [--set KEY=JSON ...]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
 import argparse
@@ -31,7 +31,8 @@ SHAPES = {
                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
-    # The largest that fits a 24 GB card (issue 46): Llama-3.1-70B's shape.
+    # The largest that fits a 24 GB card (issue 46) and tensor parallelism's proof shape (issue 47):
+    # Llama-3.1-70B's shape (80 layers, 64 heads of 128, 8 kv heads).
     "llama3-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
                        intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
                        vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
@@ -229,10 +230,17 @@ def main():
                     help="EXL3 decoder linears at K bits per weight (1..8; fractional: a mix of the two around it)")
     ap.add_argument("--head-bits", type=int, default=6)
     ap.add_argument("--codebook", default="mul1", choices=["mul1", "mcg", "3inst"])
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=JSON",
+                    help="override a config.json key of the shape, e.g. moe_intermediate_size=256")
     a = ap.parse_args()
     cfg = dict(SHAPES[a.shape])
     if a.layers:
         cfg["num_hidden_layers"] = a.layers
+    for kv in a.set:
+        key, sep, value = kv.partition("=")
+        if not sep or key not in cfg:
+            ap.error(f"--set {kv}: KEY=JSON with a key of the shape's config ({', '.join(sorted(cfg))})")
+        cfg[key] = json.loads(value)
     cfg["dtype"] = "bfloat16"
     os.makedirs(a.out, exist_ok=True)
     dev = "cuda" if torch.cuda.is_available() else "cpu"

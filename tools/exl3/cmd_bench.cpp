@@ -59,6 +59,7 @@ struct BenchOptions {
     std::string check_rows;
     int threads = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     bool json = false;
     // Generator mode (--jobs): concurrent jobs instead of the prefill/decode tables.
     std::string jobs;          // N values, comma-separated; empty: off
@@ -170,11 +171,12 @@ GpuBandwidths measure_gpu_bandwidths(const LoadOptions& lo) {
     return b;
 }
 
-DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, double gpu_bandwidth) {
+// `gpus`: tensor parallelism's ranks, whose bandwidths add up (each reads its share of the weights and the cache).
+DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, double gpu_bandwidth, int gpus = 1) {
     DecodeCeiling c;
     if (gpu) {
-        c.bandwidth = gpu_bandwidth;
-        c.source = "device copy";
+        c.bandwidth = gpu_bandwidth * gpus;
+        c.source = gpus > 1 ? fmt::format("device copy x {} GPUs", gpus) : "device copy";
     }
     if (!gpu) {
         ThreadPool pool(threads);
@@ -206,6 +208,11 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, doubl
         c.decode_rate = kDecodeWeightsPerClkSm * sms * kGpuClockHz;
     }
     return c;
+}
+
+// The GPUs a model loaded with `lo` runs on (tensor parallelism's ranks).
+int gpu_ranks(const LoadOptions& lo) {
+    return std::max({1, lo.tensor_parallel, static_cast<int>(lo.gpus.size())});
 }
 
 // What the rooflines read of a mixture of experts' routed experts.
@@ -403,7 +410,6 @@ int bench_jobs(const BenchOptions& o) {
         return fail("bench", fmt::format("--job-batch-tokens ({}) must exceed the largest --jobs ({}): every running "
                                          "job decodes a token each step",
                                          o.job_batch_tokens, max_jobs));
-    const bool gpu = o.device != "cpu";
     if (int64_t{o.job_prompt} + o.job_gen > std::numeric_limits<int>::max() / 2)
         return fail("bench", "--job-prompt + --job-gen is too large for one sequence");
     const int seq_len = o.job_prompt + o.job_gen;
@@ -411,6 +417,8 @@ int bench_jobs(const BenchOptions& o) {
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("bench", s.message());
+    const bool gpu = lo.device != "cpu";
     lo.context_length = seq_len;
     // Every job of the largest N holds its whole sequence at once; a partly filled page at the end of each (64
     // tokens, the largest default page) and one spare per job.
@@ -430,7 +438,7 @@ int bench_jobs(const BenchOptions& o) {
                                          m.info().cache_tokens, max_jobs, seq_len, per_job * max_jobs));
     lo.cache_tokens = m.info().cache_tokens > 0 ? m.info().cache_tokens : lo.cache_tokens;
     const ModelInfo& info = m.info();
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy, gpu_ranks(lo));
     // Contexts run from job_prompt + 1 to job_prompt + job_gen while decoding: the roofline takes the mean.
     const double avg_ctx = o.job_prompt + o.job_gen / 2.0;
 
@@ -614,7 +622,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
     std::printf("KV cache: %lld bytes per token per layer (keys %d bits, values %d bits; 0 = unquantized)\n",
                 static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v);
     std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
-                gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
+                gpu ? ", 790 TFLOP/s bf16 matrix rate a GPU (anchors.md)" : "");
     print_plan_summary(out["memory_plan"]);
     if (info.num_experts > 0) print_expert_share(info);
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
@@ -675,7 +683,6 @@ int bench(const BenchOptions& o) {
     const int max_rows = *std::max_element(check_rows->begin(), check_rows->end());
     if (max_rows > 33) return fail("bench", "--check-rows: at most 33 tokens a sequence (1 + 32 proposals)");
     if (o.gen < 1 || o.reps < 1) return fail("bench", "--gen and --reps must be >= 1");
-    const bool gpu = o.device != "cpu";
     const int64_t max_ctx =
         std::max<int64_t>(*std::max_element(prompts->begin(), prompts->end()),
                           int64_t{*std::max_element(contexts->begin(), contexts->end())} + o.gen + max_rows);
@@ -686,6 +693,8 @@ int bench(const BenchOptions& o) {
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("bench", s.message());
+    const bool gpu = lo.device != "cpu";
     lo.context_length = static_cast<int>(max_ctx + 64);
     lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
     plan_cache(o, &lo);
@@ -700,7 +709,7 @@ int bench(const BenchOptions& o) {
         return fail("bench", fmt::format("the memory plan's KV cache holds {} tokens; --batch {} x --context {} needs {}",
                                          info.cache_tokens, max_batch, max_ctx + 64, (max_ctx + 64) * max_batch));
 
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy, gpu_ranks(lo));
     const double bandwidth = ceil.bandwidth;
     const std::string& bw_label = ceil.source;
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
@@ -746,7 +755,7 @@ int bench(const BenchOptions& o) {
         const double flops = linear_flops_per_token * P +
                              4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
         nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
-        if (gpu) row["roofline_tok_s"] = P / (flops / kGpuMatrixFlops);
+        if (gpu) row["roofline_tok_s"] = P / (flops / (kGpuMatrixFlops * gpu_ranks(lo)));
         out["prefill"].push_back(row);
     }
 
@@ -795,6 +804,7 @@ Runner add_bench(CLI::App& app) {
                    "(e.g. 1,2,3,5: 1 is the plain decode step)");
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
+    add_parallel_options(app, o->parallel);
     app.add_flag("--json", o->json, "print one JSON object");
     app.add_option("--jobs", o->jobs,
                    "generator mode instead of the tables above: N concurrent jobs for each N of this list (e.g. "

@@ -41,6 +41,7 @@ struct ChatOptions {
     int max_tokens = 512;
     int threads = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     int context = 0;
     bool no_prefix_cache = false;
     SamplerSettings sampling;
@@ -330,6 +331,7 @@ int chat(const ChatOptions& o) {
     o.kv_bits.apply(lo);
     lo.context_length = o.context;
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("chat", s.message());
     lo.prefix_cache = !o.no_prefix_cache;
     o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
@@ -395,6 +397,7 @@ Runner add_chat(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
+    add_parallel_options(app, o->parallel);
     add_speculative_options(app, o->spec);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--no-prefix-cache", o->no_prefix_cache,

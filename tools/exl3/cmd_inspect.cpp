@@ -28,6 +28,7 @@ struct InspectOptions {
     std::string device = "cuda";
     int context = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // tensor parallelism: the plan of each rank's shard on its GPU (the budget is per GPU)
 };
 
 nlohmann::json plan_json(const MemoryPlan& p) {
@@ -69,6 +70,7 @@ int memory(const InspectOptions& o) {
     lo.device = o.device == "cpu" ? "cuda" : o.device;
     lo.context_length = o.context;
     o.kv_bits.apply(lo);
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("inspect", s.message());
     auto plan = Model::plan_memory(o.dir, lo);
     if (!plan.is_ok()) return fail("inspect", plan.status().to_string());
     if (o.json)
@@ -284,6 +286,7 @@ Runner add_inspect(CLI::App& app) {
     app.add_option("-c,--context", o->context, "--memory: context length (0 = the model's)")
         ->check(CLI::NonNegativeNumber);
     add_kv_bits_options(app, o->kv_bits, true);
+    add_parallel_options(app, o->parallel);
     return [o] { return inspect(*o); };
 }
 

@@ -48,6 +48,7 @@ struct PplOptions {
     int64_t max_tokens = 0;
     int threads = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     bool json = false;
     bool no_bos = false;
 };
@@ -91,6 +92,7 @@ int ppl(const PplOptions& o) {
     lo.threads = o.threads;
     o.kv_bits.apply(lo);
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("ppl", s.message());
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("ppl", model.status().to_string());
 
@@ -169,6 +171,7 @@ Runner add_ppl(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits);
+    add_parallel_options(app, o->parallel);
     app.add_flag("--no-bos", o->no_bos, "never prepend BOS to a window");
     app.add_flag("--json", o->json, "print one JSON object (perplexity, nll, tokens, ctx, stride, windows, ...)");
     return [o] { return ppl(*o); };

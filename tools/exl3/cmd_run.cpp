@@ -27,6 +27,7 @@ struct RunOptions {
     int max_tokens = 128;
     int threads = 0;
     KvBitsFlags kv_bits;
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     int context = 0;
     bool ids = false;
     bool ignore_eos = false;
@@ -74,6 +75,7 @@ int run(const RunOptions& o) {
     o.kv_bits.apply(lo);
     lo.context_length = o.context;
     lo.device = o.device;
+    if (Status s = o.parallel.apply(lo); !s.is_ok()) return fail("run", s.message());
     o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("run", model.status().to_string());
@@ -192,6 +194,7 @@ Runner add_run(CLI::App& app) {
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads);
     add_kv_bits_options(app, o->kv_bits, true);
+    add_parallel_options(app, o->parallel);
     add_speculative_options(app, o->spec);
     app.add_option("-c,--context", o->context, "context length (0 = the model's)");
     app.add_flag("--ids", o->ids, "print generated token ids instead of text");

@@ -34,6 +34,7 @@ struct ServeOptions {
     size_t max_body_mb = 8;
     std::string chat_template_file;
     KvBitsFlags kv_bits;  // --kv-bits*, --cache-tokens
+    ParallelFlags parallel;  // --tensor-parallel, --gpus, --tensor-split, --split-experts
     SpeculativeFlags spec;
 };
 
@@ -50,6 +51,7 @@ Result<server::LoadedModel> load_model(const ServeOptions& o, const server::Load
     lo.threads = o.threads;
     lo.context_length = spec.context > 0 ? spec.context : o.context;
     lo.device = o.device;
+    EXL3_RETURN_IF_ERROR(o.parallel.apply(lo));
     o.kv_bits.apply(lo);
     if (spec.cache_tokens > 0) lo.cache_tokens = spec.cache_tokens;
     if (spec.kv_bits >= 0) lo.kv_bits_k = lo.kv_bits_v = spec.kv_bits;
@@ -193,6 +195,7 @@ Runner add_serve(CLI::App& app) {
     add_threads_option(app, o->threads, "CPU threads for the model (0 = all)");
     app.add_option("-c,--context", o->context, "context length of one request (0 = the model's)");
     add_kv_bits_options(app, o->kv_bits, true);
+    add_parallel_options(app, o->parallel);
     add_speculative_options(app, o->spec);
     return [o] { return serve(*o); };
 }

@@ -3,8 +3,11 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "exl3/generator.h"
@@ -109,6 +112,66 @@ inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens
                        "leaves, allocated at load; CPU: grows up to the context length)")
             ->check(CLI::NonNegativeNumber);
     add_memory_options(app, f.memory);
+}
+
+// Tensor parallelism, shared by run, chat, ppl, bench and serve (LoadOptions::tensor_parallel, gpus, tensor_split,
+// split_experts; docs/tensor-parallel.md): --tensor-parallel N splits the model over N GPUs from --device's on,
+// --gpus 0,1 names them (and implies --device cuda), --tensor-split 3,1 weighs their shares (default: their free
+// memory), --split-experts splits every expert instead of placing whole experts.
+struct ParallelFlags {
+    int tensor_parallel = 0;
+    std::string gpus, tensor_split;
+    bool split_experts = false;
+    Status apply(LoadOptions& lo) const {
+        lo.tensor_parallel = tensor_parallel;
+        lo.split_experts = split_experts;
+        for (const std::string& g : split(gpus)) {
+            auto v = number(g, "--gpus", true);
+            if (!v.is_ok()) return v.status();
+            if (*v > 1024 || *v != static_cast<int>(*v))
+                return invalid_argument("--gpus: '" + g + "' is not a device index");
+            lo.gpus.push_back(static_cast<int>(*v));
+        }
+        if (!lo.gpus.empty() && lo.device == "cpu") lo.device = "cuda";
+        for (const std::string& w : split(tensor_split)) {
+            auto v = number(w, "--tensor-split", false);
+            if (!v.is_ok()) return v.status();
+            lo.tensor_split.push_back(*v);
+        }
+        return Status::ok();
+    }
+
+private:
+    static std::vector<std::string> split(const std::string& s) {
+        std::vector<std::string> out;
+        size_t at = 0;
+        while (!s.empty() && at <= s.size()) {
+            const size_t comma = std::min(s.find(',', at), s.size());
+            out.push_back(s.substr(at, comma - at));
+            at = comma + 1;
+        }
+        return out;
+    }
+    // A number of a comma-separated list: >= 0 (device indices) or > 0 (shares).
+    static Result<double> number(const std::string& s, const char* flag, bool zero_ok) {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || *end != '\0' || !std::isfinite(v) || v < 0.0 || (v == 0.0 && !zero_ok))
+            return invalid_argument(std::string(flag) + ": '" + s + "' is not a " +
+                                    (zero_ok ? "device index" : "positive number"));
+        return v;
+    }
+};
+inline void add_parallel_options(CLI::App& app, ParallelFlags& f) {
+    app.add_option("--tensor-parallel", f.tensor_parallel,
+                   "split the model over N GPUs (from --device's on; each holds a share of every layer and of the KV "
+                   "cache)")
+        ->check(CLI::Range(0, 64));
+    app.add_option("--gpus", f.gpus, "the GPUs to split the model over, e.g. 0,1 (implies --device cuda)");
+    app.add_option("--tensor-split", f.tensor_split,
+                   "each GPU's share of the model, e.g. 3,1 (default: by their free memory)");
+    app.add_flag("--split-experts", f.split_experts,
+                 "mixtures of experts: split every expert over the GPUs instead of placing whole experts");
 }
 
 // -t / --threads, shared by every command that runs on the CPU: 0 (all hardware threads) to kMaxThreads.

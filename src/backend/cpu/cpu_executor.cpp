@@ -32,10 +32,12 @@ public:
     int64_t kv_bytes_per_token() const override { return static_cast<int64_t>(kv_.bytes_per_token()); }
 
     Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) override {
-        if (!logits) return invalid_argument("the CPU executor returns logits on the host");
+        // (Ranks of a sharded model other than 0 hand their logits to rank 0's.)
+        if (!logits && !opts_.link.sharded()) return invalid_argument("the CPU executor returns logits on the host");
         for (const Sequence::Impl* q : seqs)
             if (q->pool) kv_.grow(q->pool->pages());  // memory behind every page id the pool has created
         CpuOps ops(cfg_, w_, pool_, kv_, seqs);
+        ops.set_link(&opts_.link);
         return decoder_forward(ops, cfg_, plan, logits);
     }
 

@@ -54,6 +54,12 @@ Status CpuOps::capture(int layer, LinearInput input, Slot s) {
     return Status::ok();
 }
 
+Status CpuOps::all_reduce(Slot s) {
+    if (!link_) return Status::ok();
+    return link_->comm->all_reduce(link_->rank, buf(s).data(),
+                                   static_cast<size_t>(plan_->total()) * static_cast<size_t>(slot_width(cfg_, s)), nullptr);
+}
+
 void CpuOps::norm_rows(const float* x, const std::vector<float>& w, int rows, float eps, float* out) const {
     const int H = cfg_.hidden_size;
     if (w.empty())
@@ -149,6 +155,7 @@ Status CpuOps::moe_rows(int li, const float* x, int T, float* y) {
     std::vector<float> xs, ys;
     std::vector<std::pair<int, float>> rows;  // (token, weight)
     for (int e = 0; e < E; ++e) {
+        if (m.experts[static_cast<size_t>(e)].gate_up.parts.empty()) continue;  // another rank's (expert parallel)
         rows.clear();
         for (int i = 0; i < T * K; ++i)
             if (ids[static_cast<size_t>(i)] == e) rows.emplace_back(i / K, wts[static_cast<size_t>(i)]);
@@ -292,13 +299,18 @@ Status CpuOps::logits(float eps, float* out) {
         std::memcpy(rows.data() + r * H, h_.data() + static_cast<size_t>(plan_->out_rows[r]) * H, sizeof(float) * H);
     norm_rows(rows.data(), w_.final_norm, static_cast<int>(n_out), eps, x.data());
     const float* head_bias = w_.head.bias.empty() ? nullptr : w_.head.bias.data();
-    part_matmul(x.data(), static_cast<int>(n_out), H, w_.head.parts[0], head_bias, out);
+    // A rank's head gives its logit columns; they meet in rank 0's `out`.
     const size_t n = n_out * static_cast<size_t>(cfg_.vocab_size);
+    std::vector<float> part(link_ ? n : 0);
+    float* y = link_ ? part.data() : out;
+    part_matmul(x.data(), static_cast<int>(n_out), H, w_.head.parts[0], head_bias, y);
     if (cfg_.logit_scale != 1.0f)
-        for (size_t i = 0; i < n; ++i) out[i] *= cfg_.logit_scale;
+        for (size_t i = 0; i < n; ++i) y[i] *= cfg_.logit_scale;
     if (const float c = cfg_.logit_softcap; c > 0.0f)
-        for (size_t i = 0; i < n; ++i) out[i] = c * std::tanh(out[i] / c);
-    return Status::ok();
+        for (size_t i = 0; i < n; ++i) y[i] = c * std::tanh(y[i] / c);
+    if (!link_) return Status::ok();
+    return link_->comm->gather_columns(link_->rank, y, static_cast<int>(n_out), link_->vocab_bounds, out, nullptr,
+                                       nullptr);
 }
 
 }  // namespace exl3

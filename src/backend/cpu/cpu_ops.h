@@ -13,6 +13,7 @@
 #include "format/rope.h"
 #include "kv/host_pages.h"
 #include "kv/sequence.h"
+#include "models/collective.h"
 #include "models/decoder.h"
 #include "models/weights.h"
 
@@ -34,6 +35,9 @@ public:
 
     // Calls `hook` with each linear's input from then on (decoder_layers).
     void set_capture(CaptureHook hook) { capture_ = std::move(hook); }
+    // Tensor parallelism: this is one rank of a sharded model (its config and weights are its shard's); all_reduce
+    // and the head's logits go through link.comm. Without it (or with a link of one rank) the ops are the model's.
+    void set_link(const RankLink* link) { link_ = link && link->sharded() ? link : nullptr; }
     // The residual stream [T, hidden] of the step under way: set it after begin_step to run decoder_layers from a
     // given state, read it after.
     std::vector<float>& residual() { return h_; }
@@ -52,6 +56,7 @@ public:
     // blocks kept in host memory).
     Status moe_rows(int layer, const float* x, int T, float* y);
     Status capture(int layer, LinearInput input, Slot s);
+    Status all_reduce(Slot s);
     Status add_residual(Slot delta);
     Status logits(float eps, float* out);
 
@@ -81,6 +86,7 @@ private:
     std::vector<float> k_seq_, v_seq_;  // one sequence's keys and values gathered from its pages [length, kv_dim]
     int kv_layer0_ = 0;
     CaptureHook capture_;
+    const RankLink* link_ = nullptr;
 };
 
 }  // namespace exl3

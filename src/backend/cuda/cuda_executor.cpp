@@ -103,8 +103,10 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     s.act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
     // Steps are not captured where a layer waits for the host: an offloaded one waits for its weights or the CPU,
     // an MoE layer whose experts the grouped kernels do not take (dense ones, or EXL3 ones of unequal shapes) takes
-    // its experts' ids to the host (below, once the weights are placed).
+    // its experts' ids to the host (below, once the weights are placed). Nor under tensor parallelism without NCCL:
+    // the ranks meet at host barriers, which a graph cannot hold.
     if (opts.offload_layers > 0 || opts.offload_expert_layers > 0) s.opts.graphs = false;
+    if (opts.link.sharded() && !opts.link.comm->capturable()) s.opts.graphs = false;
     s.host = &w;
     const bool cpu_layers = opts.offload_layers > 0 && opts.offload_mode == OffloadMode::kCpu;
     s.first_cpu_layer = cpu_layers ? cfg.num_layers - opts.offload_layers : cfg.num_layers;
@@ -122,12 +124,14 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     EXL3_RETURN_IF_ERROR(s.reserve(M, std::min(M, kPlannedBatch), std::min(M, kPlannedLogitRows)));
     EXL3_RETURN_IF_ERROR(
         s.attn_ws.reserve(attention_scratch_bytes(cfg, M, opts.context_length, opts.kv_bits_k, opts.kv_bits_v)));
-    EXL3_RETURN_IF_ERROR(check_cuda(e->sampler_.init(kPlannedSamplerRows, cfg.vocab_size), "GPU sampler workspace"));
+    EXL3_RETURN_IF_ERROR(check_cuda(e->sampler_.init(kPlannedSamplerRows, s.vocab_out()), "GPU sampler workspace"));
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
-    log_info("CUDA {}: {} layers{}, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits); {:.2f} GiB "
+    log_info("CUDA {}{}: {} layers{}, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits); {:.2f} GiB "
              "of the device in use after the load",
-             s.ctx->props().name, cfg.num_layers,
+             s.ctx->props().name,
+             opts.link.sharded() ? fmt::format(" (rank {} of {})", opts.link.rank, opts.link.comm->ranks()) : "",
+             cfg.num_layers,
              opts.offload_layers == 0 ? ""
                                       : fmt::format(" ({} offloaded, {})", opts.offload_layers,
                                                     cpu_layers ? "run by the CPU" : "streamed"),
@@ -253,20 +257,26 @@ Status CudaExecutor::run_decoder(CudaOps& ops, const StepPlan& plan, const std::
 Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) {
     const int M = s_.opts.max_step_tokens, R = std::min(M, kPlannedLogitRows);
     const int n_out = static_cast<int>(plan.out_rows.size());
-    if (plan.total() <= M && (!logits || n_out <= R)) {
+    // Under tensor parallelism every rank takes the same chunks (each chunk meets the other ranks in its collectives)
+    // though only rank 0 gets `logits`: the chunks hold at most R logit rows whether or not they go to the host, and
+    // the other ranks keep none of their own (each chunk's columns go to rank 0's rows).
+    const RankLink& link = s_.opts.link;
+    const bool bounded = logits || link.sharded();
+    const bool from_row0 = logits || (link.sharded() && link.rank != 0);
+    if (plan.total() <= M && (!bounded || n_out <= R)) {
         EXL3_RETURN_IF_ERROR(forward_one(plan, seqs, logits, 0));
         last_rows_ = n_out;
         return Status::ok();
     }
     // (+1: a chunk without a wanted row computes one and drops it)
-    if (!logits) EXL3_RETURN_IF_ERROR(s_.reserve(M, std::min(M, kPlannedBatch), n_out + 1));
+    if (!from_row0) EXL3_RETURN_IF_ERROR(s_.reserve(M, std::min(M, kPlannedBatch), n_out + 1));
     const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
     size_t out = 0;  // plan.out_rows are ascending: a chunk's rows follow the previous chunk's
     for (int a = 0; a < plan.total();) {
         int b = a, rows = 0;  // [a, b): at most M tokens (and R logit rows when they go to the host)
         while (b < plan.total() && b - a < M) {
             const bool wanted = out + rows < plan.out_rows.size() && plan.out_rows[out + rows] == b;
-            if (wanted && logits && rows == R) break;
+            if (wanted && bounded && rows == R) break;
             rows += wanted;
             ++b;
         }
@@ -296,7 +306,7 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
             chunk_logits_.resize(vocab);
             host = chunk_logits_.data();
         }
-        EXL3_RETURN_IF_ERROR(forward_one(sub, sub_seqs, host, logits ? 0 : static_cast<int>(out)));
+        EXL3_RETURN_IF_ERROR(forward_one(sub, sub_seqs, host, from_row0 ? 0 : static_cast<int>(out)));
         out += static_cast<size_t>(rows);
         a = b;
     }
@@ -337,8 +347,8 @@ Status CudaExecutor::forward_one(const StepPlan& plan, const std::vector<Sequenc
         EXL3_RETURN_IF_ERROR(run_decoder(ops, plan, seqs));
     if (!logits_out) return Status::ok();  // they stay on the device (the sampler reads them on this stream)
     cudaStream_t st = s.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),
-                                                    static_cast<size_t>(n_out) * s.cfg.vocab_size * sizeof(float),
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.out_logits(),
+                                                    static_cast<size_t>(n_out) * s.vocab_out() * sizeof(float),
                                                     cudaMemcpyDeviceToHost, st),
                                     "logits download"));
     return check_cuda(cudaStreamSynchronize(st), "step");
@@ -372,7 +382,7 @@ Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSe
     std::vector<bool> wanted(static_cast<size_t>(last_rows_), false);
     for (int r : rows) wanted[static_cast<size_t>(r)] = true;
     std::vector<DeviceSampler::Result> picked(static_cast<size_t>(last_rows_)), part;
-    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    const size_t vocab = static_cast<size_t>(s_.vocab_out());
     for (int r0 = 0; r0 < last_rows_; r0 += chunk) {
         const int n = std::min(chunk, last_rows_ - r0);
         const auto first = wanted.begin() + r0;
@@ -380,7 +390,7 @@ Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSe
         std::vector<DeviceSampler::Row> block(std::make_move_iterator(dev.begin() + r0),
                                               std::make_move_iterator(dev.begin() + r0 + n));
         EXL3_RETURN_IF_ERROR(check_cuda(
-            sampler_.sample(static_cast<const float*>(s_.logits.get()) + static_cast<size_t>(r0) * vocab,
+            sampler_.sample(s_.out_logits() + static_cast<size_t>(r0) * vocab,
                             static_cast<int64_t>(vocab), block, logprobs, &part, s_.ctx->stream()),
             "GPU sampler"));
         std::move(part.begin(), part.end(), picked.begin() + r0);
@@ -399,11 +409,11 @@ Status CudaExecutor::argmax(int rows, std::vector<int32_t>* out) {
     if (rows < 1 || rows > last_rows_) return internal_error("argmax: rows the step did not compute");
     cudaStream_t st = s_.ctx->stream();
     out->resize(static_cast<size_t>(rows));
-    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    const size_t vocab = static_cast<size_t>(s_.vocab_out());
     for (int r0 = 0; r0 < rows; r0 += sampler_.max_rows()) {  // in blocks of the sampler's rows, in stream order
         const int n = std::min(sampler_.max_rows(), rows - r0);
         EXL3_RETURN_IF_ERROR(check_cuda(
-            sampler_.enqueue_greedy(static_cast<const float*>(s_.logits.get()) + static_cast<size_t>(r0) * vocab,
+            sampler_.enqueue_greedy(s_.out_logits() + static_cast<size_t>(r0) * vocab,
                                     static_cast<int64_t>(vocab), n, st),
             "argmax"));
         EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out->data() + r0, sampler_.device_tokens(),
@@ -418,8 +428,8 @@ Status CudaExecutor::logits_row(int row, float* out) {
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s_.ctx->device()), "cudaSetDevice"));
     if (row < 0 || row >= last_rows_) return internal_error("logits_row: a row the step did not compute");
     cudaStream_t st = s_.ctx->stream();
-    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out, static_cast<const float*>(s_.logits.get()) + row * vocab,
+    const size_t vocab = static_cast<size_t>(s_.vocab_out());
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out, s_.out_logits() + row * vocab,
                                                     vocab * sizeof(float), cudaMemcpyDeviceToHost, st),
                                     "row download"));
     return check_cuda(cudaStreamSynchronize(st), "row download");

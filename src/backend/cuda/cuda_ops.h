@@ -36,7 +36,8 @@ public:
     // kv_layer0: the first layer the KV pages hold (the converter keeps one layer's pages at a time).
     CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0, int kv_layer0 = 0)
         : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()),
-          kv_layer0_(kv_layer0), logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
+          kv_layer0_(kv_layer0), logit_row0_(logit_row0),
+          logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
 
     // The converter's calibration forward: each linear's input x [rows, cols] (the activation type, on the stream's
     // device, valid until the next op) to the hook, which must be done with it before returning.
@@ -112,7 +113,8 @@ public:
     }
     Status linear(Slot in, const DevLinear& l, Slot out) {
         // Outputs that join the residual stream stay fp32; straight into h unless a post-norm comes first.
-        const bool f32 = StepState::is_f32(out), into_h = f32 && !s_.cfg.post_norms;
+        // (Not under tensor parallelism: the ranks' partial sums meet in the slot first, all_reduce.)
+        const bool f32 = StepState::is_f32(out), into_h = f32 && !s_.cfg.post_norms && !s_.opts.link.sharded();
         const float* bias = l.bias.get() ? l.bias.as<float>() : nullptr;
         if (l.exl3.empty() && !s_.opts.batch_invariant && cuda::use_gemv(T(), l.in, slot(in), l.w.get())) {
             cuda::GemvOut o{slot(out), f32, false, bias};
@@ -249,7 +251,9 @@ public:
         io.x = x;
         io.act = s_.act;
         io.glu = moe_glu(c);
-        const bool into_h = !c.post_norms;  // the decoder's next add_norm then finds it in h
+        // The decoder's next add_norm then finds it in h (not under tensor parallelism: the ranks' partial sums meet in
+        // the slot first, all_reduce).
+        const bool into_h = !c.post_norms && !s_.opts.link.sharded();
         io.out = into_h ? s_.h.as<float>() : static_cast<float*>(slot(out));
         io.accumulate = into_h;
         io.shared = shared ? s_.moe_y.as<float>() : nullptr;
@@ -263,7 +267,8 @@ public:
     // path's tensor-core GEMM) instead of the grouped kernels' decode of every expert's weights once per 256-token
     // chunk (docs/kernels/moe.md: 2048 tokens of Qwen3-30B-A3B, 5.6 ms a layer grouped). Never while a graph is
     // captured (the host path waits for the routing), nor in the batch-invariant mode (a token's bits would depend on
-    // the step).
+    // the step). Under tensor parallelism the path skips the experts another rank holds and leaves the rank's partial
+    // sum in its slot, as the grouped kernels do; every rank takes the same path (the same T and mode).
     bool host_routed_prefill(int n) const {
         if (n < kMoeHostRoutedTokens || s_.opts.batch_invariant) return false;
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -275,14 +280,28 @@ public:
         EXL3_RETURN_IF_ERROR(flush());
         return capture_(li, input, slot(sl), T(), slot_width(s_.cfg, sl));
     }
-    // residual: what still joins the stream before the final norm (kNone: the stream holds everything).
+    // Tensor parallelism: the ranks' partial sums of an fp32 sub-layer output (o, down), in place; one rank: nothing.
+    Status all_reduce(Slot sl) {
+        const RankLink& l = s_.opts.link;
+        if (!l.sharded()) return Status::ok();
+        EXL3_RETURN_IF_ERROR(flush());
+        return l.comm->all_reduce(l.rank, static_cast<float*>(slot(sl)), static_cast<size_t>(T()) * s_.cfg.hidden_size,
+                                  st());
+    }
+    // residual: what still joins the stream before the final norm (kNone: the stream holds everything). Under tensor
+    // parallelism every rank's logit columns then meet in rank 0's logits_full, at this chunk's rows.
     Status logits(float eps, float*, Slot residual = Slot::kDown) {
         EXL3_RETURN_IF_ERROR(stream_status_);
         EXL3_RETURN_IF_ERROR(head_logits(eps, residual));
-        if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
-        return ck(cuda::softcap_f32(logits_, static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
-                                    s_.cfg.logit_softcap, st()),
-                  "logit softcap");
+        const int n_out = static_cast<int>(plan_->out_rows.size());
+        if (s_.cfg.logit_softcap > 0.0f)
+            EXL3_RETURN_IF_ERROR(ck(cuda::softcap_f32(logits_, static_cast<int64_t>(n_out) * s_.cfg.vocab_size,
+                                                      s_.cfg.logit_softcap, st()),
+                                    "logit softcap"));
+        const RankLink& l = s_.opts.link;
+        if (!l.sharded()) return Status::ok();
+        float* full = l.rank == 0 ? s_.logits_full.as<float>() + static_cast<size_t>(logit_row0_) * l.vocab() : nullptr;
+        return l.comm->gather_columns(l.rank, logits_, n_out, l.vocab_bounds, full, s_.gather_ws.as<float>(), st());
     }
 
 private:
@@ -466,7 +485,7 @@ private:
         EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(y, 0, static_cast<size_t>(n) * H * sizeof(float), st()), "moe out"));
         for (int e = 0; e < E; ++e) {
             const int r0 = start[static_cast<size_t>(e)], rows = start[static_cast<size_t>(e) + 1] - r0;
-            if (rows == 0) continue;
+            if (rows == 0 || m.experts[static_cast<size_t>(e)].gate_up.in == 0) continue;  // none, or another rank's
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, dtok + r0, rows, H, s_.moe_x.get(), s_.act, st()), "moe gather"));
             EXL3_RETURN_IF_ERROR(expert(m.experts[static_cast<size_t>(e)], s_.moe_x.get(), rows));
             EXL3_RETURN_IF_ERROR(ck(cuda::moe_scatter_add(s_.moe_y.as<float>(), dtok + r0, dw + r0, rows, H, y, st()), "moe sum"));
@@ -562,6 +581,7 @@ private:
     PendingGlu glu_;
     const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
     const int kv_layer0_;        // the first layer the KV pages hold
+    const int logit_row0_;       // the step's first logit row (s_.logits; logits_full under tensor parallelism)
     bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
     bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h

@@ -36,7 +36,8 @@ size_t sampler_device_bytes(int rows, int vocab) {
     return n;
 }
 
-StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows) {
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows,
+                                  int gathered_vocab) {
     StepBufferSizes z;
     const size_t T_ = static_cast<size_t>(T);
     for (int s = 0; s < kNumSlots; ++s)
@@ -44,6 +45,7 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
     z.h = T_ * cfg.hidden_size * sizeof(float);
     z.logits = static_cast<size_t>(n_out) * cfg.vocab_size * sizeof(float);
     z.xout = static_cast<size_t>(n_out) * cfg.hidden_size * 2;
+    z.logits_full = z.gather_ws = static_cast<size_t>(n_out) * static_cast<size_t>(gathered_vocab) * sizeof(float);
     // tokens, positions, q_start, seq_len, page rows, output rows (StepState::reserve's offsets)
     z.plan_ints = 2 * T_ + 2 * static_cast<size_t>(B) + 1 + static_cast<size_t>(B) * max_pages + n_out;
     z.plan = z.plan_ints * sizeof(int32_t);
@@ -58,7 +60,8 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
 size_t StepBufferSizes::device_total() const {
     size_t n = 0;
     for (size_t s : slots) n += allocation_footprint(s);
-    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota}) n += allocation_footprint(b);
+    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota, logits_full, gather_ws})
+        n += allocation_footprint(b);
     return n;
 }
 
@@ -158,11 +161,14 @@ Status StepState::reserve(int T, int B, int n_out) {
     drop_graphs();
     const bool host_embed = w.embed_host.get() != nullptr;  // (the converter's layers have no table at all)
     const StepBufferSizes z =
-        step_buffer_sizes(cfg, capacity, batch_capacity, out_capacity, kv.max_pages_per_seq(), host_embed);
+        step_buffer_sizes(cfg, capacity, batch_capacity, out_capacity, kv.max_pages_per_seq(), host_embed,
+                          opts.link.sharded() ? opts.link.gathered_vocab() : 0);
     for (int s = 0; s < kNumSlots; ++s) EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(z.slots[static_cast<size_t>(s)]));
     EXL3_RETURN_IF_ERROR(h.reserve(z.h));
     EXL3_RETURN_IF_ERROR(logits.reserve(z.logits));
     EXL3_RETURN_IF_ERROR(xout.reserve(z.xout));
+    EXL3_RETURN_IF_ERROR(logits_full.reserve(z.logits_full));
+    EXL3_RETURN_IF_ERROR(gather_ws.reserve(z.gather_ws));
     const size_t T_ = static_cast<size_t>(capacity);
     off_tokens = 0;
     off_pos = off_tokens + T_;

@@ -48,11 +48,14 @@ constexpr int64_t kPinnedMapBytesPerGiB = int64_t{4} << 20;
 struct StepBufferSizes {
     std::array<size_t, kNumSlots> slots{};
     size_t h = 0, logits = 0, xout = 0, plan = 0, inv_freq = 0, embed_rows = 0, embed_iota = 0;
+    size_t logits_full = 0, gather_ws = 0;  // tensor parallelism's rank 0: every rank's logit columns gathered
     size_t plan_ints = 0;  // the plan's arrays (plan_dev, and the pinned host copy)
     // Every device buffer, each rounded up as cudaMalloc does (2 MiB pages from 1 MiB on, else 512 bytes).
     size_t device_total() const;
 };
-StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows);
+// gathered_vocab: tensor parallelism's rank 0 gathers every rank's logit columns, this many (0: no gather).
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows,
+                                  int gathered_vocab = 0);
 // The MoE buffers of StepState::reserve_moe for T tokens, in its order (moe_logits, moe_scratch, moe_ids, moe_wts,
 // moe_sorted, moe_x, moe_gu, moe_g, moe_y, moe_gate, and moe_ws: the largest workspace of a layer whose experts take
 // the grouped kernels); all 0 for dense models. moe_scratch_bytes: their device footprint, which the memory plan
@@ -92,6 +95,9 @@ struct StepState {
     int capacity = 0, batch_capacity = 0, out_capacity = 0;
     std::array<DeviceBuffer, kNumSlots + 1> slots;  // by Slot (kNone included, never sized)
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
+    // Tensor parallelism (opts.link): `logits` holds this rank's columns; rank 0 gathers every rank's into
+    // logits_full [rows, vocab] (through gather_ws), which the sampler and the host read.
+    DeviceBuffer logits_full, gather_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
     // The embedding table in host memory: the step's rows gathered into embed_rows_host (pinned) and copied to
@@ -136,6 +142,9 @@ struct StepState {
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
     AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const;
     PagedKV paged(int layer) const { return kv.paged(layer, act); }
+    // The logits the sampler and the host read, and their row length: the whole vocabulary's on rank 0.
+    int vocab_out() const { return opts.link.sharded() ? opts.link.vocab() : cfg.vocab_size; }
+    const float* out_logits() const { return (opts.link.sharded() ? logits_full : logits).as<float>(); }
 
 private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
