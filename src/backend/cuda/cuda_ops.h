@@ -198,6 +198,9 @@ public:
     // A mixture-of-experts MLP into `out` (fp32): the router and its top-k on the device, the chosen ids and weights
     // to the host (the step waits for them; such steps are never captured), each chosen expert once over the rows that
     // chose it (gathered), its outputs weighted into theirs, and the shared expert over every row.
+    // Hybrid models: not on CUDA yet (CudaExecutor::create refuses them before a step can get here).
+    Status output_gate(Slot, Slot) { return unsupported("the attention output gate is not on CUDA yet"); }
+    Status linear_attention(int, float) { return unsupported("linear attention (Gated DeltaNet) is not on CUDA yet"); }
     Status moe(int li, Slot in, Slot out) {
         EXL3_RETURN_IF_ERROR(flush());
         const DevMoe& m = layer(li).moe;

@@ -43,10 +43,16 @@ struct DevMoe {
     DevLinear shared_gate;    // in == 0: none
 };
 
+// A Gated DeltaNet layer's linears (HostLinearAttn); not uploaded yet: the CUDA executor refuses hybrid models.
+struct DevLinearAttn {
+    DevLinear in_proj, ba, out;
+};
+
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
     DevLinear qkv, o, gate_up, down;
     DevMoe moe;  // experts empty: a dense MLP
+    DevLinearAttn lin;
 };
 
 struct DeviceWeights {
