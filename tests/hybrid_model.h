@@ -29,11 +29,11 @@ struct HybridShape {
     int experts = 4, top_k = 2, expert_size = 32, shared_size = 48;
 };
 
-// Writes config.json and model.safetensors into `dir` (created). `skip(name)`: tensors to leave out (the tests of
-// missing tensors). Returns the config it wrote.
+// Writes config.json and model.safetensors into `dir` (created): even layers linear attention, odd ones full.
+// `skip(name)`: tensors to leave out (the tests of missing tensors). Returns the config it wrote.
 inline nlohmann::json write_hybrid_model(const std::string& dir, HybridKind kind, uint32_t seed = 1,
-                                         const std::function<bool(const std::string&)>& skip = {}) {
-    const HybridShape s;
+                                         const std::function<bool(const std::string&)>& skip = {},
+                                         const HybridShape& s = {}) {
     std::filesystem::create_directories(dir);
     const bool next = kind == HybridKind::kQwen3Next, stacked = kind == HybridKind::kQwen35MoeStacked;
     const bool wrapped = kind == HybridKind::kQwen35Wrapped, moe = next || stacked;
@@ -59,7 +59,8 @@ inline nlohmann::json write_hybrid_model(const std::string& dir, HybridKind kind
     if (next) {
         text["full_attention_interval"] = 2;  // linear, full, linear, full
     } else {
-        text["layer_types"] = {"linear_attention", "full_attention", "linear_attention", "full_attention"};
+        text["layer_types"] = nlohmann::json::array();
+        for (int i = 0; i < s.layers; ++i) text["layer_types"].push_back(i % 2 ? "full_attention" : "linear_attention");
     }
     if (moe) {
         text["num_experts"] = s.experts;
