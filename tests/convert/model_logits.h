@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,22 @@ inline std::vector<float> logits_of(const std::string& dir, const std::vector<in
     auto st = (*m)->forward(**seq, toks, true, &out);
     EXPECT_TRUE(st.is_ok()) << st.message();
     return out;
+}
+
+// sqrt(sum (a - b)^2 / sum a^2) over the logits of every position of `toks` from the models in a_dir and b_dir (a
+// converted model against its source); -1 after a failure, which is reported.
+inline double logits_relative_error(const std::string& a_dir, const std::string& b_dir,
+                                    const std::vector<int32_t>& toks) {
+    const auto a = logits_of(a_dir, toks), b = logits_of(b_dir, toks);
+    EXPECT_FALSE(a.empty());
+    EXPECT_EQ(a.size(), b.size());
+    if (a.empty() || a.size() != b.size()) return -1.0;
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += static_cast<double>(a[i]) * a[i];
+    }
+    return std::sqrt(num / den);
 }
 
 }  // namespace exl3::test

@@ -215,7 +215,9 @@ TEST_P(Hybrid, SpeculativeDecodingGivesThePlainTokens) {
                 EXPECT_EQ(accepted, drafted);  // greedy proposals of the model itself: all kept
             } else {  // rejections: both models' states go back to snapshots
                 EXPECT_GT(drafted, accepted) << "no proposal was rejected: the rollback went untested";
-                if (by_draft) EXPECT_GT(accepted, 0);  // some kept: states after kept proposals
+                if (by_draft) {
+                    EXPECT_GT(accepted, 0);  // some kept: states after kept proposals
+                }
             }
         }
     }

@@ -200,7 +200,7 @@ def randomize(model, seed):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
+            elif name.endswith("bias"):  # Gated DeltaNet's dt_bias too
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif p.dim() in (2, 3):  # 3: experts stacked [experts, out, in]
                 fan_in = p.shape[-1]
@@ -208,8 +208,6 @@ def randomize(model, seed):
                 p.copy_(scale * torch.randn(p.shape, generator=g))
             elif name.endswith("A_log"):  # Gated DeltaNet: decays exp(-A softplus(.)) spread over (0, 1)
                 p.copy_(torch.log(0.1 + 1.9 * torch.rand(p.shape, generator=g)))
-            elif name.endswith("dt_bias"):
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
         for name, b in model.named_buffers():  # GLM-4.5's router correction bias is a buffer
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.2 * torch.randn(b.shape, generator=g))
