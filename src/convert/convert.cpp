@@ -42,25 +42,43 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Whose input a linear reads, for its Hessian (LayerHessians): the attention's (q, k, v; a linear-attention layer's
+// input projections), the output projection's, the MLP's (gate, up, every expert's), a down projection's.
+enum class HessOf { kAttnIn, kOIn, kMlpIn, kDown, kExpertDown, kSharedDown };
+
 // One HF linear as a mutable fp32 copy [out, in] plus its bias: replaced by its EXL3 reconstruction once quantized.
 struct Lin {
     std::string prefix;
     std::vector<float> w, b;
     int out = 0, in = 0;
+    HessOf src = HessOf::kAttnIn;
+    int expert = 0;  // kExpertDown
 };
 
 // A layer's linears in the order they are quantized (bit allocation and seeds follow it): LayerTensor::kQ .. kDown;
-// in a mixture-of-experts layer q, k, v, o, then gate, up, down of each expert, then of the shared expert.
+// in a linear-attention layer its input projections (in_proj_qkvz, or in_proj_qkv and in_proj_z) and out_proj
+// instead of q, k, v, o (in_proj_ba / b / a stay unquantized, as in the reference's files); in a mixture-of-experts
+// layer gate, up, down of each expert, then of the shared expert, instead of the MLP's.
 using Layer = std::vector<Lin>;
 
-// The Hessian a linear of the layer sees (q/k/v share one, gate/up share one; see LayerHessians for experts).
-const Hess& hess_of(const LayerHessians& hs, int idx, bool moe) {
-    if (idx < 3) return hs.qkv;
-    if (idx == 3) return hs.o;
-    if (!moe) return idx < 6 ? hs.gu : hs.down;
-    const int j = idx - 4, e = j / 3;
-    if (j % 3 < 2) return hs.gu;
-    return e < static_cast<int>(hs.expert_down.size()) ? hs.expert_down[static_cast<size_t>(e)] : hs.shared_down;
+const Hess& hess_of(const LayerHessians& hs, const Lin& l) {
+    switch (l.src) {
+        case HessOf::kAttnIn: return hs.qkv;
+        case HessOf::kOIn: return hs.o;
+        case HessOf::kMlpIn: return hs.gu;
+        case HessOf::kDown: return hs.down;
+        case HessOf::kExpertDown:
+            return static_cast<size_t>(l.expert) < hs.expert_down.size() ? hs.expert_down[static_cast<size_t>(l.expert)]
+                                                                         : hs.shared_down;
+        case HessOf::kSharedDown: return hs.shared_down;
+    }
+    return hs.qkv;
+}
+
+// The layer's first MLP linear among its Lins: after q, k, v, o, or a linear layer's in_proj part(s) and out_proj.
+int mlp_first(const ModelConfig& c, const TensorNames& n, int li) {
+    if (!c.is_linear(li)) return 4;
+    return n.linear_attn->fused() ? 2 : 3;
 }
 
 // A checkpoint tensor as fp32, refused when it holds NaN/inf.
@@ -229,31 +247,55 @@ Status Converter::load() {
     for (int li = 0; li < c_.num_layers; ++li) {
         const HostLayer& L = hf_.layers[static_cast<size_t>(li)];
         Layer& out = layers_[static_cast<size_t>(li)];
-        std::vector<std::tuple<const HostLinear*, size_t, std::string>> parts;  // (linear, part, prefix)
-        for (int i = 0; i < 4; ++i)
-            parts.emplace_back(i < 3 ? &L.qkv : &L.o, i < 3 ? i : 0, names.of(li, static_cast<LayerTensor>(i)));
+        struct Part {
+            const HostLinear* hl;
+            size_t part;
+            std::string prefix;
+            HessOf src;
+            int expert = 0;
+        };
+        std::vector<Part> parts;
+        const std::string lp = names.layer_prefix(li);
+        if (c_.is_linear(li)) {
+            const LinearAttnNames& a = *names.linear_attn;
+            if (a.fused()) {
+                parts.push_back({&L.lin.in_proj, 0, lp + a.qkvz, HessOf::kAttnIn});
+            } else {
+                parts.push_back({&L.lin.in_proj, 0, lp + a.qkv, HessOf::kAttnIn});
+                parts.push_back({&L.lin.in_proj, 1, lp + a.z, HessOf::kAttnIn});
+            }
+            parts.push_back({&L.lin.out, 0, lp + a.out, HessOf::kOIn});
+        } else {
+            for (int i = 0; i < 4; ++i)
+                parts.push_back({i < 3 ? &L.qkv : &L.o, static_cast<size_t>(i < 3 ? i : 0),
+                                 names.of(li, static_cast<LayerTensor>(i)), i < 3 ? HessOf::kAttnIn : HessOf::kOIn});
+        }
         if (!c_.is_moe(li)) {
             for (int i = 4; i < kLayerLinears; ++i)
-                parts.emplace_back(i < 6 ? &L.gate_up : &L.down, i < 6 ? i - 4 : 0,
-                                   names.of(li, static_cast<LayerTensor>(i)));
+                parts.push_back({i < 6 ? &L.gate_up : &L.down, static_cast<size_t>(i < 6 ? i - 4 : 0),
+                                 names.of(li, static_cast<LayerTensor>(i)), i < 6 ? HessOf::kMlpIn : HessOf::kDown});
         } else {  // the experts', then the shared expert's, under the family's names (the reference's layout)
             const MoeNames& m = *names.moe;
-            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d) {
-                parts.emplace_back(&e.gate_up, 0, p + g);
-                parts.emplace_back(&e.gate_up, 1, p + u);
-                parts.emplace_back(&e.down, 0, p + d);
+            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d,
+                              HessOf down, int idx) {
+                parts.push_back({&e.gate_up, 0, p + g, HessOf::kMlpIn});
+                parts.push_back({&e.gate_up, 1, p + u, HessOf::kMlpIn});
+                parts.push_back({&e.down, 0, p + d, down, idx});
             };
             for (size_t e = 0; e < L.moe.experts.size(); ++e)
-                expert(L.moe.experts[e], m.expert_prefix(names.layer_prefix(li), static_cast<int>(e)), m.gate, m.up, m.down);
+                expert(L.moe.experts[e], m.expert_prefix(lp, static_cast<int>(e)), m.gate, m.up, m.down,
+                       HessOf::kExpertDown, static_cast<int>(e));
             if (!L.moe.shared.gate_up.parts.empty())
-                expert(L.moe.shared, names.layer_prefix(li) + m.shared, "gate_proj", "up_proj", "down_proj");
+                expert(L.moe.shared, lp + m.shared, "gate_proj", "up_proj", "down_proj", HessOf::kSharedDown, 0);
         }
         out.resize(parts.size());
         for (size_t i = 0; i < parts.size(); ++i) {
-            const auto& [hl, part, prefix] = parts[i];
+            const Part& pt = parts[i];
             int col = 0;
-            for (size_t j = 0; j < part; ++j) col += hl->parts[j].out;
-            EXL3_RETURN_IF_ERROR(take(*hl, part, col, prefix, &out[i]));
+            for (size_t j = 0; j < pt.part; ++j) col += pt.hl->parts[j].out;
+            EXL3_RETURN_IF_ERROR(take(*pt.hl, pt.part, col, pt.prefix, &out[i]));
+            out[i].src = pt.src;
+            out[i].expert = pt.expert;
         }
     }
     EXL3_ASSIGN_OR_RETURN(embed_, finite_f32(st_, names.embed, hf_.embed));
@@ -284,11 +326,22 @@ void Converter::bind_layer(int li) {
             hl.out += l.out;
         }
     };
-    bind(L.qkv, {0, 1, 2});
-    bind(L.o, {3});
+    const int m0 = mlp_first(c_, *hf_.names, li);
+    if (c_.is_linear(li)) {  // b | a, the conv, A_log, dt_bias and the gated norm stay as loaded (not quantized)
+        L.lin = hf.lin;
+        if (m0 == 2) {
+            bind(L.lin.in_proj, {0});
+        } else {
+            bind(L.lin.in_proj, {0, 1});
+        }
+        bind(L.lin.out, {m0 - 1});
+    } else {
+        bind(L.qkv, {0, 1, 2});
+        bind(L.o, {3});
+    }
     if (!c_.is_moe(li)) {
-        bind(L.gate_up, {4, 5});
-        bind(L.down, {6});
+        bind(L.gate_up, {m0, m0 + 1});
+        bind(L.down, {m0 + 2});
         return;
     }
     // The router, its bias and the shared gate stay as loaded (they are not quantized); the experts read the copies.
@@ -297,8 +350,8 @@ void Converter::bind_layer(int li) {
     for (int e = 0; e <= E; ++e) {
         HostExpert& x = e < E ? L.moe.experts[static_cast<size_t>(e)] : L.moe.shared;
         if (e == E && x.gate_up.parts.empty()) break;
-        bind(x.gate_up, {4 + 3 * e, 5 + 3 * e});
-        bind(x.down, {6 + 3 * e});
+        bind(x.gate_up, {m0 + 3 * e, m0 + 1 + 3 * e});
+        bind(x.down, {m0 + 2 + 3 * e});
     }
 }
 
@@ -389,7 +442,7 @@ Status Converter::allocate_bits() {
         const Layer& L = layers_[static_cast<size_t>(li)];
         for (int i = 0; i < static_cast<int>(L.size()); ++i) {
             const Lin& l = L[static_cast<size_t>(i)];
-            const Hess& h = hess_of(hs, i, c_.is_moe(li));
+            const Hess& h = hess_of(hs, l);
             if (h.rows == 0)
                 return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
                                                     "activations are NaN/inf)",
@@ -490,7 +543,7 @@ Status Converter::quantize_layers() {
         SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
         for (int i = 0; i < static_cast<int>(L.size()); ++i) {
             Lin& l = L[static_cast<size_t>(i)];
-            EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, i, c_.is_moe(li)),
+            EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l),
                                           alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
                                           opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
                                      .with_context(fmt::format("quantizing {}", l.prefix)));
@@ -505,6 +558,12 @@ Status Converter::quantize_layers() {
                 for (const char* member : {".weight", ".bias"})
                     if (r) raw.push_back(names.layer_prefix(li) + r + member);
         if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
+        if (c_.is_linear(li)) {  // the conv, A_log, dt_bias, the gated norm, and b | a (unquantized linears)
+            const LinearAttnNames& a = *names.linear_attn;
+            for (const char* r : {a.conv, a.a_log, a.dt_bias, a.norm}) raw.push_back(names.layer_prefix(li) + r);
+            for (const char* r : {a.ba, a.b, a.a})
+                if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
+        }
         for (const std::string& name : raw) {
             if (name.empty() || !st_.contains(name)) continue;
             EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));

@@ -49,13 +49,19 @@ public:
     virtual bool pages_preallocated() const = 0;
     // Bytes one token's keys and values take in one layer of the cache.
     virtual int64_t kv_bytes_per_token() const = 0;
+    // Hybrid models: bytes of one recurrent-state slot (a sequence's live state, or a snapshot of one: every
+    // linear-attention layer's conv window and state matrix), and the most slots this executor holds at once (0: no
+    // limit, the memory grows with the slot ids the model's state pool creates).
+    virtual int64_t state_bytes() const { return 0; }
+    virtual int max_state_slots() const { return 0; }
     // True when steps in which every sequence brings the same number of tokens and wants every row's logits run
     // faster than others (CUDA replays them as captured graphs): the Model then pads such steps.
     virtual bool prefers_uniform_steps() const { return false; }
     // The most tokens a sequence may bring to a step that counts as uniform.
     virtual int max_uniform_tokens() const { return 0; }
 
-    // Runs one step; every sequence already holds the pages of its new positions. `logits`: host [out_rows, vocab]
+    // Runs one step; every sequence already holds the pages of its new positions (and, in a hybrid model, the state
+    // slots the plan names: StepPlan::state_slot, snapshots). `logits`: host [out_rows, vocab]
     // rows, or null to leave them on the device for draw() / argmax() / logits_row().
     virtual Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) = 0;
 

@@ -177,8 +177,10 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
         c.weight_read -= c.expert_bytes;
         c.expert_frac = static_cast<double>(info.experts_per_token) / info.num_experts;
     }
-    // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
-    c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
+    // Keys and values of every attention layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU);
+    // a hybrid model's linear-attention layers keep none (their fixed-size state, info.state_bytes, is not counted).
+    c.kv_per_token = static_cast<double>(info.num_layers - info.num_linear_layers) *
+                     static_cast<double>(info.kv_bytes_per_token);
     c.head_weights = embed;
     c.head_bytes = dense_gpu ? 2.0 * embed : static_cast<double>(info.head_bytes);
     c.expert_weights = static_cast<double>(info.expert_parameters);

@@ -66,6 +66,10 @@ private:
 
 Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, const HostWeights& w,
                                                        const ExecutorOptions& opts) {
+    if (cfg.hybrid())  // the Gated DeltaNet kernels (chunked prefill, recurrent decode) are not written yet
+        return unsupported(fmt::format("{} (linear-attention layers) is not supported on CUDA yet: run it with "
+                                       "device cpu",
+                                       cfg.arch_name));
     auto e = std::make_unique<CudaExecutor>();
     StepState& s = e->s_;
     s.cfg = cfg;

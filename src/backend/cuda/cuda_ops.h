@@ -204,6 +204,9 @@ public:
         attn_rotated_ = rotated;
         return Status::ok();
     }
+    // Hybrid models: not on CUDA yet (CudaExecutor::create refuses them before a step can get here).
+    Status output_gate(Slot, Slot) { return unsupported("the attention output gate is not on CUDA yet"); }
+    Status linear_attention(int, float) { return unsupported("linear attention (Gated DeltaNet) is not on CUDA yet"); }
     // A mixture-of-experts MLP into `out` (fp32): the router on the device, then, where the layer's routed experts
     // allow the grouped EXL3 kernels, everything else on the device too (moe_layer.h: the routing sorted by expert,
     // one launch a stage, the weighted sum straight into h unless a post-norm follows; capturable), else the

@@ -48,11 +48,17 @@ struct DevMoe {
     MoeLayerWeights grouped;
 };
 
+// A Gated DeltaNet layer's linears (HostLinearAttn); not uploaded yet: the CUDA executor refuses hybrid models.
+struct DevLinearAttn {
+    DevLinear in_proj, ba, out;
+};
+
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
     DeviceBuffer sinks;  // fp32 [n_heads]: gpt-oss's attention sinks; empty: none
     DevLinear qkv, o, gate_up, down;
     DevMoe moe;  // experts empty: a dense MLP
+    DevLinearAttn lin;
 };
 
 struct DeviceWeights {
