@@ -107,7 +107,7 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     std::vector<int32_t> toks;
     std::mt19937 rng(3);
     for (int i = 0; i < 32; ++i) toks.push_back(static_cast<int32_t>(2 + rng() % (cfg->vocab_size - 2)));
-    const auto a = logits_of(in, toks), b = logits_of(o.output_dir, toks);
+    const auto a = test::logits_of(in, toks), b = test::logits_of(o.output_dir, toks);
     ASSERT_FALSE(a.empty());
     ASSERT_EQ(a.size(), b.size());
     const double rel = test::relative_rms(a, b);
