@@ -18,28 +18,13 @@ cpu::DeltaNetShape shape_of(const ModelConfig& c) {
 
 }  // namespace
 
-// in_proj_qkvz's row, per key head g: [q_g | k_g | v and z of its value heads]; in_proj_ba's: [b | a of them].
+// Qwen3-Next's key-head-grouped columns to q | k | v | z and b | a, row by row (cpu::ungroup_row).
 void CpuOps::ungroup_projections() {
     const cpu::DeltaNetShape s = shape_of(cfg_);
-    const int T = plan_->total(), r = s.v_heads / s.k_heads, dk = s.k_dim, rv = r * s.v_dim;
-    const int CD = s.conv_dim(), W = CD + s.value_dim(), KD = s.key_dim(), NV = s.v_heads;
-    std::vector<float> row(static_cast<size_t>(W)), ba(static_cast<size_t>(2 * NV));
-    for (int t = 0; t < T; ++t) {
-        float* src = buf(Slot::kQKV).data() + static_cast<size_t>(t) * W;
-        float* src2 = buf(Slot::kBA).data() + static_cast<size_t>(t) * 2 * NV;
-        for (int g = 0; g < s.k_heads; ++g) {
-            const float* blk = src + static_cast<size_t>(g) * (2 * dk + 2 * rv);
-            std::memcpy(row.data() + static_cast<size_t>(g) * dk, blk, sizeof(float) * dk);
-            std::memcpy(row.data() + KD + static_cast<size_t>(g) * dk, blk + dk, sizeof(float) * dk);
-            std::memcpy(row.data() + 2 * KD + static_cast<size_t>(g) * rv, blk + 2 * dk, sizeof(float) * rv);
-            std::memcpy(row.data() + CD + static_cast<size_t>(g) * rv, blk + 2 * dk + rv, sizeof(float) * rv);
-            const float* b2 = src2 + static_cast<size_t>(g) * 2 * r;
-            std::memcpy(ba.data() + static_cast<size_t>(g) * r, b2, sizeof(float) * r);
-            std::memcpy(ba.data() + NV + static_cast<size_t>(g) * r, b2 + r, sizeof(float) * r);
-        }
-        std::memcpy(src, row.data(), sizeof(float) * W);
-        std::memcpy(src2, ba.data(), sizeof(float) * 2 * NV);
-    }
+    const size_t W = static_cast<size_t>(s.conv_dim() + s.value_dim()), NV2 = 2 * static_cast<size_t>(s.v_heads);
+    for (int t = 0; t < plan_->total(); ++t)
+        cpu::ungroup_row(s, buf(Slot::kQKV).data() + static_cast<size_t>(t) * W,
+                         buf(Slot::kBA).data() + static_cast<size_t>(t) * NV2);
 }
 
 void CpuOps::delta_net_sequence(int li, int b, int r0, int n, float eps) {

@@ -24,6 +24,24 @@ const float* conv_row(const float* x, int ldx, const float* window, int channels
 
 }  // namespace
 
+void ungroup_row(const DeltaNetShape& s, float* qkvz, float* ba) {
+    const int r = s.v_heads / s.k_heads, dk = s.k_dim, rv = r * s.v_dim;
+    const int CD = s.conv_dim(), W = CD + s.value_dim(), KD = s.key_dim(), NV = s.v_heads;
+    std::vector<float> row(static_cast<size_t>(W)), ab(static_cast<size_t>(2 * NV));
+    for (int g = 0; g < s.k_heads; ++g) {
+        const float* blk = qkvz + static_cast<size_t>(g) * (2 * dk + 2 * rv);
+        std::memcpy(row.data() + static_cast<size_t>(g) * dk, blk, sizeof(float) * dk);
+        std::memcpy(row.data() + KD + static_cast<size_t>(g) * dk, blk + dk, sizeof(float) * dk);
+        std::memcpy(row.data() + 2 * KD + static_cast<size_t>(g) * rv, blk + 2 * dk, sizeof(float) * rv);
+        std::memcpy(row.data() + CD + static_cast<size_t>(g) * rv, blk + 2 * dk + rv, sizeof(float) * rv);
+        const float* b2 = ba + static_cast<size_t>(g) * 2 * r;
+        std::memcpy(ab.data() + static_cast<size_t>(g) * r, b2, sizeof(float) * r);
+        std::memcpy(ab.data() + NV + static_cast<size_t>(g) * r, b2 + r, sizeof(float) * r);
+    }
+    std::memcpy(qkvz, row.data(), sizeof(float) * W);
+    std::memcpy(ba, ab.data(), sizeof(float) * 2 * NV);
+}
+
 void causal_conv_silu(const float* x, int n, int ldx, const float* window, const float* w, int channels, int kernel,
                       float* y, int ldy) {
     for (int t = 0; t < n; ++t) {

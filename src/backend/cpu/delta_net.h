@@ -26,6 +26,11 @@ struct DeltaNetShape {
     int64_t conv_floats() const { return static_cast<int64_t>(kernel - 1) * conv_dim(); }
 };
 
+// Qwen3-Next's fused projections group their columns by key head: in_proj_qkvz's row holds, for each key head g,
+// [q_g | k_g | v and z of its v_heads / k_heads value heads], in_proj_ba's [b | a of those value heads]. Reorders one
+// row of each, in place, to q | k | v | z (all heads) and b | a.
+void ungroup_row(const DeltaNetShape& s, float* qkvz, float* ba);
+
 // The causal depthwise conv + SiLU of n rows x [n, channels] (row stride ldx) given the window before them
 // (window [kernel - 1, channels], oldest row first), into y [n, channels] (row stride ldy). w [channels, kernel]:
 // channel c's taps, the oldest input's first. The window is not changed: conv_window() gives the one after.
