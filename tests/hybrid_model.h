@@ -173,6 +173,17 @@ inline nlohmann::json write_hybrid_model(const std::string& dir, HybridKind kind
     return cfg;
 }
 
+// The layout's name, for test instances.
+inline const char* kind_name(HybridKind k) {
+    switch (k) {
+        case HybridKind::kQwen3Next: return "Qwen3Next";
+        case HybridKind::kQwen35: return "Qwen35";
+        case HybridKind::kQwen35MoeStacked: return "Qwen35MoeStacked";
+        case HybridKind::kQwen35Wrapped: return "Qwen35Wrapped";
+    }
+    return "";
+}
+
 // A fresh directory under /tmp, removed with the object.
 struct TempDir {
     TempDir() {

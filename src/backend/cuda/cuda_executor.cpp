@@ -40,6 +40,8 @@ public:
         return static_cast<int64_t>(s_.kv.side_bytes_per_token(s_.kv.bits_k()) +
                                     s_.kv.side_bytes_per_token(s_.kv.bits_v()));
     }
+    int64_t state_bytes() const override { return s_.cfg.hybrid() ? s_.state_slot_bytes() : 0; }
+    int max_state_slots() const override { return s_.state_slots; }
     // Also without graphs: a step then has the same shapes (the same kernels, the same bits) as with them.
     bool prefers_uniform_steps() const override { return true; }
     int max_uniform_tokens() const override { return kMaxGraphTokens; }
@@ -53,7 +55,10 @@ public:
     Status logits_row(int row, float* out) override;
 
 private:
+    static Status check_hybrid(const ModelConfig& cfg);
+    Status allocate_states();
     Status check_pages(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) const;
+    Status check_states(const StepPlan& plan) const;
     Status upload_plan(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs);
     Status run_graph(CudaOps& ops, const StepPlan& plan, int B, int r, int bound);
     Status sampler_rows(int rows);
@@ -66,10 +71,7 @@ private:
 
 Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, const HostWeights& w,
                                                        const ExecutorOptions& opts) {
-    if (cfg.hybrid())  // the Gated DeltaNet kernels (chunked prefill, recurrent decode) are not written yet
-        return unsupported(fmt::format("{} (linear-attention layers) is not supported on CUDA yet: run it with "
-                                       "device cpu",
-                                       cfg.arch_name));
+    EXL3_RETURN_IF_ERROR(check_hybrid(cfg));
     auto e = std::make_unique<CudaExecutor>();
     StepState& s = e->s_;
     s.cfg = cfg;
@@ -96,12 +98,75 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
         if (!l.moe.experts.empty() && !l.moe.grouped.ok()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v));
+    if (cfg.hybrid()) EXL3_RETURN_IF_ERROR(e->allocate_states());
     EXL3_RETURN_IF_ERROR(s.reserve(256, 8, 8));
     log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits)",
              s.ctx->props().name, cfg.num_layers, s.kv.num_pages(), s.kv.page_size(),
              static_cast<double>(s.kv.bytes()) / 1048576.0, opts.kv_bits_k ? opts.kv_bits_k : 16,
              opts.kv_bits_v ? opts.kv_bits_v : 16);
     return std::unique_ptr<Executor>(std::move(e));
+}
+
+// Hybrid models: the shapes the Gated DeltaNet kernels take (delta_net.cuh), and gated attention without the q/k
+// norms that norm a whole q row (their rows would hold the gates too).
+Status CudaExecutor::check_hybrid(const ModelConfig& cfg) {
+    if (cfg.attn_gate && (cfg.qk_norm == QkNorm::kFlat || cfg.qk_norm == QkNorm::kHeads))
+        return unsupported(fmt::format("{} on CUDA: gated attention with q/k norms over several heads", cfg.arch_name));
+    if (!cfg.hybrid()) return Status::ok();
+    const DeltaNetDims d = StepState::delta_dims(cfg);
+    if (!delta_net_supported(d))
+        return unsupported(fmt::format("{} on CUDA: linear attention with key heads of {} (at most {}), a conv of {} "
+                                       "taps (at most {}), {} value heads over {} key heads",
+                                       cfg.arch_name, d.k_dim, kDeltaMaxKeyDim, d.kernel, kDeltaMaxConv, d.v_heads,
+                                       d.k_heads));
+    return Status::ok();
+}
+
+// Hybrid models: device memory for the recurrent-state slots, taken from the KV budget: the keys and values the
+// linear-attention layers would hold for cache_tokens tokens were they attention layers buy state slots, and every
+// sequence of the full context length the cache holds gets two (its live state and a snapshot) whatever that buys
+// (many short sequences: a batch of 32 at a context of 512 needs 32 states of ~160 MB on a 27B shape where their
+// keys and values would take 3.6 GB); at least kMinStateSlots, at most kMaxStateSlots. A step that needs more slots
+// than are free fails with kOutOfRange before it runs, as one that needs more pages does (the Generator then lets
+// prompts wait or drops proposals).
+Status CudaExecutor::allocate_states() {
+    constexpr int kMinStateSlots = 8, kMaxStateSlots = 1024;
+    StepState& s = s_;
+    const double per_slot = static_cast<double>(s.cfg.num_linear_layers()) *
+                            static_cast<double>(s.cfg.lin_conv_floats() + s.cfg.lin_state_floats()) * sizeof(float);
+    const double share = static_cast<double>(s.opts.cache_tokens) * static_cast<double>(kv_bytes_per_token()) *
+                         s.cfg.num_linear_layers();
+    const int full = (s.opts.cache_tokens + s.opts.context_length - 1) / std::max(1, s.opts.context_length);
+    const double want = std::max(share / per_slot, 2.0 * full);
+    const int slots = static_cast<int>(std::clamp(want, double{kMinStateSlots}, double{kMaxStateSlots}));
+    EXL3_RETURN_IF_ERROR(s.allocate_states(slots).with_context(
+        fmt::format("recurrent states: {} slots of {:.1f} MiB", slots, per_slot / 1048576.0)));
+    log_info("CUDA recurrent states: {} slots of {:.1f} MiB ({} linear-attention layers; {:.1f} MiB)", slots,
+             per_slot / 1048576.0, s.cfg.num_linear_layers(), slots * per_slot / 1048576.0);
+    return Status::ok();
+}
+
+// Hybrid models: the state slots of the plan must lie in this executor's memory (the Model's state pool hands out at
+// most max_state_slots ids), and each snapshot must name a row of its sequence's new tokens.
+Status CudaExecutor::check_states(const StepPlan& plan) const {
+    if (!s_.cfg.hybrid()) return Status::ok();
+    const int B = plan.batch();
+    if (plan.state_slot.size() != static_cast<size_t>(B) || plan.state_zero.size() != static_cast<size_t>(B))
+        return internal_error("CUDA forward: a hybrid model's step without its state slots");
+    auto in_range = [&](int32_t slot) { return slot >= 0 && slot < s_.state_slots; };
+    for (int32_t slot : plan.state_slot)
+        if (!in_range(slot))
+            return internal_error(fmt::format("CUDA forward: state slot {} outside the {} slots", slot, s_.state_slots));
+    std::vector<uint8_t> taken(static_cast<size_t>(plan.total()), 0);  // a row takes one snapshot at most
+    for (const StepPlan::Snapshot& sn : plan.snapshots) {
+        const bool seq_ok = sn.seq >= 0 && sn.seq < B;
+        const int r0 = seq_ok ? plan.q_start[static_cast<size_t>(sn.seq)] : 0;
+        const int n = seq_ok ? plan.q_start[static_cast<size_t>(sn.seq) + 1] - r0 : 0;
+        if (!in_range(sn.slot) || sn.after < 0 || sn.after >= n || taken[static_cast<size_t>(r0 + sn.after)]++)
+            return internal_error(fmt::format("CUDA forward: snapshot into slot {} after {} of sequence {}'s tokens",
+                                              sn.slot, sn.after, sn.seq));
+    }
+    return Status::ok();
 }
 
 // The Model gave every sequence the pages of this step from its page pool (shared prefix pages included): check that
@@ -134,6 +199,13 @@ Status CudaExecutor::upload_plan(const StepPlan& plan, const std::vector<Sequenc
     std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
     std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
     std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
+    if (s.cfg.hybrid()) {  // each sequence's state slot and zero flag, each row's snapshot slot (or -1)
+        std::copy(plan.state_slot.begin(), plan.state_slot.end(), hp + s.off_state);
+        std::copy(plan.state_zero.begin(), plan.state_zero.end(), hp + s.off_zero);
+        std::fill(hp + s.off_snap, hp + s.off_snap + plan.total(), -1);
+        for (const StepPlan::Snapshot& sn : plan.snapshots)
+            hp[s.off_snap + static_cast<size_t>(plan.q_start[static_cast<size_t>(sn.seq)] + sn.after)] = sn.slot;
+    }
     size_t pages_end = s.off_pages;
     for (int b = 0; b < B; ++b) {
         const auto& pg = seqs[static_cast<size_t>(b)]->pages;
@@ -195,6 +267,7 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
     const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(check_pages(plan, seqs));
+    EXL3_RETURN_IF_ERROR(check_states(plan));
     EXL3_RETURN_IF_ERROR(s.reserve(T, B, n_out));
     EXL3_RETURN_IF_ERROR(upload_plan(plan, seqs));
 

@@ -94,6 +94,18 @@ Status upload_linear(const HostLinear& l, ActType act, DevLinear* d, float scale
     return d->w.upload(all.data(), all.size() * 2);
 }
 
+// A Gated DeltaNet layer; out_proj carries the residual branch's scale as o_proj does.
+Status upload_linear_attn(const HostLinearAttn& h, ActType act, float branch, DevLinearAttn* d) {
+    EXL3_RETURN_IF_ERROR(upload_linear(h.in_proj, act, &d->in_proj));
+    d->in_proj.norm_stays = true;
+    EXL3_RETURN_IF_ERROR(upload_linear(h.ba, act, &d->ba));
+    EXL3_RETURN_IF_ERROR(upload_linear(h.out, act, &d->out, branch));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->conv, h.conv));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->a_log, h.a_log));
+    EXL3_RETURN_IF_ERROR(upload_f32(d->dt_bias, h.dt_bias));
+    return upload_f32(d->norm, h.norm);
+}
+
 // One stage's table for the grouped kernels: part i of every expert's linear (the gate|up or the down projection).
 // False where the experts' linears differ in shape or layout, or one's parts differ in bits or codebook.
 bool stage_table(const std::vector<DevExpert>& ex, bool down, MoeStage* st, std::vector<Exl3MoePart>* tab) {
@@ -190,6 +202,7 @@ Status DeviceWeights::upload(const HostWeights& w, ActType act, const ModelConfi
             EXL3_RETURN_IF_ERROR(upload_f32(dl.post_mlp_norm, scaled(hl.post_mlp_norm, cfg.residual_scale)));
         }
         EXL3_RETURN_IF_ERROR(upload_linear(hl.o, act, &dl.o, branch));
+        if (cfg.is_linear(static_cast<int>(i))) EXL3_RETURN_IF_ERROR(upload_linear_attn(hl.lin, act, branch, &dl.lin));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.gate_up, act, &dl.gate_up));
         EXL3_RETURN_IF_ERROR(upload_linear(hl.down, act, &dl.down, branch));
         const HostMoe& hm = hl.moe;

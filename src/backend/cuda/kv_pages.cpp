@@ -20,9 +20,11 @@ Status KvPages::allocate(const ModelConfig& cfg, int context_length, int cache_t
     v_params_offset_ = slots * kv_code_bytes(cfg.head_dim, bits_v);
     const size_t k_bytes = slots * kv_vector_bytes(cfg.head_dim, bits_k);
     const size_t v_bytes = slots * kv_vector_bytes(cfg.head_dim, bits_v);
-    k_.resize(static_cast<size_t>(cfg.num_layers));
-    v_.resize(static_cast<size_t>(cfg.num_layers));
-    for (int l = 0; l < cfg.num_layers; ++l) {
+    // Attention layers only: a hybrid model's linear-attention layers keep a recurrent state instead.
+    const int layers = cfg.num_kv_layers();
+    k_.resize(static_cast<size_t>(layers));
+    v_.resize(static_cast<size_t>(layers));
+    for (int l = 0; l < layers; ++l) {
         EXL3_RETURN_IF_ERROR(k_[static_cast<size_t>(l)].reserve(k_bytes));
         EXL3_RETURN_IF_ERROR(v_[static_cast<size_t>(l)].reserve(v_bytes));
     }

@@ -51,7 +51,10 @@ Status StepState::reserve(int T, int B, int n_out) {
     off_pos = off_tokens + T_;
     off_qstart = off_pos + T_;
     off_seqlen = off_qstart + batch_capacity + 1;
-    off_pages = off_seqlen + batch_capacity;
+    off_state = off_seqlen + batch_capacity;
+    off_zero = off_state + batch_capacity;
+    off_snap = off_zero + batch_capacity;
+    off_pages = off_snap + T_;
     off_rows = off_pages + static_cast<size_t>(batch_capacity) * kv.max_pages_per_seq();
     const size_t total = off_rows + out_capacity;
     EXL3_RETURN_IF_ERROR(plan_host_free());  // the buffer is written below
@@ -67,7 +70,51 @@ Status StepState::reserve(int T, int B, int n_out) {
     EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(2 * cfg.head_dim) * sizeof(float)));
     inv_freq_uploaded.clear();
     EXL3_RETURN_IF_ERROR(reserve_moe());
+    EXL3_RETURN_IF_ERROR(reserve_linear());
     return reserve_exl3();
+}
+
+Status StepState::reserve_linear() {
+    if (!cfg.hybrid()) return Status::ok();
+    const size_t T = static_cast<size_t>(capacity);
+    EXL3_RETURN_IF_ERROR(lin_y.reserve(T * cfg.lin_conv_dim() * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(lin_gates.reserve(T * 2 * cfg.lin_v_heads * sizeof(float)));
+    return lin_o.reserve(T * cfg.lin_value_dim() * sizeof(float));
+}
+
+Status StepState::allocate_states(int slots) {
+    lin_index.assign(static_cast<size_t>(cfg.num_layers), -1);
+    for (int i = 0, n = 0; i < cfg.num_layers; ++i)
+        if (cfg.is_linear(i)) lin_index[static_cast<size_t>(i)] = n++;
+    state_layer_floats = cfg.lin_conv_floats() + cfg.lin_state_floats();
+    state_slots = slots;
+    return states.reserve(static_cast<size_t>(slots) * static_cast<size_t>(state_slot_bytes()));
+}
+
+DeltaNetDims StepState::delta_dims(const ModelConfig& cfg) {
+    DeltaNetDims d;
+    d.k_heads = cfg.lin_k_heads;
+    d.v_heads = cfg.lin_v_heads;
+    d.k_dim = cfg.lin_k_dim;
+    d.v_dim = cfg.lin_v_dim;
+    d.kernel = cfg.lin_conv_kernel;
+    d.grouped = cfg.lin_grouped;
+    return d;
+}
+
+// A slot's block holds every linear layer's block in turn: layer l's of slot s at (s * layers + index(l)) blocks.
+DeltaNetRows StepState::delta_rows(int layer, int batch, int T) const {
+    DeltaNetRows r;
+    const int32_t* p = plan_dev.as<int32_t>();
+    r.q_start = p + off_qstart;
+    r.slot = p + off_state;
+    r.zero = p + off_zero;
+    r.snap = p + off_snap;
+    r.batch = batch;
+    r.rows = T;
+    r.states = states.as<float>() + static_cast<int64_t>(lin_index[static_cast<size_t>(layer)]) * state_layer_floats;
+    r.slot_stride = state_layer_floats * cfg.num_linear_layers();
+    return r;
 }
 
 Status StepState::reserve_moe() {
@@ -109,7 +156,8 @@ Status StepState::reserve_exl3() {
                             exl3_workspace_bytes(l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), rows));
     };
     for (const DevLayer& l : w.layers) {
-        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down}) visit(*d, capacity);
+        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
+            visit(*d, capacity);
         for (const DevExpert& e : l.moe.experts)
             for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d, capacity);
         for (const DevLinear* d : {&l.moe.router, &l.moe.shared.gate_up, &l.moe.shared.down, &l.moe.shared_gate})
@@ -120,7 +168,8 @@ Status StepState::reserve_exl3() {
         size_t inv = 0;
         for (const DevLayer& l : w.layers)
             for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.moe.router, &l.moe.shared_gate,
-                                       &l.moe.shared.gate_up, &l.moe.shared.down})
+                                       &l.moe.shared.gate_up, &l.moe.shared.down, &l.lin.in_proj, &l.lin.ba,
+                                       &l.lin.out})
                 if (d->w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d->out, d->in));
         for (const DevLayer& l : w.layers)
             for (const DevExpert& e : l.moe.experts)

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
+#include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/kv_pages.h"
 #include "format/model_config.h"
@@ -43,6 +44,14 @@ struct StepState {
     DeviceBuffer moe_ws;  // the grouped path's workspace (moe_layer.h): routing, rotated rows, split partials
     int32_t* moe_host = nullptr;
     size_t moe_host_n = 0;
+    // Hybrid models: the recurrent states, `state_slots` slots of every linear-attention layer's block (a layer's
+    // block: delta_net.cuh), allocated at load; lin_index maps a layer to its index among the linear ones (-1: an
+    // attention layer). Step scratch of the linear layers: the conv's output, beta | g, the delta rule's output.
+    DeviceBuffer states;
+    int state_slots = 0;
+    int64_t state_layer_floats = 0;  // one layer's block
+    std::vector<int> lin_index;
+    DeviceBuffer lin_y, lin_gates, lin_o;
     // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is
     // recorded after each upload and waited for before the host writes the buffer again.
     int32_t* plan_host = nullptr;
@@ -51,6 +60,8 @@ struct StepState {
     std::vector<float> inv_freq_uploaded;  // what inv_freq holds (uploaded again only when it changes)
     // Offsets (in int32) of the plan's arrays inside plan_dev.
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
+    // Hybrid models: each sequence's state slot and zero flag [batch], each row's snapshot slot or -1 [tokens].
+    size_t off_state = 0, off_zero = 0, off_snap = 0;
     RopeFrequencies rope, rope_local;  // inv_freq holds rope's frequencies, and rope_local's from head_dim on
 
     // Captured steps by (sequences, tokens each, attention bound): decode steps (one token each) and the uniform
@@ -69,12 +80,22 @@ struct StepState {
     void drop_graphs();
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
     AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const;
-    PagedKV paged(int layer) const { return kv.paged(layer, act); }
+    // Layer `layer`'s keys and values (attention layers only hold them: ModelConfig::kv_layer).
+    PagedKV paged(int layer) const { return kv.paged(cfg.kv_layer(layer), act); }
+    // Hybrid models: the recurrent states' memory, `slots` slots sized out of the KV budget (allocate_states).
+    Status allocate_states(int slots);
+    int64_t state_slot_bytes() const {
+        return state_layer_floats * static_cast<int64_t>(cfg.num_linear_layers()) * static_cast<int64_t>(sizeof(float));
+    }
+    static DeltaNetDims delta_dims(const ModelConfig& cfg);
+    // The step's rows for the kernels of linear layer `layer` (the plan arrays uploaded for a step of T tokens).
+    DeltaNetRows delta_rows(int layer, int batch, int T) const;
 
 private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
     Status reserve_exl3();
     Status reserve_moe();
+    Status reserve_linear();
     int graph_bound(int max_seq_len) const;
 };
 
