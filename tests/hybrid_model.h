@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
 #include "format/safetensors_writer.h"
 
 namespace exl3::test {
@@ -27,6 +28,9 @@ struct HybridShape {
     int vocab = 96, hidden = 64, inter = 96, layers = 4, heads = 2, kv_heads = 1, head_dim = 32;
     int k_heads = 2, v_heads = 4, k_dim = 16, v_dim = 24, kernel = 4;
     int experts = 4, top_k = 2, expert_size = 32, shared_size = 48;
+    // The linears' weights and the embedding rounded to bf16 (still stored as F32): what the CUDA backend holds for a
+    // float32 checkpoint, so that the CPU reference multiplies by the very weights the GPU does.
+    bool bf16_weights = false;
 };
 
 // Writes config.json and model.safetensors into `dir` (created): even layers linear attention, odd ones full.
@@ -103,14 +107,15 @@ inline nlohmann::json write_hybrid_model(const std::string& dir, HybridKind kind
         for (float& x : v) x = gen();
         (void)w.add(name, DType::kF32, shape, v.data(), n * sizeof(float));
     };
+    auto rounded = [&](float x) { return s.bf16_weights ? bf16_to_f32(f32_to_bf16(x)) : x; };
     auto mat = [&](const std::string& name, int64_t out, int64_t in) {
         const float sc = 1.2f / std::sqrt(static_cast<float>(in));
-        add(name + ".weight", {out, in}, [&] { return sc * normal(rng); });
+        add(name + ".weight", {out, in}, [&] { return rounded(sc * normal(rng)); });
     };
     auto offset_norm = [&](const std::string& name, int64_t n) { add(name, {n}, [&] { return 0.2f * normal(rng); }); };
     const std::string root = wrapped ? "model.language_model." : "model.";
     const int64_t H = s.hidden, KD = s.k_heads * s.k_dim, VD = s.v_heads * s.v_dim, CD = 2 * KD + VD;
-    add(root + "embed_tokens.weight", {s.vocab, H}, [&] { return normal(rng); });
+    add(root + "embed_tokens.weight", {s.vocab, H}, [&] { return rounded(normal(rng)); });
     offset_norm(root + "norm.weight", H);
     mat("lm_head", s.vocab, H);
     if (wrapped) add("model.visual.patch_embed.proj.weight", {8, 3}, [&] { return normal(rng); });
@@ -154,8 +159,8 @@ inline nlohmann::json write_hybrid_model(const std::string& dir, HybridKind kind
         mat(p + "mlp.gate", s.experts, H);
         if (stacked) {
             const float a = 1.2f / std::sqrt(static_cast<float>(H)), b = 1.2f / std::sqrt(static_cast<float>(s.expert_size));
-            add(p + "mlp.experts.gate_up_proj", {s.experts, 2 * s.expert_size, H}, [&] { return a * normal(rng); });
-            add(p + "mlp.experts.down_proj", {s.experts, H, s.expert_size}, [&] { return b * normal(rng); });
+            add(p + "mlp.experts.gate_up_proj", {s.experts, 2 * s.expert_size, H}, [&] { return rounded(a * normal(rng)); });
+            add(p + "mlp.experts.down_proj", {s.experts, H, s.expert_size}, [&] { return rounded(b * normal(rng)); });
         } else {
             for (int e = 0; e < s.experts; ++e) {
                 const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
