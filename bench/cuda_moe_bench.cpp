@@ -23,6 +23,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/context.h"
 #include "backend/cuda/device.h"
+#include "backend/cuda/exl3/exl3_plan.h"
 #include "backend/cuda/moe_layer.h"
 
 using namespace exl3;
@@ -192,6 +193,121 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
     return 1e3 * ms / (static_cast<double>(reps) * static_cast<double>(per));
 }
 
+// The default plan's launches one at a time at n tokens (n <= 32): graphs of each prefix of the layer's launches
+// (routing sort, [rotation,] gate|up, [rotation,] down, combine) over the layer copies, replayed; a launch's time is
+// its prefix's minus the one before (what it adds to a captured decode step, its launch gap included).
+void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
+               const std::vector<DeviceBuffer>& logits, int reps, cudaStream_t st) {
+    const MoeLayerWeights& w0 = layers[0].w;
+    const MoeLayerPlan p = moe_layer_plan(w0, s.top_k, n, false);
+    const size_t nk = static_cast<size_t>(n) * s.top_k, E = static_cast<size_t>(s.experts);
+    DeviceBuffer scratch, ids, wts, offs, act, nact, pair_of, slot_of, xh, ygu, yd, out;
+    const bool ok = scratch.reserve(moe_route_scratch_bytes(n, s.experts)).is_ok() && ids.reserve(nk * 4).is_ok() &&
+                    wts.reserve(nk * 4).is_ok() && offs.reserve((E + 1) * 4).is_ok() && act.reserve(E * 4).is_ok() &&
+                    nact.reserve(4).is_ok() && pair_of.reserve(nk * 4).is_ok() && slot_of.reserve(nk * 4).is_ok() &&
+                    xh.reserve(std::max<size_t>(2u * w0.gate_up.shape.k_pad, w0.down.shape.k_pad) * nk * 2).is_ok() &&
+                    ygu.reserve(static_cast<size_t>(p.gate_up.splits) * nk * w0.gate_up.shape.ldy * 4).is_ok() &&
+                    yd.reserve(static_cast<size_t>(p.down.splits) * nk * w0.down.shape.ldy * 4).is_ok() &&
+                    out.reserve(static_cast<size_t>(n) * s.hidden * 4).is_ok();
+    if (!ok) std::exit(1);
+    MoeRouteBufs b;
+    b.ids = ids.as<int32_t>();
+    b.weights = wts.as<float>();
+    b.offsets = offs.as<int32_t>();
+    b.active = act.as<int32_t>();
+    b.n_active = nact.as<int32_t>();
+    b.pair_of = pair_of.as<int32_t>();
+    b.slot_of = slot_of.as<int32_t>();
+    MoeRoutes r;
+    r.ids = b.ids;
+    r.weights = b.weights;
+    r.offsets = b.offsets;
+    r.active = b.active;
+    r.n_active = b.n_active;
+    r.pair_of = b.pair_of;
+    r.slot_of = b.slot_of;
+    r.experts = s.experts;
+    r.top_k = s.top_k;
+    r.tokens = n;
+    MoeRouting routing;
+    routing.experts = s.experts;
+    routing.top_k = s.top_k;
+    routing.norm_topk = true;
+    std::vector<const char*> names = {"moe_route_sort"};
+    if (p.gate_up.prerotate) names.push_back("exl3_moe_rotate (gate|up input)");
+    names.push_back("exl3_moe_kernel gate|up");
+    if (p.down.prerotate) names.push_back("exl3_moe_rotate (GLU, down input)");
+    names.push_back("exl3_moe_kernel down");
+    names.push_back("moe_combine");
+    // The first `launches` launches of the layer for layer copy i.
+    auto run = [&](size_t i, size_t launches) {
+        const MoeLayerWeights& w = layers[i % layers.size()].w;
+        size_t done = 0;
+        auto next = [&](cudaError_t e) {
+            CK(e);
+            return ++done < launches;
+        };
+        if (!next(moe_route_sort(logits[i % logits.size()].as<float>(), n, routing, scratch.get(), b, st))) return;
+        MoeStageIn gin;
+        gin.kind = MoeIn::kX;
+        gin.x = x.get();
+        gin.ldx = w.gate_up.shape.k;
+        if (p.gate_up.prerotate) {
+            if (!next(exl3_moe_rotate(w.gate_up.table, w.gate_up.shape, gin, r, xh.as<uint16_t>(), st))) return;
+            gin.kind = MoeIn::kRotated;
+            gin.xh = xh.as<uint16_t>();
+        }
+        MoeStageOut gout;
+        gout.y = ygu.as<float>();
+        if (!next(exl3_moe_matmul(w.gate_up.table, w.gate_up.shape, w.gate_up.classes[0], gin, r, gout, p.gate_up, st)))
+            return;
+        MoeStageIn din;
+        din.kind = MoeIn::kGlu;
+        din.gu = ygu.as<float>();
+        din.gu_splits = p.gate_up.splits;
+        din.gu_ld = w.gate_up.shape.ldy;
+        din.inter = w.down.shape.k;
+        if (p.down.prerotate) {
+            if (!next(exl3_moe_rotate(w.down.table, w.down.shape, din, r, xh.as<uint16_t>(), st))) return;
+            din.kind = MoeIn::kRotated;
+            din.xh = xh.as<uint16_t>();
+        }
+        MoeStageOut dout;
+        dout.y = yd.as<float>();
+        if (!next(exl3_moe_matmul(w.down.table, w.down.shape, w.down.classes[0], din, r, dout, p.down, st))) return;
+        next(moe_combine(yd.as<float>(), p.down.splits, b.slot_of, b.weights, n, s.top_k, s.hidden, nullptr, nullptr,
+                         out.as<float>(), true, st));
+    };
+    const size_t per = std::max(layers.size(), logits.size());
+    double before = 0.0;
+    std::printf("launches of one layer at %d token%s (graph replays; each launch's added time):\n", n, n == 1 ? "" : "s");
+    for (size_t k = 1; k <= names.size(); ++k) {
+        cudaGraph_t g = nullptr;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+        for (size_t i = 0; i < per; ++i) run(i, k);
+        CK(cudaStreamEndCapture(st, &g));
+        cudaGraphExec_t ge = nullptr;
+        CK(cudaGraphInstantiate(&ge, g, 0));
+        CK(cudaGraphLaunch(ge, st));
+        cudaEvent_t a, e;
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&e));
+        CK(cudaEventRecord(a, st));
+        for (int rep = 0; rep < reps; ++rep) CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(e, st));
+        CK(cudaEventSynchronize(e));
+        float ms = 0.0f;
+        CK(cudaEventElapsedTime(&ms, a, e));
+        const double us = 1e3 * ms / (static_cast<double>(reps) * static_cast<double>(per));
+        std::printf("  %-36s %7.1f us  (layer so far %7.1f us)\n", names[k - 1], us - before, us);
+        before = us;
+        cudaEventDestroy(a);
+        cudaEventDestroy(e);
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+    }
+}
+
 void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, double bw, double rate, cudaStream_t st) {
     const double expert_weights = 3.0 * s.hidden * s.inter, expert_bytes = expert_weights * s.K / 8.0;
     const int copies = std::max(1, static_cast<int>(std::ceil((1u << 30) / (expert_bytes * s.experts))));
@@ -257,6 +373,16 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
         p = def;
         p.gate_up.prerotate = p.down.prerotate = !def.gate_up.prerotate;
         vars.push_back({def.gate_up.prerotate ? "in-block rotation" : "rotation kernel", p});
+        // A variant whose pass does not fit a block's shared memory (Mixtral's down stage at 16 rows and 2 splits) is
+        // one the plan never makes: left out.
+        const size_t smem_cap = exl3k::smem_device_cap();
+        const MoeLayerWeights& w0 = layers[0].w;
+        std::erase_if(vars, [&](const Variant& v) {
+            const bool fits = exl3_moe_smem_bytes(w0.gate_up.shape, w0.gate_up.classes, v.plan.gate_up) <= smem_cap &&
+                              exl3_moe_smem_bytes(w0.down.shape, w0.down.classes, v.plan.down) <= smem_cap;
+            if (!fits) std::printf("| %d | %.1f | %s | does not fit shared memory | | | |\n", n, active, v.name);
+            return !fits;
+        });
         size_t wsb = 0;
         for (const Variant& v : vars) wsb = std::max(wsb, moe_layer_chunk_bytes(layers[0].w, s.top_k, chunk, v.plan));
         if (!ws.reserve(wsb).is_ok()) std::exit(1);
@@ -269,6 +395,7 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
                         v.plan.gate_up.prerotate ? ", rotation kernel" : "", us, bytes / us / 1e3, ideal,
                         100.0 * ideal / us);
         }
+        if (n <= 8) breakdown(layers, s, n, x, logits, reps, st);
     }
 }
 

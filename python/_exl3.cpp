@@ -23,6 +23,7 @@
 #include "exl3/model.h"
 #include "exl3/status.h"
 #include "exl3/tokenizer.h"
+#include "exl3/chat_reply.h"
 #include "exl3/tool_calls.h"
 
 namespace py = pybind11;
@@ -256,6 +257,39 @@ const std::unordered_map<std::string, Setter>& request_setters() {
         s["add_special_tokens"] = [](GenerationRequest& r, py::handle h) {
             r.add_special_tokens = cast_arg<bool>(h, "add_special_tokens");
         };
+        // A list of {"literal": str, "json_schema": dict or str} (GenerationRequest::choices), and its trigger.
+        s["choices"] = [](GenerationRequest& r, py::handle h) {
+            r.choices.clear();
+            for (py::handle c : cast_arg<py::list>(h, "choices")) {
+                const auto d = cast_arg<py::dict>(c, "choices[i]");
+                if (!d.contains("literal") || !d.contains("json_schema"))
+                    raise(invalid_argument("each of 'choices' needs 'literal' and 'json_schema'"));
+                GenerationRequest::Choice choice;
+                choice.literal = cast_arg<std::string>(d["literal"], "choices[i].literal");
+                py::handle schema = d["json_schema"];
+                choice.json_schema = py::isinstance<py::str>(schema)
+                                         ? schema.cast<std::string>()
+                                         : py::module_::import("json").attr("dumps")(schema).cast<std::string>();
+                r.choices.push_back(std::move(choice));
+            }
+        };
+        s["choices_trigger"] = [](GenerationRequest& r, py::handle h) {
+            r.choices_trigger = cast_arg<std::string>(h, "choices_trigger");
+        };
+        // A dict of GenerationRequest::Reasoning's fields (what Generator.chat builds with exl3.reasoning_settings).
+        s["reasoning"] = [](GenerationRequest& r, py::handle h) {
+            const auto d = cast_arg<py::dict>(h, "reasoning");
+            for (const auto& [key, value] : d) {
+                const std::string k = py::str(key);
+                if (k == "open") r.reasoning.open = cast_arg<std::string>(value, "reasoning.open");
+                else if (k == "close") r.reasoning.close = cast_arg<std::string>(value, "reasoning.close");
+                else if (k == "closing") r.reasoning.closing = cast_arg<std::string>(value, "reasoning.closing");
+                else if (k == "open_anywhere") r.reasoning.open_anywhere = cast_arg<bool>(value, "reasoning." + k);
+                else if (k == "starts_inside") r.reasoning.starts_inside = cast_arg<bool>(value, "reasoning." + k);
+                else if (k == "max_tokens") r.reasoning.max_tokens = cast_arg<int>(value, "reasoning.max_tokens");
+                else throw py::type_error("exl3: 'reasoning' has no field '" + k + "'");
+            }
+        };
         return t;
     }();
     return *table;
@@ -307,6 +341,7 @@ py::dict model_info_dict(const ModelInfo& i) {
     d["kv_bits_k"] = i.kv_bits_k;
     d["kv_bits_v"] = i.kv_bits_v;
     d["kv_bytes_per_token"] = i.kv_bytes_per_token;
+    d["cache_tokens"] = i.cache_tokens;
     return d;
 }
 
@@ -421,7 +456,27 @@ void bind_tokenizer(py::module_& m) {
             },
             py::arg("name") = "default",
             "How the chat template of that name teaches its model to write tool calls: 'hermes', 'llama3', "
-            "'mistral', 'mistral-args', 'granite', 'command-r' or 'seed' (what exl3.parse_tool_calls takes).")
+            "'mistral', 'mistral-args', 'granite', 'command-r', 'command-r-plus', 'seed', 'qwen3-coder', 'glm', "
+            "'harmony' or 'gemma' (what exl3.parse_tool_calls takes).")
+        .def(
+            "reply_format",
+            [](const PyTokenizer& t, const std::string& name) {
+                const std::string* source = t.tok->chat_template(name);
+                if (!source) raise(no_template(name));
+                const ReplyFormat f = reply_format(*source, [&](std::string_view text) {
+                    return t.tok->token_to_id(text).has_value();
+                });
+                py::dict d;
+                d["tools"] = f.tools;
+                d["reasoning"] = f.reasoning;
+                d["reasoning_open"] = f.reasoning_open;
+                d["reasoning_close"] = f.reasoning_close;
+                return d;
+            },
+            py::arg("name") = "default",
+            "How the chat template of that name's model writes replies: {'tools': its tool-call format, "
+            "'reasoning': 'none', 'tags' or 'harmony', 'reasoning_open', 'reasoning_close'} (markers found in the "
+            "template and the vocabulary).")
         .def(
             "_render_chat",
             [](PyTokenizer& t, const std::string& context_json, const std::string& name) {
@@ -467,6 +522,75 @@ void bind_logits(py::module_& m) {
         });
 }
 
+// The GPU memory keywords of Model() and plan_memory().
+struct MemoryArgs {
+    std::optional<double> gpu_memory;  // GiB
+    int max_step_tokens = 0;
+    int offload_layers = 0;
+    std::string offload_mode = "stream";
+    int offload_experts = 0;
+    bool embed_on_gpu = false;
+};
+
+LoadOptions load_options(const std::string& device, int threads, int context_length, int cache_tokens, int page_size,
+                         bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k, std::optional<int> kv_bits_v,
+                         bool batch_invariant, const MemoryArgs& mem) {
+    LoadOptions o;
+    o.device = device;
+    o.threads = threads;
+    o.context_length = context_length;
+    o.cache_tokens = cache_tokens;
+    o.page_size = page_size;
+    o.prefix_cache = prefix_cache;
+    o.kv_bits_k = kv_bits_k.value_or(kv_bits);
+    o.kv_bits_v = kv_bits_v.value_or(kv_bits);
+    o.batch_invariant = batch_invariant;
+    if (mem.gpu_memory) {
+        if (!(*mem.gpu_memory > 0)) raise(invalid_argument("gpu_memory must be a positive number of GiB"));
+        o.gpu_memory = static_cast<int64_t>(*mem.gpu_memory * 1024.0 * 1024.0 * 1024.0);
+    }
+    o.max_step_tokens = mem.max_step_tokens;
+    o.offload_layers = mem.offload_layers;
+    if (mem.offload_mode != "stream" && mem.offload_mode != "cpu")
+        raise(invalid_argument("offload_mode must be 'stream' or 'cpu', not '" + mem.offload_mode + "'"));
+    o.offload_mode = mem.offload_mode == "cpu" ? OffloadMode::kCpu : OffloadMode::kStream;
+    o.offload_experts = mem.offload_experts;
+    o.embed_on_gpu = mem.embed_on_gpu;
+    return o;
+}
+
+py::dict memory_plan_dict(const MemoryPlan& p) {
+    py::dict d;
+    auto items = [](const std::vector<MemoryItem>& v) {
+        py::list l;
+        for (const auto& i : v) {
+            py::dict e;
+            e["name"] = i.name;
+            e["detail"] = i.detail;
+            e["bytes"] = i.bytes;
+            l.append(e);
+        }
+        return l;
+    };
+    d["device"] = p.device;
+    d["budget"] = p.budget;
+    d["gpu"] = items(p.gpu);
+    d["host"] = items(p.host);
+    d["gpu_total"] = p.gpu_total();
+    d["context_length"] = p.context_length;
+    d["cache_tokens"] = p.cache_tokens;
+    d["kv_bytes_per_token"] = p.kv_bytes_per_token;
+    d["max_step_tokens"] = p.max_step_tokens;
+    d["offload_layers"] = p.offload_layers;
+    d["offload_mode"] = p.offload_mode == OffloadMode::kCpu ? "cpu" : "stream";
+    d["offload_expert_layers"] = p.offload_expert_layers;
+    d["fits"] = p.fits;
+    d["short_by"] = p.short_by;
+    d["suggestions"] = p.suggestions;
+    d["table"] = p.table();
+    return d;
+}
+
 // exl3.Sequence: one sequence's KV cache in a model.
 void bind_sequence(py::module_& m) {
     py::class_<PySequence, std::shared_ptr<PySequence>>(m, "Sequence",
@@ -480,20 +604,41 @@ void bind_sequence(py::module_& m) {
 
 // exl3.Model: loading, forward passes, greedy generation, cache statistics.
 void bind_model(py::module_& m) {
+    m.def(
+        "plan_memory",
+        [](const std::string& path, const std::string& device, int context_length, int cache_tokens, int page_size,
+           int kv_bits, std::optional<int> kv_bits_k, std::optional<int> kv_bits_v, std::optional<double> gpu_memory,
+           int max_step_tokens, int offload_layers, const std::string& offload_mode, int offload_experts,
+           bool embed_on_gpu) {
+            const MemoryArgs mem{gpu_memory, max_step_tokens, offload_layers, offload_mode, offload_experts,
+                                 embed_on_gpu};
+            const LoadOptions o = load_options(device, 0, context_length, cache_tokens, page_size, true, kv_bits,
+                                               kv_bits_k, kv_bits_v, false, mem);
+            Result<MemoryPlan> r = internal_error("not run");
+            {
+                py::gil_scoped_release nogil;
+                r = Model::plan_memory(path, o);
+            }
+            return memory_plan_dict(take(std::move(r)));
+        },
+        py::arg("path"), py::kw_only(), py::arg("device") = "cuda", py::arg("context_length") = 0,
+        py::arg("cache_tokens") = 0, py::arg("page_size") = 0, py::arg("kv_bits") = 0,
+        py::arg("kv_bits_k") = py::none(), py::arg("kv_bits_v") = py::none(), py::arg("gpu_memory") = py::none(),
+        py::arg("max_step_tokens") = 0, py::arg("offload_layers") = 0, py::arg("offload_mode") = "stream",
+        py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false,
+        "The GPU memory plan Model(path, device=..., ...) would make, without loading anything onto a GPU (with "
+        "gpu_memory given no GPU is needed): a dict with the items, the resolved cache and context, 'fits' and "
+        "'suggestions'.");
     py::class_<PyModel, std::shared_ptr<PyModel>>(m, "Model", "A loaded model (Hugging Face safetensors or EXL3).")
         .def(py::init([](const std::string& path, const std::string& device, int threads, int context_length,
                          int cache_tokens, int page_size, bool prefix_cache, int kv_bits, std::optional<int> kv_bits_k,
-                         std::optional<int> kv_bits_v, bool batch_invariant) {
-                 LoadOptions o;
-                 o.device = device;
-                 o.threads = threads;
-                 o.context_length = context_length;
-                 o.cache_tokens = cache_tokens;
-                 o.page_size = page_size;
-                 o.prefix_cache = prefix_cache;
-                 o.kv_bits_k = kv_bits_k.value_or(kv_bits);
-                 o.kv_bits_v = kv_bits_v.value_or(kv_bits);
-                 o.batch_invariant = batch_invariant;
+                         std::optional<int> kv_bits_v, bool batch_invariant, std::optional<double> gpu_memory,
+                         int max_step_tokens, int offload_layers, const std::string& offload_mode, int offload_experts,
+                         bool embed_on_gpu) {
+                 const MemoryArgs mem{gpu_memory, max_step_tokens, offload_layers, offload_mode, offload_experts,
+                                      embed_on_gpu};
+                 const LoadOptions o = load_options(device, threads, context_length, cache_tokens, page_size,
+                                                    prefix_cache, kv_bits, kv_bits_k, kv_bits_v, batch_invariant, mem);
                  auto pm = std::make_shared<PyModel>();
                  Status failed;
                  {
@@ -510,10 +655,19 @@ void bind_model(py::module_& m) {
              py::arg("path"), py::kw_only(), py::arg("device") = "cpu", py::arg("threads") = 0,
              py::arg("context_length") = 0, py::arg("cache_tokens") = 0, py::arg("page_size") = 0,
              py::arg("prefix_cache") = true, py::arg("kv_bits") = 0, py::arg("kv_bits_k") = py::none(),
-             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false,
+             py::arg("kv_bits_v") = py::none(), py::arg("batch_invariant") = false, py::arg("gpu_memory") = py::none(),
+             py::arg("max_step_tokens") = 0, py::arg("offload_layers") = 0, py::arg("offload_mode") = "stream",
+             py::arg("offload_experts") = 0, py::arg("embed_on_gpu") = false,
              "Loads a model directory. device: 'cpu', 'cuda' or 'cuda:N'; threads: CPU threads (0: EXL3_THREADS or "
-             "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: the "
-             "context length); kv_bits (or kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache.")
+             "all); context_length: 0 for the model's; cache_tokens: the paged KV cache's size in tokens (0: CUDA "
+             "gives it what the memory plan leaves, the CPU grows it up to the context length); kv_bits (or "
+             "kv_bits_k / kv_bits_v): 0, 4, 6 or 8 to quantize the KV cache. GPU memory (docs/memory.md): "
+             "gpu_memory (GiB, None: what the device has free less 0.5 GiB), max_step_tokens, offload_layers "
+             "(-1: as few as fit), offload_mode ('stream' or 'cpu'), offload_experts (-1: every MoE layer), "
+             "embed_on_gpu.")
+        .def_property_readonly(
+            "memory_plan", [](const PyModel& pm) { return memory_plan_dict(pm.get().memory_plan()); },
+            "The GPU memory plan the model was loaded with, as a dict (CUDA; 'table' is the text the load logs).")
         .def_property_readonly(
             "info", [](const PyModel& pm) { return model_info_dict(pm.get().info()); },
             "The model's shape and configuration, as a dict.")
@@ -608,6 +762,9 @@ void bind_job_update(py::module_& m) {
         .def_readonly("generated_tokens", &JobUpdate::generated_tokens)
         .def_readonly("draft_tokens", &JobUpdate::draft_tokens, "speculative decoding: tokens proposed so far")
         .def_readonly("accepted_tokens", &JobUpdate::accepted_tokens, "speculative decoding: proposals kept so far")
+        .def_readonly("reasoning_tokens", &JobUpdate::reasoning_tokens, "tokens drawn inside reasoning so far")
+        .def_readonly("output_closed", &JobUpdate::output_closed,
+                      "the job ended because its JSON object, schema value or tool choice closed")
         .def("__repr__", [](const JobUpdate& u) {
             return "<exl3.JobUpdate job=" + std::to_string(u.job) + " tokens=" + std::to_string(u.tokens.size()) +
                    (u.finish == FinishReason::kNone ? std::string()
@@ -673,7 +830,20 @@ void bind_generator(py::module_& m) {
     });
 }
 
-// The tool-call parser of include/exl3/tool_calls.h, for exl3.parse_tool_calls and Generator.chat(tools=...).
+// A ReplyFormat from the dict Tokenizer.reply_format gives.
+ReplyFormat reply_format_of(const py::dict& d) {
+    ReplyFormat f;
+    auto get = [&](const char* key, std::string* out) {
+        if (d.contains(key)) *out = cast_arg<std::string>(d[key], key);
+    };
+    get("tools", &f.tools);
+    get("reasoning", &f.reasoning);
+    get("reasoning_open", &f.reasoning_open);
+    get("reasoning_close", &f.reasoning_close);
+    return f;
+}
+
+// The reply parsers of include/exl3/tool_calls.h and chat_reply.h, for exl3.parse_tool_calls and Generator.chat.
 void bind_tool_calls(py::module_& m) {
     m.def(
         "_parse_tool_calls",
@@ -684,6 +854,34 @@ void bind_tool_calls(py::module_& m) {
             return py::make_tuple(r.content, calls);
         },
         py::arg("text"), py::arg("format"), "(content, [(id, name, arguments as JSON text)])");
+    m.def(
+        "_reasoning_settings",
+        [](const py::dict& format, py::handle prompt, int max_tokens) {
+            const GenerationRequest::Reasoning r =
+                reasoning_settings(reply_format_of(format), utf8(prompt, "prompt"), max_tokens);
+            py::dict d;
+            if (r.open.empty()) return d;
+            d["open"] = r.open;
+            d["close"] = r.close;
+            d["closing"] = r.closing;
+            d["open_anywhere"] = r.open_anywhere;
+            d["starts_inside"] = r.starts_inside;
+            d["max_tokens"] = r.max_tokens;
+            return d;
+        },
+        py::arg("format"), py::arg("prompt"), py::arg("max_tokens"));
+    m.def(
+        "_parse_reply",
+        [](const py::dict& format, py::handle text, bool starts_inside, const std::string& tools_json) {
+            const auto tools = nlohmann::ordered_json::parse(tools_json, nullptr, /*allow_exceptions=*/false);
+            if (tools.is_discarded()) raise(invalid_argument("tools is not JSON"));
+            const ChatReply r = take(parse_reply(reply_format_of(format), utf8(text, "text"), starts_inside, tools));
+            py::list calls;
+            for (const ToolCall& c : r.calls) calls.append(py::make_tuple(c.id, c.name, c.arguments));
+            return py::make_tuple(r.reasoning, r.content, calls);
+        },
+        py::arg("format"), py::arg("text"), py::arg("starts_inside"), py::arg("tools_json"),
+        "(reasoning, content, [(id, name, arguments as JSON text)])");
     m.def(
         "_tool_call_markers", [](const std::string& format) { return take(tool_call_markers(format)); },
         py::arg("format"));

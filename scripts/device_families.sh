@@ -10,12 +10,13 @@
 # Carried (git-ignored): $P/bins.tar.xz (new/), optionally $P/models.tar.xz (models/tiny-target laid out like
 # ../shared) and $P/tinydraft.tar.xz (tests/models/tiny-draft, when it was left out of the tree to fit the call),
 # libcpp-httplib.
-# With MOE=1 a random-trellis EXL3 Qwen3-MoE (qwen3-moe-tiny) is made first for CudaModel.Exl3ExpertsMatchCpu.
+# With MOE=1 random-trellis EXL3 models are made first: a Qwen3-MoE (qwen3-moe-tiny) for CudaModel.Exl3Experts* and
+# a gpt-oss (gpt-oss-tiny: biased experts, the clamped SwiGLU on the grouped kernels) for CudaModel.Exl3GptOssMatchesCpu.
 # GOLDEN picks the CPU golden tests (default Families/*:GptOss/*); CUDA_FILTER the tests of the CUDA binaries
 # (default all); BENCH_ARGS the bench's flags.
 # gpt-oss (issue 42): FAMILIES=gpt_oss,gpt_oss_mxfp4 makes both fixtures (transformers' bf16 experts, and the Hub's
 # MXFP4 blocks dequantized by transformers), runs GptOss/* golden, the attention sink cases (PagedAttention sink_*),
-# the CUDA refusal of its experts and FamilyConvert GptOss/* (exl3_convert_tests).
+# its CUDA tests (CudaExperts/*gpt_oss*, FamilyOps.SwigluClampMul) and FamilyConvert GptOss/* (exl3_convert_tests).
 # Usage (device tool): [FAMILIES=a,b] [BENCH=1] [SHAPES="..."] [MOE=1] bash scripts/device_families.sh [P=.device/p3]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -54,6 +55,8 @@ grep -E "worst relative|^\[  (PASSED|FAILED) |^\[  FAILED  \]" /tmp/golden.log; 
 if [ "${MOE:-0}" = 1 ]; then
   python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
     > /tmp/moe_tiny.log 2>&1 && export EXL3_TEST_EXL3_MOE=/tmp/moe-tiny || tail -3 /tmp/moe_tiny.log
+  python3 tools/bench/make_random_model.py --shape gpt-oss-tiny --exl3-bits 4 --head-bits 6 --out /tmp/gpt-oss-tiny \
+    > /tmp/gpt_oss_tiny.log 2>&1 && export EXL3_TEST_EXL3_GPT_OSS=/tmp/gpt-oss-tiny || tail -3 /tmp/gpt_oss_tiny.log
 fi
 echo "== CUDA tests"
 for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3_cuda_prefix_cache_tests \
@@ -63,7 +66,7 @@ for t in exl3_cuda_tests exl3_cuda_generator_tests exl3_cuda_kv_quant_tests exl3
   timeout 300 /tmp/b/new/$t --gtest_filter="${CUDA_FILTER:-*}" > /tmp/$t.log 2>&1; echo "exit $?"
   cat /tmp/$t.log >> "$OUT/tests.log"
   grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]+ tests" /tmp/$t.log | head -30
-  grep -E "(golden/[a-z0-9_]+|moe-tiny): prefill|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] (cap|sink)_|invariant inv_sink|gpt-oss|GptOss" /tmp/$t.log | head -80
+  grep -E "(golden/[a-z0-9_]+|all_experts_[a-z0-9_]+|moe-tiny|gpt-oss-tiny): (prefill|routed)|CUDA greedy|they part|bpw \((cuda|cpu) encoder|\[attn\] (cap|sink)_|invariant inv_sink|gpt-oss|GptOss" /tmp/$t.log | head -80
 done
 if [ "${BENCH:-0}" = 1 ]; then
   wait $models; cat /tmp/models.log

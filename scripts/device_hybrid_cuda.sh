@@ -17,12 +17,16 @@
 #      with batch-1 decode at context 32768; beside the roofline and the ideal step, and the decode ratio 32k / 512
 #      (the issue asks <= 1.15).
 # Prints a compact summary; full logs and the bench JSON in $OUT.
-# Usage (device tool): bash scripts/device_hybrid_cuda.sh [P=.device/r1] [SKIP_80B=1]
+# Usage (device tool): bash scripts/device_hybrid_cuda.sh [P=.device/r1] [SKIP_80B=1] [TESTS_ONLY=1]
+#   TESTS_ONLY=1: step 1 only, without compute-sanitizer and without the models and benches (under 2 minutes).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 P=.device/r1
 SKIP_80B=0
-for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; SKIP_80B=*) SKIP_80B=${a#SKIP_80B=} ;; esac; done
+TESTS_ONLY=0
+for a in "$@"; do
+  case "$a" in P=*) P=${a#P=} ;; SKIP_80B=*) SKIP_80B=${a#SKIP_80B=} ;; TESTS_ONLY=*) TESTS_ONLY=${a#TESTS_ONLY=} ;; esac
+done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
@@ -41,27 +45,34 @@ mk() {
     || { echo "$1 model failed"; tail -5 /tmp/model_$1.log; }
 }
 M80=/tmp/models/next-80b
+m27= m80=
+if [ "$TESTS_ONLY" != 1 ]; then
 shm=$(df -BG --output=avail /dev/shm 2> /dev/null | tail -1 | tr -dc 0-9)
 if [ "${shm:-0}" -gt 24 ]; then M27=/dev/shm/q35-27b par=1; else M27=/tmp/models/q35-27b par=0; fi
 echo "== $(el) random models (background; both at once: $par)"
 mk qwen3.5-27b $M27 > /tmp/models.log 2>&1 &
 m27=$!
-m80=
 if [ $par = 1 ] && [ "$SKIP_80B" != 1 ]; then mk qwen3-next-80b-a3b $M80 >> /tmp/models.log 2>&1 & m80=$!; fi
+fi
 
 summ() {
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|Expected|Which is|error:|worst relative|proposed|part at" "$1" \
-    | head -${2:-30}
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|Expected|Which is|error:|worst relative|median|proposed|part at" \
+    "$1" | head -${2:-30}
 }
 echo "== $(el) CUDA tests: kernels, golden hybrids"
-timeout 200 $B/exl3_cuda_tests --gtest_filter='*DeltaNet*:Hybrid*/CudaFamilies.*:Hybrid*/CudaExperts.*' \
+tl=200; [ "$TESTS_ONLY" = 1 ] && tl=60
+timeout $tl $B/exl3_cuda_tests --gtest_filter='*DeltaNet*:Hybrid*/CudaFamilies.*:Hybrid*/CudaExperts.*' \
   > /tmp/cuda_tests.log 2>&1
-echo "exit $?  (skipped: $(grep -c '^\[  SKIPPED \]' /tmp/cuda_tests.log))"; summ /tmp/cuda_tests.log 40
+echo "exit $?  (skipped: $(grep -c '^\[  SKIPPED \]' /tmp/cuda_tests.log))"; summ /tmp/cuda_tests.log 80
 cp /tmp/cuda_tests.log "$OUT/"
 echo "== $(el) CUDA tests: tiny hybrid models"
-timeout 150 $B/exl3_cuda_hybrid_tests > /tmp/hybrid_tests.log 2>&1
-echo "exit $?"; summ /tmp/hybrid_tests.log 40
+timeout $((tl - 10)) $B/exl3_cuda_hybrid_tests > /tmp/hybrid_tests.log 2>&1
+echo "exit $?"; summ /tmp/hybrid_tests.log 80
 cp /tmp/hybrid_tests.log "$OUT/"
+if [ "$TESTS_ONLY" = 1 ]; then
+  echo "== $(el) done (TESTS_ONLY)"
+  exit 0
+fi
 if command -v compute-sanitizer > /dev/null; then
   timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests \
     --gtest_filter='Act/DeltaNet.*/bf16' > /tmp/sanitizer.log 2>&1

@@ -66,7 +66,7 @@ cp /tmp/bench_moe.log "$OUT/"
 
 for m in qwen3 mixtral; do
   [ -d /tmp/models/$m ] || continue
-  args="-p 2048 -b 1,32 -c 512 -g 64"
+  args="-p 256,512,2048 -b 1,32 -c 512 -g 64"
   echo "== $(el) $m: exl3 bench $args"
   timeout 240 $B/exl3 bench -m /tmp/models/$m -d cuda $args > /tmp/bench_$m.log 2>&1
   echo "exit $?"; cat /tmp/bench_$m.log >> "$OUT/bench.log"

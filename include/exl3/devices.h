@@ -27,5 +27,7 @@ Status device_self_test(int device);
 // Device-to-device copy bandwidth (bytes read + written per second) over a buffer far larger than L2: the memory
 // roofline decode figures are printed against. 0 on failure.
 double device_copy_bandwidth(int device);
+// Pinned host-to-device copy bandwidth (bytes per second): the ceiling of streaming offloaded weights. 0 on failure.
+double device_upload_bandwidth(int device);
 
 }  // namespace exl3

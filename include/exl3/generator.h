@@ -114,6 +114,36 @@ struct GenerationRequest {
     // schema's text; src/runtime/json_schema.h lists the keywords it may use, and refuses the others). Drawn and ended
     // as in JSON mode; an empty string: none. Not together with json_object.
     std::string json_schema;
+
+    // A call of one of several tools (tool_choice "required", or "auto" with strict tools): the output is one choice's
+    // `literal` -- drawn token by token, each token's text continuing it; special tokens written in it (Harmony's
+    // <|message|>) are drawn as those tokens -- then one JSON value its schema admits (src/runtime/json_schema.h).
+    // The job ends with kStop and JobUpdate::output_closed when the value closes. With `choices_trigger` the output
+    // runs free until it writes the trigger (outside reasoning), then the rest must be a choice: a draw that would
+    // write the trigger followed by text no choice admits is drawn again. src/chat/tool_calls.h builds these for each
+    // tool-call format. Not together with json_object or json_schema; no speculative proposals for such a job.
+    struct Choice {
+        std::string literal;
+        std::string json_schema;
+    };
+    std::vector<Choice> choices;
+    std::string choices_trigger;
+
+    // Reasoning: for a model that thinks between markers before it answers (src/chat/reasoning.h finds them). With
+    // `open` set the Generator follows the output: a reasoning block opens where the output starts with `open` (after
+    // whitespace; anywhere with open_anywhere, as Harmony's analysis messages), or at once with starts_inside (the
+    // prompt opened it), and closes at `close`. max_tokens >= 0 is a budget: once that many tokens were drawn inside
+    // reasoning, the Generator writes `closing` (its tokens, special tokens included, placed without drawing, their
+    // logprobs 0) and the answer follows. -1: no budget.
+    struct Reasoning {
+        std::string open;
+        std::string close;
+        std::string closing;
+        bool open_anywhere = false;
+        bool starts_inside = false;
+        int max_tokens = -1;
+    };
+    Reasoning reasoning;
 };
 
 struct TokenLogprob {
@@ -139,6 +169,8 @@ struct JobUpdate {
     int generated_tokens = 0;  // so far, EOS/stop ids included
     int draft_tokens = 0;      // speculative decoding, so far: tokens proposed for this job
     int accepted_tokens = 0;   //   and of them, kept (each one a step's forward saved)
+    int reasoning_tokens = 0;  // so far, drawn inside reasoning (GenerationRequest::reasoning)
+    bool output_closed = false;  // the job ended (kStop) because its JSON object, schema value or choice closed
 };
 
 struct GeneratorOptions {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "exl3/memory.h"
 #include "exl3/status.h"
 
 namespace exl3 {
@@ -45,6 +46,7 @@ struct ModelInfo {
     // proposal). 0 for other models.
     int num_linear_layers = 0;
     int64_t state_bytes = 0;
+    int cache_tokens = 0;            // tokens the shared KV cache holds (CUDA: as planned; CPU: its limit, 0: none)
 };
 
 struct LoadOptions {
@@ -78,6 +80,28 @@ struct LoadOptions {
     // CUDA: steps in which every sequence brings the same few tokens (decode, speculative decoding's checks) are
     // captured once as CUDA graphs and replayed. false runs every step eagerly (slower; for comparisons).
     bool cuda_graphs = true;
+
+    // GPU memory (CUDA; docs/memory.md). The model is planned before anything is allocated: weights, embeddings,
+    // head, KV cache, step buffers, graphs and the CUDA context within a budget, and a plan that does not fit is
+    // refused (kOutOfRange) with the bytes it is short and what would make it fit.
+    int64_t gpu_memory = 0;     // bytes this model may take on its GPU, CUDA context included; 0: what the device
+                                // has free minus a safety margin (kGpuMemoryMargin)
+    // Tokens one step's buffers are sized for (0: kDefaultMaxStepTokens). A longer step whose logits go to the host
+    // runs in chunks of this many tokens (same results); one with logits kept on the device grows the buffers.
+    int max_step_tokens = 0;
+    // The KV cache: with cache_tokens 0 it takes what the budget leaves (up to kMaxCacheSequences full contexts);
+    // with context_length 0 a context that does not fit is shortened to what does (a given one is refused).
+    // Offload: the last offload_layers layers keep their weights in pinned host memory (-1: as few layers as the
+    // budget needs, 0: none), run as offload_mode says.
+    int offload_layers = 0;
+    OffloadMode offload_mode = OffloadMode::kStream;
+    // Mixtures of experts: the MoE blocks (router, experts, shared expert) of the first offload_experts MoE layers
+    // (-1: all, llama.cpp's --cpu-moe) stay in host memory and run on the CPU threads; the routing comes to the
+    // host anyway.
+    int offload_experts = 0;
+    // The embedding table: in pinned host memory, each step's rows gathered there and copied up (false), or on the
+    // GPU (true). A tied head keeps its one copy on the GPU, which the lookup then reads.
+    bool embed_on_gpu = false;
 };
 
 // One device draw (Model::forward_draw): the sampler chain of SamplerSettings (generator.h) after the history's
@@ -145,6 +169,12 @@ public:
     ~Model();
 
     const ModelInfo& info() const;
+    // The memory plan the model was loaded with (CUDA; empty items on the CPU).
+    const MemoryPlan& memory_plan() const;
+    // The memory plan Model::load would make for `dir` with `options`, without loading anything onto a GPU: reads
+    // config.json and the tensors' headers (and the EXL3 scales). With options.gpu_memory 0 it asks the device what
+    // is free; with a budget given it needs no GPU. Returns the plan whether or not it fits (MemoryPlan::fits).
+    static Result<MemoryPlan> plan_memory(const std::string& dir, const LoadOptions& options = {});
     // "cpu" or "cuda:N".
     std::string device() const;
 

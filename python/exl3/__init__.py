@@ -32,6 +32,7 @@ from ._exl3 import (
     Sequence,
     Tokenizer,
     UnsupportedError,
+    plan_memory,
 )
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "OutOfRangeError",
     "Sequence",
     "Tokenizer",
+    "plan_memory",
     "UnsupportedError",
     "apply_chat_template",
     "parse_tool_calls",
@@ -88,8 +90,10 @@ def parse_tool_calls(text: str, format: str = "hermes") -> tuple:
     """Splits a model's reply into its text and the tool calls in it, as `exl3 serve` does: returns
     (content, tool_calls), tool_calls a list of {"id", "name", "arguments"} (arguments a dict). format is how the
     model writes calls: 'hermes' (<tool_call>...</tool_call>: Qwen, Hermes), 'llama3', 'mistral', 'mistral-args',
-    'granite' (<|tool_call|>[...]), 'command-r' (<|START_ACTION|>[...]<|END_ACTION|>) or 'seed' (Seed-OSS's
-    <seed:tool_call><function=...> form);
+    'granite' (<|tool_call|>[...]), 'command-r' (<|START_ACTION|>[...]<|END_ACTION|>), 'command-r-plus'
+    (Action: ```json [...]```), 'seed' (Seed-OSS's <seed:tool_call><function=...> form), 'qwen3-coder'
+    (<tool_call><function=...>), 'glm' (<arg_key> / <arg_value>), 'harmony' (gpt-oss's commentary channel) or
+    'gemma' ([name(key=value)] Python calls);
     Tokenizer.tool_call_format() says which its chat template teaches. A call whose JSON is malformed, or that the
     reply ends inside, stays in the content."""
     content, calls = _exl3._parse_tool_calls(text, format)
@@ -111,8 +115,10 @@ class Completion:
     accepted_tokens: int = 0  # and of them, kept
     logprobs: list = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
-    content: Optional[str] = None  # chat: the reply's text outside its tool calls (without tools: the text)
+    content: Optional[str] = None  # chat: the reply's text outside its reasoning and tool calls
     tool_calls: list = field(default_factory=list)  # chat with tools: [{"id", "name", "arguments": dict}]
+    reasoning: Optional[str] = None  # chat, a model that reasons: what it wrote before its answer
+    reasoning_tokens: int = 0  # tokens drawn inside reasoning
 
 
 class Generator:
@@ -243,6 +249,7 @@ class Generator:
                 c.generated_tokens = u.generated_tokens
                 c.draft_tokens = u.draft_tokens
                 c.accepted_tokens = u.accepted_tokens
+                c.reasoning_tokens = u.reasoning_tokens
                 if u.finish_reason is not None:
                     c.finish_reason = u.finish_reason
                     if u.finish_reason == "error":
@@ -254,31 +261,47 @@ class Generator:
         return out if many else out[0]
 
     def chat(self, messages: list, *, tools: Optional[list] = None, template_kwargs: Optional[dict] = None,
-             **kwargs) -> Completion:
+             max_reasoning_tokens: Optional[int] = None, **kwargs) -> Completion:
         """Renders the conversation with the tokenizer's chat template (add_generation_prompt) and generates the
         assistant's reply. tools: an OpenAI tools list ([{"type": "function", "function": {"name", "description",
         "parameters"}}]), given to the template as `exl3 serve` gives a request's; the reply is then parsed as the
         server parses it: Completion.tool_calls lists its calls ({"id", "name", "arguments": dict}) and
-        Completion.content its text outside them (Completion.text stays the reply as written)."""
+        Completion.content its text outside them (Completion.text stays the reply as written). A model that reasons
+        (<think> ... </think>, Harmony's analysis channel; Tokenizer.reply_format says) has its reasoning in
+        Completion.reasoning, apart from the content; max_reasoning_tokens closes a reasoning block after that many
+        tokens so that the answer follows. template_kwargs: extra template variables (enable_thinking=False, ...)."""
         if self.tokenizer is None:
             raise InvalidArgumentError("Generator.chat needs the Generator to have a tokenizer")
         template_kwargs = dict(template_kwargs or {})
-        fmt = None
+        template = template_kwargs.get("template", "default")
         if tools is not None:
             _exl3._check_tools(json.dumps(tools, ensure_ascii=False))
             tools = tools or None  # an empty list offers no tools, as in the server
-        if tools:
-            fmt = self.tokenizer.tool_call_format(template_kwargs.get("template", "default"))
-            # The markers must reach the parser where the tokenizer makes them special tokens (Llama, Mistral).
-            special = [self.tokenizer.token_to_id(m) for m in _exl3._tool_call_markers(fmt)]
-            if any(i is not None and self.tokenizer.is_special(i) for i in special):
-                if kwargs.get("skip_special_tokens") is None:  # unless the caller chose
-                    kwargs["skip_special_tokens"] = False
+        fmt = self.tokenizer.reply_format(template)
+        markers = list(_exl3._tool_call_markers(fmt["tools"])) if tools else []
+        if fmt["reasoning"] == "harmony":
+            markers += list(_exl3._tool_call_markers("harmony"))
+        markers += [m for m in (fmt["reasoning_open"], fmt["reasoning_close"]) if m]
+        # The markers must reach the parser where the tokenizer makes them special tokens (Llama, Mistral, gpt-oss).
+        special = [self.tokenizer.token_to_id(m) for m in markers]
+        if any(i is not None and self.tokenizer.is_special(i) for i in special):
+            if kwargs.get("skip_special_tokens") is None:  # unless the caller chose
+                kwargs["skip_special_tokens"] = False
         text = apply_chat_template(self.tokenizer, messages, tools=tools, **template_kwargs)
+        budget = -1 if max_reasoning_tokens is None else max_reasoning_tokens
+        reasoning = _exl3._reasoning_settings(fmt, text, budget)
+        if reasoning:
+            kwargs["reasoning"] = reasoning
+        elif budget >= 0:
+            raise InvalidArgumentError("max_reasoning_tokens: this model's chat template shows no reasoning markers")
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         c = self.generate(ids, **kwargs)
-        if fmt:
-            c.content, c.tool_calls = parse_tool_calls(c.text, fmt)
+        if tools or reasoning:
+            c.reasoning, c.content, calls = _exl3._parse_reply(
+                fmt, c.text, bool(reasoning.get("starts_inside", False)),
+                json.dumps(tools, ensure_ascii=False) if tools else "null")
+            c.tool_calls = [{"id": i, "name": n, "arguments": json.loads(a)} for i, n, a in calls]
+            c.reasoning = c.reasoning or None
         else:
             c.content = c.text
         return c

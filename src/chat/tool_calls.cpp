@@ -1,5 +1,7 @@
 #include "chat/tool_calls.h"
 
+#include "chat/tool_call_syntax.h"
+
 #include <algorithm>
 #include <random>
 
@@ -10,34 +12,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-constexpr std::string_view kHermesOpen = "<tool_call>", kHermesClose = "</tool_call>";
-constexpr std::string_view kPythonTag = "<|python_tag|>";
-constexpr std::string_view kMistralCalls = "[TOOL_CALLS]", kMistralArgs = "[ARGS]", kMistralCallId = "[CALL_ID]";
-constexpr std::string_view kGraniteCalls = "<|tool_call|>";
-constexpr std::string_view kCohereOpen = "<|START_ACTION|>", kCohereClose = "<|END_ACTION|>";
-constexpr std::string_view kSeedOpen = "<seed:tool_call>", kSeedClose = "</seed:tool_call>";
-constexpr std::string_view kSeedFunction = "<function=", kSeedFunctionEnd = "</function>";
-constexpr std::string_view kSeedParam = "<parameter=", kSeedParamEnd = "</parameter>";
-// Deeper JSON in a call is not a call: dump() recurses, and no tool schema nests this far.
-constexpr int kMaxJsonDepth = 64;
-// A Mistral function name longer than this before its [ARGS] is not a name.
-constexpr size_t kMaxNameBytes = 256;
-
-bool is_ws(char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
-size_t skip_ws(std::string_view s, size_t i) {
-    while (i < s.size() && is_ws(s[i])) ++i;
-    return i;
-}
-
-// The longest proper prefix of `marker` that `s` ends with (text to hold back: the marker may be arriving).
-size_t partial_marker_suffix(std::string_view s, std::string_view marker) {
-    for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
-        if (s.substr(s.size() - n) == marker.substr(0, n)) return n;
-    return 0;
-}
+using namespace syntax;
 
 // Mistral tool call ids: 9 characters from [a-zA-Z0-9], which its templates check.
 std::string mistral_id() {
@@ -48,11 +23,6 @@ std::string mistral_id() {
     for (size_t i = 0; i < id.size(); ++i)
         id[i] = kAlnum[(nibble(hex[2 * i]) * 16 + nibble(hex[2 * i + 1])) % (sizeof(kAlnum) - 1)];
     return id;
-}
-
-bool valid_name_char(char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
-           c == '.' || c == ':';
 }
 
 // name, arguments (as the OpenAI JSON string) and id of one call object; false when it is not a call.
@@ -100,25 +70,33 @@ const char* tool_format_name(ToolFormat f) {
             return "granite";
         case ToolFormat::kCommandR:
             return "command-r";
+        case ToolFormat::kCommandRPlus:
+            return "command-r-plus";
         case ToolFormat::kSeed:
             return "seed";
+        case ToolFormat::kQwen3Coder:
+            return "qwen3-coder";
+        case ToolFormat::kGlm:
+            return "glm";
+        case ToolFormat::kHarmony:
+            return "harmony";
+        case ToolFormat::kGemma:
+            return "gemma";
     }
     return "hermes";
 }
 
 std::string tool_format_names() {
     std::string s;
-    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
-                         ToolFormat::kGranite, ToolFormat::kCommandR, ToolFormat::kSeed})
-        s += (s.empty() ? "" : ", ") + std::string(tool_format_name(f));
+    for (ToolFormat f : kToolFormats) s += (s.empty() ? "" : ", ") + std::string(tool_format_name(f));
     return s;
 }
 
 std::optional<ToolFormat> tool_format_from_name(std::string_view name) {
-    for (ToolFormat f : {ToolFormat::kHermes, ToolFormat::kLlama3, ToolFormat::kMistral, ToolFormat::kMistralArgs,
-                         ToolFormat::kGranite, ToolFormat::kCommandR, ToolFormat::kSeed})
+    for (ToolFormat f : kToolFormats)
         if (name == tool_format_name(f)) return f;
     if (name == "qwen") return ToolFormat::kHermes;
+    if (name == "gpt-oss") return ToolFormat::kHarmony;
     return std::nullopt;
 }
 
@@ -141,9 +119,29 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
         set_how("the template writes <|START_ACTION|>");
         return ToolFormat::kCommandR;
     }
+    // Command R+'s tool-use template: "Action:" before a ```json list of {"tool_name", "parameters"} objects.
+    if (src.find(kActionMarker) != std::string_view::npos && src.find("```json") != std::string_view::npos &&
+        src.find("\"tool_name\"") != std::string_view::npos) {
+        set_how("the template writes Action:, ```json and \"tool_name\"");
+        return ToolFormat::kCommandRPlus;
+    }
     if (src.find(kGraniteCalls) != std::string_view::npos) {
         set_how("the template writes <|tool_call|>");
         return ToolFormat::kGranite;
+    }
+    // GLM and Qwen3-Coder write <tool_call> too, around their own syntax.
+    if (src.find(kGlmKey) != std::string_view::npos) {
+        set_how("the template writes <arg_key>");
+        return ToolFormat::kGlm;
+    }
+    if (src.find(kHermesOpen) != std::string_view::npos && src.find(kXmlFunction) != std::string_view::npos &&
+        src.find(kXmlParam) != std::string_view::npos) {
+        set_how("the template writes <tool_call>, <function= and <parameter=");
+        return ToolFormat::kQwen3Coder;
+    }
+    if (src.find("<|channel|>") != std::string_view::npos && src.find("commentary") != std::string_view::npos) {
+        set_how("the template writes <|channel|> and commentary (Harmony)");
+        return ToolFormat::kHarmony;
     }
     if (src.find(kHermesOpen) != std::string_view::npos) {
         set_how("the template writes <tool_call>");
@@ -154,6 +152,11 @@ ToolFormat detect_tool_format(std::string_view src, std::string* how) {
                                                            src.find("<|start_header_id|>") != std::string_view::npos)) {
         set_how("the template writes <|python_tag|>, or \"parameters\" in a Llama 3 template");
         return ToolFormat::kLlama3;
+    }
+    if (src.find("tool_code") != std::string_view::npos ||
+        src.find("python list of the function calls") != std::string_view::npos) {
+        set_how("the template asks for Python function calls (tool_code)");
+        return ToolFormat::kGemma;
     }
     set_how("no known tool-call marker in the template: falling back to <tool_call> (Hermes)");
     return ToolFormat::kHermes;
@@ -166,27 +169,80 @@ std::optional<ToolFormat> choose_tool_format(std::string_view requested, std::st
     return tool_format_from_name(requested);
 }
 
-std::string tool_call_opening(ToolFormat f, const std::string& function) {
+std::string tool_call_trigger(ToolFormat f, bool required) {
+    switch (f) {
+        case ToolFormat::kHermes:
+        case ToolFormat::kQwen3Coder:
+        case ToolFormat::kGlm:
+            return std::string(kHermesOpen);
+        case ToolFormat::kLlama3:  // a required call is the whole reply; under auto a bare '{' is too common
+            return required ? std::string() : std::string(kPythonTag);
+        case ToolFormat::kMistral:
+        case ToolFormat::kMistralArgs:
+            return std::string(kMistralCalls);
+        case ToolFormat::kGranite:
+            return std::string(kGraniteCalls);
+        case ToolFormat::kCommandR:
+            return std::string(kCohereOpen);
+        case ToolFormat::kCommandRPlus:
+            return std::string(kActionMarker);
+        case ToolFormat::kSeed:
+            return std::string(kSeedOpen);
+        case ToolFormat::kHarmony:
+            return required ? "<|channel|>commentary " + std::string(kHarmonyCall) : std::string(kHarmonyCall);
+        case ToolFormat::kGemma:
+            return required ? "[" : "";
+    }
+    return {};
+}
+
+bool tool_call_constrainable(ToolFormat) {
+    return true;  // Gemma's forced calls pass their arguments as name(**{...}): a JSON object is a Python dict
+}
+
+std::string tool_call_literal(ToolFormat f, const std::string& function) {
     const std::string quoted = json(function).dump();
     switch (f) {
         case ToolFormat::kHermes:
-            return function.empty() ? "<tool_call>\n" : "<tool_call>\n{\"name\": " + quoted + ", \"arguments\": ";
+            return "\n{\"name\": " + quoted + ", \"arguments\": ";
         case ToolFormat::kLlama3:
-            return function.empty() ? "{\"name\": \"" : "{\"name\": " + quoted + ", \"parameters\": ";
+            return "{\"name\": " + quoted + ", \"parameters\": ";
         case ToolFormat::kMistral:
-            return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS][{\"name\": " + quoted + ", \"arguments\": ";
-        case ToolFormat::kMistralArgs:
-            return function.empty() ? "[TOOL_CALLS]" : "[TOOL_CALLS]" + function + "[ARGS]";
         case ToolFormat::kGranite:
-            return function.empty() ? "<|tool_call|>" : "<|tool_call|>[{\"name\": " + quoted + ", \"arguments\": ";
+            return "[{\"name\": " + quoted + ", \"arguments\": ";
+        case ToolFormat::kMistralArgs:
+            return function + std::string(kMistralArgs);
         case ToolFormat::kCommandR:
-            return function.empty() ? "<|START_ACTION|>"
-                                    : "<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": " + quoted +
-                                          ", \"parameters\": ";
-        case ToolFormat::kSeed:  // a named call's arguments come as one JSON object inside the function element
-            return function.empty() ? "<seed:tool_call>" : "<seed:tool_call>\n<function=" + function + ">\n";
+            return "[{\"tool_call_id\": \"0\", \"tool_name\": " + quoted + ", \"parameters\": ";
+        case ToolFormat::kCommandRPlus:  // laid out as its template writes earlier calls
+            return "\n```json\n[\n    {\n        \"tool_name\": " + quoted + ",\n        \"parameters\": ";
+        case ToolFormat::kSeed:  // the arguments come as one JSON object inside the function element
+        case ToolFormat::kQwen3Coder:
+            return "\n" + std::string(kXmlFunction) + function + ">\n";
+        case ToolFormat::kGlm:  // the arguments as one JSON object after the name
+            return function + "\n";
+        case ToolFormat::kHarmony:
+            return function + " <|constrain|>json" + std::string(kHarmonyMessage);
+        case ToolFormat::kGemma:
+            return function + "(**";
     }
     return {};
+}
+
+std::string tool_call_opening(ToolFormat f, const std::string& function) {
+    if (!function.empty()) return tool_call_trigger(f, true) + tool_call_literal(f, function);
+    switch (f) {  // the model goes on from the format's marker (and a little more where that is all but certain)
+        case ToolFormat::kHermes:
+            return std::string(kHermesOpen) + "\n";
+        case ToolFormat::kLlama3:
+            return "{\"name\": \"";
+        case ToolFormat::kQwen3Coder:
+            return std::string(kHermesOpen) + "\n" + std::string(kXmlFunction);
+        case ToolFormat::kCommandRPlus:
+            return std::string(kActionMarker) + "\n```json\n[\n    {\n        \"tool_name\": \"";
+        default:
+            return tool_call_trigger(f, true);
+    }
 }
 
 std::string tool_call_closing(ToolFormat f) {
@@ -200,10 +256,20 @@ std::string tool_call_closing(ToolFormat f) {
             return "}]";
         case ToolFormat::kMistralArgs:
             return {};
+        case ToolFormat::kGemma:
+            return ")]";
         case ToolFormat::kCommandR:
             return "}]<|END_ACTION|>";
+        case ToolFormat::kCommandRPlus:
+            return "\n    }\n]```";
         case ToolFormat::kSeed:
             return "\n</function>\n</seed:tool_call>";
+        case ToolFormat::kQwen3Coder:
+            return "\n</function>\n</tool_call>";
+        case ToolFormat::kGlm:
+            return "\n</tool_call>";
+        case ToolFormat::kHarmony:
+            return "<|call|>";
     }
     return {};
 }
@@ -211,6 +277,8 @@ std::string tool_call_closing(ToolFormat f) {
 std::vector<std::string> tool_call_markers(ToolFormat f) {
     switch (f) {
         case ToolFormat::kHermes:
+        case ToolFormat::kQwen3Coder:
+        case ToolFormat::kGlm:
             return {std::string(kHermesOpen), std::string(kHermesClose)};
         case ToolFormat::kLlama3:
             return {std::string(kPythonTag)};
@@ -221,8 +289,14 @@ std::vector<std::string> tool_call_markers(ToolFormat f) {
             return {std::string(kGraniteCalls)};
         case ToolFormat::kCommandR:
             return {std::string(kCohereOpen), std::string(kCohereClose)};
+        case ToolFormat::kCommandRPlus:
+            return {std::string(kActionMarker)};
         case ToolFormat::kSeed:
             return {std::string(kSeedOpen), std::string(kSeedClose)};
+        case ToolFormat::kHarmony:
+            return {"<|channel|>", "<|message|>", "<|constrain|>", "<|call|>", "<|end|>", "<|start|>"};
+        case ToolFormat::kGemma:
+            return {std::string(kToolCodeFence)};
     }
     return {};
 }
@@ -313,35 +387,48 @@ void ToolCallParser::emit_content(std::string_view text, std::vector<Piece>* out
     seen_text_ = true;
 }
 
-bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
-    std::string_view marker;
-    switch (format_) {
+namespace {
+
+// The marker that opens a call in each format (Llama 3's and Gemma's calls may also open with a bare bracket).
+std::string_view call_marker(ToolFormat f) {
+    switch (f) {
         case ToolFormat::kHermes:
-            marker = kHermesOpen;
-            break;
+        case ToolFormat::kQwen3Coder:
+        case ToolFormat::kGlm:
+            return kHermesOpen;
         case ToolFormat::kLlama3:
-            marker = kPythonTag;
-            break;
+            return kPythonTag;
         case ToolFormat::kMistral:
         case ToolFormat::kMistralArgs:
-            marker = kMistralCalls;
-            break;
+            return kMistralCalls;
         case ToolFormat::kGranite:
-            marker = kGraniteCalls;
-            break;
+            return kGraniteCalls;
         case ToolFormat::kCommandR:
-            marker = kCohereOpen;
-            break;
+            return kCohereOpen;
+        case ToolFormat::kCommandRPlus:
+            return kActionMarker;
         case ToolFormat::kSeed:
-            marker = kSeedOpen;
-            break;
+            return kSeedOpen;
+        case ToolFormat::kHarmony:
+            return kHarmonyCall;
+        case ToolFormat::kGemma:
+            return kToolCodeFence;
     }
+    return kHermesOpen;
+}
+
+}  // namespace
+
+bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
+    const std::string_view marker = call_marker(format_);
     size_t at = buf_.find(marker);
     size_t marker_len = marker.size();
-    // Llama 3 writes a bare JSON call as the whole reply: a '{' before any other text opens one.
-    if (format_ == ToolFormat::kLlama3 && !seen_text_ && calls_ == 0) {
+    // Llama 3 writes a bare JSON call as the whole reply, Gemma a bare list of Python calls: an opening bracket before
+    // any other text opens one.
+    const char bare = format_ == ToolFormat::kLlama3 ? '{' : format_ == ToolFormat::kGemma ? '[' : 0;
+    if (bare && !seen_text_ && calls_ == 0) {
         const size_t first = skip_ws(buf_, 0);
-        if (first < buf_.size() && buf_[first] == '{' && (at == std::string::npos || first < at)) {
+        if (first < buf_.size() && buf_[first] == bare && (at == std::string::npos || first < at)) {
             at = first;
             marker_len = 0;
         }
@@ -358,6 +445,7 @@ bool ToolCallParser::step_content(bool final, std::vector<Piece>* out) {
     buf_.erase(0, at + marker_len);
     state_ = State::kCall;
     llama_next_ = false;
+    fenced_ = marker_len > 0 && format_ == ToolFormat::kGemma;
     return true;
 }
 
@@ -484,80 +572,19 @@ bool ToolCallParser::step_call(bool final, std::vector<Piece>* out) {
         case ToolFormat::kGranite:
         case ToolFormat::kCommandR:
             return step_list(i, final, out);
+        case ToolFormat::kCommandRPlus:
+            return step_action(i, final, out);
         case ToolFormat::kSeed:
-            return step_seed(i, final, out);
+        case ToolFormat::kQwen3Coder:
+            return step_xml(i, final, out);
+        case ToolFormat::kGlm:
+            return step_glm(i, final, out);
+        case ToolFormat::kHarmony:
+            return step_harmony(0, final, out);  // the name follows the marker at once
+        case ToolFormat::kGemma:
+            return step_gemma(i, final, out);
     }
     return false;
-}
-
-// Seed-OSS's call at buf_[i]: <function=NAME> parameters </function>, then </seed:tool_call> when it follows. Each
-// <parameter=K>V</parameter> gives arguments[K] = V as JSON where V parses as a non-string JSON value, else V as text;
-// a function element holding one JSON object instead takes it as the arguments (a named tool_choice writes that).
-bool ToolCallParser::step_seed(size_t i, bool final, std::vector<Piece>* out) {
-    const std::string_view b = buf_;
-    const std::string_view rest = b.substr(i);
-    if (!rest.starts_with(kSeedFunction)) {
-        if (!final && kSeedFunction.starts_with(rest)) return false;
-        give_up(out);
-        return true;
-    }
-    const size_t end = b.find(kSeedFunctionEnd, i);
-    if (end == std::string::npos) return wait_or_give_up(final, out);
-    const size_t name_at = i + kSeedFunction.size(), gt = b.find('>', name_at);
-    if (gt == std::string::npos || gt > end || gt == name_at || gt - name_at > kMaxNameBytes) {
-        give_up(out);
-        return true;
-    }
-    auto is_name = [](std::string_view n) {
-        return !n.empty() && n.size() <= kMaxNameBytes && std::all_of(n.begin(), n.end(), valid_name_char);
-    };
-    if (!is_name(b.substr(name_at, gt - name_at))) {
-        give_up(out);
-        return true;
-    }
-    ojson args = ojson::object();
-    size_t p = skip_ws(b, gt + 1);
-    if (p < end && b[p] == '{') {  // the arguments as one JSON object
-        const ojson v = ojson::parse(b.substr(p, end - p), nullptr, /*allow_exceptions=*/false);
-        if (v.is_discarded() || !v.is_object()) {
-            give_up(out);
-            return true;
-        }
-        args = v;
-        p = end;
-    }
-    while ((p = skip_ws(b, p)) < end) {
-        const size_t key_at = p + kSeedParam.size(), kgt = b.find('>', key_at);
-        const size_t vend = kgt == std::string::npos ? std::string::npos : b.find(kSeedParamEnd, kgt);
-        if (!b.substr(p).starts_with(kSeedParam) || kgt == std::string::npos || vend == std::string::npos || vend > end ||
-            !is_name(b.substr(key_at, kgt - key_at))) {
-            give_up(out);
-            return true;
-        }
-        const std::string_view value = b.substr(kgt + 1, vend - kgt - 1);
-        const ojson v = ojson::parse(value, nullptr, /*allow_exceptions=*/false);
-        ojson text = std::string(value);
-        if (v.is_discarded() || v.is_string()) {
-            try {  // text that is not UTF-8 cannot become a JSON string: the call is given back as content
-                (void)text.dump();
-            } catch (const ojson::exception&) {
-                give_up(out);
-                return true;
-            }
-        }
-        args[std::string(b.substr(key_at, kgt - key_at))] = !v.is_discarded() && !v.is_string() ? v : std::move(text);
-        p = vend + kSeedParamEnd.size();
-    }
-    size_t consumed = end + kSeedFunctionEnd.size();
-    const size_t j = skip_ws(b, consumed);
-    const std::string_view after = b.substr(j);
-    if (!final && after.size() < kSeedClose.size() && kSeedClose.starts_with(after)) return false;
-    if (after.starts_with(kSeedClose)) consumed = j + kSeedClose.size();
-    if (!emit_call(ojson{{"name", std::string(b.substr(name_at, gt - name_at))}, {"arguments", args}}, out)) {
-        give_up(out);
-        return true;
-    }
-    return finish_call(consumed);
 }
 
 // Mistral's, Granite's and Command R's calls at buf_[i]: a JSON list of call objects (or one object), all of the
@@ -589,6 +616,60 @@ bool ToolCallParser::step_list(size_t i, bool final, std::vector<Piece>* out) {
         return true;
     }
     for (const auto& call : v) emit_call(call, out);
+    return finish_call(consumed);
+}
+
+// Command R+'s actions at buf_[i] (after "Action:"): a JSON list of {"tool_name", "parameters"} objects (or one
+// object) in a ``` fence (info string "json" or none) as its template writes them, or bare; the closing fence is
+// consumed when it follows. All of the list or none of it; "directly-answer" actions are left out, and a list of
+// nothing else is not a call.
+bool ToolCallParser::step_action(size_t i, bool final, std::vector<Piece>* out) {
+    const std::string_view b = buf_;
+    size_t j = i;
+    bool fenced = false;
+    if (b.substr(j).starts_with(kFence)) {
+        size_t k = j + kFence.size();
+        while (k < b.size() && k - j < 16 && b[k] >= 'a' && b[k] <= 'z') ++k;
+        if (k == b.size()) return wait_or_give_up(final, out);
+        const std::string_view info = b.substr(j + kFence.size(), k - j - kFence.size());
+        if ((info != "" && info != "json") || !is_ws(b[k])) {
+            give_up(out);
+            return true;
+        }
+        j = skip_ws(b, k);
+        if (j == b.size()) return wait_or_give_up(final, out);
+        fenced = true;
+    } else if (may_become(b.substr(j), kFence)) {
+        return wait_or_give_up(final, out);
+    }
+    if (b[j] != '[' && b[j] != '{') {
+        give_up(out);
+        return true;
+    }
+    ojson v;
+    bool gave_up = false;
+    const size_t end = value_at(j, final, &v, &gave_up, out);
+    if (gave_up) return true;
+    if (end == std::string::npos) return false;
+    size_t consumed = end;
+    if (fenced) {
+        const size_t k = skip_ws(b, end);
+        if (!final && may_become(b.substr(k), kFence)) return false;
+        if (b.substr(k).starts_with(kFence)) consumed = k + kFence.size();
+    }
+    if (v.is_object()) v = ojson::array({v});
+    ojson calls = ojson::array();
+    std::string name, args, id;
+    bool ok = true;
+    for (const auto& call : v) {
+        ok = ok && call_fields(call, &name, &args, &id);
+        if (ok && name != kDirectlyAnswer) calls.push_back(call);
+    }
+    if (!ok || calls.empty()) {
+        give_up(out);
+        return true;
+    }
+    for (const auto& call : calls) emit_call(call, out);
     return finish_call(consumed);
 }
 

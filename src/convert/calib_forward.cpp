@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -70,7 +71,17 @@ std::vector<float> expert_input(const ModelConfig& c, const HostExpert& e, const
 
 Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& cs, LayerHessians* hs,
                      ThreadPool& pool) {
-    const int T = cs.rows * cs.cols, D = c.hidden_size;
+    if (!hs) return layer_forward_to(c, w, li, cs, nullptr, pool);
+    const HessianSink sink = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+        const auto t0 = std::chrono::steady_clock::now();
+        hs->at(input, expert).add(x, rows, cols, pool);
+        hs->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    return layer_forward_to(c, w, li, cs, &sink, pool);
+}
+
+Status layer_forward_to(const ModelConfig& c, const HostWeights& w, int li, Calib& cs, const HessianSink* sink,
+                        ThreadPool& pool) {
     // One page a row, of one layer: the attention reads back exactly what it stored (fp32).
     HostKvPages kv(1, cs.cols, c.num_kv_heads, c.head_dim);
     kv.grow(cs.rows);
@@ -94,23 +105,18 @@ Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& 
     }
     CpuOps ops(c, w, pool, kv, seqs, li);
     ops.set_states(&states);
-    if (hs)
+    if (sink)
         ops.set_capture([&](int, LinearInput input, const float* x, int rows, int cols) {
-            Hess& h = input == LinearInput::kAttnIn ? hs->qkv
-                      : input == LinearInput::kOIn  ? hs->o
-                      : input == LinearInput::kMlpIn ? hs->gu
-                                                     : hs->down;
-            h.add(x, rows, cols, pool);
+            (*sink)(input, -1, x, rows, cols);
             if (input != LinearInput::kMlpIn || !c.is_moe(li)) return;
             const HostMoe& m = w.layers[static_cast<size_t>(li)].moe;
-            hs->expert_down.resize(m.experts.size());
             for (size_t e = 0; e < m.experts.size(); ++e) {
                 const std::vector<float> g = expert_input(c, m.experts[e], x, rows, pool);
-                hs->expert_down[e].add(g.data(), rows, m.experts[e].down.in, pool);
+                (*sink)(LinearInput::kDownIn, static_cast<int>(e), g.data(), rows, m.experts[e].down.in);
             }
             if (!m.shared.gate_up.parts.empty()) {
                 const std::vector<float> g = expert_input(c, m.shared, x, rows, pool);
-                hs->shared_down.add(g.data(), rows, m.shared.down.in, pool);
+                (*sink)(LinearInput::kDownIn, kSharedExpert, g.data(), rows, m.shared.down.in);
             }
         });
     EXL3_RETURN_IF_ERROR(ops.begin_step(plan));
@@ -119,6 +125,11 @@ Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& 
     ops.residual().swap(cs.h);
     EXL3_RETURN_IF_ERROR(s);
 
+    return check_state(c, li, cs, sink != nullptr);
+}
+
+Status check_state(const ModelConfig& c, int li, const Calib& cs, bool warn) {
+    const int T = cs.rows * cs.cols, D = c.hidden_size;
     int bad_rows = 0;  // token positions whose state went NaN/inf: left out of every later Hessian
     for (int t = 0; t < T; ++t) {
         const float* r = cs.h.data() + static_cast<size_t>(t) * D;
@@ -132,7 +143,7 @@ Status layer_forward(const ModelConfig& c, const HostWeights& w, int li, Calib& 
         return invalid_argument(fmt::format("layer {}: every calibration activation is NaN/inf; the weights (or the "
                                             "quantization of earlier layers) overflow",
                                             li));
-    if (bad_rows > 0 && hs)
+    if (bad_rows > 0 && warn)
         fmt::print(stderr,
                    "exl3 convert: warning: layer {}: {} of {} calibration positions hold NaN/inf activations; they are "
                    "left out of the Hessians\n",

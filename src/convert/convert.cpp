@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <thread>
 #include <tuple>
 #include <chrono>
 #include <cmath>
@@ -18,8 +20,10 @@
 #include "backend/cpu/ops.h"
 #include "convert/calib_forward.h"
 #include "convert/calibration.h"
+#include "convert/layers.h"
 #include "convert/output.h"
 #include "convert/progress.h"
+#include "convert/stages.h"
 #include "convert/work_dir.h"
 #include "format/architectures.h"
 #include "format/model_config.h"
@@ -33,7 +37,8 @@
 #include "exl3/tokenizer.h"
 #endif
 #ifdef EXL3_CONVERT_HAVE_CUDA
-#include "convert/cuda/viterbi.h"
+#include "backend/cuda/layer_runner.h"
+#include "convert/cuda/gpu_quantizer.h"
 #endif
 
 namespace exl3::convert {
@@ -42,56 +47,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Whose input a linear reads, for its Hessian (LayerHessians): the attention's (q, k, v; a linear-attention layer's
-// input projections), the output projection's, the MLP's (gate, up, every expert's), a down projection's.
-enum class HessOf { kAttnIn, kOIn, kMlpIn, kDown, kExpertDown, kSharedDown };
+#ifdef EXL3_CONVERT_HAVE_CUDA
+using GpuHess = cuda::GpuHessian;
+#else
+struct GpuHess {  // no GPU in this build: never filled
+    int64_t rows() const { return 0; }
+};
+#endif
 
-// One HF linear as a mutable fp32 copy [out, in] plus its bias: replaced by its EXL3 reconstruction once quantized.
-struct Lin {
-    std::string prefix;
-    std::vector<float> w, b;
-    int out = 0, in = 0;
-    HessOf src = HessOf::kAttnIn;
-    int expert = 0;  // kExpertDown
+// A layer's Hessians where this conversion keeps them: on the host (the CPU path) or on the GPU.
+struct LayerHess {
+    LayerHessians host;
+    LayerHessiansOf<GpuHess> gpu;
 };
 
-// A layer's linears in the order they are quantized (bit allocation and seeds follow it): LayerTensor::kQ .. kDown;
-// in a linear-attention layer its input projections (in_proj_qkvz, or in_proj_qkv and in_proj_z) and out_proj
-// instead of q, k, v, o (in_proj_ba / b / a stay unquantized, as in the reference's files); in a mixture-of-experts
-// layer gate, up, down of each expert, then of the shared expert, instead of the MLP's.
-using Layer = std::vector<Lin>;
-
-const Hess& hess_of(const LayerHessians& hs, const Lin& l) {
-    switch (l.src) {
-        case HessOf::kAttnIn: return hs.qkv;
-        case HessOf::kOIn: return hs.o;
-        case HessOf::kMlpIn: return hs.gu;
-        case HessOf::kDown: return hs.down;
-        case HessOf::kExpertDown:
-            return static_cast<size_t>(l.expert) < hs.expert_down.size() ? hs.expert_down[static_cast<size_t>(l.expert)]
-                                                                         : hs.shared_down;
-        case HessOf::kSharedDown: return hs.shared_down;
-    }
-    return hs.qkv;
-}
-
-// The layer's first MLP linear among its Lins: after q, k, v, o, or a linear layer's in_proj part(s) and out_proj.
-int mlp_first(const ModelConfig& c, const TensorNames& n, int li) {
-    if (!c.is_linear(li)) return 4;
-    return n.linear_attn->fused() ? 2 : 3;
-}
-
-// A checkpoint tensor as fp32, refused when it holds NaN/inf.
-Result<std::vector<float>> finite_f32(const TensorStore& st, const std::string& name, const TensorView& t) {
-    std::vector<float> v(static_cast<size_t>(t.numel()));
-    cpu::to_f32(t, v.data());
-    for (size_t i = 0; i < v.size(); ++i)
-        if (!std::isfinite(v[i]))
-            return invalid_argument(fmt::format("{}: tensor '{}' holds a non-finite value (NaN/inf) at flat index {}: "
-                                                "the checkpoint is corrupt",
-                                                st.file_of(name), name, i));
-    return v;
-}
+// One linear's Hessian, wherever it is.
+struct HessRef {
+    const Hess& host;
+    const GpuHess& gpu;
+};
 
 Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const ModelConfig& c) {
     const size_t need = static_cast<size_t>(opt.calibration_rows) * opt.calibration_cols;
@@ -170,8 +144,16 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"calibration_rows", opt.calibration_rows},
             {"calibration_cols", opt.calibration_cols},
             {"sensitivity_tiles", opt.sensitivity_tiles},
+            {"damping", opt.damping},
+            {"recipe", fmt::format("{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
+                                   opt.recipe.refit)},
             {"seed", opt.seed}};
 }
+
+// The CUDA calibration forward's rows at a time: its step buffers take ~100-250 KB a token at 8B-70B shapes.
+constexpr int kCalibChunkTokens = 8192;
+// GPU quantizers working side by side on a layer's linears (check_budgets takes fewer where memory is short).
+constexpr int kGpuWorkers = 2;
 
 // One conversion, pass by pass (convert.h).
 class Converter {
@@ -183,14 +165,38 @@ public:
 private:
     Status load();
     Status make_encoder();
+    // The estimated host and GPU peaks against --host-memory / --gpu-memory (the GPU's chunk of calibration rows
+    // shrinks first).
+    Status check_budgets();
+    void sample_memory() { host_peak_ = std::max(host_peak_, host_anon_bytes()); }
     Status calibration();
     Calib initial_state() const;
     Status allocate_bits();
     Status quantize_layers();
     Status quantize_head(const Calib& cs);
-    Status quantize(Lin& l, const Hess& h, int K, uint64_t seed, SafetensorsWriter* lw);
-    // The decoder's view of layer li's current weights (the fp32 copies), for the calibration forward.
-    void bind_layer(int li);
+    Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw);
+    quant::QuantizeOptions quantize_options(int K, uint64_t seed) const;
+    // The quantized linear to the output (and the work dir's layer file), the progress bar advanced.
+    Status commit(const Lin& l, const quant::QuantizedLinear& q, SafetensorsWriter* lw);
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    Result<quant::QuantizedLinear> quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
+                                                const quant::QuantizeOptions& qo);
+    Status quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw);
+#endif
+    Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
+    // layer_forward, its time split between the forward and the Hessian captures (hs may be null).
+    Status forward(int li, Calib& cs, LayerHess* hs);
+    HessRef hess_of(const LayerHess& hs, const Lin& l) const {
+        return {hs.host.of_linear(l.hess, l.expert), hs.gpu.of_linear(l.hess, l.expert)};
+    }
+    int64_t rows_of(HessRef h) const { return gpu_on() ? h.gpu.rows() : h.host.rows; }
+    bool gpu_on() const {
+#ifdef EXL3_CONVERT_HAVE_CUDA
+        return gq_ != nullptr;
+#else
+        return false;
+#endif
+    }
 
     struct Alloc {
         int64_t weights;
@@ -198,19 +204,18 @@ private:
         int K;
     };
 
-    const ConvertOptions& opt_;
+    ConvertOptions opt_;  // the calibration's size resolved at load (default_calibration)
     const std::string tmp_;
     ThreadPool& pool_;
     ModelConfig c_;
     TensorStore st_;
-    HostWeights hf_;     // the checkpoint as loaded (views into the mapping)
-    HostWeights calib_;  // the decoder's weights for the calibration forward: views into layers_
-    std::vector<Layer> layers_;
-    std::vector<float> embed_;
-    Lin head_;
+    HostWeights hf_;  // the checkpoint as loaded (views into the mapping)
+    ModelLinears lin_;
     quant::TileBatchEncoder encoder_;
 #ifdef EXL3_CONVERT_HAVE_CUDA
-    std::unique_ptr<cuda::ViterbiEncoder> gpu_;
+    std::unique_ptr<cuda::GpuQuantizer> gq_;
+    std::unique_ptr<::exl3::cuda::LayerRunner> runner_;  // the calibration forward on the GPU (null: on the CPU)
+    std::vector<std::unique_ptr<cuda::GpuQuantizer>> workers_;  // more quantizers, each a stream, beside gq_
 #endif
     std::optional<WorkDir> wd_;
     std::vector<int32_t> toks_;
@@ -218,12 +223,18 @@ private:
     std::vector<size_t> alloc_off_;  // [layer]: the layer's first linear in alloc_
     double achieved_ = 0;
     SafetensorsWriter out_;
+    StageTimes times_;
+    quant::QuantTimes qt_;  // quantize_linear's own stages, folded into times_ at the end
     std::optional<Progress> bar_;
+    int64_t host_peak_ = 0;
+    int calib_chunk_tokens_ = kCalibChunkTokens;
+    int gpu_workers_ = kGpuWorkers;
 };
 
 // Every tensor through the shared loader (models/weights.h: names from the architecture's table, shapes, dtypes,
-// bias flags), then fp32 working copies of the linears.
+// bias flags) as views into the mapped shards; the linears' fp32 copies come one layer at a time (layers.h).
 Status Converter::load() {
+    StageTimer timer(times_, Stage::kLoad);
     EXL3_ASSIGN_OR_RETURN(c_, load_model_config(opt_.input_dir));
     EXL3_ASSIGN_OR_RETURN(st_, TensorStore::open_dir(opt_.input_dir));
     HostLoadOptions ho;
@@ -232,146 +243,82 @@ Status Converter::load() {
     if (!hf_.quantization.empty())
         return invalid_argument("the checkpoint is already quantized (" + hf_.quantization +
                                 "): convert from the unquantized one");
-    const TensorNames& names = *hf_.names;
-    // One part of a HostLinear (its columns [col, col + out) of the bias) as a Lin.
-    auto take = [&](const HostLinear& hl, size_t part, int col, const std::string& prefix, Lin* l) -> Status {
-        const HostPart& p = hl.parts[part];
-        l->prefix = prefix;
-        l->out = p.out;
-        l->in = hl.in;
-        EXL3_ASSIGN_OR_RETURN(l->w, finite_f32(st_, prefix + ".weight", p.dense));
-        if (!hl.bias.empty()) l->b.assign(hl.bias.begin() + col, hl.bias.begin() + col + p.out);
-        return Status::ok();
-    };
-    layers_.resize(static_cast<size_t>(c_.num_layers));
-    for (int li = 0; li < c_.num_layers; ++li) {
-        const HostLayer& L = hf_.layers[static_cast<size_t>(li)];
-        Layer& out = layers_[static_cast<size_t>(li)];
-        struct Part {
-            const HostLinear* hl;
-            size_t part;
-            std::string prefix;
-            HessOf src;
-            int expert = 0;
-        };
-        std::vector<Part> parts;
-        const std::string lp = names.layer_prefix(li);
-        if (c_.is_linear(li)) {
-            const LinearAttnNames& a = *names.linear_attn;
-            if (a.fused()) {
-                parts.push_back({&L.lin.in_proj, 0, lp + a.qkvz, HessOf::kAttnIn});
-            } else {
-                parts.push_back({&L.lin.in_proj, 0, lp + a.qkv, HessOf::kAttnIn});
-                parts.push_back({&L.lin.in_proj, 1, lp + a.z, HessOf::kAttnIn});
-            }
-            parts.push_back({&L.lin.out, 0, lp + a.out, HessOf::kOIn});
-        } else {
-            for (int i = 0; i < 4; ++i)
-                parts.push_back({i < 3 ? &L.qkv : &L.o, static_cast<size_t>(i < 3 ? i : 0),
-                                 names.of(li, static_cast<LayerTensor>(i)), i < 3 ? HessOf::kAttnIn : HessOf::kOIn});
-        }
-        if (!c_.is_moe(li)) {
-            for (int i = 4; i < kLayerLinears; ++i)
-                parts.push_back({i < 6 ? &L.gate_up : &L.down, static_cast<size_t>(i < 6 ? i - 4 : 0),
-                                 names.of(li, static_cast<LayerTensor>(i)), i < 6 ? HessOf::kMlpIn : HessOf::kDown});
-        } else {  // the experts', then the shared expert's, under the family's names (the reference's layout)
-            const MoeNames& m = *names.moe;
-            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d,
-                              HessOf down, int idx) {
-                parts.push_back({&e.gate_up, 0, p + g, HessOf::kMlpIn});
-                parts.push_back({&e.gate_up, 1, p + u, HessOf::kMlpIn});
-                parts.push_back({&e.down, 0, p + d, down, idx});
-            };
-            for (size_t e = 0; e < L.moe.experts.size(); ++e)
-                expert(L.moe.experts[e], m.expert_prefix(lp, static_cast<int>(e)), m.gate, m.up, m.down,
-                       HessOf::kExpertDown, static_cast<int>(e));
-            if (!L.moe.shared.gate_up.parts.empty())
-                expert(L.moe.shared, lp + m.shared, "gate_proj", "up_proj", "down_proj", HessOf::kSharedDown, 0);
-        }
-        out.resize(parts.size());
-        for (size_t i = 0; i < parts.size(); ++i) {
-            const Part& pt = parts[i];
-            int col = 0;
-            for (size_t j = 0; j < pt.part; ++j) col += pt.hl->parts[j].out;
-            EXL3_RETURN_IF_ERROR(take(*pt.hl, pt.part, col, pt.prefix, &out[i]));
-            out[i].src = pt.src;
-            out[i].expert = pt.expert;
-        }
-    }
-    EXL3_ASSIGN_OR_RETURN(embed_, finite_f32(st_, names.embed, hf_.embed));
-    EXL3_RETURN_IF_ERROR(take(hf_.head, 0, 0, names.head, &head_));
-    calib_.layers.resize(layers_.size());
-    for (int li = 0; li < c_.num_layers; ++li) bind_layer(li);
+    EXL3_RETURN_IF_ERROR(lin_.load(c_, hf_, st_));
+    const CalibrationSize def = default_calibration(lin_.max_in());
+    if (opt_.calibration_rows <= 0) opt_.calibration_rows = def.rows;
+    if (opt_.calibration_cols <= 0) opt_.calibration_cols = def.cols;
     return Status::ok();
 }
 
-void Converter::bind_layer(int li) {
-    const HostLayer& hf = hf_.layers[static_cast<size_t>(li)];
-    HostLayer& L = calib_.layers[static_cast<size_t>(li)];
-    L.attn_norm = hf.attn_norm;
-    L.mlp_norm = hf.mlp_norm;
-    L.q_norm = hf.q_norm;
-    L.k_norm = hf.k_norm;
-    L.post_attn_norm = hf.post_attn_norm;
-    L.post_mlp_norm = hf.post_mlp_norm;
-    L.sinks = hf.sinks;
-    Layer& lins = layers_[static_cast<size_t>(li)];
-    auto bind = [&](HostLinear& hl, std::initializer_list<int> idx) {
-        hl = HostLinear{};
-        for (int i : idx) {
-            Lin& l = lins[static_cast<size_t>(i)];
-            hl.parts.push_back(HostPart{TensorView{l.w.data(), DType::kF32, {l.out, l.in}}, nullptr, l.out});
-            hl.bias.insert(hl.bias.end(), l.b.begin(), l.b.end());
-            hl.in = l.in;
-            hl.out += l.out;
+Status Converter::check_budgets() {
+    const double gib = 1073741824.0;
+    const int64_t T = static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols, D = c_.hidden_size;
+    // Per layer: its fp32 copies, its Hessians (one per input: x^T x of q/k/v's, o's, gate/up's, each down's), the
+    // largest linear's GPU quantizer at its peak, the refit (Hd and A: 2 x in^2; W, E, Q0, W^T, Hd W^T, Q and a
+    // product: 7 x in x out, fp32).
+    int64_t layer_w = 0, layer_h = 0, quant_gpu = 0;
+    for (int li = 0; li < c_.num_layers; ++li) {
+        int64_t w = 0, h = 0;
+        int prev_in = -1;
+        for (const Lin& l : lin_.layer(li)) {
+            w += static_cast<int64_t>(l.in) * l.out;
+            if (l.in != prev_in) h += static_cast<int64_t>(l.in) * l.in;  // inputs shared by neighbours count once
+            prev_in = l.in;
+            quant_gpu = std::max(quant_gpu, (2 * static_cast<int64_t>(l.in) * l.in + 7 * static_cast<int64_t>(l.in) * l.out) * 4);
         }
-    };
-    const int m0 = mlp_first(c_, *hf_.names, li);
-    if (c_.is_linear(li)) {  // b | a, the conv, A_log, dt_bias and the gated norm stay as loaded (not quantized)
-        L.lin = hf.lin;
-        if (m0 == 2) {
-            bind(L.lin.in_proj, {0});
-        } else {
-            bind(L.lin.in_proj, {0, 1});
-        }
-        bind(L.lin.out, {m0 - 1});
-    } else {
-        bind(L.qkv, {0, 1, 2});
-        bind(L.o, {3});
+        layer_w = std::max(layer_w, w);
+        layer_h = std::max(layer_h, h);
     }
-    if (!c_.is_moe(li)) {
-        bind(L.gate_up, {m0, m0 + 1});
-        bind(L.down, {m0 + 2});
-        return;
-    }
-    // The router, its bias and the shared gate stay as loaded (they are not quantized); the experts read the copies.
-    L.moe = hf.moe;
-    const int E = static_cast<int>(hf.moe.experts.size());
-    for (int e = 0; e <= E; ++e) {
-        HostExpert& x = e < E ? L.moe.experts[static_cast<size_t>(e)] : L.moe.shared;
-        if (e == E && x.gate_up.parts.empty()) break;
-        bind(x.gate_up, {m0 + 3 * e, m0 + 1 + 3 * e});
-        bind(x.down, {m0 + 2 + 3 * e});
-    }
+    const int64_t head = static_cast<int64_t>(lin_.head().in) * lin_.head().out;
+    const bool gpu = opt_.device == ConvertDevice::kCuda;
+    const int64_t host = 2 * T * D * 4 + std::max(layer_w, head) * 4 + (gpu ? 0 : layer_h * 8) + T * D * 4;
+    if (opt_.host_memory_gb > 0 && host > opt_.host_memory_gb * gib)
+        return invalid_argument(fmt::format(
+            "the conversion needs about {:.1f} GiB of host memory ({} x {} calibration tokens of width {}, a layer's "
+            "fp32 weights{}), over --host-memory {:.1f}: ask for fewer calibration rows (--calibration-rows)",
+            host / gib, opt_.calibration_rows, opt_.calibration_cols, D, gpu ? "" : " and Hessians", opt_.host_memory_gb));
+    if (!gpu || opt_.gpu_memory_gb <= 0) return Status::ok();
+    // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
+    const int64_t per_token = 12 * D + 8 * static_cast<int64_t>(c_.intermediate_size) + 2 * lin_.max_in();
+    const int64_t budget = static_cast<int64_t>(opt_.gpu_memory_gb * gib);
+    while (gpu_workers_ > 1 && layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_ > budget / 2) --gpu_workers_;
+    const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_;
+    while (calib_chunk_tokens_ > opt_.calibration_cols && fixed + per_token * calib_chunk_tokens_ > budget)
+        calib_chunk_tokens_ /= 2;
+    const int64_t need = fixed + per_token * std::max(calib_chunk_tokens_, opt_.calibration_cols);
+    if (need > budget)
+        return invalid_argument(fmt::format("the conversion needs about {:.1f} GiB of GPU memory (a layer's weights and "
+                                            "Hessians, the largest linear's quantizer), over --gpu-memory {:.1f}",
+                                            need / gib, opt_.gpu_memory_gb));
+    if (opt_.progress)
+        fmt::print(stderr, "exl3 convert: estimated peaks: host {:.1f} GiB, GPU {:.1f} GiB ({} calibration tokens at a time, "
+                   "{} quantizer{})\n",
+                   host / gib, need / gib, calib_chunk_tokens_, gpu_workers_, gpu_workers_ > 1 ? "s" : "");
+    return Status::ok();
 }
 
 Status Converter::make_encoder() {
-    // The tile encoder: the thread pool's encode_tile, or the CUDA kernel (identical codes).
+    // The tile encoder: the thread pool's encode_tile, or the GPU (its Viterbi gives identical codes).
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (opt_.device == ConvertDevice::kCuda) {
-        EXL3_ASSIGN_OR_RETURN(gpu_, cuda::ViterbiEncoder::create(0));
-        gpu_->set_cpu_pool(&pool_);
-        if (opt_.progress) {
-            fmt::print(stderr, "exl3 convert: Viterbi on {}\n", gpu_->device_name());
-            for (int K = 1; K <= 8; ++K)
-                if (!gpu_->on_gpu(K))
-                    fmt::print(stderr,
-                               "exl3 convert: K = {}: its Viterbi block exceeds this GPU's shared memory, "
-                               "encoded on the CPU\n",
-                               K);
+        EXL3_ASSIGN_OR_RETURN(gq_, cuda::GpuQuantizer::create(0, &pool_));
+        // Small linears (k and v) leave most of the GPU idle in a Viterbi launch: more workers quantize a layer's
+        // linears side by side, as the memory budget allows (check_budgets).
+        for (int w = 1; w < gpu_workers_; ++w) {
+            EXL3_ASSIGN_OR_RETURN(auto g, cuda::GpuQuantizer::create(0, nullptr));
+            workers_.push_back(std::move(g));
         }
+        if (opt_.progress) fmt::print(stderr, "exl3 convert: quantizing on {}\n", gq_->device_name());
+        // The calibration forward on the GPU too, kCalibChunkTokens tokens at a time (where CUDA attention takes
+        // the model's head size; else it stays on the CPU threads).
+        const int chunk = std::max(1, calib_chunk_tokens_ / opt_.calibration_cols);
+        auto r = ::exl3::cuda::LayerRunner::create(c_, 0, opt_.calibration_cols, chunk);
+        if (r.is_ok())
+            runner_ = std::move(*r);
+        else if (opt_.progress)
+            fmt::print(stderr, "exl3 convert: calibration forward on the CPU ({})\n", r.status().message());
         encoder_ = [this](const float* t, int n, int K, quant::Codebook cb, uint16_t* states) {
-            return gpu_->encode(t, n, K, cb, states);
+            return gq_->encode(t, n, K, cb, states);
         };
     }
 #else
@@ -397,21 +344,84 @@ Status Converter::calibration() {
                                                 opt_.work_dir, toks_.size(), need));
     }
     if (!have) {
+        StageTimer timer(times_, Stage::kCalibText);
         EXL3_ASSIGN_OR_RETURN(toks_, calibration_tokens(opt_, c_));
         if (wd_->enabled()) EXL3_RETURN_IF_ERROR(wd_->save_tokens(toks_));
     }
     return Status::ok();
 }
 
+// The embeddings of the calibration tokens, read row by row from the checkpoint.
 Calib Converter::initial_state() const {
     const int D = c_.hidden_size;
     Calib cs;
     cs.rows = opt_.calibration_rows;
     cs.cols = opt_.calibration_cols;
     cs.h.resize(toks_.size() * static_cast<size_t>(D));
-    for (size_t t = 0; t < toks_.size(); ++t)
-        std::memcpy(cs.h.data() + t * D, embed_.data() + static_cast<size_t>(toks_[t]) * D, sizeof(float) * D);
+    const size_t row_bytes = static_cast<size_t>(D) * dtype_size(hf_.embed.dtype);
+    for (size_t t = 0; t < toks_.size(); ++t) {
+        const TensorView row{static_cast<const uint8_t*>(hf_.embed.data) + static_cast<size_t>(toks_[t]) * row_bytes,
+                             hf_.embed.dtype, {1, D}};
+        float* x = cs.h.data() + t * D;
+        cpu::to_f32(row, x);
+        if (c_.embed_scale != 1.0f)  // as the decoder's embed() (Gemma's sqrt(hidden))
+            for (int i = 0; i < D; ++i) x[i] *= c_.embed_scale;
+    }
     return cs;
+}
+
+Status Converter::forward(int li, Calib& cs, LayerHess* hs) {
+    const auto t0 = StageClock::now();
+    Status sink_status;
+    double in_hess = 0;
+    const HessianSink sink = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+        const auto h0 = StageClock::now();
+#ifdef EXL3_CONVERT_HAVE_CUDA
+        if (gq_) {
+            Status s = gq_->add(hs->gpu.at(input, expert), x, rows, cols);
+            if (!s.is_ok() && sink_status.is_ok()) sink_status = std::move(s);
+        } else
+#endif
+        {
+            hs->host.at(input, expert).add(x, rows, cols, pool_);
+        }
+        in_hess += std::chrono::duration<double>(StageClock::now() - h0).count();
+    };
+    Status s;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    if (runner_) {
+        const ::exl3::cuda::LayerRunner::Capture cap = [&](LinearInput input, int expert, const void* x, int n,
+                                                            int cols, void* stream) -> Status {
+            const auto h0 = StageClock::now();
+            Status a = gq_->add_device(hs->gpu.at(input, expert), x, runner_->bf16(), n, cols, stream);
+            in_hess += std::chrono::duration<double>(StageClock::now() - h0).count();
+            return a;
+        };
+        s = runner_->set_layer(li, lin_.calib().layers[static_cast<size_t>(li)]);
+        if (s.is_ok()) s = runner_->run(li, cs.h.data(), cs.rows, hs ? &cap : nullptr);
+        runner_->drop_layer();  // its memory to the quantizers until the next forward
+        if (s.is_ok()) s = check_state(c_, li, cs, hs != nullptr);
+    } else
+#endif
+    {
+        s = layer_forward_to(c_, lin_.calib(), li, cs, hs ? &sink : nullptr, pool_);
+        if (s.is_ok()) s = sink_status;
+    }
+    const double all = std::chrono::duration<double>(StageClock::now() - t0).count();
+    times_.add(Stage::kForward, all - in_hess);
+    times_.add(Stage::kHessian, in_hess);
+    if (s.is_ok()) return s;
+    return s.with_context(hs ? fmt::format("calibration forward, layer {}", li)
+                             : fmt::format("calibration forward through quantized layer {}", li));
+}
+
+Result<std::vector<double>> Converter::sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks,
+                                                   uint64_t seed) {
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    if (gq_) return gq_->sensitivity(l.w.data(), l.out, l.in, h.gpu, ks, opt_.codebook, opt_.sensitivity_tiles, seed);
+#endif
+    return quant::sample_sensitivity(l.w.data(), l.out, l.in, h.host.h.data(), static_cast<double>(h.host.rows), ks,
+                                     opt_.codebook, opt_.sensitivity_tiles, seed, pool_, encoder_);
 }
 
 // Pass 1: the calibration forward through the unquantized model; per linear, the measured sensitivity (the
@@ -419,9 +429,10 @@ Calib Converter::initial_state() const {
 Status Converter::allocate_bits() {
     const int k0 = std::clamp(static_cast<int>(std::floor(opt_.bpw)), quant::kMinBits, quant::kMaxBits);
     const int k1 = std::min(k0 + 1, quant::kMaxBits);
-    for (const Layer& L : layers_) {
+    for (int li = 0; li < c_.num_layers; ++li) {
         alloc_off_.push_back(alloc_.size());
-        for (const Lin& l : L) alloc_.push_back({static_cast<int64_t>(quant::pad128(l.in)) * quant::pad128(l.out), 0.0, k0});
+        for (const Lin& l : lin_.layer(li))
+            alloc_.push_back({static_cast<int64_t>(quant::pad128(l.in)) * quant::pad128(l.out), 0.0, k0});
     }
     int64_t total_w = 0;
     for (auto& a : alloc_) total_w += a.weights;
@@ -433,32 +444,31 @@ Status Converter::allocate_bits() {
             return Status::ok();
         }
     }
-    Calib cs = initial_state();
-    Progress bar(opt_.progress, "sensitivity", c_.num_layers);
-    for (int li = 0; li < c_.num_layers; ++li) {
-        LayerHessians hs;
-        EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, cs, &hs, pool_)
-                                 .with_context(fmt::format("calibration forward, layer {}", li)));
-        const Layer& L = layers_[static_cast<size_t>(li)];
-        for (int i = 0; i < static_cast<int>(L.size()); ++i) {
-            const Lin& l = L[static_cast<size_t>(i)];
-            const Hess& h = hess_of(hs, l);
-            if (h.rows == 0)
-                return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
-                                                    "activations are NaN/inf)",
-                                                    l.prefix));
-            EXL3_ASSIGN_OR_RETURN(std::vector<double> e,
-                                  quant::sample_sensitivity(l.w.data(), l.out, l.in, h.h.data(),
-                                                            static_cast<double>(h.rows), {k0, k1}, opt_.codebook,
-                                                            opt_.sensitivity_tiles, opt_.seed + li * 7 + i, pool_,
-                                                            encoder_));
-            alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].gain = e[0] - e[1];
-        }
-        bar.advance(1, fmt::format("layer {}/{}", li + 1, c_.num_layers));
-    }
     const double budget = opt_.bpw * static_cast<double>(total_w);
     double used = static_cast<double>(k0) * total_w;
-    if (k1 > k0) {
+    if (k1 > k0 && used + 1e-9 < budget) {
+        Calib cs = initial_state();
+        Progress bar(opt_.progress, "sensitivity", c_.num_layers);
+        for (int li = 0; li < c_.num_layers; ++li) {
+            EXL3_RETURN_IF_ERROR(lin_.materialize(li));
+            LayerHess hs;
+            EXL3_RETURN_IF_ERROR(forward(li, cs, &hs));
+            StageTimer timer(times_, Stage::kSensitivity);
+            const Layer& L = lin_.layer(li);
+            for (int i = 0; i < static_cast<int>(L.size()); ++i) {
+                const Lin& l = L[static_cast<size_t>(i)];
+                const HessRef h = hess_of(hs, l);
+                if (rows_of(h) == 0)
+                    return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
+                                                        "activations are NaN/inf)",
+                                                        l.prefix));
+                EXL3_ASSIGN_OR_RETURN(std::vector<double> e, sensitivity(l, h, {k0, k1}, opt_.seed + li * 7 + i));
+                alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].gain = e[0] - e[1];
+            }
+            sample_memory();
+            lin_.release(li);
+            bar.advance(1, fmt::format("layer {}/{}", li + 1, c_.num_layers));
+        }
         // Greedy: upgrade the tensors with the largest measured error reduction per extra bit while the budget holds.
         std::vector<size_t> ord(alloc_.size());
         for (size_t i = 0; i < ord.size(); ++i) ord[i] = i;
@@ -480,23 +490,111 @@ Status Converter::allocate_bits() {
     return Status::ok();
 }
 
-Status Converter::quantize(Lin& l, const Hess& h, int K, uint64_t seed, SafetensorsWriter* lw) {
-    if (h.rows == 0) return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     quant::QuantizeOptions qo;
     qo.K = K;
     qo.codebook = opt_.codebook;
     qo.seed = seed;
     qo.encode_tiles = encoder_;
-    EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q, quant::quantize_linear(l.w.data(), l.out, l.in, h.h.data(),
-                                                                           static_cast<double>(h.rows), qo, pool_));
-    const float* bias = l.b.empty() ? nullptr : l.b.data();
-    EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out_, l.prefix, q, bias));
-    if (lw) EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(*lw, l.prefix, q, bias));
-    EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
+    qo.in_scales = opt_.recipe.in_scales;
+    qo.scale_search = opt_.recipe.scale_search;
+    qo.scale_tiles = opt_.recipe.scale_tiles;
+    qo.refit = opt_.recipe.refit;
+    qo.sigma = opt_.damping;
+    return qo;
+}
+
+Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw) {
+    if (rows_of(h) == 0)
+        return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+    quant::QuantizeOptions qo = quantize_options(K, seed);
+    qo.times = &qt_;
+    quant::QuantizedLinear q;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    if (gq_) {
+        EXL3_ASSIGN_OR_RETURN(q, quantize_gpu(*gq_, l, h, qo));
+    }
+#endif
+    if (!gpu_on()) {
+        EXL3_ASSIGN_OR_RETURN(q, quant::quantize_linear(l.w.data(), l.out, l.in, h.host.h.data(),
+                                                        static_cast<double>(h.host.rows), qo, pool_));
+        StageTimer timer(times_, Stage::kFinish);
+        EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
+    }
+    return commit(l, q, lw);
+}
+
+Status Converter::commit(const Lin& l, const quant::QuantizedLinear& q, SafetensorsWriter* lw) {
+    {
+        StageTimer timer(times_, Stage::kWrite);
+        const float* bias = l.b.empty() ? nullptr : l.b.data();
+        EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out_, l.prefix, q, bias));
+        if (lw) EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(*lw, l.prefix, q, bias));
+    }
     bar_->advance(static_cast<double>(q.k_pad) * q.n_pad / 256,
-                  fmt::format("{} K={} err {:.2g}", l.prefix, K, q.proxy_error));
+                  fmt::format("{} K={} err {:.2g}", l.prefix, q.K, q.proxy_error));
     return Status::ok();
 }
+
+#ifdef EXL3_CONVERT_HAVE_CUDA
+Result<quant::QuantizedLinear> Converter::quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
+                                                       const quant::QuantizeOptions& qo) {
+    // The reconstruction comes back with the codes; it replaces the weight in place (the decoder's view of the layer
+    // points at this buffer).
+    std::vector<float> weff(l.w.size());
+    EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q, g.quantize(l.w.data(), l.out, l.in, h.gpu, qo, weff.data()));
+    std::copy(weff.begin(), weff.end(), l.w.begin());
+    return q;
+}
+
+// A layer's linears on the GPU workers at once (they are independent: their Hessians come from the layer's inputs
+// before any of them is quantized), largest first; written in order on this thread.
+Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw) {
+    Layer& L = lin_.layer(li);
+    const size_t n = L.size();
+    std::vector<size_t> order(n);
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return static_cast<int64_t>(L[a].in) * L[a].out > static_cast<int64_t>(L[b].in) * L[b].out;
+    });
+    std::vector<std::optional<Result<quant::QuantizedLinear>>> res(n);
+    std::vector<quant::QuantTimes> times(workers_.size() + 1);
+    std::atomic<size_t> next{0};
+    auto work = [&](size_t w) {
+        cuda::GpuQuantizer& g = w == 0 ? *gq_ : *workers_[w - 1];
+        for (size_t k; (k = next++) < n;) {
+            const size_t i = order[k];
+            Lin& l = L[i];
+            const HessRef h = hess_of(hs, l);
+            if (rows_of(h) == 0) {
+                res[i] = invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+                continue;
+            }
+            quant::QuantizeOptions qo = quantize_options(alloc_[alloc_off_[static_cast<size_t>(li)] + i].K,
+                                                         opt_.seed + static_cast<uint64_t>(li) * 7 + i);
+            qo.encode_tiles = nullptr;  // the worker's own Viterbi (the shared encoder_ is worker 0's)
+            qo.times = &times[w];
+            res[i] = quantize_gpu(g, l, h, qo);
+        }
+    };
+    std::vector<std::thread> threads;
+    for (size_t w = 1; w <= workers_.size(); ++w) threads.emplace_back(work, w);
+    work(0);
+    for (auto& t : threads) t.join();
+    for (const quant::QuantTimes& t : times) {
+        qt_.prepare += t.prepare;
+        qt_.ldl += t.ldl;
+        qt_.viterbi += t.viterbi;
+        qt_.ldlq += t.ldlq;
+        qt_.finish += t.finish;
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (!res[i]->is_ok()) return res[i]->status().with_context("quantizing " + L[i].prefix);
+        EXL3_RETURN_IF_ERROR(commit(L[i], **res[i], lw));
+    }
+    return Status::ok();
+}
+#endif
 
 // Pass 2, layer by layer: Hessians from the calibration state propagated through the layers already quantized, LDLQ
 // + Viterbi per linear at its allocated K, then the layer's forward with its quantized weights.
@@ -509,7 +607,7 @@ Status Converter::quantize_layers() {
         if (start < c_.num_layers && i < alloc_off_[static_cast<size_t>(start)])
             tiles_before += static_cast<double>(alloc_[i].weights) / 256;
     }
-    tiles_total += static_cast<double>(quant::pad128(head_.in)) * quant::pad128(head_.out) / 256;
+    tiles_total += static_cast<double>(quant::pad128(lin_.head().in)) * quant::pad128(lin_.head().out) / 256;
     EXL3_RETURN_IF_ERROR(copy_raw(st_, names.embed, out_));
     EXL3_RETURN_IF_ERROR(copy_raw(st_, names.final_norm, out_));
     Calib cs = initial_state();
@@ -532,44 +630,54 @@ Status Converter::quantize_layers() {
     std::vector<LayerTensor> side;
     for (int t = kLayerLinears; t < kLayerTensors; ++t) side.push_back(static_cast<LayerTensor>(t));
     for (int li = start; li < c_.num_layers; ++li) {
-        Layer& L = layers_[static_cast<size_t>(li)];
-        LayerHessians hs;
+        EXL3_RETURN_IF_ERROR(lin_.materialize(li));
+        Layer& L = lin_.layer(li);
         {
-            Calib probe = cs;  // Hessians from this layer's inputs; the state advances below with quantized weights
-            EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, probe, &hs, pool_)
-                                     .with_context(fmt::format("calibration forward, layer {}", li)));
+            LayerHess hs;
+            {
+                Calib probe = cs;  // Hessians from this layer's inputs; the state advances below with quantized weights
+                EXL3_RETURN_IF_ERROR(forward(li, probe, &hs));
+            }
+            SafetensorsWriter lw;  // this layer's tensors, for the work dir
+            SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+            if (gq_) EXL3_RETURN_IF_ERROR(quantize_layer_gpu(li, hs, lwp));
+#endif
+            for (int i = 0; i < static_cast<int>(L.size()) && !gpu_on(); ++i) {
+                Lin& l = L[static_cast<size_t>(i)];
+                EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l),
+                                              alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
+                                              opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
+                                         .with_context(fmt::format("quantizing {}", l.prefix)));
+            }
+            EXL3_RETURN_IF_ERROR(forward(li, cs, nullptr));
+            // The norms (and gpt-oss's sinks); an MoE layer's router (and its bias), its score bias and the shared
+            // gate; a linear-attention layer's unquantized tensors.
+            std::vector<std::string> raw;
+            for (LayerTensor t : side) raw.push_back(names.of(li, t));
+            if (c_.is_moe(li))
+                for (const char* r : {names.moe->router, names.moe->shared_gate})
+                    for (const char* member : {".weight", ".bias"})
+                        if (r) raw.push_back(names.layer_prefix(li) + r + member);
+            if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
+            if (c_.is_linear(li)) {  // the conv, A_log, dt_bias, the gated norm, and b | a (unquantized linears)
+                const LinearAttnNames& a = *names.linear_attn;
+                for (const char* r : {a.conv, a.a_log, a.dt_bias, a.norm}) raw.push_back(names.layer_prefix(li) + r);
+                for (const char* r : {a.ba, a.b, a.a})
+                    if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
+            }
+            for (const std::string& name : raw) {
+                if (name.empty() || !st_.contains(name)) continue;
+                EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));
+                if (lwp) EXL3_RETURN_IF_ERROR(copy_raw(st_, name, lw));
+            }
+            if (lwp) {
+                StageTimer timer(times_, Stage::kWrite);
+                EXL3_RETURN_IF_ERROR(wd_->save_layer(li, lw, cs.h));
+            }
         }
-        SafetensorsWriter lw;  // this layer's tensors, for the work dir
-        SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
-        for (int i = 0; i < static_cast<int>(L.size()); ++i) {
-            Lin& l = L[static_cast<size_t>(i)];
-            EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l),
-                                          alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
-                                          opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
-                                     .with_context(fmt::format("quantizing {}", l.prefix)));
-        }
-        EXL3_RETURN_IF_ERROR(layer_forward(c_, calib_, li, cs, nullptr, pool_)
-                                 .with_context(fmt::format("calibration forward through quantized layer {}", li)));
-        // The norms (and gpt-oss's sinks); an MoE layer's router (and its bias), its score bias and the shared gate.
-        std::vector<std::string> raw;
-        for (LayerTensor t : side) raw.push_back(names.of(li, t));
-        if (c_.is_moe(li))
-            for (const char* r : {names.moe->router, names.moe->shared_gate})
-                for (const char* member : {".weight", ".bias"})
-                    if (r) raw.push_back(names.layer_prefix(li) + r + member);
-        if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
-        if (c_.is_linear(li)) {  // the conv, A_log, dt_bias, the gated norm, and b | a (unquantized linears)
-            const LinearAttnNames& a = *names.linear_attn;
-            for (const char* r : {a.conv, a.a_log, a.dt_bias, a.norm}) raw.push_back(names.layer_prefix(li) + r);
-            for (const char* r : {a.ba, a.b, a.a})
-                if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
-        }
-        for (const std::string& name : raw) {
-            if (name.empty() || !st_.contains(name)) continue;
-            EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));
-            if (lwp) EXL3_RETURN_IF_ERROR(copy_raw(st_, name, lw));
-        }
-        if (lwp) EXL3_RETURN_IF_ERROR(wd_->save_layer(li, lw, cs.h));
+        sample_memory();
+        lin_.release(li);
         if (li == opt_.stop_after_layer)
             return internal_error(fmt::format("stopped after layer {} (test hook stop_after_layer)", li));
     }
@@ -582,24 +690,53 @@ Status Converter::quantize_head(const Calib& cs) {
     std::vector<float> x(static_cast<size_t>(T) * D);
     (c_.norm == NormKind::kLayerNorm ? cpu::layer_norm : cpu::rms_norm)(cs.h.data(), hf_.final_norm.data(), T, D,
                                                                          static_cast<float>(c_.rms_norm_eps), x.data());
+    EXL3_RETURN_IF_ERROR(lin_.materialize_head());
     Hess hh;
-    hh.add(x.data(), T, D, pool_);
-    return quantize(head_, hh, opt_.head_bits, opt_.seed + 999, nullptr).with_context("quantizing " + head_.prefix);
+    GpuHess gh;
+    {
+        StageTimer timer(times_, Stage::kHessian);
+#ifdef EXL3_CONVERT_HAVE_CUDA
+        if (gq_) EXL3_RETURN_IF_ERROR(gq_->add(gh, x.data(), T, D));
+#endif
+        if (!gpu_on()) hh.add(x.data(), T, D, pool_);
+    }
+    EXL3_RETURN_IF_ERROR(quantize(lin_.head(), HessRef{hh, gh}, opt_.head_bits, opt_.seed + 999, nullptr)
+                             .with_context("quantizing " + lin_.head().prefix));
+    sample_memory();
+    return Status::ok();
 }
 
 Result<ConvertReport> Converter::run() {
     const auto t_start = Clock::now();
     EXL3_RETURN_IF_ERROR(load());
+    EXL3_RETURN_IF_ERROR(check_budgets());
     EXL3_RETURN_IF_ERROR(make_encoder());
     EXL3_RETURN_IF_ERROR(calibration());
+    sample_memory();
     EXL3_RETURN_IF_ERROR(allocate_bits());
     if (opt_.progress)
         fmt::print(stderr, "exl3 convert: bit allocation {:.4f} bpw (asked {:.4f})\n", achieved_, opt_.bpw);
     const int resumed = wd_->finished_layers();
     EXL3_RETURN_IF_ERROR(quantize_layers());
-    EXL3_RETURN_IF_ERROR(out_.write(tmp_ + "/model.safetensors"));
-    EXL3_RETURN_IF_ERROR(write_output_files(opt_, tmp_, achieved_, out_.infos()));
+    {
+        StageTimer timer(times_, Stage::kWrite);
+        EXL3_RETURN_IF_ERROR(out_.write(tmp_ + "/model.safetensors"));
+        EXL3_RETURN_IF_ERROR(write_output_files(opt_, tmp_, achieved_, out_.infos()));
+    }
+    times_.add(Stage::kPrepare, qt_.prepare);
+    times_.add(Stage::kLdl, qt_.ldl);
+    times_.add(Stage::kViterbi, qt_.viterbi);
+    times_.add(Stage::kLdlq, qt_.ldlq);
+    times_.add(Stage::kFinish, qt_.finish);
     ConvertReport r;
+    r.stages = times_.table();
+    r.peak_host_bytes = host_peak_;
+    r.peak_resident_bytes = peak_host_bytes();
+    r.calibration_rows = opt_.calibration_rows;
+    r.calibration_cols = opt_.calibration_cols;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    if (gq_) r.peak_gpu_bytes = cuda::gpu_bytes_peak();
+#endif
     r.achieved_bpw = achieved_;
     r.tensors = static_cast<int>(alloc_.size()) + 1;
     r.seconds = std::chrono::duration<double>(Clock::now() - t_start).count();
@@ -609,12 +746,22 @@ Result<ConvertReport> Converter::run() {
 
 }  // namespace
 
+CalibrationSize default_calibration(int max_in) {
+    const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, 4096, 131072);
+    CalibrationSize c;
+    c.cols = tokens < 8192 ? 256 : 512;
+    c.rows = static_cast<int>((tokens + c.cols - 1) / c.cols);
+    return c;
+}
+
 Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool) {
     if (opt.input_dir.empty() || opt.output_dir.empty()) return invalid_argument("input and output directories needed");
     if (!(opt.bpw >= 1.0 && opt.bpw <= 8.0))
         return invalid_argument(fmt::format("bpw {} out of range: EXL3 stores 1..8 bits per weight", opt.bpw));
     if (opt.head_bits < 1 || opt.head_bits > 8) return invalid_argument("head bits must be 1..8");
-    if (opt.calibration_rows < 1 || opt.calibration_cols < 2) return invalid_argument("calibration needs rows, cols");
+    if (!(opt.damping > 0 && opt.damping < 10)) return invalid_argument("damping must be in (0, 10)");
+    if (opt.calibration_rows < 0 || opt.calibration_cols < 0 || opt.calibration_cols == 1)
+        return invalid_argument("calibration needs rows and columns (0: sized to the model)");
     std::error_code ec;
     if (fs::exists(opt.output_dir, ec) && !fs::is_empty(opt.output_dir, ec))
         return invalid_argument(fmt::format("output directory '{}' exists and is not empty; refusing to overwrite",

@@ -10,6 +10,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/thread_pool.h"
 #include "exl3/status.h"
@@ -22,6 +24,14 @@ enum class ConvertDevice : uint8_t {
     kCuda,  // the Viterbi tile encoder (the bulk of the work) on CUDA device 0, the rest on the CPU; identical output
 };
 
+// The encoder's recipe switches (quant::QuantizeOptions), for measuring what each part is worth (bench/lab).
+struct ConvertRecipe {
+    bool in_scales = true;     // per-input-channel scales
+    bool scale_search = true;  // the global scale by test encodes
+    int scale_tiles = 64;
+    bool refit = true;         // suh/svh refitted to the codes
+};
+
 struct ConvertOptions {
     std::string input_dir, output_dir;
     double bpw = 4.0;    // average trellis bits per weight of the decoder linears (padded shapes)
@@ -29,20 +39,38 @@ struct ConvertOptions {
     quant::Codebook codebook = quant::Codebook::kMul1;
     std::string calibration_file;  // text (needs the tokenizer) or empty for the default (calibration.h: text
                                    // sampled from the model itself plus random token ids)
-    int calibration_rows = 16, calibration_cols = 256;
+    int calibration_rows = 0, calibration_cols = 0;  // 0: sized to the model (default_calibration)
     int sensitivity_tiles = 16;    // sampled tiles per tensor and K for the bit allocation
     uint64_t seed = 1;
     bool progress = true;          // progress bar with ETA on stderr
     ConvertDevice device = ConvertDevice::kCpu;
     std::string work_dir;          // empty: no resume state
     int stop_after_layer = -1;     // test hook: fail (cleanly) right after layer N is committed to the work dir
+    ConvertRecipe recipe;
+    double damping = 0.025;     // the Hessians' damping: H + damping x mean(diag H) x I (4x per retry)
+    double host_memory_gb = 0;  // > 0: refuse up front when the estimated host peak exceeds it
+    double gpu_memory_gb = 0;   // > 0: the same for the GPU (--device cuda); the calibration forward's chunk shrinks first
 };
+
+// The default calibration's size: kCalibPerInput tokens per input of the widest linear (every Hessian then has
+// several times the rows it needs to be full rank), at least 4096 and at most 131072 tokens, in rows of 256 tokens
+// (512 from 8192 tokens on).
+inline constexpr int kCalibPerInput = 4;
+struct CalibrationSize {
+    int rows = 0, cols = 0;
+};
+CalibrationSize default_calibration(int max_in_features);
 
 struct ConvertReport {
     double achieved_bpw = 0.0;  // decoder linears, trellis bits / padded weights
     int tensors = 0;
     double seconds = 0.0;
     int resumed_layers = 0;     // layers taken from the work dir instead of being quantized again
+    std::vector<std::pair<std::string, double>> stages;  // wall seconds per stage (stages.h), pipeline order
+    int64_t peak_host_bytes = 0;   // the conversion's own peak host memory (anonymous, sampled after every layer)
+    int64_t peak_resident_bytes = 0;  // the process's peak resident memory, the mapped checkpoint's pages included
+    int calibration_rows = 0, calibration_cols = 0;  // as used
+    int64_t peak_gpu_bytes = -1;   // the converter's peak GPU memory (-1: no GPU used)
 };
 
 Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool);

@@ -9,11 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "exl3/memory.h"
 #include "exl3/model.h"
 #include "exl3/status.h"
 #include "format/model_config.h"
@@ -35,7 +37,59 @@ struct ExecutorOptions {
     bool batch_invariant = false;
     bool graphs = true;      // CUDA: capture uniform steps as graphs
     bool prefix_cache = true;
+    // CUDA, resolved by the memory plan (models/memory_plan.h): tokens a step's buffers hold, the last
+    // offload_layers layers' weights in host memory (run as offload_mode says), the MoE blocks of the first
+    // offload_expert_layers MoE layers on the CPU, the embedding table on the GPU or in pinned host memory.
+    int max_step_tokens = 0;
+    int offload_layers = 0;
+    OffloadMode offload_mode = OffloadMode::kStream;
+    int offload_expert_layers = 0;
+    bool embed_on_gpu = false;
+    ThreadPool* pool = nullptr;  // the CPU threads of offloaded work
 };
+
+// What a CUDA executor places on its device, by kind, computed from the config and the host weights without touching
+// a GPU: the memory planner's figures (models/memory_plan.h). Bytes as allocated, before any allocator rounding.
+struct LayerDeviceBytes {
+    int64_t exl3 = 0;   // EXL3 linears: trellis, input and output scales, biases
+    int64_t dense = 0;  // unquantized linears in the activation type, biases
+    int64_t norms = 0;  // fp32
+    int64_t moe = 0;    // the MoE block, every kind (router, routed and shared experts, gate, score bias)
+    int64_t total() const { return exl3 + dense + norms + moe; }
+};
+struct DeviceCosts {
+    std::vector<LayerDeviceBytes> layers;
+    int64_t embed = 0;        // the embedding table in the activation type (0 when tied: the head is the table)
+    int64_t head = 0;         // the head: EXL3, dense, or the embedding table when tied
+    bool head_exl3 = false, head_tied = false;
+    int64_t final_norm = 0;
+    int64_t context = 0;      // CUDA context, loaded kernels, cuBLAS handle and workspace: an estimate (docs/memory.md)
+    int64_t graphs = 0;       // captured graphs: an estimate
+    // Steps can be captured: no MoE layer takes the host-routed path (every one's experts take the grouped kernels).
+    bool capturable = true;
+    int page_size = 0;        // resolved
+    int max_logit_rows = 0;   // a step's logit rows the step buffers are planned for
+    // One token's keys and values in one layer of the device cache, and of the CPU's pages (offloaded layers run on
+    // the CPU), at the given KV bits.
+    std::function<int64_t(int bits_k, int bits_v)> kv_bytes_per_token_layer, host_kv_bytes_per_token_layer;
+    // Hybrid models: one sequence's recurrent state over the linear-attention layers (a slot), and the slots the
+    // executor allocates for a cache of cache_tokens tokens at `context` (taken from the KV budget: a linear layer's
+    // share of the cache buys slots, two per full-length sequence at least); null for other models.
+    int64_t state_slot_bytes = 0;
+    std::function<int(int cache_tokens, int context, int bits_k, int bits_v)> state_slots;
+    // Step buffers and workspaces (activations, logits, plan arrays, EXL3 / attention / MoE scratch) for steps of up
+    // to `tokens` tokens in sequences of up to `context` tokens; host_embed: the step's embedding rows come up too.
+    std::function<int64_t(int tokens, int context, bool host_embed)> step_bytes;
+};
+// The CUDA backend's costs for `cfg` / `w` with the page size and batch invariance of `opts`; kUnsupported without
+// CUDA.
+Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights& w, const ExecutorOptions& opts);
+// The device's name, total and free memory (creates its CUDA context); kUnsupported without CUDA or a GPU.
+struct DeviceMemory {
+    std::string name;
+    int64_t total = 0, free = 0;
+};
+Result<DeviceMemory> cuda_device_memory(int device);
 
 class Executor {
 public:

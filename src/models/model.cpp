@@ -16,6 +16,7 @@
 #include "kv/sequence.h"
 #include "models/decoder.h"
 #include "models/executor.h"
+#include "models/memory_plan.h"
 #include "models/weights.h"
 
 namespace exl3 {
@@ -44,6 +45,14 @@ Status check_options(const LoadOptions& o) {
             fmt::format("threads must be in [0, {}] (0: all hardware threads), got {}", kMaxThreads, o.threads));
     if (o.page_size < 0) return invalid_argument("page_size must not be negative");
     if (o.cache_tokens < 0) return invalid_argument("cache_tokens must not be negative");
+    if (o.gpu_memory < 0) return invalid_argument("gpu_memory must not be negative (0: what the device has free)");
+    if (o.max_step_tokens < 0 || o.max_step_tokens > (1 << 20))
+        return invalid_argument(fmt::format("max_step_tokens must be in [0, {}] (0: {}), got {}", 1 << 20,
+                                            kDefaultMaxStepTokens, o.max_step_tokens));
+    if (o.offload_layers < -1)
+        return invalid_argument("offload_layers must be -1 (as many as needed), 0 (none) or a number of layers");
+    if (o.offload_experts < -1)
+        return invalid_argument("offload_experts must be -1 (every MoE layer), 0 (none) or a number of MoE layers");
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", o.kv_bits_k));
     return check_kv_bits("kv_bits_v", o.kv_bits_v);
 }
@@ -59,6 +68,55 @@ Result<int> parse_device(const std::string& dev) {
         return invalid_argument("device '" + dev + "': expected cuda:N");
     }
     return invalid_argument("unknown device '" + dev + "' (cpu, cuda, cuda:N)");
+}
+
+// The executor options a load asks for, before the memory plan resolves the rest.
+ExecutorOptions executor_options(const LoadOptions& o, int device, int context) {
+    ExecutorOptions eo;
+    eo.device = std::max(device, 0);
+    eo.context_length = context;
+    eo.cache_tokens = o.cache_tokens;
+    eo.page_size = o.page_size;
+    eo.kv_bits_k = o.kv_bits_k;
+    eo.kv_bits_v = o.kv_bits_v;
+    eo.batch_invariant = o.batch_invariant;
+    eo.graphs = o.cuda_graphs;
+    eo.prefix_cache = o.prefix_cache;
+    return eo;
+}
+
+// The memory plan of a CUDA load (models/memory_plan.h). ask_device: the device's free memory is asked (and a
+// budget given is capped by it); without a budget it must be.
+Result<MemoryPlan> cuda_plan(const ModelConfig& cfg, const HostWeights& w, const LoadOptions& o, int device,
+                             bool ask_device) {
+    if (o.offload_layers > cfg.num_layers)
+        return invalid_argument(
+            fmt::format("offload_layers = {}: the model has {} layers", o.offload_layers, cfg.num_layers));
+    EXL3_ASSIGN_OR_RETURN(const DeviceCosts costs,
+                          cuda_device_costs(cfg, w, executor_options(o, device, cfg.max_position_embeddings)));
+    PlanInput in;
+    in.options = o;
+    in.model_context = cfg.max_position_embeddings;
+    in.device = fmt::format("cuda:{}", device);
+    in.decoder_bpw = w.decoder_bpw;
+    if (ask_device || o.gpu_memory == 0) {
+        auto dm = cuda_device_memory(device);
+        if (dm.is_ok())
+            in.device_memory = *dm;
+        else if (o.gpu_memory == 0)
+            return dm.status().with_context("planning GPU memory without a budget (--gpu-memory)");
+    }
+    return plan_memory(cfg, costs, in);
+}
+
+// Logs a multi-line text a line at a time.
+void log_lines(const std::string& text) {
+    size_t a = 0;
+    while (a < text.size()) {
+        const size_t b = std::min(text.find('\n', a), text.size());
+        log_info("{}", text.substr(a, b - a));
+        a = b + 1;
+    }
 }
 
 }  // namespace
@@ -78,6 +136,7 @@ struct Model::Impl {
     ThreadPool* pool = nullptr;
     std::unique_ptr<Executor> exec;
     std::unique_ptr<KvCache> kv;  // page ids and prefix index; the memory behind them is the executor's
+    MemoryPlan memory;            // CUDA: the plan the executor was sized by
     mutable std::mutex mu;        // one step at a time: the executor, the cache and the counters below
     mutable int64_t tokens_computed = 0;
     // Logit rows of the last device forward that belong to the caller (a padded step computes more).
@@ -201,6 +260,19 @@ std::vector<Model::BatchItem> Model::Impl::pad_uniform(const std::vector<BatchIt
 Model::Model() : impl_(std::make_unique<Impl>()) {}
 Model::~Model() = default;
 const ModelInfo& Model::info() const { return impl_->info; }
+const MemoryPlan& Model::memory_plan() const { return impl_->memory; }
+
+Result<MemoryPlan> Model::plan_memory(const std::string& dir, const LoadOptions& options) {
+    EXL3_RETURN_IF_ERROR(check_options(options));
+    EXL3_ASSIGN_OR_RETURN(const int device, parse_device(options.device));
+    EXL3_ASSIGN_OR_RETURN(const ModelConfig cfg, load_model_config(dir));
+    EXL3_ASSIGN_OR_RETURN(const TensorStore store, TensorStore::open_dir(dir));
+    HostWeights w;
+    HostLoadOptions ho;
+    ho.dir = dir;
+    EXL3_RETURN_IF_ERROR(load_host_weights(store, cfg, &w, ho).with_context("reading " + dir));
+    return cuda_plan(cfg, w, options, std::max(device, 0), false);
+}
 std::string Model::device() const { return impl_->exec->device(); }
 
 Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOptions& options) {
@@ -225,19 +297,27 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     im.fill_info();
     if (options.context_length > 0) im.info.context_length = options.context_length;
 
-    ExecutorOptions eo;
-    eo.device = std::max(device, 0);
-    eo.context_length = im.info.context_length;
-    eo.cache_tokens = options.cache_tokens;
-    eo.page_size = options.page_size;
-    eo.kv_bits_k = options.kv_bits_k;
-    eo.kv_bits_v = options.kv_bits_v;
-    eo.batch_invariant = options.batch_invariant;
-    eo.graphs = options.cuda_graphs;
-    eo.prefix_cache = options.prefix_cache;
+    ExecutorOptions eo = executor_options(options, device, im.info.context_length);
+    eo.pool = im.pool;
     if (device < 0) {
         EXL3_ASSIGN_OR_RETURN(im.exec, make_cpu_executor(im.cfg, im.weights, *im.pool, eo));
     } else {
+        // Planned before anything is allocated on the device; a plan that does not fit is refused here.
+        auto plan = cuda_plan(im.cfg, im.weights, options, device, true);
+        if (!plan.is_ok()) return plan.status().with_context("device '" + options.device + "'");
+        im.memory = std::move(*plan);
+        log_lines(im.memory.table());
+        if (!im.memory.fits)
+            return out_of_range(fmt::format("device '{}': {}", options.device, im.memory.refusal()));
+        im.info.context_length = im.memory.context_length;
+        eo.context_length = im.memory.context_length;
+        eo.cache_tokens = im.memory.cache_tokens;
+        eo.page_size = im.memory.page_size;
+        eo.max_step_tokens = im.memory.max_step_tokens;
+        eo.offload_layers = im.memory.offload_layers;
+        eo.offload_mode = im.memory.offload_mode;
+        eo.offload_expert_layers = im.memory.offload_expert_layers;
+        eo.embed_on_gpu = im.memory.embed_on_gpu;
         auto exec = make_cuda_executor(im.cfg, im.weights, eo);
         if (!exec.is_ok()) return exec.status().with_context("device '" + options.device + "'");
         im.exec = std::move(*exec);
@@ -257,6 +337,7 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
     im.info.kv_bits_v = options.kv_bits_v;
     // 16-bit keys and values on CUDA, fp32 on the CPU, or their codes and fp16 parameters when quantized.
     im.info.kv_bytes_per_token = im.exec->kv_bytes_per_token();
+    im.info.cache_tokens = device < 0 ? options.cache_tokens : im.memory.cache_tokens;
     return m;
 }
 

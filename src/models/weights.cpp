@@ -189,6 +189,7 @@ public:
         return s;
     }
     int64_t params() const { return params_; }
+    double decoder_bpw() const { return dec_weights_ > 0 ? dec_bits_ / dec_weights_ : 0.0; }
 
 private:
     // Bits are counted over the padded shapes, as quant::summarize_exl3_model and the reference's bpw do.
@@ -420,6 +421,7 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     }
     w->quantization = ld.quantization(tied);
     w->num_parameters = w->quantization.empty() ? 0 : ld.params();
+    w->decoder_bpw = ld.decoder_bpw();
     return Status::ok();
 }
 

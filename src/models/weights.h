@@ -85,6 +85,7 @@ struct HostWeights {
     std::string quantization;
     // HF parameters (EXL3 linears counted as in x out, dense tensors by their elements); 0 when unquantized.
     int64_t num_parameters = 0;
+    double decoder_bpw = 0;  // the decoder's EXL3 linears' average bits per weight (0: none)
 };
 
 struct HostLoadOptions {

@@ -5,6 +5,7 @@
 // lowest predecessor (and the lowest final state), so identical inputs give identical codes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -26,8 +27,9 @@ struct TileEncoderScratch {
 
 // Encodes the 256 targets of one tile (in sequence order p, not element order) with K bits per weight: the
 // tail-biting state sequence minimising sum_p (C(s_p) - target_p)^2 over the bitshift trellis.
-//  pass 1: free start on the sequence rotated by 128, whose optimal path fixes s_255 (read at the seam, the middle
-//          of the rotated run, where the free start and free end have least influence);
+//  pass 1: free start and end on the kSeamWindow targets around the seam (positions 192..255, then 0..63), whose
+//          optimal path fixes s_255 (read in the middle of the window, where its free ends have least influence:
+//          the trellis forgets a state within 16/K steps);
 //  pass 2: the original order, with s_{-1} = s_255 pinned (so s_0 overlaps it) and the path forced to end in s_255.
 // Returns the squared error; states [256] obey tile_states_consistent, ready for pack_tile_states.
 double encode_tile(const float* target /*[256]*/, int K, const float* lut, uint16_t* states /*[256]*/,
@@ -45,6 +47,34 @@ bool block_ldl(const std::vector<double>& h, int n, std::vector<double>* l);
 using TileBatchEncoder =
     std::function<Status(const float* targets, int n, int K, Codebook cb, uint16_t* states)>;
 
+// Encodes n tiles with `enc` when given, else with encode_tile on the pool's threads.
+Status encode_tiles(const float* targets, int n, int K, Codebook cb, uint16_t* states, const TileBatchEncoder& enc,
+                    ThreadPool& pool);
+
+// Wall seconds one quantize_linear call spends in each stage; the call adds to them (a conversion's breakdown).
+struct QuantTimes {
+    double prepare = 0;  // signs, scales, the Hadamard rotations of W and H
+    double ldl = 0;      // damping and block LDL (with the retries)
+    double viterbi = 0;  // the tile encoder
+    double ldlq = 0;     // gathering targets, packing, the error feedback
+    double finish = 0;   // the proxy error
+};
+
+// Adds the wall time since the previous lap (or construction) to one QuantTimes field; nothing without a target.
+class QuantLap {
+public:
+    explicit QuantLap(QuantTimes* t) : t_(t), t0_(std::chrono::steady_clock::now()) {}
+    void to(double QuantTimes::*field) {
+        const auto now = std::chrono::steady_clock::now();
+        if (t_) t_->*field += std::chrono::duration<double>(now - t0_).count();
+        t0_ = now;
+    }
+
+private:
+    QuantTimes* t_;
+    std::chrono::steady_clock::time_point t0_;
+};
+
 struct QuantizeOptions {
     int K = 4;
     Codebook codebook = Codebook::kMul1;
@@ -52,7 +82,12 @@ struct QuantizeOptions {
     int max_damping_retries = 6;  // sigma x 4 each retry
     uint64_t seed = 0;          // for the sign vectors
     bool use_hessian = true;    // false: plain tile rounding (H = I), the baseline LDLQ must beat
+    bool in_scales = true;      // per-input-channel RMS scales folded into suh (else one scale for every input)
+    bool scale_search = true;   // the global scale by test-encoding sampled tiles at K (else the codebook's RMS)
+    int scale_tiles = 64;       // tiles sampled for the scale search
+    bool refit = true;          // after LDLQ, refit suh and svh to the codes in the Hessian metric
     TileBatchEncoder encode_tiles;  // empty: encode_tile on the thread pool
+    QuantTimes* times = nullptr;    // when set, the stages' wall seconds are added here
 };
 
 // One quantized linear in EXL3 orientation (k = in_features, n = out_features, both padded to 128).
@@ -63,6 +98,8 @@ struct QuantizedLinear {
     std::vector<uint16_t> suh;      // [k_pad] fp16 bits
     std::vector<uint16_t> svh;      // [n_pad] fp16 bits
     double proxy_error = 0.0;       // tr(E H E^T) / tr(W H W^T), E = W - W_eff, with the damped H
+    double proxy_before_refit = 0.0;  // the same before the scale refit (equal when it did not help)
+    double scale = 1.0;             // the global scale search's factor (1: the codebook's RMS)
     double sigma_used = 0.0;
 };
 

@@ -20,12 +20,16 @@ void hadamard128_blocks(float* x, size_t n) {
 }
 
 void hadamard128_rows(float* rows, size_t row_len) {
+    hadamard128_rows(rows, row_len, 0, row_len);
+}
+
+void hadamard128_rows(float* rows, size_t row_len, size_t c0, size_t c1) {
     for (int h = 1; h < kHadamardSize; h *= 2) {
         for (int i = 0; i < kHadamardSize; i += 2 * h) {
             for (int j = i; j < i + h; ++j) {
                 float* a = rows + static_cast<size_t>(j) * row_len;
                 float* b = rows + static_cast<size_t>(j + h) * row_len;
-                for (size_t c = 0; c < row_len; ++c) {
+                for (size_t c = c0; c < c1; ++c) {
                     float va = a[c], vb = b[c];
                     a[c] = va + vb;
                     b[c] = va - vb;
@@ -33,7 +37,8 @@ void hadamard128_rows(float* rows, size_t row_len) {
             }
         }
     }
-    for (size_t i = 0; i < kHadamardSize * row_len; ++i) rows[i] *= kHadamardScale;
+    for (int i = 0; i < kHadamardSize; ++i)
+        for (size_t c = c0; c < c1; ++c) rows[static_cast<size_t>(i) * row_len + c] *= kHadamardScale;
 }
 
 }  // namespace exl3::quant

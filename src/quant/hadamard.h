@@ -17,5 +17,7 @@ void hadamard128_blocks(float* x, size_t n);
 // The rotation across 128 rows of a row-major [128, row_len] block: row i <- sum_j H[i][j] row j. This is H
 // applied from the left to a matrix (the k side of W), vectorised along the rows.
 void hadamard128_rows(float* rows, size_t row_len);
+// The same restricted to the columns [c0, c1) of the block (the others are left alone), for splitting it over threads.
+void hadamard128_rows(float* rows, size_t row_len, size_t c0, size_t c1);
 
 }  // namespace exl3::quant

@@ -16,6 +16,9 @@ namespace exl3::quant {
 inline constexpr int kTileSize = 16;  // a tile is 16 (k side) x 16 (n side)
 inline constexpr int kTileValues = 256;
 inline constexpr int kMinBits = 1, kMaxBits = 8;
+// The encoders' first pass (quant::encode_tile, the CUDA Viterbi) runs on this many targets around the tail-biting
+// seam, half before and half after it.
+inline constexpr int kSeamWindow = 128;
 inline constexpr int tile_words(int K) {
     return 16 * K;
 }  // uint16 words per tile

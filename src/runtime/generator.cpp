@@ -17,6 +17,8 @@
 #include "exl3/model.h"
 #include "runtime/json_grammar.h"
 #include "runtime/json_schema.h"
+#include "runtime/output_grammar.h"
+#include "runtime/output_watch.h"
 #include "runtime/sampler.h"
 #include "runtime/vocab_walk.h"
 #include "runtime/stop.h"
@@ -45,23 +47,6 @@ constexpr int kMaxTopLogprobs = 100;
 constexpr int kMaxDraftTokens = 32;
 constexpr int kMaxNgram = 16;
 
-// The grammar a job's output follows: JSON mode's (GenerationRequest::json_object) or a schema's (json_schema).
-struct OutputGrammar {
-    std::optional<JsonGrammar> object;
-    std::shared_ptr<const JsonSchema> schema;
-    std::optional<SchemaGrammar> shaped;  // over *schema
-    bool accepts(std::string_view b) const { return object ? object->accepts(b) : shaped->accepts(b); }
-    void feed(std::string_view b) { static_cast<void>(object ? object->feed(b) : shaped->feed(b)); }
-    bool complete() const { return object ? object->complete() : shaped->complete(); }
-    template <typename F>
-    void each_allowed(const SortedVocab& v, const std::vector<std::string>& texts, F&& f) const {
-        if (object)
-            for_each_allowed(v, texts, *object, f);
-        else
-            for_each_allowed(v, texts, *shaped, f);
-    }
-};
-
 struct Job {
     uint64_t id = 0;
     GenerationRequest req;
@@ -85,8 +70,24 @@ struct Job {
     int drafted = 0, accepted = 0;
     std::vector<std::unordered_map<uint64_t, int32_t>> ngram_last;
     int ngram_end = 0;
-    std::unique_ptr<OutputGrammar> json;  // JSON mode or a schema: the output so far
+    std::unique_ptr<OutputGrammar> json;  // JSON mode, a schema or choices: the output so far
+    // Reasoning and the choices' trigger (GenerationRequest::reasoning, choices_trigger); a budget's closing, its
+    // tokens still to place; whether the token being taken was placed so.
+    OutputWatch watch;
+    bool watching = false;
+    std::vector<int32_t> closing_ids;
+    std::deque<int32_t> forced;
+    bool placing = false;
 };
+
+// The choices' grammar is on: from the start, or once the trigger was written.
+bool grammar_on(const Job& j) {
+    return j.json && (j.req.choices_trigger.empty() || j.watch.triggered());
+}
+// A draw must not write the trigger followed by what no choice admits.
+bool trigger_pending(const Job& j) {
+    return j.json && !j.req.choices_trigger.empty() && !j.watch.triggered() && !j.watch.in_reasoning();
+}
 
 // A hash of n token ids (the n-gram index's key; matches are verified against the tokens).
 uint64_t ngram_hash(const int32_t* t, int n) {
@@ -206,8 +207,15 @@ struct Generator::Impl {
     std::vector<std::string> token_bytes;
     std::unique_ptr<SortedVocab> sorted_vocab;  // token_bytes in byte order, for json_redraw
     void make_token_texts();
-    bool json_allows(const Job& job, int32_t id);
+    std::unordered_map<int32_t, std::string> special_texts;  // special tokens' content, as met
+    const std::string& raw_text(int32_t id);
+    bool json_allows(Job& job, int32_t id);
     int32_t json_redraw(Job& job, const float* row);
+    // GenerationRequest::choices and reasoning at submission; a budget's closing token, placed.
+    Status make_choices(Job& job) const;
+    Status check_reasoning(const GenerationRequest& req) const;
+    int32_t take_forced(Job& job, JobUpdate& u);
+    void watch_token(Job& job, int32_t id, JobUpdate& u);
     // Proposals (Job::drafts) for speculative decoding: at most want tokens each.
     void propose_ngram(Job& job, int want);
     void propose_draft(const std::vector<Job*>& jobs, std::vector<int> want);
@@ -275,6 +283,11 @@ Result<std::unique_ptr<Job>> Generator::Impl::make_job(GenerationRequest req) co
     if ((req.json_object || shaped) && !tok)
         return invalid_argument("JSON mode and json_schema need a tokenizer: create the Generator with one");
     if (req.json_object && shaped) return invalid_argument("json_object and json_schema exclude each other");
+    if (!req.choices.empty() && (req.json_object || shaped))
+        return invalid_argument("choices exclude json_object and json_schema");
+    if (!req.choices_trigger.empty() && req.choices.empty())
+        return invalid_argument("choices_trigger needs choices");
+    EXL3_RETURN_IF_ERROR(check_reasoning(req));
     std::shared_ptr<const JsonSchema> schema;
     if (shaped) {
         EXL3_ASSIGN_OR_RETURN(schema, JsonSchema::compile(req.json_schema));
@@ -289,13 +302,83 @@ Result<std::unique_ptr<Job>> Generator::Impl::make_job(GenerationRequest req) co
             job->json->object.emplace();
         }
     }
+    job->req = std::move(req);
+    if (!job->req.choices.empty()) EXL3_RETURN_IF_ERROR(make_choices(*job));
+    const GenerationRequest::Reasoning& r = job->req.reasoning;
+    job->watching = !r.open.empty() || !job->req.choices_trigger.empty();
+    if (job->watching) job->watch = OutputWatch(r, job->req.choices_trigger);
+#ifdef EXL3_HAVE_TOKENIZER
+    if (r.max_tokens >= 0) {
+        auto ids = tok->encode(r.closing, /*add_special_tokens=*/false);
+        if (!ids.is_ok()) return ids.status().with_context("the reasoning closing");
+        job->closing_ids = std::move(*ids);
+    }
+#endif
     job->prompt_len = n;
     job->max_new = max_new;
-    job->tokens = req.prompt_ids;
+    job->tokens = job->req.prompt_ids;
     job->tokens.reserve(static_cast<size_t>(n + max_new));
-    job->stop = StopMatcher(req.stop_strings);
-    job->req = std::move(req);
+    job->stop = StopMatcher(job->req.stop_strings);
     return job;
+}
+
+Status Generator::Impl::check_reasoning(const GenerationRequest& req) const {
+    const GenerationRequest::Reasoning& r = req.reasoning;
+    if (r.max_tokens < -1)
+        return invalid_argument(
+            fmt::format("the reasoning budget must be >= 0 tokens (or -1: none), got {}", r.max_tokens));
+    if (r.open.empty()) {
+        if (r.starts_inside || r.max_tokens >= 0)
+            return invalid_argument("a reasoning budget or starts_inside needs the reasoning markers (open, close)");
+        return Status::ok();
+    }
+    if (r.close.empty()) return invalid_argument("reasoning needs its close marker as well as its open marker");
+    if (r.max_tokens >= 0 && (r.closing.empty() || !tok))
+        return invalid_argument("a reasoning budget needs the closing text and the Generator's tokenizer");
+    if (r.starts_inside && (req.json_object || !req.json_schema.empty() ||
+                            (!req.choices.empty() && req.choices_trigger.empty())))
+        return invalid_argument(
+            "constrained output (json_object, json_schema, choices without a trigger) cannot start inside a "
+            "reasoning block: close the block in the prompt first");
+    return Status::ok();
+}
+
+// Each choice's literal as bytes and special tokens (the literal is split where the tokenizer finds special tokens
+// written in it), and its schema compiled.
+Status Generator::Impl::make_choices(Job& job) const {
+#ifdef EXL3_HAVE_TOKENIZER
+    if (!tok) return invalid_argument("choices need a tokenizer: create the Generator with one");
+    auto alts = std::make_shared<ChoiceGrammar::Alternatives>();
+    for (size_t i = 0; i < job.req.choices.size(); ++i) {
+        const GenerationRequest::Choice& c = job.req.choices[i];
+        ChoiceGrammar::Alternative alt;
+        auto compiled = JsonSchema::compile(c.json_schema);
+        if (!compiled.is_ok()) return compiled.status().with_context(fmt::format("choice {}'s schema", i));
+        alt.schema = std::move(*compiled);
+        auto ids = tok->encode(c.literal, /*add_special_tokens=*/false);
+        if (!ids.is_ok()) return ids.status().with_context(fmt::format("choice {}'s literal", i));
+        size_t cur = 0;
+        auto bytes = [&](size_t end) {
+            for (; cur < end; ++cur) alt.literal.push_back(static_cast<unsigned char>(c.literal[cur]));
+        };
+        for (int32_t id : *ids) {
+            if (!tok->is_special(id)) continue;
+            const std::string text = tok->decode(std::span<const int32_t>(&id, 1), false);
+            const size_t at = text.empty() ? std::string::npos : c.literal.find(text, cur);
+            if (at == std::string::npos) continue;
+            bytes(at);
+            alt.literal.push_back(ChoiceGrammar::kSpecial + id);
+            cur = at + text.size();
+        }
+        bytes(c.literal.size());
+        alts->push_back(std::move(alt));
+    }
+    job.json = std::make_unique<OutputGrammar>();
+    job.json->choice.emplace(std::move(alts));
+    return Status::ok();
+#else
+    return unsupported("this build has no tokenizer: choices need one");
+#endif
 }
 
 const std::vector<int32_t>& Generator::Impl::breaker_ids(const std::vector<std::string>& breakers) {
@@ -343,6 +426,7 @@ void Generator::Impl::admit(std::vector<JobUpdate>* updates) {
 #ifdef EXL3_HAVE_TOKENIZER
         if (tok) job->detok = std::make_unique<IncrementalDetokenizer>(tok, job->req.skip_special_tokens);
 #endif
+        if (job->watch.over_budget()) job->forced.assign(job->closing_ids.begin(), job->closing_ids.end());
         active.push_back(std::move(job));
     }
 }
@@ -356,6 +440,7 @@ void Generator::Impl::finish(Job& job, JobUpdate& u, FinishReason why, Status er
     u.generated_tokens = job.generated;
     u.draft_tokens = job.drafted;
     u.accepted_tokens = job.accepted;
+    u.reasoning_tokens = job.watch.reasoning_tokens();
     job.seq.reset();  // the KV cache goes back now, not when the Job object dies
     job.draft_seq.reset();
     forget(job.id);
@@ -385,11 +470,31 @@ void Generator::Impl::make_token_texts() {
 #endif
 }
 
-bool Generator::Impl::json_allows(const Job& job, int32_t id) {
+const std::string& Generator::Impl::raw_text(int32_t id) {
+    make_token_texts();
+    const std::string& b = token_bytes[static_cast<size_t>(id)];
+    if (!b.empty()) return b;
+    auto it = special_texts.find(id);
+    if (it != special_texts.end()) return it->second;
+    std::string text;
+#ifdef EXL3_HAVE_TOKENIZER
+    if (tok) text = tok->decode(std::span<const int32_t>(&id, 1), /*skip_special_tokens=*/false);
+#endif
+    return special_texts.emplace(id, std::move(text)).first->second;
+}
+
+// Whether `id` may come next: under a grammar, whether it continues the output (a special token only where a
+// choice's literal has it); before a choices trigger, whether what it would leave after the trigger starts a choice.
+bool Generator::Impl::json_allows(Job& job, int32_t id) {
     make_token_texts();
     if (id < 0 || id >= vocab) return false;
-    const std::string& b = token_bytes[static_cast<size_t>(id)];
-    return !b.empty() && job.json->accepts(b);
+    if (grammar_on(job)) {
+        const std::string& b = token_bytes[static_cast<size_t>(id)];
+        return b.empty() ? job.json->accepts_special(id) : job.json->accepts(b);
+    }
+    if (!trigger_pending(job)) return true;
+    const auto rest = job.watch.would_trigger(raw_text(id));
+    return !rest || job.json->accepts(*rest);
 }
 
 // The first draw stays when the grammar allows it; otherwise a second, independent draw of the same sampler over the
@@ -397,15 +502,23 @@ bool Generator::Impl::json_allows(const Job& job, int32_t id) {
 // allowed tokens (P(t) = p_t + (1 - P_allowed) p_t / P_allowed); greedy takes the best allowed token; truncation
 // (top-k, top-p, ...) sees the banned row on the second draw only.
 // The allowed tokens come from a walk over the texts in byte order (runtime/vocab_walk.h): where the grammar allows
-// little, most of the vocabulary is skipped a shared prefix at a time.
+// little, most of the vocabulary is skipped a shared prefix at a time. Before a choices trigger nearly everything is
+// allowed, and a draw refused (it would write the trigger and then what no choice admits) is rare: every token is
+// checked.
 int32_t Generator::Impl::json_redraw(Job& job, const float* row) {
     make_token_texts();
     std::vector<float> masked(static_cast<size_t>(vocab), -std::numeric_limits<float>::infinity());
     bool any = false;
-    job.json->each_allowed(*sorted_vocab, token_bytes, [&](int32_t t) {
+    auto allow = [&](int32_t t) {
         masked[static_cast<size_t>(t)] = row[t];
         any = true;
-    });
+    };
+    if (grammar_on(job)) {
+        job.json->each_allowed(*sorted_vocab, token_bytes, allow);
+    } else {
+        for (int32_t t = 0; t < vocab; ++t)
+            if (json_allows(job, t)) allow(t);
+    }
     if (!any) return -1;
     const int32_t id = job.sampler->sample(masked.data(), vocab, job.tokens);
     return json_allows(job, id) ? id : -1;  // the job's own bans and biases can leave nothing it allows
@@ -417,11 +530,22 @@ int32_t Generator::Impl::sample_row(Job& job, const float* row, JobUpdate& u) {
     return take_row(job, id, row, u);
 }
 
+// The next token of a budget's closing, placed instead of a draw: logprob 0 (probability 1) and no alternatives, on
+// every backend (a device draw leaves no row on the host to read the model's own from).
+int32_t Generator::Impl::take_forced(Job& job, JobUpdate& u) {
+    const int32_t id = job.forced.front();
+    job.forced.pop_front();
+    job.placing = true;
+    accept_token(job, id, 0.0f, {}, u);
+    job.placing = false;
+    return id;
+}
+
 int32_t Generator::Impl::take_row(Job& job, int32_t id, const float* row, JobUpdate& u) {
     if (id < 0) {
         finish(job, u, FinishReason::kError,
-               invalid_argument("JSON mode: no token the sampler may draw (after its bans and logit biases) can "
-                                "continue the JSON object"));
+               invalid_argument("constrained output (JSON mode, a schema, tool choices): no token the sampler may "
+                                "draw (after its bans and logit biases) can continue it"));
         return id;
     }
     float logprob = 0.0f;
@@ -579,14 +703,33 @@ void Generator::Impl::accept_token(Job& job, int32_t id, float logprob, std::vec
         }
     }
 #endif
-    if (job.json) {  // the token was checked against the grammar when it was drawn
-        job.json->feed(token_bytes[static_cast<size_t>(id)]);
-        if (job.json->complete()) return end_text(job, u, FinishReason::kStop);
+    const bool was_on = grammar_on(job);
+    if (job.watching) watch_token(job, id, u);
+    if (job.json && (was_on || grammar_on(job))) {  // the token was checked against the grammar when it was drawn
+        const std::string& b = token_bytes[static_cast<size_t>(id)];
+        if (!was_on)  // the trigger was written: what followed it starts the choice
+            job.json->feed(job.watch.after_trigger());
+        else if (b.empty())
+            job.json->feed_special(id);
+        else
+            job.json->feed(b);
+        if (job.json->complete()) {
+            u.output_closed = true;
+            return end_text(job, u, FinishReason::kStop);
+        }
     }
     if (job.generated >= job.max_new) return end_text(job, u, FinishReason::kLength);
     u.prompt_tokens = job.prompt_len;
     u.cached_tokens = job.cached;
     u.generated_tokens = job.generated;
+}
+
+// Follows the output for reasoning and the choices' trigger; a reasoning block over its budget gets its closing.
+void Generator::Impl::watch_token(Job& job, int32_t id, JobUpdate& u) {
+    job.watch.add(raw_text(id), job.placing);
+    u.reasoning_tokens = job.watch.reasoning_tokens();
+    if (job.watch.over_budget() && job.forced.empty())
+        job.forced.assign(job.closing_ids.begin(), job.closing_ids.end());
 }
 
 Generator::Generator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -769,7 +912,7 @@ void Generator::Impl::propose(const std::vector<Job*>& decoding, bool prompting)
     for (size_t k = 0; k < decoding.size(); ++k) {
         const Job& j = *decoding[k];
         // (JSON mode draws each token on its own: a draw may be redrawn on the host.)
-        want[k] = j.json ? 0 : std::clamp(std::min(opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
+        want[k] = j.json || !j.forced.empty() ? 0 : std::clamp(std::min(opt.draft_tokens, j.max_new - j.generated - 1), 0, std::max(spare, 0));
         spare -= want[k];
     }
     if (opt.draft_model) {
@@ -896,7 +1039,9 @@ JobUpdate Generator::Impl::take_slot(StepBatch& b, size_t k) {
     int kept = 0;
     for (int i = 0; i <= nd; ++i) {
         const size_t r = b.row0[k] + static_cast<size_t>(i);
-        const int32_t id = b.on_device ? take_drawn(j, b, r, u) : sample_row(j, b.logits.data() + r * vocab, u);
+        const int32_t id = !j.forced.empty() ? take_forced(j, u)
+                           : b.on_device      ? take_drawn(j, b, r, u)
+                                              : sample_row(j, b.logits.data() + r * vocab, u);
         if (!j.seq || i == nd || id != j.drafts[static_cast<size_t>(i)]) break;  // ended, or the proposal lost
         ++kept;
     }

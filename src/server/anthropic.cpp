@@ -146,15 +146,22 @@ std::optional<ApiError> map_user(const ojson& content, const std::string& where,
     return std::nullopt;
 }
 
-// One assistant message: text blocks joined, tool_use blocks as OpenAI tool calls. Thinking blocks are dropped
-// (templates re-render reasoning their own way).
+// One assistant message: text blocks joined, tool_use blocks as OpenAI tool calls, thinking blocks joined as its
+// reasoning_content (templates that show earlier reasoning read it; the others drop it).
 std::optional<ApiError> map_assistant(const ojson& content, const std::string& where,
                                       std::map<std::string, std::string>* names, ojson* msg) {
-    std::string text;
+    std::string text, reasoning;
     ojson calls = ojson::array();
     auto block = [&](const ojson& b, const std::string& at, const std::string& type) -> std::optional<ApiError> {
         if (type == "text") return text_field(b, at, &text);
-        if (type == "thinking" || type == "redacted_thinking") return std::nullopt;
+        if (type == "redacted_thinking") return std::nullopt;
+        if (type == "thinking") {
+            auto t = b.find("thinking");
+            if (t == b.end() || !t->is_string())
+                return invalid(at + ": a thinking block needs a string 'thinking'", at, "invalid_type");
+            reasoning += t->get<std::string>();
+            return std::nullopt;
+        }
         if (type == "tool_result") return invalid(at + ": an assistant message cannot hold a 'tool_result' block", at);
         if (type != "tool_use") return unsupported_block(at, type);
         if (!b.contains("id") || !b["id"].is_string() || !b.contains("name") || !b["name"].is_string())
@@ -170,6 +177,7 @@ std::optional<ApiError> map_assistant(const ojson& content, const std::string& w
     if (auto e = each_block(content, where, block)) return e;
     *msg = {{"role", "assistant"}, {"content", text.empty() && !calls.empty() ? ojson(nullptr) : ojson(text)}};
     if (!calls.empty()) (*msg)["tool_calls"] = std::move(calls);
+    if (!reasoning.empty()) (*msg)["reasoning_content"] = std::move(reasoning);
     return std::nullopt;
 }
 
@@ -295,20 +303,33 @@ std::optional<ApiError> copy_number(const ojson& body, const char* key, double l
     return std::nullopt;
 }
 
-std::optional<ApiError> map_thinking(const ojson& body, MessagesRequest* out) {
+// thinking -> the template's enable_thinking and the reasoning budget (MessagesRequest says how), in *ob.
+std::optional<ApiError> map_thinking(const ojson& body, MessagesRequest* out, ojson* ob) {
     auto t = body.find("thinking");
     if (t == body.end() || t->is_null()) return std::nullopt;
     if (!t->is_object() || !t->contains("type") || !(*t)["type"].is_string())
-        return invalid("'thinking' must be an object with a string 'type' (enabled or disabled)", "thinking",
-                       "invalid_type");
+        return invalid("'thinking' must be an object with a string 'type' (enabled, adaptive or disabled)",
+                       "thinking", "invalid_type");
     const std::string type = (*t)["type"].get<std::string>();
-    if (type == "disabled") return std::nullopt;
-    if (type != "enabled") return invalid("thinking.type must be 'enabled' or 'disabled'", "thinking.type");
+    if (type == "disabled") {
+        (*ob)["enable_thinking"] = false;
+        return std::nullopt;
+    }
+    if (type != "enabled" && type != "adaptive" && type != "between_tools")
+        return invalid("thinking.type must be 'enabled', 'adaptive' or 'disabled'", "thinking.type");
+    if (auto d = t->find("display"); d != t->end() && !d->is_null()) {
+        if (*d != "summarized" && *d != "omitted")
+            return invalid("thinking.display must be 'summarized' or 'omitted'", "thinking.display");
+        out->omit_thinking = *d == "omitted";
+    }
+    out->thinking = true;
+    (*ob)["enable_thinking"] = true;
+    if (type != "enabled") return std::nullopt;
     auto b = t->find("budget_tokens");
     if (b == t->end() || !b->is_number_integer() || b->get<int64_t>() < 1 || b->get<int64_t>() > INT32_MAX)
         return invalid("thinking.budget_tokens must be a positive integer", "thinking.budget_tokens");
-    out->thinking = true;
     out->thinking_budget = static_cast<int>(b->get<int64_t>());
+    (*ob)["max_reasoning_tokens"] = out->thinking_budget;
     return std::nullopt;
 }
 
@@ -347,12 +368,12 @@ std::optional<ApiError> parse_messages_request(const ojson& body, bool count_tok
     if (auto s = body.find("stream"); s != body.end()) ob["stream"] = *s;
     if (auto m = body.find("metadata"); m != body.end() && !m->is_null() && !m->is_object())
         return invalid("'metadata' must be an object", "metadata", "invalid_type");
-    if (auto e = map_thinking(body, out)) return e;
+    if (auto e = map_thinking(body, out, &ob)) return e;
     // The OpenAI route's other sampling fields are taken here too (exl3's extension; parse_request checks them).
     for (const char* key :
          {"min_p", "typical_p", "repetition_penalty", "penalty_range", "presence_penalty", "frequency_penalty",
           "dry_multiplier", "dry_base", "dry_allowed_length", "dry_range", "dry_sequence_breakers", "xtc_threshold",
-          "xtc_probability", "logit_bias", "seed", "ignore_eos"})
+          "xtc_probability", "logit_bias", "seed", "ignore_eos", "chat_template_kwargs"})
         if (auto v = body.find(key); v != body.end()) ob[key] = *v;
     if (auto e = parse_request(ob, true, &out->chat)) return e;
     out->chat.assistant_prefix = std::move(prefix);
@@ -382,28 +403,44 @@ void ContentBlocks::close(Events* events) {
     open_ = Open::kNone;
 }
 
-void ContentBlocks::feed(const std::vector<chat::ToolCallParser::Piece>& pieces, Events* events) {
+// Reasoning or text: appended to the open block of its kind, or held while it is only whitespace, then a block of
+// its kind opened.
+void ContentBlocks::text(chat::ReplyParser::Piece::Kind kind, const std::string& piece, Events* events) {
+    const bool thinking = kind == chat::ReplyParser::Piece::kReasoning;
+    const Open want = thinking ? Open::kThinking : Open::kText;
+    std::string text = piece;
+    if (open_ != want) {
+        if (pending_kind_ != want) pending_ws_.clear();
+        pending_kind_ = want;
+        pending_ws_ += text;
+        if (pending_ws_.find_first_not_of(" \t\r\n") == std::string::npos) return;
+        close(events);
+        if (thinking)
+            open({{"type", "thinking"}, {"thinking", ""}, {"signature", ""}}, events);
+        else
+            open({{"type", "text"}, {"text", ""}}, events);
+        open_ = want;
+        text = std::move(pending_ws_);
+        pending_ws_.clear();
+        pending_kind_ = Open::kNone;
+    }
+    if (thinking && omit_thinking_) return;
+    const char* key = thinking ? "thinking" : "text";
+    content_.back()[key].get_ref<std::string&>() += text;
+    delta({{"type", thinking ? "thinking_delta" : "text_delta"}, {key, text}}, events);
+}
+
+void ContentBlocks::feed(const std::vector<chat::ReplyParser::Piece>& pieces, Events* events) {
     for (const auto& piece : pieces) {
-        if (piece.tool_call.is_null()) {
-            if (piece.content.empty()) continue;
-            std::string text = piece.content;
-            if (open_ != Open::kText) {
-                pending_ws_ += text;
-                if (pending_ws_.find_first_not_of(" \t\r\n") == std::string::npos) continue;
-                close(events);
-                open({{"type", "text"}, {"text", ""}}, events);
-                open_ = Open::kText;
-                text = std::move(pending_ws_);
-                pending_ws_.clear();
-            }
-            content_.back()["text"].get_ref<std::string&>() += text;
-            delta({{"type", "text_delta"}, {"text", text}}, events);
+        if (piece.kind != chat::ReplyParser::Piece::kToolCall) {
+            if (!piece.text.empty()) text(piece.kind, piece.text, events);
             continue;
         }
         const json& call = piece.tool_call;
         if (call.contains("id")) {
             close(events);
             pending_ws_.clear();
+            pending_kind_ = Open::kNone;
             const json& fn = call.value("function", json::object());
             open({{"type", "tool_use"},
                   {"id", call["id"]},
@@ -436,7 +473,7 @@ struct MessagesReply : ReplyState {
     Metrics* metrics = nullptr;
     std::string id, model, closing;
     int prompt_len = 0;
-    std::optional<chat::ToolCallParser> parser;  // with tools: content and tool calls
+    std::optional<chat::ReplyParser> parser;  // with tools or reasoning: reasoning, content and tool calls
     ContentBlocks blocks;
     FinishReason finish = FinishReason::kNone;
     Status error;
@@ -445,13 +482,13 @@ struct MessagesReply : ReplyState {
 
     // Takes in one update: its blocks' events in *events; true when the job ended.
     bool take(const JobUpdate& u, ContentBlocks::Events* events) {
-        std::vector<chat::ToolCallParser::Piece> pieces;
+        std::vector<chat::ReplyParser::Piece> pieces;
         if (parser) {
             parser->feed(u.text, &pieces);
-            if (u.finish == FinishReason::kStop) parser->feed(closing, &pieces);
+            if (u.output_closed) parser->feed(closing, &pieces);  // a forced call's arguments closed
             if (u.finish != FinishReason::kNone) parser->finish(&pieces);
         } else if (!u.text.empty()) {
-            pieces.push_back({u.text, nullptr});
+            pieces.push_back({chat::ReplyParser::Piece::kContent, u.text, nullptr});
         }
         blocks.feed(pieces, events);
         generated = u.generated_tokens;
@@ -500,11 +537,12 @@ void anthropic_messages(Engine& engine, const ojson& body, httplib::Response& re
     st->id = "msg_" + random_id();
     st->model = engine.o.model_name;
     st->prompt_len = sub.prompt_len;
-    if (!p.tools.is_null()) st->parser.emplace(engine.tool_format, p.parallel_tool_calls);
-    if (p.constrained_call) st->closing = chat::tool_call_closing(engine.tool_format);
+    st->blocks = ContentBlocks(mr.omit_thinking);
+    if (sub.reply) st->parser.emplace(*sub.reply);
+    st->closing = sub.closing;
     ContentBlocks::Events opening_events;
     if (st->parser) {  // the text the server wrote to open a forced call is the reply's start
-        std::vector<chat::ToolCallParser::Piece> pieces;
+        std::vector<chat::ReplyParser::Piece> pieces;
         st->parser->feed(sub.opening, &pieces);
         st->blocks.feed(pieces, &opening_events);
     }
@@ -571,10 +609,9 @@ void anthropic_messages(Engine& engine, const ojson& body, httplib::Response& re
 void anthropic_count_tokens(Engine& engine, const ojson& body, httplib::Response& res) {
     MessagesRequest mr;
     if (auto e = parse_messages_request(body, true, &mr)) return send_anthropic_error(res, *e);
-    std::vector<int32_t> prompt;
-    std::string opening;
-    if (auto e = engine.prepare(mr.chat, true, &prompt, &opening)) return send_anthropic_error(res, *e);
-    res.set_content(json{{"input_tokens", prompt.size()}}.dump(), "application/json");
+    Prepared prepared;
+    if (auto e = engine.prepare(mr.chat, true, &prepared)) return send_anthropic_error(res, *e);
+    res.set_content(json{{"input_tokens", prepared.prompt.size()}}.dump(), "application/json");
 }
 
 }  // namespace exl3::server

@@ -17,7 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "chat/tool_calls.h"
+#include "chat/chat_turn.h"
+#include "chat/reply.h"
 #include "exl3/chat_template.h"
 #include "exl3/generator.h"
 #include "server/job_queue.h"
@@ -57,11 +58,18 @@ struct Metrics {
 
 ApiError api_error(int status, std::string message, std::string type, std::string code, std::string param = {});
 
+// A request made ready to run (Engine::prepare): its prompt, and how its reply is read (chat/chat_turn.h's plan).
+struct Prepared {
+    std::vector<int32_t> prompt;
+    std::string opening;  // what the server wrote to open the assistant turn (a forced tool call's start)
+    std::string closing;  // appended to the reply when the Generator ends it with JobUpdate::output_closed
+    std::optional<chat::ReplyOptions> reply;  // chat with tools or reasoning: how the reply is split (ReplyParser)
+};
+
 // A request's jobs once submitted (Engine::submit): what every route's reply needs.
-struct Submitted {
+struct Submitted : Prepared {
     std::shared_ptr<Stream> stream;
     int prompt_len = 0;
-    std::string opening;  // what the server wrote to open the assistant turn (a forced tool call's start)
 };
 
 // The OpenAI routes' reply state (server.cpp).
@@ -76,8 +84,7 @@ struct Engine : std::enable_shared_from_this<Engine> {
     std::shared_ptr<const Tokenizer> tok;
     ServerOptions o;  // the server's, with model_name this model's id
     std::optional<ChatTemplate> tmpl;
-    chat::ToolFormat tool_format = chat::ToolFormat::kHermes;
-    bool tool_markers_special = false;  // the format's markers are special tokens of this tokenizer
+    chat::ModelFormats formats;  // the model's tool-call format and reasoning markers (from template and vocabulary)
     std::unique_ptr<Generator> gen;
     std::unique_ptr<JobQueue> queue;
     Metrics& metrics;
@@ -90,14 +97,16 @@ struct Engine : std::enable_shared_from_this<Engine> {
     // Parses the chat template and starts the Generator and its queue.
     static Result<std::shared_ptr<Engine>> create(LoadedModel m, const ServerOptions& opts, Metrics& metrics);
 
-    // Shared by every route: the prompt of a parsed request (template rendered, tokenized; *opening as prepare()
-    // says), then its jobs submitted (429 when the queue is full, 503 when the model is going away).
-    std::optional<ApiError> prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
-                                    std::string* opening) const;
+    // Shared by every route: the prompt of a parsed request (template rendered, tokenized) and, for a chat turn, its
+    // plan (the Generator's settings go into p.gen; see prepare()), then its jobs submitted (429 when the queue is
+    // full, 503 when the model is going away).
+    std::optional<ApiError> prepare(ParsedRequest& p, bool chat, Prepared* out) const;
     std::optional<ApiError> submit(ParsedRequest& p, bool chat, Submitted* out);
-    // The chat template over these messages and tools, as prepare() renders them.
+    // The chat template over these messages and tools, as prepare() renders them; kwargs: the template's extra
+    // variables (chat_template_kwargs, enable_thinking, ...; an object, or null).
     Result<std::string> render(const nlohmann::ordered_json& messages, const nlohmann::ordered_json& tools,
-                               bool add_generation_prompt) const;
+                               bool add_generation_prompt,
+                               const nlohmann::ordered_json& kwargs = nlohmann::ordered_json::object()) const;
     nlohmann::json model_card() const;  // GET /v1/model (TabbyAPI's model card) and /v1/models' entries
 
     // The OpenAI routes (server.cpp).

@@ -175,7 +175,8 @@ json Engine::model_card() const {
                    {"architecture", info.architecture},
                    {"quantization", info.quantization},
                    {"device", model.device()},
-                   {"tool_format", chat::tool_format_name(tool_format)},
+                   {"tool_format", chat::tool_format_name(formats.tools)},
+                   {"reasoning_format", chat::reasoning_kind_name(formats.reasoning.kind)},
                    {"prompt_template", tmpl ? json("chat_template") : json(nullptr)}};
     if (owned.draft) params["draft"] = {{"id", owned.draft_name}, {"object", "model"}, {"owned_by", "exl3"}};
     return {{"id", o.model_name}, {"object", "model"},        {"created", started},

@@ -180,6 +180,10 @@ std::optional<ApiError> parse_messages(const ojson& b, ParsedRequest* out) {
         if (r == "tool") {
             if (auto id = m.find("tool_call_id"); id != m.end() && id->is_string()) msg["tool_call_id"] = *id;
         }
+        // An earlier reply's reasoning, as this API returned it: templates that show it again (Qwen3, Seed-OSS) read
+        // message.reasoning_content.
+        if (auto rc = m.find("reasoning_content"); r == "assistant" && rc != m.end() && rc->is_string())
+            msg["reasoning_content"] = *rc;
         if (auto calls = m.find("tool_calls"); r == "assistant" && calls != m.end() && !calls->is_null()) {
             if (!calls->is_array())
                 return bad_request(param + ".tool_calls must be a list", param + ".tool_calls", "invalid_type");
@@ -220,6 +224,7 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
         if (std::string e = chat::tools_error(*it); !e.empty()) return bad_request(e, "tools", "invalid_type");
         if (!it->empty()) out->tools = *it;
     }
+    out->tool_schemas = forced_call_schemas(out->tools, &out->strict_tools);
     if (auto it = b.find("tool_choice"); it != b.end() && !it->is_null()) {
         if (it->is_string()) {
             out->tool_choice = it->get<std::string>();
@@ -242,15 +247,11 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
                                "tool_choice", "invalid_value");
         if (out->tool_choice == "function") {
             bool found = false;
-            for (const auto& t : out->tools) {
-                if (t["function"]["name"] != out->tool_function) continue;
+            for (size_t i = 0; i < out->tools.size(); ++i) {
+                if (out->tools[i]["function"]["name"] != out->tool_function) continue;
                 found = true;
-                // Its arguments under the parameters' schema where that compiles (none: an empty object).
-                const std::string schema = chat::tool_arguments_schema(t);
-                if (JsonSchema::compile(schema).is_ok()) {
-                    out->constrained_call = true;
-                    out->gen.json_schema = schema;
-                }
+                out->constrained_call = true;
+                out->gen.json_schema = out->tool_schemas[i];
             }
             if (!found)
                 return bad_request(fmt::format("'tool_choice' names the function '{}', which is not in 'tools'",
@@ -261,6 +262,43 @@ std::optional<ApiError> parse_tools(const ojson& b, ParsedRequest* out) {
     if (auto e = read_bool(b, "parallel_tool_calls", &out->parallel_tool_calls)) return e;
     // tool_choice "none" means the model is not offered the tools at all.
     if (out->tool_choice == "none") out->tools = nullptr;
+    return std::nullopt;
+}
+
+// chat_template_kwargs, enable_thinking, reasoning_effort and max_reasoning_tokens.
+std::optional<ApiError> parse_reasoning(const ojson& b, ParsedRequest* out) {
+    if (auto it = b.find("chat_template_kwargs"); it != b.end() && !it->is_null()) {
+        if (!it->is_object())
+            return bad_request("'chat_template_kwargs' must be an object of template variables", "chat_template_kwargs",
+                               "invalid_type");
+        for (const auto& [key, value] : it->items()) {
+            if (key == "messages" || key == "tools" || key == "documents" || key == "add_generation_prompt" ||
+                key == "bos_token" || key == "eos_token")
+                return bad_request(fmt::format("'chat_template_kwargs' may not set '{}': the request sets it", key),
+                                   "chat_template_kwargs", "invalid_value");
+            out->template_kwargs[key] = value;
+        }
+    }
+    bool thinking = true;
+    if (b.contains("enable_thinking") && !b["enable_thinking"].is_null()) {
+        if (auto e = read_bool(b, "enable_thinking", &thinking)) return e;
+        if (!out->template_kwargs.contains("enable_thinking")) out->template_kwargs["enable_thinking"] = thinking;
+    }
+    if (auto it = b.find("reasoning_effort"); it != b.end() && !it->is_null()) {
+        if (!it->is_string() || (*it != "minimal" && *it != "low" && *it != "medium" && *it != "high"))
+            return bad_request("'reasoning_effort' must be one of minimal, low, medium, high", "reasoning_effort",
+                               "invalid_value");
+        if (!out->template_kwargs.contains("reasoning_effort")) out->template_kwargs["reasoning_effort"] = *it;
+    }
+    if (auto it = b.find("max_reasoning_tokens"); it != b.end() && !it->is_null()) {
+        const char* why = "'max_reasoning_tokens' must be an integer >= 0 (the most tokens a reply may think "
+                          "before it answers); leave it out for no budget";
+        if (!it->is_number() || !std::isfinite(it->get<double>()) || it->get<double>() != std::floor(it->get<double>()))
+            return bad_request(why, "max_reasoning_tokens", "invalid_type");
+        if (it->get<double>() < 0 || it->get<double>() > INT_MAX)
+            return bad_request(why, "max_reasoning_tokens", "invalid_value");
+        out->max_reasoning_tokens = static_cast<int>(it->get<double>());
+    }
     return std::nullopt;
 }
 
@@ -303,6 +341,7 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
     if (chat) {
         EXL3_TRY(parse_messages(b, out));
         EXL3_TRY(parse_tools(b, out));
+        EXL3_TRY(parse_reasoning(b, out));
     } else {
         EXL3_TRY(parse_prompt(b, out));
         EXL3_TRY(read_bool(b, "echo", &out->echo));
@@ -439,6 +478,33 @@ std::optional<ApiError> parse_request(const ojson& b, bool chat, ParsedRequest* 
 
 bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out) {
     return chat::parse_tool_calls(chat::ToolFormat::kHermes, text, out);
+}
+
+chat::TurnOptions turn_options(const ParsedRequest& p) {
+    chat::TurnOptions t;
+    t.tools = p.tools;
+    t.tool_choice = p.tool_choice;
+    t.function = p.tool_function;
+    t.tool_schemas = p.tool_schemas;
+    t.strict_tools = p.strict_tools;
+    t.parallel = p.parallel_tool_calls;
+    t.constrained_output = p.gen.json_object || (p.tools.is_null() && !p.gen.json_schema.empty());
+    t.max_reasoning_tokens = p.max_reasoning_tokens;
+    return t;
+}
+
+std::vector<std::string> forced_call_schemas(const ojson& tools, bool* all_strict) {
+    std::vector<std::string> schemas;
+    if (all_strict) *all_strict = tools.is_array() && !tools.empty();
+    if (!tools.is_array()) return schemas;
+    for (const auto& t : tools) {
+        const std::string schema = chat::tool_arguments_schema(t);
+        schemas.push_back(JsonSchema::compile(schema).is_ok() ? schema : R"({"type": "object"})");
+        const auto strict = t["function"].find("strict");
+        if (all_strict)
+            *all_strict = *all_strict && strict != t["function"].end() && strict->is_boolean() && strict->get<bool>();
+    }
+    return schemas;
 }
 
 int json_depth(const ojson& j) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "chat/chat_turn.h"
 #include "chat/tool_calls.h"
 #include "exl3/generator.h"
 
@@ -32,9 +33,18 @@ struct ParsedRequest {
     nlohmann::ordered_json tools;      // chat: the tools list, or null (also when tool_choice is "none")
     std::string tool_choice = "auto";  // chat: none, auto, required, or "function" (named: see tool_function)
     std::string tool_function;         // chat: the function tool_choice names
-    // chat, a named function whose parameters compile as a JSON Schema (runtime/json_schema.h): the arguments are
-    // generated under it (gen.json_schema) and the job ends when they close; else they are not constrained.
+    // chat, a named function: its arguments are generated under its parameters' schema (gen.json_schema; any JSON
+    // object where that schema uses keywords runtime/json_schema.h cannot hold output to) and the job ends when they
+    // close.
     bool constrained_call = false;
+    // chat with tools: per tool, the schema its arguments are generated under when a call is forced (as above), for
+    // tool_choice "required" and for "auto" when every tool is strict (strict_tools).
+    std::vector<std::string> tool_schemas;
+    bool strict_tools = false;
+    // chat: the template's extra variables -- chat_template_kwargs, and the top-level enable_thinking and
+    // reasoning_effort that vLLM / TabbyAPI clients send.
+    nlohmann::ordered_json template_kwargs = nlohmann::ordered_json::object();
+    int max_reasoning_tokens = -1;  // chat: the reasoning budget (GenerationRequest::reasoning); -1: none
     bool parallel_tool_calls = true;       // false: only the first call of a reply is returned
     bool has_skip_special_tokens = false;  // the client chose skip_special_tokens (else the server may)
     std::string assistant_prefix;       // chat: text the assistant turn starts with (Anthropic's final assistant
@@ -58,6 +68,15 @@ std::optional<ApiError> parse_request(const nlohmann::ordered_json& body, bool c
 
 // Hermes / Qwen tool calls: chat::parse_tool_calls(ToolFormat::kHermes, ...) (chat/tool_calls.h has every format).
 bool parse_hermes_tool_calls(const std::string& text, chat::ParsedToolCalls* out);
+
+// Per tool of a well-formed OpenAI tools list (null: none), the schema a forced call's arguments are generated under
+// (chat::TurnOptions::tool_schemas): its parameters where runtime/json_schema.h compiles them (none: an empty object),
+// else any JSON object -- the call still parses, its arguments unchecked. *all_strict: every tool has "strict": true.
+std::vector<std::string> forced_call_schemas(const nlohmann::ordered_json& tools, bool* all_strict = nullptr);
+
+// What a parsed chat request asks of its turn (chat/chat_turn.h's plan_turn): tools, tool_choice, the forced calls'
+// schemas, a JSON reply, the reasoning budget.
+chat::TurnOptions turn_options(const ParsedRequest& p);
 
 // Nesting depth of a JSON value (a scalar is 0), walked without recursion.
 int json_depth(const nlohmann::ordered_json& j);

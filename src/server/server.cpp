@@ -86,8 +86,9 @@ struct Choice {
     int cached = 0;  // prompt tokens its job took from the prefix cache
     int drafted = 0, accepted = 0;  // speculative decoding's proposals for its job, and those kept
     bool role_sent = false;
-    std::optional<chat::ToolCallParser> parser;      // chat with tools: splits the reply into content and tool calls
-    std::vector<chat::ToolCallParser::Piece> early;  // what the parser gave for the server's opening (sent first)
+    int reasoning_tokens = 0;
+    std::optional<chat::ReplyParser> parser;      // chat with tools or reasoning: reasoning, content and tool calls
+    std::vector<chat::ReplyParser::Piece> early;  // what the parser gave for the server's opening (sent first)
 };
 
 // A non-streaming request's state (see reply_whole()).
@@ -119,9 +120,30 @@ struct ReplyInfo {
     std::string id;
     int64_t created = 0;
     std::string echo;     // completions with echo: the prompt as the client gave it
-    std::string closing;  // appended to a named call's arguments once they close (constrained_call)
+    std::string closing;  // appended to a forced call's arguments once they close (JobUpdate::output_closed)
+    bool reasoning = false;  // the reply is read for reasoning (usage reports reasoning_tokens)
     int prompt_len = 0;
 };
+
+namespace {
+
+// OpenAI's usage object: tokens of the prompt (and of it, from the prefix cache) and of every choice's reply (and of
+// them, reasoning).
+json usage_json(const ReplyInfo& r, const std::vector<Choice>& choices) {
+    int completion = 0, reasoning = 0;
+    for (const Choice& c : choices) {
+        completion += c.generated;
+        reasoning += c.reasoning_tokens;
+    }
+    json u = {{"prompt_tokens", r.prompt_len},
+              {"completion_tokens", completion},
+              {"total_tokens", r.prompt_len + completion},
+              {"prompt_tokens_details", {{"cached_tokens", choices[0].cached}}}};
+    if (r.reasoning) u["completion_tokens_details"] = {{"reasoning_tokens", reasoning}};
+    return u;
+}
+
+}  // namespace
 
 // The server: the transport, the routes, and the host of the model they run on.
 struct Server::Impl {
@@ -154,39 +176,44 @@ std::optional<ApiError> parse_body(const std::string& text, ojson* body) {
 Engine::Engine(LoadedModel m, const ServerOptions& opts, Metrics& mx)
     : owned(std::move(m)), model(*owned.model), tok(owned.tokenizer), o(opts), metrics(mx) {}
 
-Result<std::string> Engine::render(const ojson& messages, const ojson& tools, bool add_generation_prompt) const {
-    ojson ctx = {{"messages", messages},
-                 {"tools", tools},
-                 {"documents", nullptr},
-                 {"add_generation_prompt", add_generation_prompt},
-                 {"bos_token", tok->bos_token()},
-                 {"eos_token", tok->eos_token()}};
+// The template's variables: the request's extra ones (chat_template_kwargs, enable_thinking, ...) and the ones
+// transformers' apply_chat_template always passes, which win.
+Result<std::string> Engine::render(const ojson& messages, const ojson& tools, bool add_generation_prompt,
+                                   const ojson& kwargs) const {
+    ojson ctx = kwargs.is_object() ? kwargs : ojson::object();
+    ctx["messages"] = messages;
+    ctx["tools"] = tools;
+    ctx["documents"] = nullptr;
+    ctx["add_generation_prompt"] = add_generation_prompt;
+    ctx["bos_token"] = tok->bos_token();
+    ctx["eos_token"] = tok->eos_token();
     return tmpl->render(ctx);
 }
 
 // The prompt ids of a request: the chat template rendered as transformers' apply_chat_template does and tokenized
-// without special tokens (the template writes BOS itself), or the completion prompt with them. tool_choice
-// "required" or a named function: the assistant turn is opened with the tool-call format's opening (*opening), so
-// that the model can only go on with a call (for a named function, with its arguments).
-std::optional<ApiError> Engine::prepare(const ParsedRequest& p, bool chat, std::vector<int32_t>* prompt,
-                                        std::string* opening) const {
+// without special tokens (the template writes BOS itself), or the completion prompt with them. A chat turn is planned
+// by chat/chat_turn.h: a forced call opens the assistant turn with its format's opening (out->opening), so that the
+// model can only go on with a call; the Generator's choices, reasoning and schema settings go into p.gen.
+std::optional<ApiError> Engine::prepare(ParsedRequest& p, bool chat, Prepared* out) const {
+    std::vector<int32_t>* prompt = &out->prompt;
     if (!p.model.empty() && p.model != o.model_name)
         return api_error(404, fmt::format("the model '{}' does not exist; this server serves '{}'", p.model,
                                           o.model_name),
                          "invalid_request_error", "model_not_found", "model");
     if (chat) {
         if (!tmpl) return bad_request("this model has no chat template; use /v1/completions", {}, "no_chat_template");
-        auto text = render(p.messages, p.tools, true);
+        auto text = render(p.messages, p.tools, true, p.template_kwargs);
         if (!text.is_ok())
             return bad_request("the chat template refused these messages: " + text.status().message(), "messages",
                                "template_error");
         *text += p.assistant_prefix;
-        opening->clear();
-        if (!p.tools.is_null() && (p.tool_choice == "required" || p.tool_choice == "function")) {
-            *opening =
-                chat::tool_call_opening(tool_format, p.tool_choice == "function" ? p.tool_function : std::string());
-            *text += *opening;
-        }
+        const chat::TurnPlan plan = chat::plan_turn(formats, turn_options(p), *text);
+        *text += plan.suffix;
+        out->opening = plan.opening;
+        out->closing = plan.closing;
+        chat::apply_plan(plan, &p.gen, p.has_skip_special_tokens);
+        out->reply.reset();
+        if (plan.reply.tools || plan.reply.reasoning.on()) out->reply = plan.reply;
         auto ids = tok->encode(*text, /*add_special_tokens=*/false);
         if (!ids.is_ok()) return bad_request("tokenizing the prompt: " + ids.status().message(), "messages");
         *prompt = std::move(*ids);
@@ -248,15 +275,17 @@ json Engine::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c
     if (chat) {
         json msg = {{"role", "assistant"}, {"content", c.text}};
         if (c.parser) {
-            // The same parser as the streaming path, fed the whole reply: the same content and calls.
-            std::vector<chat::ToolCallParser::Piece> pieces;
+            // The same parser as the streaming path, fed the whole reply: the same reasoning, content and calls.
+            std::vector<chat::ReplyParser::Piece> pieces;
             c.parser->feed(c.text, &pieces);
             c.parser->finish(&pieces);
-            std::string content;
+            std::string content, reasoning;
             json calls = json::array();
             for (const auto& piece : pieces) {
-                if (piece.tool_call.is_null())
-                    content += piece.content;
+                if (piece.kind == chat::ReplyParser::Piece::kContent)
+                    content += piece.text;
+                else if (piece.kind == chat::ReplyParser::Piece::kReasoning)
+                    reasoning += piece.text;
                 else
                     chat::merge_tool_call_delta(piece.tool_call, &calls);
             }
@@ -267,6 +296,7 @@ json Engine::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c
             } else {
                 msg["content"] = content;
             }
+            if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
         }
         return {{"index", index},
                 {"message", msg},
@@ -281,16 +311,12 @@ json Engine::choice_json(const ParsedRequest& p, bool chat, int index, Choice& c
 }
 
 std::optional<ApiError> Engine::submit(ParsedRequest& p, bool chat, Submitted* out) {
-    std::vector<int32_t> prompt;
-    if (auto e = prepare(p, chat, &prompt, &out->opening)) return e;
+    if (auto e = prepare(p, chat, out)) return e;
+    const std::vector<int32_t>& prompt = out->prompt;
     if (Status s = validate(p.gen.sampling, vocab); !s.is_ok()) return bad_request(s.message());
     if (!p.has_max_tokens)
         p.gen.max_new_tokens = o.default_max_tokens > 0 ? o.default_max_tokens
                                                         : context - static_cast<int>(prompt.size());
-    // With tools offered, replies go through the tool-call parser; its markers must reach it even when the tokenizer
-    // calls them special tokens (Llama's <|python_tag|>, Mistral's [TOOL_CALLS]).
-    const bool tools_on = chat && !p.tools.is_null();
-    if (tools_on && tool_markers_special && !p.has_skip_special_tokens) p.gen.skip_special_tokens = false;
     out->prompt_len = static_cast<int>(prompt.size());
     std::vector<GenerationRequest> jobs(p.n, p.gen);
     for (int i = 0; i < p.n; ++i) {
@@ -318,19 +344,19 @@ void Engine::generate(const ojson& body, httplib::Response& res, bool chat) {
     if (auto e = parse_request(body, chat, &p)) return send_error(res, *e);
     Submitted sub;
     if (auto e = submit(p, chat, &sub)) return send_error(res, *e);
-    const bool tools_on = chat && !p.tools.is_null();
     info->prompt_len = sub.prompt_len;
     info->chat = chat;
     info->id = (chat ? "chatcmpl-" : "cmpl-") + random_id();
     info->created = std::time(nullptr);
     // echo: the prompt as the client gave it (a string as it is; ids decoded), not the BOS the server added.
     if (!chat && p.echo) info->echo = p.prompt_ids.empty() ? p.prompt : tok->decode(p.prompt_ids);
+    // With tools or reasoning, replies go through the reply parser (reasoning, content, tool calls). A forced call's
+    // arguments generated under their schema end the job when they close: the server closes the call after them.
+    info->closing = sub.closing;
+    info->reasoning = sub.reply && sub.reply->reasoning.on();
     std::vector<Choice> choices(p.n);
-    if (tools_on)
-        for (auto& c : choices) c.parser.emplace(tool_format, p.parallel_tool_calls);
-    // A named call's arguments generated under their schema end the job when they close (kStop): the server closes
-    // the call after them.
-    if (p.constrained_call) info->closing = chat::tool_call_closing(tool_format);
+    if (sub.reply)
+        for (auto& c : choices) c.parser.emplace(*sub.reply);
     if (p.stream)
         reply_streamed(res, std::move(info), std::move(sub.stream), std::move(choices), sub.opening);
     else
@@ -343,7 +369,8 @@ bool Engine::collect(const ReplyInfo& r, Whole& w, std::chrono::milliseconds wai
     for (auto& [index, u] : items) {
         Choice& c = w.choices[index];
         c.text += u.text;
-        if (u.finish == FinishReason::kStop) c.text += r.closing;
+        if (u.output_closed) c.text += r.closing;  // a forced call's arguments closed: the server closes the call
+        c.reasoning_tokens = std::max(c.reasoning_tokens, u.reasoning_tokens);
         json unused;
         if (r.p.logprobs) add_logprobs(u, r.chat, &c, &unused);
         c.generated = u.generated_tokens;
@@ -377,11 +404,7 @@ std::optional<ApiError> Engine::whole_json(const ReplyInfo& r, Whole& w, json* o
             {"created", r.created},
             {"model", o.model_name},
             {"choices", out_choices},
-            {"usage",
-             {{"prompt_tokens", r.prompt_len},
-              {"completion_tokens", completion_tokens},
-              {"total_tokens", r.prompt_len + completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", w.choices[0].cached}}}}}};
+            {"usage", usage_json(r, w.choices)}};
     return std::nullopt;
 }
 
@@ -422,25 +445,29 @@ json Engine::chunk_base(const ReplyInfo& r) const {
 std::vector<json> Engine::chat_deltas(const ReplyInfo& r, Choice& c, const JobUpdate& u) const {
     std::vector<json> deltas;
     if (c.parser) {
-        std::vector<chat::ToolCallParser::Piece> pieces = std::move(c.early);
+        std::vector<chat::ReplyParser::Piece> pieces = std::move(c.early);
         c.early.clear();
         c.parser->feed(u.text, &pieces);
-        if (u.finish == FinishReason::kStop) c.parser->feed(r.closing, &pieces);
+        if (u.output_closed) c.parser->feed(r.closing, &pieces);
         if (u.finish != FinishReason::kNone) c.parser->finish(&pieces);
         for (auto& piece : pieces) {
-            if (!piece.tool_call.is_null())
+            if (piece.kind == chat::ReplyParser::Piece::kToolCall) {
                 deltas.push_back({{"tool_calls", json::array({std::move(piece.tool_call)})}});
-            else if (!deltas.empty() && deltas.back().contains("content"))
-                deltas.back()["content"] = deltas.back()["content"].get<std::string>() + piece.content;
-            else if (!piece.content.empty())
-                deltas.push_back({{"content", std::move(piece.content)}});
+                continue;
+            }
+            const char* key = piece.kind == chat::ReplyParser::Piece::kReasoning ? "reasoning_content" : "content";
+            if (piece.text.empty()) continue;
+            if (!deltas.empty() && deltas.back().contains(key))
+                deltas.back()[key] = deltas.back()[key].get<std::string>() + piece.text;
+            else
+                deltas.push_back({{key, std::move(piece.text)}});
         }
     } else if (!u.text.empty()) {
         deltas.push_back({{"content", u.text}});
     }
     if (!c.role_sent) {
         c.role_sent = true;
-        if (!deltas.empty() && deltas.front().contains("content"))
+        if (!deltas.empty() && (deltas.front().contains("content") || deltas.front().contains("reasoning_content")))
             deltas.front()["role"] = "assistant";
         else
             deltas.insert(deltas.begin(), json{{"role", "assistant"}, {"content", ""}});
@@ -460,6 +487,7 @@ bool Engine::send_update(const ReplyInfo& r, StreamState& st, int index, const J
     c.cached = std::max(c.cached, u.cached_tokens);
     c.drafted = std::max(c.drafted, u.draft_tokens);
     c.accepted = std::max(c.accepted, u.accepted_tokens);
+    c.reasoning_tokens = std::max(c.reasoning_tokens, u.reasoning_tokens);
     if (r.chat) {
         std::vector<json> deltas = chat_deltas(r, c, u);
         for (size_t k = 0; k < deltas.size(); ++k) {
@@ -516,10 +544,7 @@ bool Engine::send_end(const ReplyInfo& r, StreamState& st, httplib::DataSink& si
     if (r.p.include_usage) {
         json j = chunk_base(r);
         j["choices"] = json::array();
-        j["usage"] = {{"prompt_tokens", r.prompt_len},
-                      {"completion_tokens", completion_tokens},
-                      {"total_tokens", r.prompt_len + completion_tokens},
-                      {"prompt_tokens_details", {{"cached_tokens", st.choices[0].cached}}}};
+        j["usage"] = usage_json(r, st.choices);
         if (!send_event(st, sink, j)) return false;
     }
     static constexpr std::string_view kDone = "data: [DONE]\n\n";
@@ -541,7 +566,7 @@ void Engine::reply_streamed(httplib::Response& res, std::shared_ptr<const ReplyI
     st->keep = shared_from_this();
     // The opening the server wrote goes to the parser first: it holds it as the start of a call.
     for (auto& c : st->choices) {
-        std::vector<chat::ToolCallParser::Piece> unused;
+        std::vector<chat::ReplyParser::Piece> unused;
         if (c.parser) c.parser->feed(opening, &unused);
         if (!unused.empty()) c.early = std::move(unused);
     }
@@ -690,7 +715,7 @@ void Engine::tokenize(const ojson& body, httplib::Response& res) const {
         ParsedRequest p;
         if (auto e = parse_request(body, true, &p)) return send_error(res, *e);
         if (!tmpl) return send_error(res, bad_request("this model has no chat template", "messages"));
-        auto text = render(p.messages, p.tools, true);
+        auto text = render(p.messages, p.tools, true, p.template_kwargs);
         if (!text.is_ok()) return send_error(res, bad_request(text.status().message(), "messages"));
         auto r = tok->encode(*text, false);
         if (!r.is_ok()) return send_error(res, bad_request(r.status().message(), "messages"));
@@ -804,15 +829,16 @@ Result<std::shared_ptr<Engine>> Engine::create(LoadedModel m, const ServerOption
         auto t = ChatTemplate::parse(*source);
         if (!t.is_ok()) return t.status().with_context("parsing the model's chat template");
         impl->tmpl = std::move(*t);
-        std::string how;
-        const auto format = chat::choose_tool_format(options.tool_format, *source, &how);
-        if (!format)
+        auto token_kind = [&](std::string_view text) -> std::optional<bool> {
+            if (auto id = tokenizer->token_to_id(text)) return tokenizer->is_special(*id);
+            return std::nullopt;
+        };
+        const auto formats = chat::model_formats(*source, token_kind, options.tool_format);
+        if (!formats)
             return invalid_argument(fmt::format("--tool-format '{}' is not one of auto, {}", options.tool_format,
                                                 chat::tool_format_names()));
-        impl->tool_format = *format;
-        for (const std::string& m : chat::tool_call_markers(impl->tool_format))
-            if (auto id = tokenizer->token_to_id(m); id && tokenizer->is_special(*id)) impl->tool_markers_special = true;
-        log_info("serve: tool calls parsed as {} ({})", chat::tool_format_name(impl->tool_format), how);
+        impl->formats = *formats;
+        log_info("serve: {}", formats->how);
     } else {
         log_warn("serve: the model has no chat template: /v1/chat/completions will answer 400");
     }

@@ -273,6 +273,76 @@ class PplTest(unittest.TestCase):
         self.assertIn(b"BOS", out)
 
 
+class MemoryTest(unittest.TestCase):
+    """The GPU memory plan (docs/memory.md): `exl3 inspect --memory` with a budget needs no GPU, and a load whose plan
+    does not fit is refused before anything is allocated (also here, without a GPU)."""
+
+    def plan(self, *args):
+        return exl3("inspect", "--memory", DRAFT, *args)
+
+    def test_table(self):
+        rc, out, err = self.plan("--gpu-memory", "1")
+        self.assertEqual(rc, 0, err)
+        text = out.decode()
+        self.assertIn("GPU memory plan for cuda:0", text)
+        self.assertIn("budget 1.00 GiB", text)
+        for row in ("layers: unquantized linears", "layers: norms", "head", "KV cache", "step buffers and workspaces",
+                    "CUDA context, kernels, cuBLAS", "total", "in host memory instead", "embeddings"):
+            self.assertIn(row, text)
+        # tiny-draft: 4 layers x 2 kv heads x 128 values x 2 bytes a token; the cache takes what is left, up to 64
+        # contexts of 2048.
+        self.assertIn("fits: context 2048, KV cache 131072 tokens (2048 B a token)", text)
+
+    def test_json(self):
+        rc, out, err = self.plan("--gpu-memory", "1", "-c", "1024", "--kv-bits", "8", "--cache-tokens", "4096",
+                                 "--json")
+        self.assertEqual(rc, 0, err)
+        p = json.loads(out)
+        self.assertTrue(p["fits"])
+        self.assertEqual((p["context_length"], p["cache_tokens"], p["kv_bits_k"], p["kv_bits_v"]), (1024, 4096, 8, 8))
+        self.assertEqual(p["kv_bytes_per_token"], 4 * 2 * 2 * 72)  # 64 code bytes + 2 groups x 4 a vector
+        self.assertEqual(p["gpu_total"], sum(i["bytes"] for i in p["gpu"]))
+        kv = [i for i in p["gpu"] if i["name"] == "KV cache"][0]
+        self.assertEqual(kv["bytes"], 4096 * p["kv_bytes_per_token"])
+        self.assertEqual([i["name"] for i in p["host"]], ["embeddings"])
+
+    def test_budget_too_small(self):
+        rc, out, err = self.plan("--gpu-memory", "0.05")
+        self.assertEqual(rc, 1)
+        self.assertIn("does not fit", out.decode())
+        self.assertIn("MiB more than the budget of 0.05 GiB", err)
+        self.assertIn("It would fit with", err)
+        self.assertIn("--gpu-memory 0.8", err)
+
+    def test_context_larger_than_fits(self):
+        rc, out, err = self.plan("--gpu-memory", "1", "-c", "400000")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("-c ", err)
+        self.assertIn("--kv-bits", err)
+
+    def test_load_refused_before_any_allocation(self):
+        # The same refusal from the load itself, before a GPU is even asked for: it works without one.
+        rc, out, err = exl3("run", "-m", DRAFT, "--tokens", "1,2,3", "-n", "4", "--device", "cuda",
+                            "--gpu-memory", "0.05")
+        self.assertEqual(rc, 1, err)
+        self.assertIn("MiB more than the budget", err)
+        self.assertIn("GPU memory plan for cuda:0", err)  # the table in the load log
+
+    def test_no_budget(self):
+        rc, out, err = self.plan()
+        if rc != 0:  # no GPU here to ask what is free
+            self.assertIn("--gpu-memory", err)
+
+    def test_bad_flags(self):
+        for args, expect in ((("--offload-layers", "some"), "--offload-layers"),
+                             (("--offload-mode", "gpu"), "--offload-mode"),
+                             (("--gpu-memory", "-1"), "--gpu-memory"),
+                             (("--max-step-tokens", "-5"), "--max-step-tokens")):
+            rc, out, err = self.plan(*args)
+            self.assertGreater(rc, 0, args)
+            self.assertIn(expect, err, args)
+
+
 class BenchTest(unittest.TestCase):
     """`exl3 bench --jobs`: the generator benchmark, at sizes that take a second on the CPU."""
 
@@ -470,7 +540,7 @@ class ToolsTest(unittest.TestCase):
         self.assertIn("<tools>\n" + listed + "\n</tools>", prompt)
         self.assertTrue(prompt.endswith("<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n"
                                         "<|im_start|>assistant\n"), prompt)
-        self.assertIn("tool calls parsed as hermes", err)
+        self.assertIn("tool calls as hermes", err)
         self.assertNotIn(b"<tools>", out)  # the prompt goes to stderr; stdout is only the reply
         # Without --tools (or with an empty list, or --tool-choice none) the same template offers none.
         empty = self.write("empty.json", b"[]")
@@ -513,13 +583,17 @@ class ToolsTest(unittest.TestCase):
         rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, stdin=b"Hello there\n")
         self.assertEqual(rc, 0, err)
         self.assertTrue(out.endswith(b"\n") and out.strip(), out)
-        # required: the reply is opened with <tool_call>; what the model writes after it is a call or, malformed,
-        # text that starts with the opening (never lost, never a crash).
-        rc, out, err = exl3(*self.args, "-n", "24", "--tools", self.tools, "--tool-choice", "required",
-                            stdin=b"Weather?\n")
+        # required: the reply is a call of one of the tools, held to its schema (a reply cut off inside it is the
+        # text it is).
+        rc, out, err = exl3(*self.args, "-n", "200", "--tools", self.tools, "--tool-choice", "required",
+                            stdin=b"Weather?\nAnd the time?\n")
         self.assertEqual(rc, 0, err)
-        text = out.decode("utf-8", "replace")
-        self.assertTrue(text.startswith("tool_call: {") or text.startswith("<tool_call>\n"), text)
+        lines = out.decode("utf-8").splitlines()
+        self.assertEqual(len(lines), 2, out)
+        for line in lines:
+            call = json.loads(line[len("tool_call: "):])
+            self.assertIn(call["name"], ("get_weather", "now"), line)
+            self.assertEqual(list(call["arguments"]), ["city"] if call["name"] == "get_weather" else [], line)
 
     def test_bad_tool_files(self):
         cases = (
@@ -542,6 +616,47 @@ class ToolsTest(unittest.TestCase):
             self.assertEqual(out, b"", args)
             for crash in ("terminate called", "Segmentation", "Assertion", "AddressSanitizer", "runtime error"):
                 self.assertNotIn(crash, err)
+
+
+class ReasoningTest(unittest.TestCase):
+    """`exl3 chat` with a model whose template opens a reasoning block (QwQ's, on the tiny model): the reasoning goes
+    to stderr between [reasoning] lines, the answer to stdout; --max-reasoning-tokens closes the block."""
+
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        model = os.path.join(self.dir.name, "model")
+        os.mkdir(model)
+        for name in os.listdir(TARGET):
+            if name != "tokenizer_config.json":
+                os.symlink(os.path.abspath(os.path.join(TARGET, name)), os.path.join(model, name))
+        with open(os.path.join(TARGET, "tokenizer_config.json")) as f:
+            config = json.load(f)
+        with open("tests/fixtures/chat/templates/Qwen-QwQ-32B.jinja") as f:
+            config["chat_template"] = f.read()
+        with open(os.path.join(model, "tokenizer_config.json"), "w") as f:
+            json.dump(config, f)
+        self.args = ["chat", "-m", model, "--temperature", "0", "-t", "2"]
+
+    def tearDown(self):
+        self.dir.cleanup()
+
+    def test_reasoning_on_stderr_answer_on_stdout(self):
+        rc, out, err = exl3(*self.args, "-n", "16", "--max-reasoning-tokens", "4", stdin=b"Hello\n")
+        self.assertEqual(rc, 0, err)
+        self.assertIn("reasoning tags", err)
+        self.assertIn("[reasoning]\n", err)
+        self.assertIn("[/reasoning]\n", err)
+        self.assertTrue(out.strip(), out)
+        self.assertNotIn(b"</think>", out)
+        self.assertNotIn(b"[reasoning]", out)
+        # No budget: the tiny model never closes the block, so all of the reply is reasoning.
+        rc, out, err = exl3(*self.args, "-n", "8", stdin=b"Hello\n")
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, b"\n")
+        for bad in (("--max-reasoning-tokens", "-5"), ("--chat-template-kwargs", "[1]")):
+            rc, out, err = exl3(*self.args, *bad, stdin=b"Hi\n")
+            self.assertGreater(rc, 0, err)
+            self.assertEqual(out, b"")
 
 
 def main():

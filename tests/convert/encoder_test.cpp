@@ -146,8 +146,10 @@ TEST(Encoder, LdlqBeatsDirectRoundingAndLoads) {
     auto q = quantize_linear(w.data(), out, in, h.data(), rows, opt, pool);
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(q.is_ok()) << q.status().message();
-    std::printf("LDLQ 256x256 K=3: %.2f s (%d tiles, %.0f tiles/s on %d threads), proxy %.4g\n", dt, 256,
-                256 / dt, pool.size(), q->proxy_error);
+    std::printf("LDLQ 256x256 K=3: %.2f s (%d tiles, %.0f tiles/s on %d threads), proxy %.4g (before the scale refit "
+                "%.4g), global scale %.3f\n",
+                dt, 256, 256 / dt, pool.size(), q->proxy_error, q->proxy_before_refit, q->scale);
+    EXPECT_LE(q->proxy_error, q->proxy_before_refit);
     opt.use_hessian = false;
     auto qd = quantize_linear(w.data(), out, in, h.data(), rows, opt, pool);
     ASSERT_TRUE(qd.is_ok());
@@ -222,7 +224,7 @@ TEST(Encoder, BatchEncoderSeamGivesIdenticalTensor) {
     };
     auto b = quantize_linear(w.data(), out, in, h.data(), 256, qo, pool);
     ASSERT_TRUE(b.is_ok()) << b.status().message();
-    EXPECT_EQ(calls, 128 / 16);  // one batch per 16-row block
+    EXPECT_EQ(calls, 128 / 16 + 1);  // the scale search's sample, then one batch per 16-row block
     EXPECT_EQ(a->trellis, b->trellis);
     EXPECT_EQ(a->suh, b->suh);
     EXPECT_EQ(a->svh, b->svh);

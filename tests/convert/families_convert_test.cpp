@@ -122,7 +122,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, FamilyConvert,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid",
-                                           "ernie45_gptj", "cohere_parallel", "cohere2_sliding"));
+                                           "ernie45_gptj", "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 // Mixtures of experts: per-expert Hessians (LayerHessians), the router kept as it was.
 INSTANTIATE_TEST_SUITE_P(Experts, FamilyConvert,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"));

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -46,6 +47,16 @@ struct DevBuf {
     DevBuf(const DevBuf&) = delete;
     DevBuf& operator=(const DevBuf&) = delete;
 };
+
+// max |a - b| / max |b| over one row (of logits).
+inline float rel_err(const float* a, const float* b, int n) {
+    float md = 0, mr = 0;
+    for (int i = 0; i < n; ++i) {
+        md = std::max(md, std::fabs(a[i] - b[i]));
+        mr = std::max(mr, std::fabs(b[i]));
+    }
+    return md / mr;
+}
 
 // n token ids in [0, vocab) from a fixed LCG: the same prompts on every run and machine.
 inline std::vector<int32_t> random_tokens(int n, uint32_t seed, int vocab) {

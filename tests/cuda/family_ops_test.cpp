@@ -117,6 +117,34 @@ TEST_P(FamilyOps, GeluSoftcapAdd) {
     EXPECT_EQ(cuda::softcap_f32(dxs.as<float>(), 4, 0.0f, ctx->stream()), cudaErrorInvalidValue);
 }
 
+// gpt-oss's clamped SwiGLU (the host-routed experts' activation) against cpu::swiglu_clamp_mul: gate and up drawn
+// wide (sd 5) so that both clamps bite (about a sixth of the values lie past +-7, some far past); a limit that is not
+// positive is refused.
+TEST_P(FamilyOps, SwigluClampMul) {
+    const int n = 6, inter = 1000;
+    const float alpha = 1.702f, limit = 7.0f;
+    auto gu = test::random_floats(static_cast<size_t>(n) * 2 * inter, 54, 5.0f);
+    for (auto& v : gu) v = round(v);
+    size_t past_lo = 0, past_hi = 0;
+    for (float v : gu) {
+        past_lo += v < -limit;
+        past_hi += v > limit;
+    }
+    ASSERT_GT(past_lo, gu.size() / 20);
+    ASSERT_GT(past_hi, gu.size() / 20);
+    DeviceBuffer dgu = up_act(gu), dout = poisoned(static_cast<size_t>(n) * inter * 2);
+    EXL3_CUDA_OK(cuda::swiglu_clamp_mul(dgu.get(), dout.get(), t(), n, inter, alpha, limit, ctx->stream()));
+    std::vector<float> ref(static_cast<size_t>(n) * inter);
+    for (int i = 0; i < n; ++i) {
+        const float* g = gu.data() + static_cast<size_t>(i) * 2 * inter;
+        std::copy(g, g + inter, ref.begin() + static_cast<long>(i) * inter);
+        cpu::swiglu_clamp_mul(ref.data() + static_cast<size_t>(i) * inter, g + inter, 1, inter, alpha, limit);
+    }
+    EXPECT_LT(rel(down_act(dout, ref.size()), ref), tol());
+    EXPECT_EQ(cuda::swiglu_clamp_mul(dgu.get(), dout.get(), t(), n, inter, alpha, 0.0f, ctx->stream()),
+              cudaErrorInvalidValue);
+}
+
 // Mixture-of-experts routing against cpu::route_experts on random logits: softmax with and without renormalising,
 // GLM-4.5's sigmoid with correction bias, groups and a scale; then the weighted sums of expert outputs: an expert
 // that no token chose, one that every token chose.

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/moe_layer.h"
 #include "cuda_test_util.h"
 #include "exl3/model.h"
 #include "format/safetensors.h"
@@ -29,15 +30,7 @@ std::unique_ptr<Model> load(const std::string& dir, const char* device) {
 
 std::vector<int32_t> tokens(int n, uint32_t seed, int vocab) { return test::random_tokens(n, seed, vocab); }
 
-// max |a - b| / max |b| over one row of logits.
-float rel_err(const float* a, const float* b, int n) {
-    float md = 0, mr = 0;
-    for (int i = 0; i < n; ++i) {
-        md = std::max(md, std::fabs(a[i] - b[i]));
-        mr = std::max(mr, std::fabs(b[i]));
-    }
-    return md / mr;
-}
+using test::rel_err;
 
 // `tol`: 3e-2 for trained models; the golden random-weight models (weights drawn at 1.5/sqrt(fan_in), so that
 // activations grow layer by layer) carry more 16-bit rounding through a 200-token prefill: 0.5-3.7 % measured.
@@ -133,7 +126,7 @@ INSTANTIATE_TEST_SUITE_P(Golden, CudaFamilies,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
-                                           "cohere_parallel", "cohere2_sliding"));
+                                           "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 // Qwen3.5 dense (Gated DeltaNet + gated attention), plain and in its multimodal wrapper.
 INSTANTIATE_TEST_SUITE_P(Hybrid, CudaFamilies, ::testing::Values("qwen3_5_text", "qwen3_5_wrapped"));
 // Mixtures of experts. A token's experts are a discontinuous choice: where two candidates' router scores are
@@ -160,74 +153,103 @@ std::string all_experts_copy(const std::string& dir, const std::string& name) {
     return out.string();
 }
 
-// The share of a 200-token prefill's positions whose logits match the CPU's within tol.
-void compare_routed(const std::string& dir, float tol, float min_share) {
+// The share of an n-token prefill's positions whose logits match the CPU's within tol.
+void compare_routed(const std::string& dir, float tol, float min_share, int n = 200) {
     auto cpu = load(dir, "cpu");
     auto gpu = load(dir, "cuda");
     ASSERT_TRUE(cpu && gpu);
     const int V = cpu->info().vocab_size;
-    auto prompt = tokens(200, 7, V);
+    auto prompt = tokens(n, 7, V);
     std::vector<float> lc, lg;
     auto sc = cpu->new_sequence(), sg = gpu->new_sequence();
     ASSERT_TRUE(cpu->forward(**sc, prompt, true, &lc).is_ok());
     Status st = gpu->forward(**sg, prompt, true, &lg);
     ASSERT_TRUE(st.is_ok()) << st.to_string();
     int within = 0, first_off = -1;
-    for (int r = 0; r < 200; ++r) {
-        const bool ok = rel_err(lg.data() + r * V, lc.data() + r * V, V) < tol;
+    for (int r = 0; r < n; ++r) {
+        const bool ok = rel_err(lg.data() + static_cast<size_t>(r) * V, lc.data() + static_cast<size_t>(r) * V, V) < tol;
         within += ok;
         if (!ok && first_off < 0) first_off = r;
     }
-    std::printf("  %s: routed experts, %d of 200 prefill positions within %.0e of the CPU (first off: %d)\n",
-                dir.c_str(), within, tol, first_off);
-    EXPECT_GE(within, static_cast<int>(min_share * 200));
+    std::printf("  %s: routed experts, %d of %d prefill positions within %.0e of the CPU (first off: %d)\n",
+                dir.c_str(), within, n, tol, first_off);
+    EXPECT_GE(within, static_cast<int>(min_share * n));
 }
 
-class CudaExperts : public ::testing::TestWithParam<const char*> {};
+class CudaExperts : public ::testing::TestWithParam<const char*> {
+protected:
+    // The golden model's directory, or empty when its fixtures are not made yet (gpt-oss's come from the GPU machine).
+    std::string golden_dir() const {
+        const std::string dir = test::repo_path(std::string("tests/models/golden/") + GetParam());
+        return test::path_exists(dir + "/config.json") ? dir : std::string();
+    }
+};
 
 // 8e-2: with every expert chosen these random models sum up to nine amplifying MLPs a layer; measured on the H200
 // 1.5e-2 (Qwen3-MoE), 6.6e-2 (Qwen2-MoE, 8 experts + the gated shared one), 4.5e-2 (Mixtral), 1.9e-2 (GLM-4.5).
+// gpt-oss (bf16 experts, and the Hub's MXFP4 blocks dequantized at load) takes the host-routed path: its biases
+// through the experts' linears, its clamped SwiGLU in swiglu_clamp_mul, its sinks in the attention kernels.
 TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
     EXL3_REQUIRE_GPU();
-    if (!have_golden(GetParam())) GTEST_SKIP() << GetParam() << ": no golden model yet";
-    compare_model(all_experts_copy(test::repo_path(std::string("tests/models/golden/") + GetParam()), GetParam()), 8e-2f);
+    const std::string dir = golden_dir();
+    if (dir.empty()) GTEST_SKIP() << "tests/models/golden/" << GetParam() << " is not there yet";
+    compare_model(all_experts_copy(dir, GetParam()), 8e-2f);
 }
 
 TEST_P(CudaExperts, RoutedMostlyMatchesCpu) {
     EXL3_REQUIRE_GPU();
-    if (!have_golden(GetParam())) GTEST_SKIP() << GetParam() << ": no golden model yet";
-    compare_routed(test::repo_path(std::string("tests/models/golden/") + GetParam()), 6e-2f, 0.75f);
+    const std::string dir = golden_dir();
+    if (dir.empty()) GTEST_SKIP() << "tests/models/golden/" << GetParam() << " is not there yet";
+    compare_routed(dir, 6e-2f, 0.75f);
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, CudaExperts, ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe"));
+INSTANTIATE_TEST_SUITE_P(Golden, CudaExperts,
+                         ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral_moe", "glm4_moe", "gpt_oss",
+                                           "gpt_oss_mxfp4"));
 // The hybrids with experts: Qwen3-Next (a dense layer, the gated shared expert) and Qwen3.5-MoE, plain and wrapped.
 INSTANTIATE_TEST_SUITE_P(Hybrid, CudaExperts,
                          ::testing::Values("qwen3_next", "qwen3_5_moe_text", "qwen3_5_moe_wrapped"));
 
-// gpt-oss on CUDA: its attention sinks run in the attention kernels (PagedAttention's sink_* cases against the
-// CPU); its experts' clamped SwiGLU is not in the GPU's expert path yet, so the model is refused with a message that
-// says so (docs/kernels/moe.md lists what that path must add). Once it runs, gpt_oss joins CudaExperts instead.
-TEST(CudaModel, GptOssIsRefusedUntilItsExpertsRun) {
-    EXL3_REQUIRE_GPU();
-    const std::string dir = test::repo_path("tests/models/golden/gpt_oss");
-    if (!test::path_exists(dir + "/config.json")) GTEST_SKIP() << dir << " is not there yet";
-    LoadOptions o;
-    o.device = "cuda";
-    auto m = Model::load(dir, o);
-    ASSERT_FALSE(m.is_ok());
-    EXPECT_NE(m.status().to_string().find("clamped SwiGLU is not implemented on the GPU yet"), std::string::npos)
-        << m.status().to_string();
+// Random-trellis EXL3 MoE models made by tools/bench/make_random_model.py (the device script makes them), the
+// directory in the environment variable `env`: CUDA against the CPU, which decodes the same trellis in fp32, with
+// every expert chosen and with real routing.
+void compare_exl3_experts(const char* env, const char* name) {
+    const char* dir = std::getenv(env);
+    if (!dir || !*dir) GTEST_SKIP() << env << " names no random EXL3 model";
+    compare_model(all_experts_copy(dir, name), 6e-2f);
+    compare_routed(dir, 6e-2f, 0.75f);
 }
 
-// EXL3 experts (a random-trellis Qwen3-MoE made by tools/bench/make_random_model.py --shape qwen3-moe-tiny
-// --exl3-bits 4, the directory in EXL3_TEST_EXL3_MOE; the device script makes it): CUDA against the CPU, which
-// decodes the same trellis in fp32.
+// A Qwen3-MoE (--shape qwen3-moe-tiny --exl3-bits 4, EXL3_TEST_EXL3_MOE).
 TEST(CudaModel, Exl3ExpertsMatchCpu) {
+    EXL3_REQUIRE_GPU();
+    compare_exl3_experts("EXL3_TEST_EXL3_MOE", "exl3");
+}
+
+// gpt-oss (--shape gpt-oss-tiny --exl3-bits 4, EXL3_TEST_EXL3_GPT_OSS): the grouped kernels with its gate, up and down
+// biases (random) through the tables and the clamped SwiGLU as their GLU option (the clamps themselves:
+// MoeLayer.MatchesCpuBiasesAndActivations and FamilyOps.SwigluClampMul).
+TEST(CudaModel, Exl3GptOssMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    compare_exl3_experts("EXL3_TEST_EXL3_GPT_OSS", "exl3_gpt_oss");
+}
+
+// A prefill of kMoeHostRoutedTokens or more runs the experts host-routed (one GEMM an expert over all its rows): the
+// same logits as the CPU's as the grouped path's are.
+TEST(CudaModel, Exl3ExpertsLongPrefillMatchesCpu) {
     EXL3_REQUIRE_GPU();
     const char* dir = std::getenv("EXL3_TEST_EXL3_MOE");
     if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_MOE names no random EXL3 MoE model";
-    compare_model(all_experts_copy(dir, "exl3"), 6e-2f);
-    compare_routed(dir, 6e-2f, 0.75f);
+    compare_routed(dir, 6e-2f, 0.75f, cuda::kMoeHostRoutedTokens + 88);
+}
+
+// gpt-oss's long prefill: the host-routed experts with their biases through the EXL3 linears and the clamped SwiGLU
+// in swiglu_clamp_mul (its short steps take the grouped kernels: Exl3GptOssMatchesCpu).
+TEST(CudaModel, Exl3GptOssLongPrefillMatchesCpu) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_GPT_OSS");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_GPT_OSS names no random EXL3 gpt-oss model";
+    compare_routed(dir, 6e-2f, 0.75f, cuda::kMoeHostRoutedTokens + 88);
 }
 
 // Its steps run the grouped kernels with no host round trip, so decode steps are captured again: a replayed step

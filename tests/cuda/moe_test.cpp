@@ -124,10 +124,9 @@ float round_to(float v, cuda::ActType t) {
 }
 
 float glu_ref(float g, float u, MoeAct act) {
-    if (act == MoeAct::kSwigluOai) {
-        g = std::min(g, 7.0f);
-        u = std::max(-7.0f, std::min(u, 7.0f));
-        return (u + 1.0f) * (g / (1.0f + std::exp(-1.702f * g)));
+    if (act == MoeAct::kSwigluOai) {  // gpt-oss's defaults (MoeGlu's): alpha 1.702, limit 7
+        cpu::swiglu_clamp_mul(&g, &u, 1, 1, 1.702f, 7.0f);
+        return g;
     }
     if (act == MoeAct::kGeluTanh) {
         float a = g, b = u;

@@ -1,7 +1,8 @@
 // libFuzzer: arbitrary bytes as an Anthropic Messages body (/v1/messages and /v1/messages/count_tokens). Parsing
 // must end in a MessagesRequest or an ApiError with a 4xx status, never a crash. The content-block writer is fed what
-// a model might write (the bytes as reply text, split in two, through the Hermes tool-call parser): its blocks must
-// be well formed (indexes in order, every started block stopped, tool_use input an object).
+// a model might write (the bytes as reply text, split in two, through the reply parser with <think> reasoning and
+// Hermes tool calls): its blocks must be well formed (indexes in order, every started block stopped, tool_use input
+// an object, thinking blocks with their text).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -12,11 +13,15 @@
 namespace {
 
 void check_blocks(const std::string& text) {
-    using exl3::chat::ToolCallParser;
-    ToolCallParser parser(exl3::chat::ToolFormat::kHermes);
+    using exl3::chat::ReplyParser;
+    exl3::chat::ReplyOptions options;
+    options.tools = exl3::chat::ToolFormat::kHermes;
+    options.reasoning = {exl3::chat::ReasoningKind::kTags, "<think>", "</think>"};
+    options.starts_in_reasoning = !text.empty() && (text[0] & 1);
+    ReplyParser parser(options);
     exl3::server::ContentBlocks blocks;
     exl3::server::ContentBlocks::Events events;
-    std::vector<ToolCallParser::Piece> pieces;
+    std::vector<ReplyParser::Piece> pieces;
     const size_t half = text.size() / 2;
     parser.feed(std::string_view(text).substr(0, half), &pieces);
     blocks.feed(pieces, &events);
@@ -42,8 +47,10 @@ void check_blocks(const std::string& text) {
         }
     }
     if (open != -1 || blocks.content().size() != next) std::abort();
-    for (const auto& b : blocks.content())
+    for (const auto& b : blocks.content()) {
         if (b["type"] == "tool_use" && !b["input"].is_object()) std::abort();
+        if (b["type"] == "thinking" && (!b["thinking"].is_string() || !b["signature"].is_string())) std::abort();
+    }
 }
 
 }  // namespace

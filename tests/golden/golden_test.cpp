@@ -94,7 +94,7 @@ INSTANTIATE_TEST_SUITE_P(Families, RandomModels,
                          ::testing::Values("phi3_fused", "mistral3_text", "seed_oss_bias", "smollm3_nope",
                                            "granite_mult", "gemma2_softcap", "gemma3_text", "gemma3_wrapped",
                                            "glm4_post", "olmo2_post", "olmo3_sliding", "exaone4_hybrid", "ernie45_gptj",
-                                           "cohere_parallel", "cohere2_sliding"));
+                                           "cohere_parallel", "cohere2_sliding", "cohere_qknorm"));
 
 // Mixtures of experts: Qwen3-MoE (a dense layer between), Qwen2-MoE (gated shared expert, weights not
 // renormalised), Mixtral, GLM-4.5 (sigmoid router with correction bias and groups, shared expert, dense first layer).

@@ -204,6 +204,31 @@ class ModelTest(unittest.TestCase):
                 exl3.Model(d)
             self.assertIn("safetensors", str(e.exception))
 
+    def test_memory_plan(self):
+        # The GPU memory plan needs no GPU when a budget is given (docs/memory.md).
+        p = exl3.plan_memory(MODEL, gpu_memory=1.0, context_length=1024, kv_bits=8, cache_tokens=4096)
+        self.assertTrue(p["fits"], p["table"])
+        self.assertEqual((p["context_length"], p["cache_tokens"]), (1024, 4096))
+        self.assertEqual(p["kv_bytes_per_token"], 4 * 2 * 2 * 72)
+        self.assertEqual(p["gpu_total"], sum(i["bytes"] for i in p["gpu"]))
+        self.assertIn("KV cache", p["table"])
+        small = exl3.plan_memory(MODEL, gpu_memory=0.05)
+        self.assertFalse(small["fits"])
+        self.assertGreater(small["short_by"], 0)
+        self.assertTrue(any(s.startswith("--gpu-memory") for s in small["suggestions"]), small["suggestions"])
+        # A load whose plan does not fit is refused before a GPU is touched.
+        with self.assertRaises(exl3.OutOfRangeError) as e:
+            exl3.Model(MODEL, device="cuda", gpu_memory=0.05)
+        self.assertIn("more than the budget", str(e.exception))
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Model(MODEL, offload_mode="gpu")
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.plan_memory(MODEL, gpu_memory=-1.0)
+        m = model()
+        if DEVICE != "cpu":
+            self.assertTrue(m.memory_plan["fits"])
+            self.assertEqual(m.info["cache_tokens"], m.memory_plan["cache_tokens"])
+
     def test_sequences_keep_their_model_alive(self):
         m = exl3.Model(MODEL, device=DEVICE, threads=2)
         seq = m.new_sequence()
@@ -483,6 +508,27 @@ class ToolCallsTest(unittest.TestCase):
         # generate() leaves content unset: it reads no template.
         self.assertIsNone(g.generate("Hi", max_new_tokens=2).content)
 
+    def test_choices_hold_the_output(self):
+        # The Generator's choices (what tool_choice "required" generates under): the output is one literal and then a
+        # value its schema admits, the job ending when that closes -- sampled on the model's device.
+        g = exl3.Generator(model(), tokenizer())
+        city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 10}}, "required": ["city"],
+                "additionalProperties": False}
+        choices = [{"literal": '{"name": "get_weather", "arguments": ', "json_schema": city},
+                   {"literal": '{"name": "now", "arguments": ', "json_schema": {"type": "object",
+                                                                            "additionalProperties": False}}]
+        for seed in range(4):
+            c = g.generate("The keeper wrote:", max_new_tokens=60, choices=choices, temperature=1.0, seed=seed)
+            self.assertEqual(c.finish_reason, "stop", c.text)
+            call = json.loads(c.text + "}")
+            self.assertIn(call["name"], ("get_weather", "now"))
+            self.assertEqual(list(call["arguments"]), ["city"] if call["name"] == "get_weather" else [])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", choices=[{"literal": "a"}])
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", choices_trigger="<tool_call>")  # without choices
+        self.assertFalse(g.has_work)
+
     def test_bad_tools(self):
         g = exl3.Generator(model(), tokenizer())
         messages = [{"role": "user", "content": "Hi"}]
@@ -494,6 +540,55 @@ class ToolCallsTest(unittest.TestCase):
             self.assertIn(message, str(e.exception))
         with self.assertRaises(TypeError):  # not JSON at all
             g.chat(messages, tools=[{"type": "function", "function": {"name": object()}}])
+        self.assertFalse(g.has_work)
+
+
+class ReasoningTest(unittest.TestCase):
+    """Generator.chat with a template that opens a reasoning block (QwQ's, on the tiny model's tokenizer): the reply's
+    reasoning apart from its content, and max_reasoning_tokens closing the block so that an answer follows."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(MODEL, name), "rb") as f, open(os.path.join(cls.dir.name, name), "wb") as out:
+                out.write(f.read())
+        config_path = os.path.join(cls.dir.name, "tokenizer_config.json")
+        with open(config_path) as f:
+            config = json.load(f)
+        with open(os.path.join(ROOT, "tests", "fixtures", "chat", "templates", "Qwen-QwQ-32B.jinja")) as f:
+            config["chat_template"] = f.read()
+        with open(config_path, "w") as f:
+            json.dump(config, f)
+        cls.tok = exl3.Tokenizer(cls.dir.name)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_reply_format(self):
+        self.assertEqual(self.tok.reply_format(), {"tools": "hermes", "reasoning": "tags", "reasoning_open": "<think>",
+                                                   "reasoning_close": "</think>"})
+        self.assertEqual(tokenizer().reply_format()["reasoning"], "none")
+
+    def test_chat_splits_reasoning_and_keeps_the_budget(self):
+        g = exl3.Generator(model(), self.tok)
+        messages = [{"role": "user", "content": "Hi"}]
+        c = g.chat(messages, max_new_tokens=16, max_reasoning_tokens=4, ignore_eos=True)
+        self.assertEqual(c.reasoning_tokens, 4)
+        self.assertTrue(c.reasoning)
+        self.assertNotIn("</think>", c.reasoning + c.content)
+        self.assertIn("</think>", c.text)  # the reply as written: reasoning, the closing the budget placed, answer
+        # Without a budget the tiny model never closes the block: all reasoning, no content.
+        free = g.chat(messages, max_new_tokens=8, ignore_eos=True)
+        self.assertEqual((free.content, free.reasoning_tokens), ("", 8))
+        # A model without reasoning markers refuses a budget; the low-level keyword checks its fields.
+        with self.assertRaises(exl3.InvalidArgumentError):
+            exl3.Generator(model(), tokenizer()).chat(messages, max_reasoning_tokens=3)
+        with self.assertRaises(exl3.InvalidArgumentError):
+            g.submit("x", reasoning={"open": "<think>", "close": "</think>", "max_tokens": -3})
+        with self.assertRaises(TypeError):
+            g.submit("x", reasoning={"opne": "<think>"})
         self.assertFalse(g.has_work)
 
 

@@ -50,6 +50,7 @@ TEST(AnthropicSchema, MapsAConversationWithToolsOntoTheOpenAiRequest) {
     EXPECT_EQ(p.messages[0], json::parse(R"({"role": "system", "content": "Be brief.\nBe kind."})"));
     EXPECT_EQ(p.messages[1], json::parse(R"({"role": "user", "content": "Paris?"})"));
     EXPECT_EQ(p.messages[2]["content"], "Let me look.");
+    EXPECT_EQ(p.messages[2]["reasoning_content"], "hm");  // for templates that show earlier reasoning
     EXPECT_EQ(p.messages[2]["tool_calls"][0]["id"], "toolu_1");
     EXPECT_EQ(p.messages[2]["tool_calls"][0]["function"]["arguments"], json::parse(R"({"city": "Paris"})"));
     EXPECT_EQ(nlohmann::json(p.messages[3]), nlohmann::json::parse(R"({"role": "tool", "tool_call_id": "toolu_1",
@@ -79,12 +80,29 @@ TEST(AnthropicSchema, ToolChoicesAndPrefill) {
         {"role": "assistant", "content": [{"type": "text", "text": "Once"}]}]})");
     EXPECT_EQ(prefill.chat.messages.size(), 1u);
     EXPECT_EQ(prefill.chat.assistant_prefix, "Once");
-    // count_tokens needs no max_tokens; thinking is taken.
+    // count_tokens needs no max_tokens; thinking is taken: the template's enable_thinking and the reasoning budget.
     const MessagesRequest c = parse_ok(R"({"messages": [{"role": "user", "content": "x"}],
         "thinking": {"type": "enabled", "budget_tokens": 2048}})",
                                        true);
     EXPECT_TRUE(c.thinking);
     EXPECT_EQ(c.thinking_budget, 2048);
+    EXPECT_EQ(c.chat.max_reasoning_tokens, 2048);
+    EXPECT_EQ(c.chat.template_kwargs["enable_thinking"], true);
+    const std::string x = R"("messages": [{"role": "user", "content": "x"}])";
+    const MessagesRequest off = parse_ok(R"({"max_tokens": 4, "thinking": {"type": "disabled"}, )" + x + "}");
+    EXPECT_FALSE(off.thinking);
+    EXPECT_EQ(off.chat.template_kwargs["enable_thinking"], false);
+    EXPECT_EQ(off.chat.max_reasoning_tokens, -1);
+    const MessagesRequest adaptive =
+        parse_ok(R"({"max_tokens": 4, "thinking": {"type": "adaptive", "display": "omitted"}, )" + x + "}");
+    EXPECT_TRUE(adaptive.thinking);
+    EXPECT_TRUE(adaptive.omit_thinking);
+    EXPECT_EQ(adaptive.chat.max_reasoning_tokens, -1);
+    EXPECT_FALSE(parse_ok(R"({"max_tokens": 4, )" + x + "}").chat.template_kwargs.contains("enable_thinking"));
+    // The template's own variables, as on the OpenAI route (exl3's extension).
+    EXPECT_EQ(parse_ok(R"({"max_tokens": 4, "chat_template_kwargs": {"enable_thinking": false}, )" + x + "}")
+                  .chat.template_kwargs["enable_thinking"],
+              false);
 }
 
 TEST(AnthropicSchema, BadBodiesAreFourHundredsNamingTheField) {
@@ -108,6 +126,18 @@ TEST(AnthropicSchema, BadBodiesAreFourHundredsNamingTheField) {
     EXPECT_EQ(
         parse_error(R"({"max_tokens": 4, "thinking": {"type": "enabled", "budget_tokens": 0}, )" + msgs + "}").param,
         "thinking.budget_tokens");
+    EXPECT_EQ(parse_error(R"({"max_tokens": 4, "thinking": {"type": "enabled"}, )" + msgs + "}").param,
+              "thinking.budget_tokens");
+    EXPECT_EQ(parse_error(R"({"max_tokens": 4, "thinking": {"type": "sometimes"}, )" + msgs + "}").param,
+              "thinking.type");
+    EXPECT_EQ(parse_error(R"({"max_tokens": 4, "thinking": {"type": "adaptive", "display": "all"}, )" + msgs + "}")
+                  .param,
+              "thinking.display");
+    EXPECT_EQ(parse_error(R"({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+        "content": [{"type": "thinking", "thinking": 3}, {"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"role": "user", "content": "y"}]})")
+                  .code,
+              "invalid_type");
     parse_error(R"({"max_tokens": 4, "messages": [{"role": "user", "content": "x"},
         {"role": "assistant", "content": "ends with a space "}]})");
     parse_error(R"({"max_tokens": 4, "messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [
@@ -119,10 +149,17 @@ TEST(AnthropicSchema, BadBodiesAreFourHundredsNamingTheField) {
     EXPECT_EQ(anthropic_error_body(e)["error"]["type"], "overloaded_error");
 }
 
-// The blocks of a reply with text, two tool calls and whitespace between them, fed as the tool-call parser gives it.
+chat::ReplyOptions reply_options(bool tools, bool reasoning) {
+    chat::ReplyOptions o;
+    if (tools) o.tools = chat::ToolFormat::kHermes;
+    if (reasoning) o.reasoning = {chat::ReasoningKind::kTags, "<think>", "</think>"};
+    return o;
+}
+
+// The blocks of a reply with text, two tool calls and whitespace between them, fed as the reply parser gives it.
 TEST(AnthropicSchema, ContentBlocksAndTheirEvents) {
-    chat::ToolCallParser parser(chat::ToolFormat::kHermes);
-    std::vector<chat::ToolCallParser::Piece> pieces;
+    chat::ReplyParser parser(reply_options(true, false));
+    std::vector<chat::ReplyParser::Piece> pieces;
     parser.feed(
         "\n Sure.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
         "<tool_call>\n{\"name\": \"g\", \"arguments\": {}}\n</tool_call>",
@@ -153,7 +190,8 @@ TEST(AnthropicSchema, ContentBlocksAndTheirEvents) {
     // Whitespace alone opens no block.
     ContentBlocks empty;
     ContentBlocks::Events none;
-    std::vector<chat::ToolCallParser::Piece> ws = {{" \n", nullptr}};
+    std::vector<chat::ReplyParser::Piece> ws = {{chat::ReplyParser::Piece::kContent, " \n", nullptr},
+                                                {chat::ReplyParser::Piece::kReasoning, "\n", nullptr}};
     empty.feed(ws, &none);
     empty.close(&none);
     EXPECT_TRUE(empty.content().empty());
@@ -162,6 +200,51 @@ TEST(AnthropicSchema, ContentBlocksAndTheirEvents) {
     EXPECT_STREQ(anthropic_stop_reason(FinishReason::kEos, true, ""), "tool_use");
     EXPECT_STREQ(anthropic_stop_reason(FinishReason::kStop, false, "END"), "stop_sequence");
     EXPECT_STREQ(anthropic_stop_reason(FinishReason::kEos, false, ""), "end_turn");
+}
+
+// A reasoning model's reply: its thinking as a thinking block (thinking_delta events), then text, then a call; the
+// same blocks whether the reply comes whole or a byte at a time.
+TEST(AnthropicSchema, ThinkingBlocks) {
+    const std::string reply =
+        "<think>\nThe user wants the weather.\n</think>\n\nLet me look.\n<tool_call>\n"
+        "{\"name\": \"f\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+    auto run = [&](size_t step, bool omit, ContentBlocks::Events* events) {
+        chat::ReplyParser parser(reply_options(true, true));
+        ContentBlocks blocks(omit);
+        for (size_t i = 0; i < reply.size(); i += step) {
+            std::vector<chat::ReplyParser::Piece> pieces;
+            parser.feed(std::string_view(reply).substr(i, step), &pieces);
+            blocks.feed(pieces, events);
+        }
+        std::vector<chat::ReplyParser::Piece> pieces;
+        parser.finish(&pieces);
+        blocks.feed(pieces, events);
+        blocks.close(events);
+        json content = blocks.content();
+        for (auto& b : content) b.erase("id");  // tool_use ids are random
+        return content;
+    };
+    ContentBlocks::Events events, bytewise, omitted;
+    const json content = run(reply.size(), false, &events);
+    ASSERT_EQ(content.size(), 3u) << content.dump();
+    // The whitespace around the reasoning is the markers' (the reply parser trims it).
+    EXPECT_EQ(content[0],
+              json::parse(R"({"type": "thinking", "thinking": "The user wants the weather.", "signature": ""})"));
+    EXPECT_EQ(content[1], json::parse(R"({"type": "text", "text": "Let me look."})"));
+    EXPECT_EQ(content[2]["type"], "tool_use");
+    EXPECT_EQ(content[2]["input"], json::parse(R"({"city": "Paris"})"));
+    EXPECT_EQ(events[0]["content_block"], json::parse(R"({"type": "thinking", "thinking": "", "signature": ""})"));
+    EXPECT_EQ(events[1]["delta"]["type"], "thinking_delta");
+    EXPECT_EQ(run(1, false, &bytewise), content);
+    std::string thought;
+    for (const auto& e : bytewise)
+        if (e["type"] == "content_block_delta" && e["delta"]["type"] == "thinking_delta")
+            thought += e["delta"]["thinking"].get<std::string>();
+    EXPECT_EQ(thought, content[0]["thinking"]);
+    // display "omitted": the block stays, its text does not.
+    const json without = run(7, true, &omitted);
+    EXPECT_EQ(without[0]["thinking"], "");
+    for (const auto& e : omitted) EXPECT_NE(e.value("delta", json::object()).value("type", ""), "thinking_delta");
 }
 
 }  // namespace

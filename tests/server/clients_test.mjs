@@ -3,21 +3,17 @@
 // the Messages API's wire format (event order, stop reasons, errors) read raw.
 // Usage: node clients_test.mjs EXL3_BINARY FALLBACK_MODEL_DIR [SHARED_DIR].
 import assert from "node:assert/strict";
+import { existsSync } from "node:fs";
 import Anthropic from "@anthropic-ai/sdk";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 import { ChatOpenAI } from "@langchain/openai";
 import { tool as lcTool } from "@langchain/core/tools";
 import { generateObject, generateText, stepCountIs, streamText, tool } from "ai";
 import { z } from "zod";
-import { finish, parseEvents, request, runTests, startServer, testModels } from "./harness.mjs";
-
-// tool_choice "required" (the AI SDK's and Anthropic's "any") generates a call under the union of the tools' schemas
-// only with the h44a branch; until it is merged these tests are skipped.
-const NEEDS_H44A = "tool_choice 'required' / 'any' under the union of the tools' schemas comes with branch h44a";
-const H44A_MERGED = false;
+import { finish, parseEvents, request, runTests, startServer, stopServer, testModels } from "./harness.mjs";
 
 const [exl3, fallbackModel, sharedArg] = process.argv.slice(2);
-const { target } = testModels(fallbackModel, sharedArg);
+const { shared, target } = testModels(fallbackModel, sharedArg);
 const KEY = "client-key";
 const deadline = setTimeout(() => { console.error("FAIL: the whole test took over 200 s"); process.exit(1); }, 200_000);
 const { proc, base } = await startServer(exl3, ["-m", target, "-c", "1024", "--api-key", KEY, "-t", "2",
@@ -129,13 +125,20 @@ const tests = {
         assert.ok(sent.includes("12:00") && sent.includes('"role":"tool"'), sent);
     },
     async aiRequiredToolLoop() {
-        if (!H44A_MERGED) return NEEDS_H44A;
+        // tool_choice "required": every step's reply is a call of one of the tools, under the union of their schemas.
         const calls = [];
         const r = await generateText({ model: aiModel, tools: aiTools(calls), prompt: "What time is it?",
                                        toolChoice: "required", stopWhen: stepCountIs(2), maxOutputTokens: 40,
                                        temperature: 0 });
-        assert.ok(r.steps[0].toolCalls.length >= 1, JSON.stringify(r.steps[0].content));
-        assert.ok(["get_time", "get_weather"].includes(r.steps[0].toolCalls[0].toolName));
+        assert.equal(r.steps.length, 2);
+        for (const step of r.steps) {
+            assert.ok(step.toolCalls.length >= 1, JSON.stringify(step.content));
+            assert.ok(["get_time", "get_weather"].includes(step.toolCalls[0].toolName));
+            assert.equal(step.finishReason, "tool-calls");
+        }
+        // The first step's results went back to the second.
+        const body = r.steps[1].request.body;
+        assert.ok((typeof body === "string" ? body : JSON.stringify(body)).includes('"role":"tool"'));
     },
     async langchainInvokeAndStream() {
         const want = await openaiReply(hello, 8);
@@ -269,11 +272,91 @@ const tests = {
         assert.equal(none.input_tokens, bare.input_tokens);
     },
     async anthropicToolChoiceAny() {
-        if (!H44A_MERGED) return NEEDS_H44A;
-        const m = await anthropic.messages.create({ model: MODEL, max_tokens: 40, temperature: 0, tools: [getTime],
-                                                   tool_choice: { type: "any" },
-                                                   messages: [{ role: "user", content: "What time is it?" }] });
+        // tool_choice any: a call of one of the tools, always (tool_choice "required" on the OpenAI route), its
+        // input under that tool's input_schema (closed objects, as zod writes them: the tiny model fills an open one
+        // until max_tokens).
+        const closed = (properties, required = []) => ({ type: "object", properties, required,
+                                                          additionalProperties: false });
+        const tools = [{ ...getTime, input_schema: closed({}) },
+                       { name: "get_weather", description: "The weather in a city",
+                         input_schema: closed({ city: { type: "string", maxLength: 12 } }, ["city"]) }];
+        const params = { model: MODEL, max_tokens: 40, temperature: 0, tools,
+                         tool_choice: { type: "any" }, messages: [{ role: "user", content: "What time is it?" }] };
+        const m = await anthropic.messages.create(params);
         assert.equal(m.stop_reason, "tool_use", JSON.stringify(m));
+        const use = m.content.find((b) => b.type === "tool_use");
+        assert.ok(use && ["get_time", "get_weather"].includes(use.name), JSON.stringify(m.content));
+        if (use.name === "get_weather") assert.equal(typeof use.input.city, "string");
+        const final = await anthropic.messages.stream(params).finalMessage();
+        assert.equal(final.stop_reason, "tool_use");
+        assert.deepEqual(final.content.map(({ id, ...b }) => b), m.content.map(({ id, ...b }) => b));
+        // With a sampling seed instead of greedy, still a call every time.
+        for (const seed of [1, 2, 3]) {
+            const r = await anthropic.messages.create({ ...params, temperature: 1, seed });
+            assert.equal(r.stop_reason, "tool_use", JSON.stringify(r));
+        }
+    },
+    async anthropicThinking() {
+        // QwQ's template opens <think> in the prompt, so the tiny model's reply starts inside reasoning: a thinking
+        // block. thinking.budget_tokens is the reasoning budget: the server closes the block after that many tokens
+        // and the answer follows as text, exactly as max_reasoning_tokens on the OpenAI route.
+        const template = `${shared}/templates/Qwen-QwQ-32B.jinja`;
+        if (!shared || !existsSync(template)) return "no ../shared/templates";
+        const s = await startServer(exl3, ["-m", target, "-c", "1024", "-t", "2", "--chat-template", template]);
+        try {
+            const a = new Anthropic({ apiKey: "none", baseURL: s.base, maxRetries: 0, timeout: 30_000 });
+            const params = { model: MODEL, max_tokens: 16, temperature: 0, messages: hello,
+                             thinking: { type: "enabled", budget_tokens: 5 } };
+            const m = await a.messages.create(params);
+            assert.deepEqual(m.content.map((b) => b.type).slice(0, 1), ["thinking"], JSON.stringify(m.content));
+            assert.ok(m.content.slice(1).every((b) => b.type === "text"), JSON.stringify(m.content));
+            const [thinking, text] = m.content;
+            assert.ok(thinking.thinking.length > 0 && !thinking.thinking.includes("</think>"), thinking.thinking);
+            assert.equal(thinking.signature, "");
+            // What the OpenAI route gives for the same request.
+            const o = await request(s.base, "POST", "/v1/chat/completions", {
+                model: MODEL, messages: hello, max_tokens: 16, temperature: 0, max_reasoning_tokens: 5 });
+            assert.equal(o.json.usage.completion_tokens_details.reasoning_tokens, 5);
+            assert.equal(thinking.thinking, o.json.choices[0].message.reasoning_content);
+            assert.equal(text?.text ?? "", o.json.choices[0].message.content.trim() ? o.json.choices[0].message.content
+                                                                                     : "");
+            // Streamed through the SDK: thinking deltas, then the same message.
+            let thought = "";
+            const stream = a.messages.stream(params);
+            stream.on("thinking", (delta) => { thought += delta; });
+            const final = await stream.finalMessage();
+            assert.deepEqual(final.content, m.content);
+            assert.equal(thought, thinking.thinking);
+            // The wire: a thinking block's start, its thinking_delta events, its stop, before any text block.
+            const r = await request(s.base, "POST", "/v1/messages", { ...params, stream: true });
+            const events = parseEvents(r.text).filter((e) => e.event !== "ping").map((e) => e.data);
+            assert.deepEqual(events[1], { type: "content_block_start", index: 0,
+                                          content_block: { type: "thinking", thinking: "", signature: "" } });
+            const deltas = events.filter((e) => e.type === "content_block_delta" && e.index === 0);
+            assert.ok(deltas.length >= 1 && deltas.every((e) => e.delta.type === "thinking_delta"));
+            // No budget: the tiny model never closes the block; all of the reply is thinking.
+            const open = await a.messages.create({ ...params, thinking: { type: "adaptive" } });
+            assert.deepEqual(open.content.map((b) => b.type), ["thinking"], JSON.stringify(open.content));
+            assert.equal(open.stop_reason, "max_tokens");
+            // display "omitted": the block without its text.
+            const omitted = await a.messages.create({ ...params,
+                                                      thinking: { ...params.thinking, display: "omitted" } });
+            assert.deepEqual(omitted.content[0], { type: "thinking", thinking: "", signature: "" });
+            // The thinking block goes back in the history with the next turn (the template drops it).
+            const next = await a.messages.create({ ...params, messages: [...hello,
+                { role: "assistant", content: m.content.length > 1 ? m.content : [...m.content,
+                                                                                   { type: "text", text: "Hi." }] },
+                { role: "user", content: "Again." }] });
+            assert.equal(next.content[0].type, "thinking");
+            // A forced call skips thinking: the prompt's block is closed before the call (tool_choice tool).
+            const call = await a.messages.create({ ...params, max_tokens: 8, tools: [getTime],
+                                                   tool_choice: { type: "tool", name: "get_time" }, ...forced,
+                                                   messages: [{ role: "user", content: "What time is it?" }] });
+            assert.equal(call.stop_reason, "tool_use", JSON.stringify(call));
+            assert.ok(call.content.every((b) => b.type !== "thinking"), JSON.stringify(call.content));
+        } finally {
+            await stopServer(s.proc);
+        }
     },
     async anthropicErrors() {
         const bad = async (body, status, what, headers = { "x-api-key": KEY }) => {

@@ -70,9 +70,60 @@ TEST(OpenAiSchema, ResponseFormat) {
         ParsedRequest r;
         auto err = parse_request(json::parse(tools + fn + "\"}}}"), true, &r);
         ASSERT_FALSE(err.has_value()) << fn << ": " << err->message;
-        EXPECT_EQ(r.constrained_call, std::string(fn) != "g") << fn;  // g's "format" cannot be held to: free
-        EXPECT_EQ(r.gen.json_schema.empty(), !r.constrained_call) << fn;
+        EXPECT_TRUE(r.constrained_call) << fn;
+        // g's "format" cannot be held to: its call is generated as any JSON object (the call still parses).
+        EXPECT_EQ(r.gen.json_schema, std::string(fn) == "g" ? R"({"type": "object"})" : r.tool_schemas[fn[0] - 'f'])
+            << fn;
+        ASSERT_EQ(r.tool_schemas.size(), 3u);
+        EXPECT_EQ(r.tool_schemas[1], R"({"type": "object"})");
+        EXPECT_EQ(r.tool_schemas[2], R"({"type": "object", "additionalProperties": false})");
+        EXPECT_FALSE(r.strict_tools);
     }
+}
+
+// Reasoning: the template's variables (chat_template_kwargs, enable_thinking, reasoning_effort), the budget, strict
+// tools; bad values name their field.
+TEST(OpenAiSchema, ReasoningFields) {
+    const std::string msgs = R"("messages": [{"role": "user", "content": "a"}])";
+    ParsedRequest r;
+    ASSERT_FALSE(parse_request(json::parse("{" + msgs + R"(, "chat_template_kwargs": {"enable_thinking": false,
+        "thinking_budget": 64}, "enable_thinking": true, "reasoning_effort": "low", "max_reasoning_tokens": 128})"),
+                               true, &r));
+    EXPECT_EQ(r.template_kwargs,
+              json::parse(R"({"enable_thinking": false, "thinking_budget": 64, "reasoning_effort": "low"})"));
+    EXPECT_EQ(r.max_reasoning_tokens, 128);
+    ParsedRequest plain;
+    ASSERT_FALSE(parse_request(json::parse("{" + msgs + R"(, "enable_thinking": false, "max_reasoning_tokens": 0})"),
+                               true, &plain));
+    EXPECT_EQ(plain.template_kwargs, json::parse(R"({"enable_thinking": false})"));
+    EXPECT_EQ(plain.max_reasoning_tokens, 0);
+    ParsedRequest none;
+    ASSERT_FALSE(parse_request(json::parse("{" + msgs + R"(, "max_reasoning_tokens": null})"), true, &none));
+    EXPECT_EQ(none.max_reasoning_tokens, -1);
+    EXPECT_TRUE(none.template_kwargs.empty());
+    for (const auto& [extra, param] : std::vector<std::pair<std::string, std::string>>{
+             {R"("max_reasoning_tokens": -1)", "max_reasoning_tokens"},
+             {R"("max_reasoning_tokens": 1.5)", "max_reasoning_tokens"},
+             {R"("max_reasoning_tokens": "8")", "max_reasoning_tokens"},
+             {R"("max_reasoning_tokens": 1e300)", "max_reasoning_tokens"},
+             {R"("chat_template_kwargs": "x")", "chat_template_kwargs"},
+             {R"("chat_template_kwargs": {"add_generation_prompt": false})", "chat_template_kwargs"},
+             {R"("enable_thinking": 1)", "enable_thinking"},
+             {R"("reasoning_effort": "max")", "reasoning_effort"}}) {
+        ParsedRequest bad;
+        auto err = parse_request(json::parse("{" + msgs + ", " + extra + "}"), true, &bad);
+        ASSERT_TRUE(err.has_value()) << extra;
+        EXPECT_EQ(err->http_status, 400);
+        EXPECT_EQ(err->param, param) << extra;
+    }
+    ParsedRequest strict;
+    ASSERT_FALSE(parse_request(json::parse("{" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "a",
+        "strict": true}}, {"type": "function", "function": {"name": "b", "strict": true}}]})"), true, &strict));
+    EXPECT_TRUE(strict.strict_tools);
+    ParsedRequest mixed;
+    ASSERT_FALSE(parse_request(json::parse("{" + msgs + R"(, "tools": [{"type": "function", "function": {"name": "a",
+        "strict": true}}, {"type": "function", "function": {"name": "b"}}]})"), true, &mixed));
+    EXPECT_FALSE(mixed.strict_tools);
 }
 
 TEST(OpenAiSchema, WrongTypesNameTheField) {

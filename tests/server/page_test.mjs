@@ -15,9 +15,6 @@ if (!existsSync(CHROMIUM)) {
 }
 const { chromium } = await import("playwright-core");
 
-// Reasoning streamed as reasoning_content comes with branch h44a; until it is merged that test is skipped.
-const H44A_MERGED = false;
-
 const [exl3, fallbackModel, sharedArg] = process.argv.slice(2);
 const { shared, target } = testModels(fallbackModel, sharedArg);
 const KEY = "page-key";
@@ -172,19 +169,45 @@ const tests = {
         assert.equal(await details.locator(".thought").textContent(), "First I think.\nThen I answer.");
     },
     async streamedReasoning() {
-        if (!H44A_MERGED) return "reasoning_content deltas come with branch h44a";
         if (!shared) return "no ../shared/templates";
-        // A template whose generation prompt opens <think>: what the model writes is reasoning, streamed into the
-        // folded block.
+        // QwQ's template opens <think> in the prompt: what the tiny model writes is reasoning, streamed as
+        // reasoning_content into the folded block; max_reasoning_tokens (the settings' extra fields) closes it after
+        // 6 tokens and the answer follows below it.
         const s = await startServer(exl3, ["-m", target, "-c", "2048", "-t", "2", "--chat-template",
-                                           `${shared}/templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja`]);
+                                           `${shared}/templates/Qwen-QwQ-32B.jinja`]);
         try {
             const p = await context.newPage();
+            p.on("pageerror", (e) => pageErrors.push(e.message));
             await p.goto(`${s.base}/`);
+            await p.evaluate(() => { document.getElementById("settings").open = true; });
+            for (const [id, v] of [["max_tokens", 24], ["temperature", 0], ["extra", '{"max_reasoning_tokens": 6}']]) {
+                await p.fill(`#${id}`, String(v));
+                await p.dispatchEvent(`#${id}`, "change");
+            }
             await p.fill("#prompt", "Think first.");
             await p.press("#prompt", "Enter");
             await p.waitForSelector('.msg.assistant[data-state="done"]', { timeout: 30_000 });
-            assert.equal(await p.locator(".msg.assistant details.reasoning").count(), 1);
+            const msg = p.locator(".msg.assistant").last();
+            const details = msg.locator(".body details.reasoning");
+            assert.equal(await details.count(), 1);
+            assert.equal(await details.getAttribute("open"), null, "folded");
+            assert.equal(await details.locator(".thought").isVisible(), false);
+            assert.match(await details.locator("summary").textContent(), /^Reasoning \(\d+ words\)$/);
+            // What it holds is the API's reasoning_content; the answer is outside the fold.
+            const r = await request(s.base, "POST", "/v1/chat/completions", {
+                messages: [{ role: "user", content: "Think first." }], temperature: 0, top_p: 1, top_k: 0, min_p: 0,
+                repetition_penalty: 1, max_tokens: 24, max_reasoning_tokens: 6 });
+            const want = r.json.choices[0].message;
+            assert.ok(want.reasoning_content.length > 0, JSON.stringify(want));
+            const stored = (await p.evaluate(() => JSON.parse(localStorage.getItem("exl3.chats"))))[0].messages.at(-1);
+            assert.equal(stored.reasoning, want.reasoning_content);
+            assert.equal(stored.content, want.content);
+            assert.equal(await details.locator(".thought").textContent(), want.reasoning_content);
+            await details.locator("summary").click();
+            assert.equal(await details.locator(".thought").isVisible(), true, "opened on a click");
+            const outside = await msg.locator(".body").evaluate((b) => [...b.childNodes]
+                .filter((n) => !(n.matches && n.matches("details"))).map((n) => n.textContent).join("").trim());
+            assert.equal(outside.length > 0, want.content.trim().length > 0, `answer shown: '${outside}'`);
             await p.close();
         } finally {
             await stopServer(s.proc);

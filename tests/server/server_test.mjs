@@ -1,7 +1,8 @@
 // exl3 serve driven by the official openai client: chat, completions, streaming with usage, models, bad input (each
 // must get its 4xx and leave the server up), clients that disconnect (streaming and not), tool calls (forced, round
-// trip, streamed deltas, tool_choice; in the Hermes, Llama 3 and Mistral formats) and a load test of concurrent
-// streaming clients. Usage: node server_test.mjs EXL3_BINARY FALLBACK_MODEL_DIR [SHARED_DIR]: the model is
+// trip, streamed deltas, tool_choice "required" and strict "auto" held to valid calls; in the Hermes, Llama 3 and
+// Mistral formats), reasoning (reasoning_content whole and streamed, a reasoning budget, enable_thinking) and a load
+// test of concurrent streaming clients. Usage: node server_test.mjs EXL3_BINARY FALLBACK_MODEL_DIR [SHARED_DIR]: the model is
 // SHARED_DIR/models/tiny-target (EXL3_SHARED_DIR overrides SHARED_DIR) when it is there, else the fallback.
 // Loopback only; every wait is bounded.
 import { existsSync } from "node:fs";
@@ -19,7 +20,7 @@ const templates = shared && existsSync(`${shared}/templates`) ? `${shared}/templ
                                                                : existsSync(committed) ? committed : null;
 const KEY = "test-key";
 const CONTEXT = 512;  // room for the tool prompts of the templates tested
-const deadline = setTimeout(() => fail("the whole test took over 100 s"), 100_000);
+const deadline = setTimeout(() => fail("the whole test took over 150 s"), 150_000);
 let server;
 const extraServers = new Set();
 
@@ -30,12 +31,27 @@ function fail(msg) {
     process.exit(1);
 }
 
-// Starts a server on a free port (--port 0) and reads the port from its stdout line.
+// Starts a server on a free port (--port 0) and reads the port from its stdout line; `extra` may set its own -c.
 function start(extra = []) {
-    return startServer(exl3, ["-m", modelDir, "-c", String(CONTEXT), "--api-key", KEY, "--max-body-mb", "1",
+    const context = extra.includes("-c") ? [] : ["-c", String(CONTEXT)];
+    return startServer(exl3, ["-m", modelDir, ...context, "--api-key", KEY, "--max-body-mb", "1",
                               "--max-queue", "96", "-t", "2", ...extra]);
 }
 const stop = stopServer;
+
+// Runs fn(base) against a second server started with `extra` options, then stops it (it must exit cleanly).
+async function withServer(extra, what, fn) {
+    const s = await start(extra);
+    extraServers.add(s.proc);
+    s.proc.on("exit", (code) => fail(`the ${what} server died (exit ${code})`));
+    try {
+        await fn(s.base);
+    } finally {
+        const code = await stop(s.proc);
+        extraServers.delete(s.proc);
+        assert.equal(code, 0, `the ${what} server exited with ${code}`);
+    }
+}
 
 const main = await start().catch((e) => fail(e.message));
 server = main.proc;
@@ -127,6 +143,17 @@ async function forcedToolCallParams(at, closeList) {
     bias[await id("<|im_end|>")] = 40;
     return { messages: askTime, tools: TOOLS, tool_choice: { type: "function", function: { name: "get_time" } },
              temperature: 0, max_tokens: 8, logit_bias: bias, repetition_penalty: 10, penalty_range: 4 };
+}
+
+// Request fields that make the tiny model write "<tool_call>" (several tokens here) by itself, greedily: each of its
+// tokens biased 10 below the one before, and a repetition penalty of 10 over as many tokens, so that each biased token
+// wins once, in order, then sinks below the next.
+async function writesToolCallOpening(at) {
+    const r = await raw("POST", "/tokenize", JSON.stringify({ prompt: "<tool_call>", add_special_tokens: false }), { at });
+    assert.equal(r.status, 200);
+    const ids = r.json.tokens;
+    return { temperature: 0, logit_bias: Object.fromEntries(ids.map((id, i) => [id, 100 - 10 * i])),
+             repetition_penalty: 10, penalty_range: ids.length };
 }
 
 // One forced call, non-streaming and streaming: the same call; the deltas in OpenAI's order (id, type and name
@@ -414,12 +441,7 @@ const tests = {
         const auto = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
                                                            tool_choice: "auto", max_tokens: 8, temperature: 0 });
         assert.ok(["stop", "length", "tool_calls"].includes(auto.choices[0].finish_reason));
-        // required: the reply is opened with <tool_call>; what the model writes after it is a call if it is one,
-        // else the whole text (opening included) comes back as content.
-        const req = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
-                                                          tool_choice: "required", max_tokens: 8, temperature: 0 });
-        const m = req.choices[0].message;
-        assert.ok(m.tool_calls?.length > 0 || m.content.startsWith("<tool_call>"), JSON.stringify(m));
+        // required: see requiredToolChoice.
         const named = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: TOOLS,
             tool_choice: { type: "function", function: { name: "get_weather" } }, max_tokens: 8, temperature: 0 });
         const n = named.choices[0].message;
@@ -486,6 +508,176 @@ const tests = {
                 assert.equal(code, 0, `the ${file} server exited with ${code}`);
             }
         }
+    },
+    async requiredToolChoice() {
+        // tool_choice "required": the reply is always a valid call of one of the tools -- the format's framing and the
+        // arguments under the union of the tools' schemas -- greedy and sampled, whole and streamed alike.
+        const alarm = { type: "function", function: { name: "set_alarm", parameters: {
+            type: "object", additionalProperties: false, required: ["hour"],
+            properties: { hour: { type: "integer" }, label: { type: "string", maxLength: 8 } } } } };
+        const tools = [...TOOLS, alarm];
+        const valid = (call) => {
+            const args = JSON.parse(call.function.arguments);
+            if (call.function.name === "get_time") return Object.keys(args).length === 0;
+            if (call.function.name === "get_weather") return typeof args.city === "string";
+            return call.function.name === "set_alarm" && Number.isInteger(args.hour) &&
+                   Object.keys(args).every((k) => k === "hour" || k === "label");
+        };
+        const names = new Set();
+        for (const [temperature, seed] of [[0, 1], [1, 2], [1, 3], [1.2, 4], [1.2, 5]]) {
+            const body = { model: MODEL, messages: askTime, tools, tool_choice: "required", max_tokens: 200, temperature,
+                           seed };
+            const r = await client.chat.completions.create(body);
+            const c = r.choices[0];
+            assert.equal(c.finish_reason, "tool_calls", JSON.stringify(c));
+            assert.equal(c.message.tool_calls.length, 1, JSON.stringify(c.message));
+            assert.ok(valid(c.message.tool_calls[0]), JSON.stringify(c.message.tool_calls[0]));
+            names.add(c.message.tool_calls[0].function.name);
+            const final = await client.chat.completions.stream(body).finalChatCompletion();
+            assert.equal(final.choices[0].finish_reason, "tool_calls");
+            assert.deepEqual(final.choices[0].message.tool_calls.map((t) => t.function),
+                             c.message.tool_calls.map((t) => t.function), "streamed as whole");
+        }
+        console.log(`     required: calls of ${[...names].join(", ")}`);
+        // "auto" with every tool strict: a call, when the model writes one, is valid; here the model is pushed to
+        // open one (logit_bias on the tokens of "<tool_call>"): without strict what follows is junk and the reply is
+        // content, with strict it is a call.
+        const opens = await writesToolCallOpening(base);
+        const strict = tools.map((t) => ({ ...t, function: { ...t.function, strict: true } }));
+        for (const [list, want] of [[tools, "content"], [strict, "call"]]) {
+            const r = await client.chat.completions.create({ model: MODEL, messages: askTime, tools: list,
+                tool_choice: "auto", max_tokens: 120, ...opens });
+            const m = r.choices[0].message;
+            if (want === "content") {
+                assert.ok(!m.tool_calls?.length && m.content.startsWith("<tool_call>"), JSON.stringify(m));
+            } else {
+                assert.equal(r.choices[0].finish_reason, "tool_calls", JSON.stringify(r.choices[0]));
+                assert.ok(valid(m.tool_calls[0]), JSON.stringify(m));
+            }
+        }
+    },
+    async forcedCallsInEveryFormat() {
+        // tool_choice "required" and a named function on the templates of the formats that are not JSON: Qwen3-Coder's
+        // and Seed-OSS's XML, GLM-4.5's <arg_key>, gpt-oss's Harmony header, Gemma's Python calls, and Command R+'s
+        // Action: ```json list -- each reply a valid call, parsed back the same whole and streamed.
+        // (Command R+'s template prints every parameter's description: it needs one.)
+        const tools = TOOLS.map((t) => ({ ...t, function: { ...t.function,
+            parameters: { ...t.function.parameters, additionalProperties: false } } }));
+        tools[1].function.parameters.properties = { city: { type: "string", description: "The city" } };
+        for (const file of ["Qwen-Qwen3-Coder-30B-A3B-Instruct.jinja", "llama-cpp-glm-4.5.jinja",
+                            "openai-gpt-oss-120b.jinja", "ByteDance-Seed-OSS.jinja", "vllm-gemma3-pythonic.jinja",
+                            "CohereForAI-c4ai-command-r-plus-tool_use.jinja"]) {
+            // Command R+'s preamble alone is some 600 tokens.
+            const context = file.includes("command-r-plus") ? ["-c", "1024"] : [];
+            await withServer(["--chat-template", `${committed}/${file}`, ...context], file, async (at) => {
+                const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
+                for (const tool_choice of ["required", { type: "function", function: { name: "get_weather" } }]) {
+                    const body = { model: MODEL, messages: askTime, tools, tool_choice, max_tokens: 120,
+                                   temperature: 0.8, seed: 3 };
+                    const r = await c.chat.completions.create(body);
+                    const call = r.choices[0].message.tool_calls?.[0];
+                    assert.equal(r.choices[0].finish_reason, "tool_calls", `${file}: ${JSON.stringify(r.choices[0])}`);
+                    const args = JSON.parse(call.function.arguments);
+                    if (tool_choice !== "required") assert.equal(call.function.name, "get_weather", file);
+                    assert.ok(call.function.name === "get_time" ? Object.keys(args).length === 0
+                                                                : typeof args.city === "string", JSON.stringify(call));
+                    const final = await c.chat.completions.stream(body).finalChatCompletion();
+                    assert.deepEqual(final.choices[0].message.tool_calls.map((t) => t.function), [call.function],
+                                     `${file}: streamed as whole`);
+                }
+            });
+        }
+    },
+    async reasoning() {
+        // QwQ's template opens <think> in the prompt, so the reply starts inside reasoning. The tiny model never closes
+        // it; max_reasoning_tokens makes the server close it after that many tokens and the answer follow.
+        if (!templates) return console.log("     (no templates: reasoning skipped)");
+        await withServer(["--chat-template", `${templates}/Qwen-QwQ-32B.jinja`], "QwQ", async (at) => {
+            const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
+            const body = { model: MODEL, messages: askTime, max_tokens: 16, temperature: 0, max_reasoning_tokens: 5 };
+            const r = await c.chat.completions.create(body);
+            const m = r.choices[0].message;
+            assert.ok(typeof m.reasoning_content === "string" && m.reasoning_content.length > 0, JSON.stringify(m));
+            assert.equal(typeof m.content, "string");
+            assert.ok(!m.content.includes("</think>") && !m.reasoning_content.includes("</think>"), JSON.stringify(m));
+            assert.equal(r.usage.completion_tokens_details.reasoning_tokens, 5);
+            // Streamed: delta.reasoning_content first, then delta.content; the same text.
+            const stream = await c.chat.completions.create({ ...body, stream: true,
+                                                             stream_options: { include_usage: true } });
+            let reasoning = "", content = "", order = "", usage = null;
+            for await (const chunk of stream) {
+                if (chunk.usage) usage = chunk.usage;
+                for (const ch of chunk.choices) {
+                    if (ch.delta.reasoning_content) { reasoning += ch.delta.reasoning_content; order += "r"; }
+                    if (ch.delta.content) { content += ch.delta.content; order += "c"; }
+                }
+            }
+            assert.equal(reasoning, m.reasoning_content);
+            assert.equal(content, m.content);
+            assert.match(order, /^r+c*$/, "reasoning streams before the answer");
+            assert.equal(usage.completion_tokens_details.reasoning_tokens, 5);
+            // A budget of 0: no reasoning at all; no budget: all of the reply is reasoning (the block never closes).
+            const zero = (await c.chat.completions.create({ ...body, max_reasoning_tokens: 0 })).choices[0].message;
+            assert.ok(!zero.reasoning_content && zero.content.length > 0, JSON.stringify(zero));
+            const none = (await c.chat.completions.create({ ...body, max_reasoning_tokens: undefined })).choices[0];
+            assert.ok(none.message.reasoning_content.length > 0 && none.message.content === "", JSON.stringify(none));
+            // Reasoning that writes a call in the format's syntax is not a call; the call after it is parsed (strict
+            // tools, as OpenAI's strict mode has them, hold it valid). The request's bias makes the model write
+            // "<tool_call>" (or most of it: the prompt's "<think>" is inside the penalty's window) in its reasoning,
+            // and again after the budget closes the block.
+            const opens = await writesToolCallOpening(at);
+            const strict = TOOLS.map((t) => ({ ...t, function: { ...t.function, strict: true,
+                parameters: { ...t.function.parameters, additionalProperties: false } } }));
+            const t = await c.chat.completions.create({ model: MODEL, messages: askTime, tools: strict, max_tokens: 120,
+                max_reasoning_tokens: 12, ...opens });
+            const tm = t.choices[0].message;
+            assert.ok(tm.reasoning_content.includes("_call>"), JSON.stringify(tm));
+            assert.equal(t.choices[0].finish_reason, "tool_calls", JSON.stringify(t.choices[0]));
+            assert.equal(tm.tool_calls.length, 1, JSON.stringify(tm));
+            // A forced call skips reasoning: the prompt's block is closed before the call's opening.
+            const f = await c.chat.completions.create({ ...(await forcedToolCallParams(at, false)),
+                                                        model: MODEL, max_reasoning_tokens: 3 });
+            assert.equal(f.choices[0].finish_reason, "tool_calls", JSON.stringify(f.choices[0]));
+            assert.ok(!f.choices[0].message.reasoning_content, JSON.stringify(f.choices[0].message));
+            // Bad budgets and template variables: clear 400s naming the field.
+            const chat = (b) => raw("POST", "/v1/chat/completions", JSON.stringify({ messages: askTime, ...b }),
+                                    { at });
+            for (const [b, param] of [[{ max_reasoning_tokens: -1 }, "max_reasoning_tokens"],
+                                      [{ max_reasoning_tokens: 2.5 }, "max_reasoning_tokens"],
+                                      [{ max_reasoning_tokens: "5" }, "max_reasoning_tokens"],
+                                      [{ chat_template_kwargs: [1] }, "chat_template_kwargs"],
+                                      [{ chat_template_kwargs: { messages: [] } }, "chat_template_kwargs"],
+                                      [{ enable_thinking: "yes" }, "enable_thinking"],
+                                      [{ reasoning_effort: "extreme" }, "reasoning_effort"]]) {
+                const e = await chat(b);
+                expectError(e, 400, JSON.stringify(b));
+                assert.equal(e.json.error.param, param);
+            }
+            assert.match((await chat({ max_reasoning_tokens: -1 })).json.error.message, /integer >= 0/);
+        });
+    },
+    async thinkingSwitch() {
+        // Qwen3's template: enable_thinking (top level, as vLLM clients send it, or in chat_template_kwargs) reaches
+        // the template, which then writes an empty think block into the prompt.
+        if (!templates) return console.log("     (no templates: enable_thinking skipped)");
+        await withServer(["--chat-template", `${templates}/Qwen-Qwen3-0.6B.jinja`], "Qwen3", async (at) => {
+            const rendered = async (extra) => {
+                const t = await raw("POST", "/tokenize", JSON.stringify({ messages: askTime, ...extra }), { at });
+                assert.equal(t.status, 200, t.text);
+                return (await raw("POST", "/detokenize", JSON.stringify({ tokens: t.json.tokens }), { at }))
+                    .json.prompt;
+            };
+            assert.ok(!(await rendered({})).includes("<think>"));
+            for (const extra of [{ enable_thinking: false }, { chat_template_kwargs: { enable_thinking: false } }])
+                assert.ok((await rendered(extra)).endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+                          JSON.stringify(extra));
+            // The reply after an empty block is all answer.
+            const c = new OpenAI({ apiKey: KEY, baseURL: at + "/v1", maxRetries: 0, timeout: 30_000 });
+            const r = await c.chat.completions.create({ model: MODEL, messages: askTime, max_tokens: 6, temperature: 0,
+                                                        enable_thinking: false });
+            assert.ok(!r.choices[0].message.reasoning_content, JSON.stringify(r.choices[0].message));
+            assert.equal(r.usage.completion_tokens_details.reasoning_tokens, 0);
+        });
     },
     async speculative() {
         // A server with n-gram proposals (--ngram) and one with the model as its own draft (--draft-model): the

@@ -7,16 +7,18 @@ is one. The values do not matter for speed as long as they are not zeros (zeros 
 With --exl3-bits K the decoder linears are EXL3 instead (exl3-format.md): random trellis words (every bit pattern is
 a valid code), K bits per weight, the head at --head-bits, random signs x scales in suh/svh, the codebook marker of
 --codebook. This is the reference implementation's benchmark setup ("random trellis"): decoding costs the same
-whatever the codes are.
+whatever the codes are. A fractional K (2.25) mixes the two whole bit widths around it per tensor, each tensor taking
+the one that keeps the running average over all decoder weights closest to K, as a converter's bit allocation would.
 
-Usage: make_random_model.py --shape llama3-8b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|mistral-small-24b|phi4-14b|
-                                    qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b|qwen3.5-27b|
-                                    qwen3-next-80b-a3b|qwen3-next-tiny
+Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
+                                    mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b|
+                                    gpt-oss-tiny|qwen3.5-27b|qwen3-next-80b-a3b|qwen3-next-tiny
                             --out DIR [--layers N]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
 import argparse
 import json
+import math
 import os
 
 import torch
@@ -29,6 +31,13 @@ SHAPES = {
                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
+    # The largest that fits a 24 GB card (issue 46): Llama-3.1-70B's shape.
+    "llama3-70b": dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=8192,
+                       intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                       vocab_size=128256, rms_norm_eps=1e-5, max_position_embeddings=131072,
+                       rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                            high_freq_factor=4.0, original_max_position_embeddings=8192),
+                       tie_word_embeddings=False, bos_token_id=128000, eos_token_id=128001),
     "qwen2.5-7b": dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=3584,
                        intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
@@ -101,6 +110,15 @@ SHAPES = {
                         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                              beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
                         tie_word_embeddings=False, bos_token_id=199998, eos_token_id=200002),
+    # A tiny gpt-oss for the CUDA-vs-CPU test of its EXL3 experts on the grouped kernels (biases, the clamped SwiGLU).
+    "gpt-oss-tiny": dict(architectures=["GptOssForCausalLM"], model_type="gpt_oss", hidden_size=256,
+                         intermediate_size=256, num_local_experts=8, num_experts_per_tok=2, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=64, vocab_size=1024,
+                         rms_norm_eps=1e-5, max_position_embeddings=4096, sliding_window=128,
+                         layer_types=["sliding_attention", "full_attention"], attention_bias=True, swiglu_limit=7.0,
+                         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
+                                              beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
+                         tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
     # Hybrids (issue 45): Gated DeltaNet layers, three of every four, beside gated full attention. Qwen3.5-27B (dense)
     # and Qwen3-Next-80B-A3B (512 experts, 10 a token, a gated shared expert); a tiny Qwen3-Next for CUDA-vs-CPU tests.
     "qwen3.5-27b": dict(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=5120,
@@ -243,9 +261,29 @@ def exl3_linear(prefix, out_f, in_f, K, codebook, g, dev, bias):
     if codebook in MARKERS:
         v = MARKERS[codebook]
         t[prefix + "." + codebook] = torch.tensor(v - (1 << 32) if v >= 1 << 31 else v, dtype=torch.int32)
-    if bias:
-        t[prefix + ".bias"] = torch.zeros(out_f, dtype=torch.float16, device=dev)
+    if bias:  # not zeros: a test comparing two backends must see them added
+        t[prefix + ".bias"] = (torch.randn(out_f, generator=g, device=dev) * 0.1).to(torch.float16)
     return {name: v.cpu() for name, v in t.items()}
+
+
+class BitSchedule:
+    """K for each decoder linear: the whole width around `target` that keeps the running average closest to it."""
+
+    def __init__(self, target):
+        self.target, self.bits, self.weights = target, 0.0, 0
+
+    def pick(self, weights):
+        lo = math.floor(self.target)
+        if lo == self.target:
+            return int(lo)
+        avg = lambda k: (self.bits + k * weights) / (self.weights + weights)
+        k = min((lo, lo + 1), key=lambda k: abs(avg(k) - self.target))
+        self.bits += k * weights
+        self.weights += weights
+        return int(k)
+
+    def average(self):
+        return self.bits / self.weights if self.weights else self.target
 
 
 def main():
@@ -254,7 +292,8 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--layers", type=int, default=0)
     ap.add_argument("--shard-gb", type=float, default=4.0)
-    ap.add_argument("--exl3-bits", type=int, default=0, help="EXL3 decoder linears at K bits per weight (1..8)")
+    ap.add_argument("--exl3-bits", type=float, default=0,
+                    help="EXL3 decoder linears at K bits per weight (1..8; fractional: a mix of the two around it)")
     ap.add_argument("--head-bits", type=int, default=6)
     ap.add_argument("--codebook", default="mul1", choices=["mul1", "mcg", "3inst"])
     a = ap.parse_args()
@@ -277,6 +316,7 @@ def main():
                 weight_map[k] = name
             shard, shard_bytes = {}, 0
 
+    schedule = BitSchedule(a.exl3_bits)
     if a.exl3_bits:
         cfg["quantization_config"] = {"quant_method": "exl3", "version": "1.4.1", "bits": float(a.exl3_bits),
                                       "head_bits": a.head_bits, "calibration": {"rows": 0, "cols": 0},
@@ -288,7 +328,7 @@ def main():
             if name.endswith(".bias"):
                 continue  # written with its linear
             prefix = name[: -len(".weight")]
-            K = a.head_bits if name == "lm_head.weight" else a.exl3_bits
+            K = a.head_bits if name == "lm_head.weight" else schedule.pick(shape[0] * shape[1])
             has_bias = (cfg["model_type"] == "qwen2" and any(x in name for x in ("q_proj", "k_proj", "v_proj"))) or (
                 cfg["model_type"] == "gpt_oss" and name != "lm_head.weight")
             part = exl3_linear(prefix, shape[0], shape[1], K, a.codebook, g, dev, has_bias)
@@ -310,7 +350,8 @@ def main():
         json.dump({"metadata": {}, "weight_map": weight_map}, f)
     with open(os.path.join(a.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    print(f"{a.shape}: {len(weight_map)} tensors in {len(shards)} shards under {a.out}", flush=True)
+    bits = f", decoder {schedule.average():.3f} bits per weight" if a.exl3_bits else ""
+    print(f"{a.shape}: {len(weight_map)} tensors in {len(shards)} shards under {a.out}{bits}", flush=True)
 
 
 if __name__ == "__main__":

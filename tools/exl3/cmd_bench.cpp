@@ -232,6 +232,44 @@ Result<std::unique_ptr<Model>> load_timed(const std::string& dir, const LoadOpti
     return model;
 }
 
+// With a GPU budget given (--gpu-memory) the KV cache is left to the memory plan (the largest it gives) instead of
+// the bench's own sizing, which `need` tokens must fit in.
+void plan_cache(const BenchOptions& o, LoadOptions* lo) {
+    if (o.kv_bits.memory.gpu_memory_gib > 0 && o.kv_bits.cache_tokens == 0) lo->cache_tokens = 0;
+}
+
+// The memory plan's summary (CUDA) for the header and the JSON.
+nlohmann::json plan_summary(const Model& m) {
+    const MemoryPlan& p = m.memory_plan();
+    if (p.gpu.empty()) return nullptr;
+    nlohmann::json items = nlohmann::json::array();
+    for (const auto& i : p.gpu) items.push_back({{"name", i.name}, {"bytes", i.bytes}});
+    int64_t offloaded = 0;
+    for (const auto& i : p.host)
+        if (i.name == "offloaded layers") offloaded = i.bytes;
+    return {{"budget", p.budget},          {"gpu_total", p.gpu_total()},       {"cache_tokens", p.cache_tokens},
+            {"offloaded_bytes", offloaded},
+            {"context", p.context_length}, {"offload_layers", p.offload_layers},
+            {"offload_mode", p.offload_mode == OffloadMode::kCpu ? "cpu" : "stream"},
+            {"max_step_tokens", p.max_step_tokens}, {"items", items}};
+}
+
+void print_plan_summary(const nlohmann::json& p) {
+    if (p.is_null()) return;
+    std::printf("memory plan: %.2f GiB of a %.2f GiB budget, KV cache %d tokens, steps of up to %d tokens",
+                p["gpu_total"].get<double>() / (1 << 30), p["budget"].get<double>() / (1 << 30),
+                p["cache_tokens"].get<int>(), p["max_step_tokens"].get<int>());
+    if (p["offload_layers"].get<int>() > 0)
+        std::printf(", %d layers offloaded (%s, %.2f GB)", p["offload_layers"].get<int>(),
+                    p["offload_mode"].get<std::string>().c_str(), p["offloaded_bytes"].get<double>() / 1e9);
+    std::printf("\n");
+    if (p.contains("upload_gb_s"))
+        std::printf("offload ceiling: %.2f GB streamed a step at %.1f GB/s (pinned host to device, measured): at "
+                    "most %.1f steps/s\n",
+                    p["offloaded_bytes"].get<double>() / 1e9, p["upload_gb_s"].get<double>(),
+                    p["upload_gb_s"].get<double>() * 1e9 / p["offloaded_bytes"].get<double>());
+}
+
 // Nearest-rank percentile (p in (0, 100]) of a non-empty sample.
 double percentile(std::vector<double> v, double p) {
     std::sort(v.begin(), v.end());
@@ -378,11 +416,16 @@ int bench_jobs(const BenchOptions& o) {
     if (per_job * max_jobs > std::numeric_limits<int>::max())
         return fail("bench", "--jobs x (--job-prompt + --job-gen) is too large for one KV cache");
     lo.cache_tokens = static_cast<int>(per_job * max_jobs);
+    plan_cache(o, &lo);
     lo.prefix_cache = false;  // prompts are distinct anyway; nothing is kept between runs
     double load_s = 0.0;
     auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
     const Model& m = **model;
+    if (m.info().cache_tokens > 0 && m.info().cache_tokens < per_job * max_jobs)
+        return fail("bench", fmt::format("the memory plan's KV cache holds {} tokens; {} jobs of {} need {}",
+                                         m.info().cache_tokens, max_jobs, seq_len, per_job * max_jobs));
+    lo.cache_tokens = m.info().cache_tokens > 0 ? m.info().cache_tokens : lo.cache_tokens;
     const ModelInfo& info = m.info();
     const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
     // Contexts run from job_prompt + 1 to job_prompt + job_gen while decoding: the roofline takes the mean.
@@ -400,6 +443,7 @@ int bench_jobs(const BenchOptions& o) {
                           {"kv_bits_v", info.kv_bits_v},
                           {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
                           {"cache_tokens", lo.cache_tokens},
+                          {"memory_plan", plan_summary(m)},
                           {"job_prompt", o.job_prompt},
                           {"job_gen", o.job_gen},
                           {"warmup_runs", o.job_warmup},
@@ -442,6 +486,7 @@ int bench_jobs(const BenchOptions& o) {
                 m.device().c_str(), load_s);
     std::printf("KV cache: %lld bytes per token per layer (keys %d bits, values %d bits; 0 = unquantized), %d tokens\n",
                 static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v, lo.cache_tokens);
+    print_plan_summary(out["memory_plan"]);
     std::printf(
         "jobs: %d random prompt tokens + %d generated each (greedy, ignore_eos), all submitted at once; "
         "prefill chunk %d, %d warm-up run(s) per row\n",
@@ -568,6 +613,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
                 static_cast<long long>(info.kv_bytes_per_token), info.kv_bits_k, info.kv_bits_v);
     std::printf("ceilings: %.0f GB/s measured (%s)%s\n", bandwidth / 1e9, bw_label.c_str(),
                 gpu ? ", 790 TFLOP/s bf16 matrix rate (anchors.md)" : "");
+    print_plan_summary(out["memory_plan"]);
     if (info.num_experts > 0) print_expert_share(info);
     if (info.state_bytes > 0) print_state_share(info);
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
@@ -641,12 +687,16 @@ int bench(const BenchOptions& o) {
     lo.device = o.device;
     lo.context_length = static_cast<int>(max_ctx + 64);
     lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
+    plan_cache(o, &lo);
     lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
     double load_s = 0.0;
     auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
     const Model& m = **model;
     const ModelInfo& info = m.info();
+    if (info.cache_tokens > 0 && info.cache_tokens < (max_ctx + 64) * max_batch)
+        return fail("bench", fmt::format("the memory plan's KV cache holds {} tokens; --batch {} x --context {} needs {}",
+                                         info.cache_tokens, max_batch, max_ctx + 64, (max_ctx + 64) * max_batch));
 
     const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
     const double bandwidth = ceil.bandwidth;
@@ -674,8 +724,11 @@ int bench(const BenchOptions& o) {
                           {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
                           {"decode_rate", ceil.decode_rate},
                           {"state_bytes", info.state_bytes},
+                          {"memory_plan", plan_summary(m)},
                           {"prefill", nlohmann::json::array()},
                           {"decode", nlohmann::json::array()}};
+    if (gpu && m.memory_plan().offload_layers > 0 && m.memory_plan().offload_mode == OffloadMode::kStream)
+        out["memory_plan"]["upload_gb_s"] = device_upload_bandwidth(std::stoi(m.device().substr(5))) / 1e9;
 
     for (int P : *prompts) {
         std::vector<double> times;

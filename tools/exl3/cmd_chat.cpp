@@ -4,8 +4,10 @@
 // The KV cache carries over between turns through prefix caching: the pages of the previous turns (prompt and
 // reply) are still in the model's cache, so a turn prefills little more than what is new.
 // With --tools the template is given the tools as `exl3 serve` gives a request's, and each reply goes through the
-// server's tool-call parser (chat/tool_calls.h): its text is printed as it streams, each call as a line
-// `tool_call: {"name": ..., "arguments": {...}}`.
+// server's reply parser (chat/reply.h): its text is printed as it streams, each call as a line
+// `tool_call: {"name": ..., "arguments": {...}}`. A model that reasons (chat/reasoning.h) has its reasoning printed to
+// stderr, each block between "[reasoning]" and "[/reasoning]" lines, and only the answer on stdout; a turn is planned
+// as the server plans a request (chat/chat_turn.h), --max-reasoning-tokens included.
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "tools/exl3/commands.h"
 #if defined(EXL3_HAVE_TOKENIZER) && defined(EXL3_HAVE_CHAT)
 #define EXL3_CHAT_ENABLED 1
+#include "chat/chat_turn.h"
 #include "chat/tool_calls.h"
 #include "exl3/chat_template.h"
 #include "exl3/tokenizer.h"
@@ -46,6 +49,8 @@ struct ChatOptions {
     std::string tool_choice = "auto";  // auto, none, required, or a function's name
     std::string tool_format = "auto";  // auto (from the template's markers), or chat::tool_format_names()
     bool show_prompt = false;          // print each turn's rendered prompt on stderr
+    int max_reasoning_tokens = -1;     // the reasoning budget of each reply; -1: none
+    std::string template_kwargs;       // a JSON object of extra template variables ({"enable_thinking": false})
 };
 
 #ifdef EXL3_CHAT_ENABLED
@@ -54,20 +59,37 @@ constexpr const char* kHelp = "commands: /reset clears the conversation, /exit (
 
 using ojson = nlohmann::ordered_json;
 
-// The tools a session offers and how its replies are read: everything --tools, --tool-choice and --tool-format decide.
+// The tools a session offers and how its replies are read: everything --tools, --tool-choice, --tool-format and the
+// model's template decide; each turn is planned from these (chat/chat_turn.h).
 struct ChatTools {
     ojson tools = nullptr;  // the template's `tools`: null when none are offered (no file, an empty list, "none")
-    chat::ToolFormat format = chat::ToolFormat::kHermes;
-    std::string opening;        // written after the assistant header: --tool-choice required or a function's name
-    std::string closing;        // closes a named call whose arguments were generated under their schema
-    std::string schema;         // that schema (empty: the arguments are not constrained)
-    bool keep_special = false;  // the format's markers are special tokens: they must reach the parser
+    chat::ModelFormats formats;
+    chat::TurnOptions turn;     // tool_choice, the forced calls' schemas, the reasoning budget
+    ojson template_kwargs = ojson::object();
     bool on() const { return !tools.is_null(); }
 };
 
 // Reads and checks --tools and its companions before the model loads, so that a bad file costs nothing.
 Result<ChatTools> load_tools(const ChatOptions& o, const std::string& template_source, const Tokenizer& tok) {
     ChatTools t;
+    auto token_kind = [&](std::string_view text) -> std::optional<bool> {
+        if (auto id = tok.token_to_id(text)) return tok.is_special(*id);
+        return std::nullopt;
+    };
+    const auto formats = chat::model_formats(template_source, token_kind, o.tool_format);
+    if (!formats)
+        return invalid_argument("--tool-format '" + o.tool_format + "' is not one of auto, " +
+                                chat::tool_format_names());
+    t.formats = *formats;
+    if (o.max_reasoning_tokens < -1)
+        return invalid_argument("--max-reasoning-tokens must be >= 0 (or -1: no budget)");
+    t.turn.max_reasoning_tokens = o.max_reasoning_tokens;
+    if (!o.template_kwargs.empty()) {
+        t.template_kwargs = ojson::parse(o.template_kwargs, nullptr, /*allow_exceptions=*/false);
+        if (!t.template_kwargs.is_object())
+            return invalid_argument("--chat-template-kwargs must be a JSON object, e.g. '{\"enable_thinking\": false}'");
+    }
+    log_info("chat: {}", t.formats.how);
     if (o.tools_file.empty()) {
         if (o.tool_choice != "auto") return invalid_argument("--tool-choice needs --tools");
         return t;
@@ -87,34 +109,24 @@ Result<ChatTools> load_tools(const ChatOptions& o, const std::string& template_s
                                 (tools.is_array() ? e
                                                   : std::string("the file must hold a list of tools, [{\"type\": "
                                                                 "\"function\", \"function\": {\"name\": ...}}, ...]")));
-    std::string how;
-    const auto format = chat::choose_tool_format(o.tool_format, template_source, &how);
-    if (!format)
-        return invalid_argument("--tool-format '" + o.tool_format + "' is not one of auto, " +
-                                chat::tool_format_names());
-    t.format = *format;
     // As the server does: an empty list, or tool_choice "none", offers the model no tools at all.
     if (tools.empty() || o.tool_choice == "none") return t;
     t.tools = std::move(tools);
-    if (o.tool_choice == "required") {
-        t.opening = chat::tool_call_opening(t.format, "");
-    } else if (o.tool_choice != "auto") {
-        const ojson* tool = chat::find_tool(t.tools, o.tool_choice);
-        if (!tool)
+    t.turn.tools = t.tools;
+    t.turn.tool_choice = o.tool_choice == "auto" || o.tool_choice == "required" ? o.tool_choice : "function";
+    if (t.turn.tool_choice == "function") {
+        if (!chat::find_tool(t.tools, o.tool_choice))
             return invalid_argument("--tool-choice names the function '" + o.tool_choice + "', which is not in " +
                                     o.tools_file + " (or give auto, none, required)");
-        t.opening = chat::tool_call_opening(t.format, o.tool_choice);
-        // Its arguments under the parameters' schema where that compiles (none: an empty object), as the server's.
-        std::string schema = chat::tool_arguments_schema(*tool);
-        if (JsonSchema::compile(schema).is_ok()) {
-            t.schema = std::move(schema);
-            t.closing = chat::tool_call_closing(t.format);
-        }
+        t.turn.function = o.tool_choice;
     }
-    for (const std::string& m : chat::tool_call_markers(t.format))
-        if (auto id = tok.token_to_id(m); id && tok.is_special(*id)) t.keep_special = true;
-    log_info("chat: {} tool(s) offered; tool calls parsed as {} ({})", t.tools.size(), chat::tool_format_name(t.format),
-             how);
+    // A forced call's arguments under each tool's parameters where they compile (none: an empty object), else any
+    // object, as the server's.
+    for (const auto& tool : t.tools) {
+        std::string schema = chat::tool_arguments_schema(tool);
+        t.turn.tool_schemas.push_back(JsonSchema::compile(schema).is_ok() ? schema : R"({"type": "object"})");
+    }
+    log_info("chat: {} tool(s) offered", t.tools.size());
     return t;
 }
 
@@ -128,11 +140,31 @@ public:
         line_start_ = s.back() == '\n';
         call_last_ = false;
     }
+    // Reasoning goes to stderr, each block between "[reasoning]" and "[/reasoning]" lines.
+    void reasoning(const std::string& s) {
+        if (s.empty()) return;
+        if (!reasoning_) std::fputs("[reasoning]\n", stderr);
+        reasoning_ = true;
+        std::fwrite(s.data(), 1, s.size(), stderr);
+        std::fflush(stderr);
+        reasoning_line_start_ = s.back() == '\n';
+    }
+    void end_reasoning() {
+        if (!reasoning_) return;
+        std::fputs(reasoning_line_start_ ? "[/reasoning]\n" : "\n[/reasoning]\n", stderr);
+        std::fflush(stderr);
+        reasoning_ = false;
+    }
     // The parser's pieces: content is text; a call is printed once its arguments arrive (its second delta).
-    void pieces(std::vector<chat::ToolCallParser::Piece>& pieces) {
+    void pieces(std::vector<chat::ReplyParser::Piece>& pieces) {
         for (auto& p : pieces) {
-            if (p.tool_call.is_null()) {
-                text(p.content);
+            if (p.kind == chat::ReplyParser::Piece::kReasoning) {
+                reasoning(p.text);
+                continue;
+            }
+            end_reasoning();
+            if (p.kind == chat::ReplyParser::Piece::kContent) {
+                text(p.text);
                 continue;
             }
             chat::merge_tool_call_delta(p.tool_call, &calls_);
@@ -152,6 +184,7 @@ public:
     }
     // The reply ends with a newline, as it always has; a call line already did.
     void end() {
+        end_reasoning();
         if (!call_last_) std::fputc('\n', stdout);
         std::fflush(stdout);
     }
@@ -160,6 +193,7 @@ private:
     nlohmann::json calls_ = nlohmann::json::array();
     bool line_start_ = true;
     bool call_last_ = false;
+    bool reasoning_ = false, reasoning_line_start_ = true;
 };
 
 class ChatSession {
@@ -187,13 +221,20 @@ public:
     }
 
 private:
-    Result<std::vector<int32_t>> render() const {
-        ojson ctx = {{"messages", messages_},          {"add_generation_prompt", true},
-                     {"bos_token", tok_->bos_token()}, {"eos_token", tok_->eos_token()},
-                     {"tools", tools_.tools},          {"documents", nullptr}};
+    // The prompt of this turn, planned as the server plans a request (chat/chat_turn.h): *plan says what was appended
+    // and how the reply is read.
+    Result<std::vector<int32_t>> render(chat::TurnPlan* plan) const {
+        ojson ctx = tools_.template_kwargs;
+        ctx["messages"] = messages_;
+        ctx["add_generation_prompt"] = true;
+        ctx["bos_token"] = tok_->bos_token();
+        ctx["eos_token"] = tok_->eos_token();
+        ctx["tools"] = tools_.tools;
+        ctx["documents"] = nullptr;
         auto text = tmpl_.render(ctx);
         if (!text.is_ok()) return text.status().with_context("rendering the chat template");
-        *text += tools_.opening;  // --tool-choice: the reply starts inside a call
+        *plan = chat::plan_turn(tools_.formats, tools_.turn, *text);
+        *text += plan->suffix;  // --tool-choice: the reply starts inside a call
         if (o_.show_prompt) std::fprintf(stderr, "--- prompt ---\n%s\n--- end of prompt ---\n", text->c_str());
         // As transformers tokenizes a rendered chat: no special tokens added, special-token strings parsed.
         auto ids = tok_->encode(*text, /*add_special_tokens=*/false);
@@ -202,7 +243,8 @@ private:
     }
 
     Status respond() {
-        EXL3_ASSIGN_OR_RETURN(auto prompt, render());
+        chat::TurnPlan plan;
+        EXL3_ASSIGN_OR_RETURN(auto prompt, render(&plan));
         const int limit = m_.info().context_length;
         if (static_cast<int>(prompt.size()) >= limit)
             return out_of_range("the conversation is " + std::to_string(prompt.size()) +
@@ -213,25 +255,24 @@ private:
         rq.sampling = o_.sampling;
         rq.sampling.seed = o_.sampling.seed + turns_++;  // reproducible, yet not the same draws every turn
         rq.max_new_tokens = o_.max_tokens;                // lowered to what the context leaves (finish: length)
-        rq.skip_special_tokens = !tools_.keep_special;
-        rq.json_schema = tools_.schema;  // a named tool's arguments, generated under its parameters
+        chat::apply_plan(plan, &rq);  // a forced call's schema or choices, the reasoning budget, special tokens
         const int prompt_tokens = static_cast<int>(rq.prompt_ids.size());
         EXL3_ASSIGN_OR_RETURN(uint64_t job, gen_->submit(std::move(rq)));
         (void)job;
 
-        // With tools the reply is read by the server's parser, fed first what the prompt opened the reply with.
-        std::optional<chat::ToolCallParser> parser;
-        std::vector<chat::ToolCallParser::Piece> pieces;
-        if (tools_.on()) {
-            parser.emplace(tools_.format);
-            parser->feed(tools_.opening, &pieces);
+        // With tools or reasoning the reply is read by the server's parser, fed first what the prompt opened it with.
+        std::optional<chat::ReplyParser> parser;
+        std::vector<chat::ReplyParser::Piece> pieces;
+        if (plan.reply.tools || plan.reply.reasoning.on()) {
+            parser.emplace(plan.reply);
+            parser->feed(plan.opening, &pieces);
         }
         ReplyPrinter printer;
-        std::string reply = tools_.opening;  // the assistant's turn as the model wrote it, for the next render
+        std::string reply = plan.opening;  // the assistant's turn as the model wrote it, for the next render
         JobUpdate last;
         EXL3_RETURN_IF_ERROR(gen_->run_until_idle([&](const JobUpdate& u) {
             std::string text = u.text;
-            if (u.finish == FinishReason::kStop) text += tools_.closing;  // the named call's arguments closed
+            if (u.output_closed) text += plan.closing;  // a forced call's arguments closed
             reply += text;
             if (!parser) {
                 printer.text(text);
@@ -242,9 +283,10 @@ private:
             }
             if (u.finish != FinishReason::kNone) last = u;
         }));
-        log_debug("chat: prompt {} tokens, {} reused from the cache", prompt_tokens, last.cached_tokens);
+        log_debug("chat: prompt {} tokens, {} reused from the cache; {} reasoning tokens", prompt_tokens,
+                  last.cached_tokens, last.reasoning_tokens);
         if (last.finish == FinishReason::kError) {
-            if (reply.size() > tools_.opening.size()) std::fputc('\n', stdout);  // what streamed keeps its own line
+            if (reply.size() > plan.opening.size()) std::fputc('\n', stdout);  // what streamed keeps its own line
             return last.error;
         }
         if (last.finish == FinishReason::kLength && last.generated_tokens < o_.max_tokens)
@@ -289,6 +331,7 @@ int chat(const ChatOptions& o) {
     lo.context_length = o.context;
     lo.device = o.device;
     lo.prefix_cache = !o.no_prefix_cache;
+    o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("chat", model.status().to_string());
     // One job per turn, its whole prompt in one step (what is not in the cache yet).
@@ -366,8 +409,16 @@ Runner add_chat(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--tool-format", o->tool_format,
                    "with --tools: how calls are written: auto (from the template's markers), hermes, llama3, "
-                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>), seed (<seed:tool_call>)")
+                   "mistral, mistral-args, granite (<|tool_call|>), command-r (<|START_ACTION|>), command-r-plus "
+                   "(Action: ```json), seed "
+                   "(<seed:tool_call>), qwen3-coder, glm, harmony (gpt-oss), gemma (Python calls)")
         ->capture_default_str();
+    app.add_option("--max-reasoning-tokens", o->max_reasoning_tokens,
+                   "for a model that reasons before it answers (<think>, Harmony's analysis channel): the most tokens "
+                   "a reply may reason before the answer is started for it (-1: no limit); reasoning prints on stderr")
+        ->capture_default_str();
+    app.add_option("--chat-template-kwargs", o->template_kwargs,
+                   "a JSON object of extra chat template variables, e.g. '{\"enable_thinking\": false}'");
     app.add_flag("--show-prompt", o->show_prompt,
                  "print each turn's rendered prompt (the chat template's output) on stderr before the reply");
     return [o] { return chat(*o); };

@@ -1,5 +1,5 @@
-// `exl3 convert`: HF checkpoint -> EXL3 (src/convert/convert.h). --device cuda runs the Viterbi tile encoder (the
-// bulk of the work) on the GPU with codes identical to the CPU's; the rest of the pipeline stays on the CPU.
+// `exl3 convert`: HF checkpoint -> EXL3 (src/convert/convert.h). --device cuda runs the calibration forward and the
+// linear algebra on the GPU; the stage breakdown and the peak memory are printed at the end.
 #include <fmt/format.h>
 
 #include <memory>
@@ -10,10 +10,29 @@
 
 namespace exl3::cli {
 
+namespace {
+
+// Where the time went (stages.h), and the peak memory; the last line stays the one-line summary.
+void print_stages(const convert::ConvertReport& r) {
+    std::string line;
+    for (const auto& [name, sec] : r.stages)
+        if (sec >= 0.05) line += fmt::format("{}{} {:.1f}s ({:.0f}%)", line.empty() ? "" : ", ", name, sec,
+                                             r.seconds > 0 ? 100.0 * sec / r.seconds : 0.0);
+    fmt::print("stages: {}\n", line);
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    fmt::print("peak memory: host {:.2f} GiB (resident with the mapped checkpoint's pages {:.2f} GiB){}; calibration "
+               "{} x {} tokens\n",
+               r.peak_host_bytes / gib, r.peak_resident_bytes / gib,
+               r.peak_gpu_bytes >= 0 ? fmt::format(", GPU {:.2f} GiB", r.peak_gpu_bytes / gib) : std::string(),
+               r.calibration_rows, r.calibration_cols);
+}
+
+}  // namespace
+
 Runner add_convert(CLI::App& app) {
     struct Opts {
         convert::ConvertOptions c;
-        std::string codebook = "mul1", device = "cpu";
+        std::string codebook = "mul1", device = "cpu", recipe = "in-scales,scale-search,refit";
         int threads = 0;
         bool no_progress = false;
     };
@@ -28,8 +47,18 @@ Runner add_convert(CLI::App& app) {
                    "calibration text file. Default: no outside text; 3/4 of the rows are text sampled from the model "
                    "itself (BOS + one of its most probable first tokens, then temperature 0.9, min-p 0.01), 1/4 are "
                    "uniformly random token ids; deterministic in --seed");
-    app.add_option("--calibration-rows", o->c.calibration_rows, "calibration sequences")->capture_default_str();
-    app.add_option("--calibration-cols", o->c.calibration_cols, "tokens per calibration sequence")
+    app.add_option("--calibration-rows", o->c.calibration_rows,
+                   "calibration sequences (0: sized to the model, 4 tokens per input of its widest linear, 4096 to "
+                   "131072 tokens)")
+        ->capture_default_str();
+    app.add_option("--calibration-cols", o->c.calibration_cols, "tokens per calibration sequence (0: 256, or 512 "
+                   "from 8192 tokens on)")
+        ->capture_default_str();
+    app.add_option("--host-memory", o->c.host_memory_gb, "GiB of host memory the conversion may use: refused up "
+                   "front when its estimate exceeds it (0: no limit)")
+        ->capture_default_str();
+    app.add_option("--gpu-memory", o->c.gpu_memory_gb, "GiB of GPU memory --device cuda may use: the calibration "
+                   "forward takes fewer rows at a time, else refused up front (0: no limit)")
         ->capture_default_str();
     app.add_option("--seed", o->c.seed, "seed of the sign vectors, sampling and sensitivity sample")
         ->capture_default_str();
@@ -37,7 +66,15 @@ Runner add_convert(CLI::App& app) {
                    "keep resume state here: after each finished layer its tensors and the calibration state are "
                    "saved; rerunning the same command resumes after the last finished layer with a byte-identical "
                    "result (other options are refused); removed after success");
-    app.add_option("--device", o->device, "cpu, or cuda: the Viterbi encoder on GPU 0 (identical output)")
+    app.add_option("--device", o->device, "cpu, or cuda: the calibration forward, Hessians, LDL, LDLQ, Viterbi and "
+                   "scale refit on GPU 0 (the same recipe in fp32: statistically the CPU's output)")
+        ->capture_default_str();
+    app.add_option("--damping", o->c.damping, "the Hessians' damping, a fraction of their mean diagonal added to it")
+        ->capture_default_str();
+    app.add_option("--recipe", o->recipe,
+                   "the encoder's optional steps, comma-separated, or none: in-scales (per-input-channel scales), "
+                   "scale-search (the global scale by test encodes, else its prior by K), refit (suh/svh refitted to "
+                   "the codes); for measuring what each is worth (docs/conversion.md)")
         ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
     add_threads_option(app, o->threads);
@@ -50,6 +87,19 @@ Runner add_convert(CLI::App& app) {
             return fail("convert", fmt::format("unknown device '{}': use cpu or cuda", o->device));
         }
         o->c.progress = !o->no_progress;
+        auto& rc = o->c.recipe;
+        rc.in_scales = rc.scale_search = rc.refit = false;
+        for (size_t b = 0; b <= o->recipe.size();) {
+            size_t e = o->recipe.find(',', b);
+            if (e == std::string::npos) e = o->recipe.size();
+            const std::string part = o->recipe.substr(b, e - b);
+            if (part == "in-scales") rc.in_scales = true;
+            else if (part == "scale-search") rc.scale_search = true;
+            else if (part == "refit") rc.refit = true;
+            else if (part != "none" && !part.empty())
+                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit or none", part));
+            b = e + 1;
+        }
         if (!quant::codebook_from_name(o->codebook, &o->c.codebook))
             return fail("convert", fmt::format("unknown codebook '{}': use mul1, mcg or 3inst", o->codebook));
         std::unique_ptr<ThreadPool> own;
@@ -60,6 +110,7 @@ Runner add_convert(CLI::App& app) {
         }
         auto r = convert::convert_model(o->c, *pool);
         if (!r.is_ok()) return fail("convert", r.status().message());
+        print_stages(*r);
         fmt::print("converted {} -> {}: {:.4f} bpw, {} tensors, {:.1f} s{}\n", o->c.input_dir, o->c.output_dir,
                    r->achieved_bpw, r->tensors, r->seconds,
                    r->resumed_layers ? fmt::format(" (resumed after layer {})", r->resumed_layers) : std::string());

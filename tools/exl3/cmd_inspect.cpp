@@ -8,6 +8,7 @@
 #include <set>
 
 #include "exl3/devices.h"
+#include "exl3/model.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "quant/exl3_model.h"
@@ -22,7 +23,61 @@ struct InspectOptions {
     bool json = false;
     bool tensors = false;
     bool devices = false;
+    // --memory: the GPU memory plan (Model::plan_memory) for these load options.
+    bool memory = false;
+    std::string device = "cuda";
+    int context = 0;
+    KvBitsFlags kv_bits;
 };
+
+nlohmann::json plan_json(const MemoryPlan& p) {
+    auto items = [](const std::vector<MemoryItem>& v) {
+        nlohmann::json a = nlohmann::json::array();
+        for (const auto& i : v) a.push_back({{"name", i.name}, {"detail", i.detail}, {"bytes", i.bytes}});
+        return a;
+    };
+    return {{"device", p.device},
+            {"device_name", p.device_name},
+            {"device_total", p.device_total},
+            {"device_free", p.device_free},
+            {"budget", p.budget},
+            {"budget_given", p.budget_given},
+            {"gpu", items(p.gpu)},
+            {"host", items(p.host)},
+            {"gpu_total", p.gpu_total()},
+            {"context_length", p.context_length},
+            {"context_shortened", p.context_shortened},
+            {"cache_tokens", p.cache_tokens},
+            {"page_size", p.page_size},
+            {"kv_bits_k", p.kv_bits_k},
+            {"kv_bits_v", p.kv_bits_v},
+            {"kv_bytes_per_token", p.kv_bytes_per_token},
+            {"max_step_tokens", p.max_step_tokens},
+            {"offload_layers", p.offload_layers},
+            {"offload_mode", p.offload_mode == OffloadMode::kCpu ? "cpu" : "stream"},
+            {"offload_expert_layers", p.offload_expert_layers},
+            {"embed_on_gpu", p.embed_on_gpu},
+            {"fits", p.fits},
+            {"short_by", p.short_by},
+            {"suggestions", p.suggestions}};
+}
+
+// exl3 inspect --memory: the plan Model::load would make, printed before (and without) any allocation. Exit code 0
+// when it fits, 1 when it does not (the refusal on stderr too).
+int memory(const InspectOptions& o) {
+    LoadOptions lo;
+    lo.device = o.device == "cpu" ? "cuda" : o.device;
+    lo.context_length = o.context;
+    o.kv_bits.apply(lo);
+    auto plan = Model::plan_memory(o.dir, lo);
+    if (!plan.is_ok()) return fail("inspect", plan.status().to_string());
+    if (o.json)
+        std::printf("%s\n", plan_json(*plan).dump(2).c_str());
+    else
+        std::printf("%s", plan->table().c_str());
+    if (plan->fits) return 0;
+    return fail("inspect", "the model does not fit: " + plan->refusal());
+}
 
 int devices(bool as_json) {
     nlohmann::json out = nlohmann::json::array();
@@ -104,6 +159,7 @@ nlohmann::json exl3_json(const quant::Exl3ModelSummary& s) {
 int inspect(const InspectOptions& o) {
     if (o.devices) return devices(o.json);
     if (o.dir.empty()) return fail("inspect", "give a model directory (or --devices)");
+    if (o.memory) return memory(o);
     auto cfg = load_model_config(o.dir);
     if (!cfg.is_ok()) return fail("inspect", cfg.status().to_string());
     auto store = TensorStore::open_dir(o.dir);
@@ -222,6 +278,12 @@ Runner add_inspect(CLI::App& app) {
     app.add_flag("--json", o->json, "print one JSON object");
     app.add_flag("--tensors", o->tensors, "list every tensor");
     app.add_flag("--devices", o->devices, "list CUDA devices and run a self-test on each");
+    app.add_flag("--memory", o->memory,
+                 "the GPU memory plan of loading the model with the flags below (no GPU needed with --gpu-memory)");
+    app.add_option("-d,--device", o->device, "--memory: cuda or cuda:N")->capture_default_str();
+    app.add_option("-c,--context", o->context, "--memory: context length (0 = the model's)")
+        ->check(CLI::NonNegativeNumber);
+    add_kv_bits_options(app, o->kv_bits, true);
     return [o] { return inspect(*o); };
 }
 

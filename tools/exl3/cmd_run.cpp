@@ -74,6 +74,7 @@ int run(const RunOptions& o) {
     o.kv_bits.apply(lo);
     lo.context_length = o.context;
     lo.device = o.device;
+    o.spec.share_gpu_budget(o.model, lo);
     auto model = Model::load(o.model, lo);
     if (!model.is_ok()) return fail("run", model.status().to_string());
     const Model& m = **model;

@@ -12,6 +12,7 @@
 
 #include <fmt/core.h>
 
+#include "chat/tool_calls.h"
 #include "core/log.h"
 #include "exl3/model.h"
 #include "exl3/tokenizer.h"
@@ -52,13 +53,15 @@ Result<server::LoadedModel> load_model(const ServeOptions& o, const server::Load
     o.kv_bits.apply(lo);
     if (spec.cache_tokens > 0) lo.cache_tokens = spec.cache_tokens;
     if (spec.kv_bits >= 0) lo.kv_bits_k = lo.kv_bits_v = spec.kv_bits;
+    SpeculativeFlags flags = o.spec;
+    flags.draft_model = spec.draft_dir;
+    // Each load is planned within the GPU budget (--gpu-memory; the old model is freed before it), a draft's too.
+    flags.share_gpu_budget(spec.dir, lo);
     auto model = Model::load(spec.dir, lo);
     if (!model.is_ok()) return model.status();
     m.model = std::move(*model);
     step("model", 2, 2);
     m.gen = o.gen;
-    SpeculativeFlags flags = o.spec;
-    flags.draft_model = spec.draft_dir;
     EXL3_RETURN_IF_ERROR(flags.apply(lo, m.gen, &m.draft));
     if (m.draft) {
         m.draft_name = std::filesystem::path(spec.draft_dir).filename().string();
@@ -184,7 +187,7 @@ Runner add_serve(CLI::App& app) {
                    "a Jinja chat template file to use instead of the model's (tools are parsed in its format)");
     app.add_option("--tool-format", o->server.tool_format,
                    "tool-call syntax to parse: auto (from the template's markers; <tool_call> when none is known), "
-                   "hermes, llama3, mistral, mistral-args")
+                   "or one of: " + chat::tool_format_names())
         ->capture_default_str();
     app.add_option("--device", o->device, "cpu, cuda or cuda:N")->capture_default_str();
     add_threads_option(app, o->threads, "CPU threads for the model (0 = all)");

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <functional>
 #include <string>
 
@@ -27,19 +28,69 @@ Runner add_serve(CLI::App& app);    // built when exl3_server exists (EXL3_HAVE_
 // those need).
 void add_sampling_options(CLI::App& app, SamplerSettings& s, bool full_chain = false);
 
+// GPU memory flags (docs/memory.md), part of KvBitsFlags: --gpu-memory GIB (the budget; default: what the device has
+// free less a margin), --max-step-tokens, --offload-layers N|auto with --offload-mode stream|cpu, --cpu-moe /
+// --offload-experts N, --embed-on-gpu.
+struct MemoryFlags {
+    double gpu_memory_gib = 0;
+    int max_step_tokens = 0;
+    std::string offload_layers = "0";  // a number of layers, or "auto"
+    std::string offload_mode = "stream";
+    int offload_experts = 0;
+    bool cpu_moe = false;
+    bool embed_on_gpu = false;
+    void apply(LoadOptions& lo) const {
+        lo.gpu_memory = static_cast<int64_t>(gpu_memory_gib * 1024.0 * 1024.0 * 1024.0);
+        lo.max_step_tokens = max_step_tokens;
+        lo.offload_layers = offload_layers == "auto" ? -1 : std::stoi(offload_layers);
+        lo.offload_mode = offload_mode == "cpu" ? OffloadMode::kCpu : OffloadMode::kStream;
+        lo.offload_experts = cpu_moe ? -1 : offload_experts;
+        lo.embed_on_gpu = embed_on_gpu;
+    }
+};
+inline void add_memory_options(CLI::App& app, MemoryFlags& f) {
+    app.add_option("--gpu-memory", f.gpu_memory_gib,
+                   "GiB this model may take on its GPU, CUDA context included (default: what the device has free "
+                   "less 0.5 GiB); the KV cache gets what the plan leaves")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--max-step-tokens", f.max_step_tokens,
+                   "tokens one step's buffers hold (0 = 512); longer prompts run in chunks")
+        ->check(CLI::Range(0, 1 << 20));
+    app.add_option("--offload-layers", f.offload_layers,
+                   "keep the last N layers' weights in host memory (auto = as few as make the context fit)")
+        ->check([](const std::string& v) -> std::string {
+            if (v == "auto") return {};
+            if (!v.empty() && v.size() < 6 && v.find_first_not_of("0123456789") == std::string::npos) return {};
+            return "expected a number of layers or auto";
+        });
+    app.add_option("--offload-mode", f.offload_mode,
+                   "how offloaded layers run: stream (their weights copied to the GPU each step) or cpu (computed by "
+                   "the CPU threads)")
+        ->check(CLI::IsMember({"stream", "cpu"}));
+    app.add_option("--offload-experts", f.offload_experts,
+                   "mixtures of experts: the MoE blocks of the first N MoE layers in host memory, run by the CPU")
+        ->check(CLI::NonNegativeNumber);
+    app.add_flag("--cpu-moe", f.cpu_moe, "mixtures of experts: every MoE block in host memory, run by the CPU");
+    app.add_flag("--embed-on-gpu", f.embed_on_gpu,
+                 "keep the embedding table on the GPU (default: pinned host memory, the step's rows copied up)");
+}
+
 // KV-cache and batching flags shared by run, chat, ppl, bench and serve: --kv-bits N sets keys and values,
 // --kv-bits-k / --kv-bits-v set one side (and win over --kv-bits). 0 is off; 4, 6, 8 bits (CPU and CUDA).
-// --cache-tokens sizes the paged cache all sequences share (LoadOptions::cache_tokens; 0: the context length), where
-// the command offers it. --batch-invariant: LoadOptions::batch_invariant.
+// --cache-tokens sizes the paged cache all sequences share (LoadOptions::cache_tokens; 0: CUDA gives it what the
+// memory plan leaves, the CPU grows it up to the context length), where the command offers it. --batch-invariant:
+// LoadOptions::batch_invariant. The GPU memory flags (MemoryFlags) come with them.
 struct KvBitsFlags {
     int both = 0, k = -1, v = -1;
     int cache_tokens = 0;
     bool batch_invariant = false;
+    MemoryFlags memory;
     void apply(LoadOptions& lo) const {
         lo.kv_bits_k = k >= 0 ? k : both;
         lo.kv_bits_v = v >= 0 ? v : both;
         if (cache_tokens > 0) lo.cache_tokens = cache_tokens;
         lo.batch_invariant = batch_invariant;
+        memory.apply(lo);
     }
 };
 inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens_option = false) {
@@ -54,9 +105,10 @@ inline void add_kv_bits_options(CLI::App& app, KvBitsFlags& f, bool cache_tokens
                  "orders, slower; the CPU always is)");
     if (cache_tokens_option)
         app.add_option("--cache-tokens", f.cache_tokens,
-                       "tokens the shared KV cache holds, all sequences together (0 = the context length; CUDA "
-                       "allocates it at load)")
+                       "tokens the shared KV cache holds, all sequences together (0 = CUDA: what the memory plan "
+                       "leaves, allocated at load; CPU: grows up to the context length)")
             ->check(CLI::NonNegativeNumber);
+    add_memory_options(app, f.memory);
 }
 
 // -t / --threads, shared by every command that runs on the CPU: 0 (all hardware threads) to kMaxThreads.
@@ -73,6 +125,40 @@ struct SpeculativeFlags {
     int draft_tokens = 0;
     int ngram_min = 1, ngram_max = 3;
     bool on() const { return !draft_model.empty() || ngram || draft_tokens > 0; }
+    // The draft's load options: the main model's device, threads, context, cache, GPU budget and KV bits.
+    LoadOptions draft_options(const LoadOptions& main) const {
+        LoadOptions lo;
+        lo.device = main.device;
+        lo.threads = main.threads;
+        lo.context_length = main.context_length;
+        lo.cache_tokens = main.cache_tokens;
+        lo.page_size = main.page_size;
+        lo.prefix_cache = main.prefix_cache;
+        lo.kv_bits_k = main.kv_bits_k;
+        lo.kv_bits_v = main.kv_bits_v;
+        lo.gpu_memory = main.gpu_memory;
+        lo.max_step_tokens = main.max_step_tokens;
+        return lo;
+    }
+    // Called before the main model loads. On a GPU, with a draft model and the KV cache left to the memory plan,
+    // both caches must hold the same tokens: the one budget is split so that they do (both planned before either
+    // loads) and main.cache_tokens is set. Nothing changes when either plan does not fit (the loads say why).
+    void share_gpu_budget(const std::string& main_dir, LoadOptions& main) const {
+        if (draft_model.empty() || main.device == "cpu" || main.cache_tokens > 0) return;
+        auto pm = Model::plan_memory(main_dir, main);
+        if (!pm.is_ok() || !pm->fits) return;
+        LoadOptions dl = draft_options(main);
+        dl.context_length = pm->context_length;
+        dl.cache_tokens = pm->context_length;
+        auto pd = Model::plan_memory(draft_model, dl);
+        if (!pd.is_ok() || !pd->fits) return;
+        const int64_t fixed = pm->gpu_total() - int64_t{pm->cache_tokens} * pm->kv_bytes_per_token +
+                              pd->gpu_total() - int64_t{pd->cache_tokens} * pd->kv_bytes_per_token;
+        const int64_t per_token = pm->kv_bytes_per_token + pd->kv_bytes_per_token;
+        const int64_t page = std::max(pm->page_size, 1);
+        const int64_t tokens = per_token > 0 ? (pm->budget - fixed) / per_token / page * page : pm->cache_tokens;
+        if (tokens >= pm->context_length) main.cache_tokens = static_cast<int>(std::min<int64_t>(tokens, pm->cache_tokens));
+    }
     // Loads the draft model (when asked) beside the main one, with its device, threads, context and cache (size,
     // page size, prefix caching, KV bits: a server's many jobs need the draft's cache as much as the model's; *draft
     // stays null without --draft-model), and fills the Generator's options.
@@ -83,15 +169,7 @@ struct SpeculativeFlags {
         go.ngram_min = ngram_min;
         go.ngram_max = ngram_max;
         if (draft_model.empty()) return Status::ok();
-        LoadOptions lo;
-        lo.device = main.device;
-        lo.threads = main.threads;
-        lo.context_length = main.context_length;
-        lo.cache_tokens = main.cache_tokens;
-        lo.page_size = main.page_size;
-        lo.prefix_cache = main.prefix_cache;
-        lo.kv_bits_k = main.kv_bits_k;
-        lo.kv_bits_v = main.kv_bits_v;
+        LoadOptions lo = draft_options(main);
         auto m = Model::load(draft_model, lo);
         if (!m.is_ok()) return m.status().with_context("the draft model " + draft_model);
         *draft = std::move(*m);

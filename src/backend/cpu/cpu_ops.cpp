@@ -127,11 +127,11 @@ void CpuOps::expert_mlp(const float* x, int n, const HostExpert& e, float* y) {
 }
 
 // Each expert runs once over the rows that chose it (gathered), its output weighted into theirs.
-Status CpuOps::moe(int li, Slot in, Slot out) {
+Status CpuOps::moe(int li, Slot in, Slot out) { return moe_rows(li, buf(in).data(), plan_->total(), buf(out).data()); }
+
+Status CpuOps::moe_rows(int li, const float* x, int T, float* y) {
     const HostMoe& m = layer(li).moe;
-    const int T = plan_->total(), H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
-    const float* x = buf(in).data();
-    float* y = buf(out).data();
+    const int H = cfg_.hidden_size, E = cfg_.num_experts, K = cfg_.experts_per_token;
     std::vector<float> logits(static_cast<size_t>(T) * E), wts(static_cast<size_t>(T) * K);
     std::vector<int32_t> ids(static_cast<size_t>(T) * K);
     linear_rows(x, T, m.router, logits.data());

@@ -57,6 +57,9 @@ public:
     Status linear_attention(int layer, float eps);
     Status linear_glu(Slot in, const HostLinear& l, Slot out);
     Status moe(int layer, Slot in, Slot out);
+    // Layer `layer`'s MoE block over rows x [T, hidden] into y [T, hidden], outside a step (the CUDA backend's MoE
+    // blocks kept in host memory).
+    Status moe_rows(int layer, const float* x, int T, float* y);
     Status capture(int layer, LinearInput input, Slot s);
     Status add_residual(Slot delta);
     Status logits(float eps, float* out);

@@ -17,17 +17,27 @@ namespace exl3::cuda {
 Status check_cuda(cudaError_t e, const char* what);
 Status check_cublas(cublasStatus_t e, const char* what);
 
-// A device allocation that frees itself.
+// A device allocation that frees itself, or a view of `bytes` bytes inside another allocation (an arena of weights, a
+// staging buffer: view()), which frees nothing and never grows.
 class DeviceBuffer {
 public:
     DeviceBuffer() = default;
     ~DeviceBuffer();
-    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+    DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_), owned_(o.owned_) {
+        o.ptr_ = nullptr, o.bytes_ = 0, o.owned_ = true;
+    }
+    static DeviceBuffer view(void* ptr, size_t bytes) {
+        DeviceBuffer b;
+        b.ptr_ = ptr;
+        b.bytes_ = bytes;
+        b.owned_ = false;
+        return b;
+    }
     DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
     DeviceBuffer(const DeviceBuffer&) = delete;
     DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
-    // Grows (never shrinks) to at least `bytes`; contents are not kept.
+    // Grows (never shrinks) to at least `bytes`; contents are not kept. A view cannot grow.
     Status reserve(size_t bytes);
     Status upload(const void* host, size_t bytes, cudaStream_t s = nullptr);  // reserve + synchronous copy
     void* get() const { return ptr_; }
@@ -35,6 +45,25 @@ public:
     T* as() const {
         return static_cast<T*>(ptr_);
     }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* ptr_ = nullptr;
+    size_t bytes_ = 0;
+    bool owned_ = true;
+};
+
+// Page-locked host memory (cudaHostAlloc) that frees itself: what the GPU copies from asynchronously.
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    ~PinnedBuffer();
+    PinnedBuffer(PinnedBuffer&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) { o.ptr_ = nullptr, o.bytes_ = 0; }
+    PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+    Status allocate(size_t bytes);  // contents are not kept
+    void* get() const { return ptr_; }
     size_t bytes() const { return bytes_; }
 
 private:

@@ -6,12 +6,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/sampler.cuh"
 #include "backend/cuda/step_state.h"
+#include "backend/cuda/weight_stream.h"
 #include "core/log.h"
+#include "kv/host_pages.h"
 #include "models/executor.h"
 
 namespace exl3::cuda {
@@ -55,23 +59,30 @@ public:
     Status logits_row(int row, float* out) override;
 
 private:
-    static Status check_hybrid(const ModelConfig& cfg);
+    static Status check_hybrid(const ModelConfig& cfg, const ExecutorOptions& opts);
     Status allocate_states();
+    Status place_weights(const HostWeights& w);
     Status check_pages(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) const;
     Status check_states(const StepPlan& plan) const;
     Status upload_plan(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs);
     Status run_graph(CudaOps& ops, const StepPlan& plan, int B, int r, int bound);
+    // One step within the planned buffers; forward() splits a longer one.
+    // row0: where its logit rows go in the device's logits (a chunk of a longer step).
+    Status forward_one(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits, int row0);
+    // The decoder over the step, with the CPU's layers (offload kCpu) between the GPU's and the head.
+    Status run_decoder(CudaOps& ops, const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs);
     Status sampler_rows(int rows);
 
     StepState s_;
     int last_rows_ = 0;  // logit rows the last forward left on the device
     DeviceSampler sampler_;
     int sampler_rows_ = 0;
+    std::vector<float> chunk_logits_;  // forward_chunks: the dropped row of a chunk without wanted rows
 };
 
 Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, const HostWeights& w,
                                                        const ExecutorOptions& opts) {
-    EXL3_RETURN_IF_ERROR(check_hybrid(cfg));
+    EXL3_RETURN_IF_ERROR(check_hybrid(cfg, opts));
     auto e = std::make_unique<CudaExecutor>();
     StepState& s = e->s_;
     s.cfg = cfg;
@@ -82,37 +93,102 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
         return invalid_argument(fmt::format("page_size {} must be a positive multiple of 16", s.opts.page_size));
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
         return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
-    // The MoE expert path runs silu / GeGLU: gpt-oss's clamped SwiGLU is not there yet (docs/kernels/moe.md).
-    if (cfg.act == Act::kSwigluClamp)
-        return unsupported(fmt::format("{} on CUDA: its experts' clamped SwiGLU is not implemented on the GPU yet; "
-                                       "run it on the CPU (--device cpu)",
-                                       cfg.arch_name));
+    // The clamped SwiGLU (gpt-oss) runs in the experts' paths only (the grouped kernels' option, swiglu_clamp_mul).
+    for (int i = 0; i < cfg.num_layers; ++i)
+        if (cfg.act == Act::kSwigluClamp && !cfg.is_moe(i))
+            return unsupported(fmt::format("{} on CUDA: layer {} is a dense MLP with the clamped SwiGLU, which only "
+                                           "the expert path runs; run it on the CPU (--device cpu)",
+                                           cfg.arch_name, i));
     if (!kv_bits_valid(opts.kv_bits_k) || !kv_bits_valid(opts.kv_bits_v))
         return invalid_argument(fmt::format("KV-cache bits {} / {}: 4, 6 or 8 (0: off)", opts.kv_bits_k, opts.kv_bits_v));
+    if (opts.offload_layers < 0 || opts.offload_layers > cfg.num_layers)
+        return invalid_argument(fmt::format("offload_layers {} of {} layers", opts.offload_layers, cfg.num_layers));
+    if ((opts.offload_layers > 0 && opts.offload_mode == OffloadMode::kCpu) || opts.offload_expert_layers > 0) {
+        if (!opts.pool) return internal_error("offload to the CPU without CPU threads");
+    }
     EXL3_ASSIGN_OR_RETURN(s.ctx, CudaContext::create(opts.device));
     s.act = cfg.dtype == DType::kF16 ? ActType::kF16 : ActType::kBF16;
-    EXL3_RETURN_IF_ERROR(s.w.upload(w, s.act, cfg));
-    // A mixture-of-experts layer whose experts the grouped kernels do not take (dense ones, or EXL3 ones of unequal
-    // shapes) takes its experts' ids to the host: such a model's steps cannot be captured.
+    // Steps are not captured where a layer waits for the host: an offloaded one waits for its weights or the CPU,
+    // an MoE layer whose experts the grouped kernels do not take (dense ones, or EXL3 ones of unequal shapes) takes
+    // its experts' ids to the host (below, once the weights are placed).
+    if (opts.offload_layers > 0 || opts.offload_expert_layers > 0) s.opts.graphs = false;
+    s.host = &w;
+    const bool cpu_layers = opts.offload_layers > 0 && opts.offload_mode == OffloadMode::kCpu;
+    s.first_cpu_layer = cpu_layers ? cfg.num_layers - opts.offload_layers : cfg.num_layers;
+    EXL3_RETURN_IF_ERROR(e->place_weights(w));
     for (const DevLayer& l : s.w.layers)
         if (!l.moe.experts.empty() && !l.moe.grouped.ok()) s.opts.graphs = false;
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
-                                       opts.kv_bits_k, opts.kv_bits_v));
+                                       opts.kv_bits_k, opts.kv_bits_v, s.first_cpu_layer));
+    // The CPU's layers keep their pages on the host (also the scratch of MoE blocks run there, with none).
+    s.host_kv = std::make_unique<HostKvPages>(cfg.num_kv_layers() - cfg.kv_layer(s.first_cpu_layer), s.opts.page_size,
+                                              cfg.num_kv_heads, cfg.head_dim, opts.kv_bits_k, opts.kv_bits_v);
+    // Every buffer of the plan now, so that the steps it was made for allocate nothing.
+    const int M = s.opts.max_step_tokens > 0 ? s.opts.max_step_tokens : kDefaultMaxStepTokens;
+    s.opts.max_step_tokens = M;
     if (cfg.hybrid()) EXL3_RETURN_IF_ERROR(e->allocate_states());
-    EXL3_RETURN_IF_ERROR(s.reserve(256, 8, 8));
-    log_info("CUDA {}: {} layers, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits)",
-             s.ctx->props().name, cfg.num_layers, s.kv.num_pages(), s.kv.page_size(),
-             static_cast<double>(s.kv.bytes()) / 1048576.0, opts.kv_bits_k ? opts.kv_bits_k : 16,
-             opts.kv_bits_v ? opts.kv_bits_v : 16);
+    EXL3_RETURN_IF_ERROR(s.reserve(M, std::min(M, kPlannedBatch), std::min(M, kPlannedLogitRows)));
+    EXL3_RETURN_IF_ERROR(
+        s.attn_ws.reserve(attention_scratch_bytes(cfg, M, opts.context_length, opts.kv_bits_k, opts.kv_bits_v)));
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    log_info("CUDA {}: {} layers{}, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits); {:.2f} GiB "
+             "of the device in use after the load",
+             s.ctx->props().name, cfg.num_layers,
+             opts.offload_layers == 0 ? ""
+                                      : fmt::format(" ({} offloaded, {})", opts.offload_layers,
+                                                    cpu_layers ? "run by the CPU" : "streamed"),
+             s.kv.num_pages(), s.kv.page_size(), static_cast<double>(s.kv.bytes()) / 1048576.0,
+             opts.kv_bits_k ? opts.kv_bits_k : 16, opts.kv_bits_v ? opts.kv_bits_v : 16,
+             static_cast<double>(total - free) / (1024.0 * 1024.0 * 1024.0));
     return std::unique_ptr<Executor>(std::move(e));
+}
+
+// The weights: counted first (a placer that allocates nothing), then the resident ones into one arena, the streamed
+// layers into their pinned blobs, the CPU's layers nowhere.
+Status CudaExecutor::place_weights(const HostWeights& w) {
+    StepState& s = s_;
+    const ModelConfig& cfg = s.cfg;
+    UploadOptions uo;
+    uo.embed_on_gpu = s.opts.embed_on_gpu;
+    uo.moe_on_host.assign(static_cast<size_t>(cfg.num_layers), false);
+    for (int i = 0, n = 0; i < cfg.num_layers && n < s.opts.offload_expert_layers; ++i)
+        if (cfg.is_moe(i)) uo.moe_on_host[static_cast<size_t>(i)] = true, ++n;
+    UploadOptions count_uo = uo;
+    count_uo.embed_on_gpu = true;  // counted, not pinned: added below when it goes to the GPU
+    DeviceWeights counted;
+    CountingPlacer cp(static_cast<size_t>(cfg.num_layers));
+    EXL3_RETURN_IF_ERROR(counted.upload(w, s.act, cfg, cp, count_uo));
+    const int first_off = cfg.num_layers - s.opts.offload_layers;
+    int64_t resident = cp.head + cp.final_norm + (uo.embed_on_gpu ? cp.embed : 0);
+    std::vector<int64_t> streamed;
+    for (int i = 0; i < cfg.num_layers; ++i) {
+        const int64_t b = cp.layers()[static_cast<size_t>(i)].total();
+        if (i < first_off)
+            resident += b;
+        else if (s.first_cpu_layer == cfg.num_layers)
+            streamed.push_back(b);
+    }
+    if (!streamed.empty()) {
+        s.wstream = std::make_unique<WeightStream>();
+        EXL3_RETURN_IF_ERROR(s.wstream->init(first_off, streamed));
+    }
+    EXL3_RETURN_IF_ERROR(s.weight_arena.reserve(static_cast<size_t>(resident)));
+    ArenaPlacer ap(s.weight_arena, s.wstream.get(), s.first_cpu_layer);
+    return s.w.upload(w, s.act, cfg, ap, uo);
 }
 
 // Hybrid models: the shapes the Gated DeltaNet kernels take (delta_net.cuh), and gated attention without the q/k
 // norms that norm a whole q row (their rows would hold the gates too).
-Status CudaExecutor::check_hybrid(const ModelConfig& cfg) {
+Status CudaExecutor::check_hybrid(const ModelConfig& cfg, const ExecutorOptions& opts) {
     if (cfg.attn_gate && (cfg.qk_norm == QkNorm::kFlat || cfg.qk_norm == QkNorm::kHeads))
         return unsupported(fmt::format("{} on CUDA: gated attention with q/k norms over several heads", cfg.arch_name));
     if (!cfg.hybrid()) return Status::ok();
+    // Layers run by the CPU threads would need their recurrent states on the host: offloaded layers stream instead.
+    if (opts.offload_layers > 0 && opts.offload_mode == OffloadMode::kCpu)
+        return unsupported(fmt::format("{} on CUDA: offloaded layers run by the CPU (the recurrent state of its linear-"
+                                       "attention layers stays on the GPU); offload them streamed instead",
+                                       cfg.arch_name));
     const DeltaNetDims d = StepState::delta_dims(cfg);
     if (!delta_net_supported(d))
         return unsupported(fmt::format("{} on CUDA: linear attention with key heads of {} (at most {}), a conv of {} "
@@ -122,23 +198,13 @@ Status CudaExecutor::check_hybrid(const ModelConfig& cfg) {
     return Status::ok();
 }
 
-// Hybrid models: device memory for the recurrent-state slots, taken from the KV budget: the keys and values the
-// linear-attention layers would hold for cache_tokens tokens were they attention layers buy state slots, and every
-// sequence of the full context length the cache holds gets two (its live state and a snapshot) whatever that buys
-// (many short sequences: a batch of 32 at a context of 512 needs 32 states of ~160 MB on a 27B shape where their
-// keys and values would take 3.6 GB); at least kMinStateSlots, at most kMaxStateSlots. A step that needs more slots
-// than are free fails with kOutOfRange before it runs, as one that needs more pages does (the Generator then lets
-// prompts wait or drops proposals).
+// Hybrid models: device memory for the recurrent-state slots (state_slots_for: taken from the KV budget, as the memory
+// plan counts them). A step that needs more slots than are free fails with kOutOfRange before it runs, as one that
+// needs more pages does (the Generator then lets prompts wait or drops proposals).
 Status CudaExecutor::allocate_states() {
-    constexpr int kMinStateSlots = 8, kMaxStateSlots = 1024;
     StepState& s = s_;
-    const double per_slot = static_cast<double>(s.cfg.num_linear_layers()) *
-                            static_cast<double>(s.cfg.lin_conv_floats() + s.cfg.lin_state_floats()) * sizeof(float);
-    const double share = static_cast<double>(s.opts.cache_tokens) * static_cast<double>(kv_bytes_per_token()) *
-                         s.cfg.num_linear_layers();
-    const int full = (s.opts.cache_tokens + s.opts.context_length - 1) / std::max(1, s.opts.context_length);
-    const double want = std::max(share / per_slot, 2.0 * full);
-    const int slots = static_cast<int>(std::clamp(want, double{kMinStateSlots}, double{kMaxStateSlots}));
+    const double per_slot = static_cast<double>(state_slot_bytes_for(s.cfg));
+    const int slots = state_slots_for(s.cfg, s.opts.cache_tokens, s.opts.context_length, kv_bytes_per_token());
     EXL3_RETURN_IF_ERROR(s.allocate_states(slots).with_context(
         fmt::format("recurrent states: {} slots of {:.1f} MiB", slots, per_slot / 1048576.0)));
     log_info("CUDA recurrent states: {} slots of {:.1f} MiB ({} linear-attention layers; {:.1f} MiB)", slots,
@@ -191,54 +257,9 @@ Status CudaExecutor::check_pages(const StepPlan& plan, const std::vector<Sequenc
 // goes up: the arrays up to the last sequence's pages, and the output rows (at a context of 128k tokens a page-table
 // row is 2048 entries, most of them unused).
 Status CudaExecutor::upload_plan(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) {
-    StepState& s = s_;
-    const int B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
-    EXL3_RETURN_IF_ERROR(s.plan_host_free());
-    int32_t* hp = s.plan_host;
-    std::copy(plan.tokens.begin(), plan.tokens.end(), hp + s.off_tokens);
-    std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
-    std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
-    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
-    if (s.cfg.hybrid()) {  // each sequence's state slot and zero flag, each row's snapshot slot (or -1)
-        std::copy(plan.state_slot.begin(), plan.state_slot.end(), hp + s.off_state);
-        std::copy(plan.state_zero.begin(), plan.state_zero.end(), hp + s.off_zero);
-        std::fill(hp + s.off_snap, hp + s.off_snap + plan.total(), -1);
-        for (const StepPlan::Snapshot& sn : plan.snapshots)
-            hp[s.off_snap + static_cast<size_t>(plan.q_start[static_cast<size_t>(sn.seq)] + sn.after)] = sn.slot;
-    }
-    size_t pages_end = s.off_pages;
-    for (int b = 0; b < B; ++b) {
-        const auto& pg = seqs[static_cast<size_t>(b)]->pages;
-        const size_t row = s.off_pages + static_cast<size_t>(b) * s.kv.max_pages_per_seq();
-        std::copy(pg.begin(), pg.end(), hp + row);
-        pages_end = row + pg.size();
-    }
-    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp + s.off_rows);
-    EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
-    if (uses_local_rope(s.cfg)) {
-        EXL3_ASSIGN_OR_RETURN(s.rope_local, rope_frequencies(s.cfg.rope_local, s.cfg.head_dim, plan.max_seq_len));
-    }
-    cudaStream_t st = s.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(
-        cudaMemcpyAsync(s.plan_dev.get(), hp, pages_end * sizeof(int32_t), cudaMemcpyHostToDevice, st), "plan upload"));
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.as<int32_t>() + s.off_rows, hp + s.off_rows,
-                                                    static_cast<size_t>(n_out) * sizeof(int32_t),
-                                                    cudaMemcpyHostToDevice, st),
-                                    "plan upload"));
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
-    // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
-    std::vector<float> freqs = s.rope.inv_freq;
-    if (uses_local_rope(s.cfg)) {
-        freqs.resize(static_cast<size_t>(s.cfg.head_dim), 0.0f);
-        freqs.insert(freqs.end(), s.rope_local.inv_freq.begin(), s.rope_local.inv_freq.end());
-    }
-    if (freqs != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
-        EXL3_RETURN_IF_ERROR(check_cuda(
-            cudaMemcpyAsync(s.inv_freq.get(), freqs.data(), freqs.size() * sizeof(float), cudaMemcpyHostToDevice, st),
-            "rope upload"));
-        s.inv_freq_uploaded = std::move(freqs);
-    }
-    return Status::ok();
+    std::vector<const std::vector<int32_t>*> pages;
+    for (int b = 0; b < plan.batch(); ++b) pages.push_back(&seqs[static_cast<size_t>(b)]->pages);
+    return s_.upload_plan(plan, pages);
 }
 
 // Replays the graph captured for (B, r, attention bound), capturing it on first use.
@@ -249,7 +270,7 @@ Status CudaExecutor::run_graph(CudaOps& ops, const StepPlan& plan, int B, int r,
     if (it == s_.graphs.end()) {
         cudaGraph_t g = nullptr;
         EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), "capture"));
-        Status fs = decoder_forward(ops, s_.cfg, plan, nullptr);
+        Status fs = run_decoder(ops, plan, {});
         cudaError_t ce = cudaStreamEndCapture(st, &g);
         EXL3_RETURN_IF_ERROR(fs);
         EXL3_RETURN_IF_ERROR(check_cuda(ce, "end capture"));
@@ -262,13 +283,107 @@ Status CudaExecutor::run_graph(CudaOps& ops, const StepPlan& plan, int B, int r,
     return check_cuda(cudaGraphLaunch(it->second, st), "graph launch");
 }
 
-Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits_out) {
+Status CudaExecutor::run_decoder(CudaOps& ops, const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) {
+    StepState& s = s_;
+    const ModelConfig& cfg = s.cfg;
+    const int first = s.first_cpu_layer;
+    if (first >= cfg.num_layers) return decoder_forward(ops, cfg, plan, nullptr);
+    EXL3_RETURN_IF_ERROR(ops.begin_step(plan));
+    EXL3_RETURN_IF_ERROR(ops.embed());
+    if (first > 0) EXL3_RETURN_IF_ERROR(decoder_layers(ops, cfg, 0, first));
+    // The residual stream down, the CPU's layers on it (their pages on the host), and up again for the head.
+    const size_t n = static_cast<size_t>(plan.total()) * cfg.hidden_size;
+    cudaStream_t st = s.ctx->stream();
+    s.host_h.resize(n);
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.host_h.data(), s.h.get(), n * sizeof(float),
+                                                    cudaMemcpyDeviceToHost, st), "residual download"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaStreamSynchronize(st), "residual download"));
+    for (const Sequence::Impl* q : seqs)
+        if (q->pool) s.host_kv->grow(q->pool->pages());
+    CpuOps cpu(cfg, *s.host, *s.opts.pool, *s.host_kv, seqs, first);
+    EXL3_RETURN_IF_ERROR(cpu.begin_step(plan));
+    cpu.residual().swap(s.host_h);
+    EXL3_RETURN_IF_ERROR(decoder_layers(cpu, cfg, first, cfg.num_layers));
+    cpu.residual().swap(s.host_h);
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.h.get(), s.host_h.data(), n * sizeof(float),
+                                                    cudaMemcpyHostToDevice, st), "residual upload"));
+    return ops.logits(static_cast<float>(cfg.rms_norm_eps), nullptr, Slot::kNone);
+}
+
+// A step longer than the planned buffers, in chunks of consecutive rows: each chunk a step of the sequences it
+// touches, with their rows' positions and KV (appended there, read by the next chunk). Logits going to the host go
+// there chunk by chunk (a chunk holds at most the planned logit rows); kept on the device, each chunk's follow the
+// rows before it. The same results as one step.
+Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) {
+    const int M = s_.opts.max_step_tokens, R = std::min(M, kPlannedLogitRows);
+    const int n_out = static_cast<int>(plan.out_rows.size());
+    if (plan.total() <= M && (!logits || n_out <= R)) {
+        EXL3_RETURN_IF_ERROR(forward_one(plan, seqs, logits, 0));
+        last_rows_ = n_out;
+        return Status::ok();
+    }
+    // (+1: a chunk without a wanted row computes one and drops it)
+    if (!logits) EXL3_RETURN_IF_ERROR(s_.reserve(M, std::min(M, kPlannedBatch), n_out + 1));
+    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    size_t out = 0;  // plan.out_rows are ascending: a chunk's rows follow the previous chunk's
+    for (int a = 0; a < plan.total();) {
+        int b = a, rows = 0;  // [a, b): at most M tokens (and R logit rows when they go to the host)
+        while (b < plan.total() && b - a < M) {
+            const bool wanted = out + rows < plan.out_rows.size() && plan.out_rows[out + rows] == b;
+            if (wanted && logits && rows == R) break;
+            rows += wanted;
+            ++b;
+        }
+        StepPlan sub;
+        std::vector<Sequence::Impl*> sub_seqs;
+        sub.q_start.push_back(0);
+        for (int i = 0; i < plan.batch(); ++i) {
+            const int r0 = std::max(a, plan.q_start[static_cast<size_t>(i)]);
+            const int r1 = std::min(b, plan.q_start[static_cast<size_t>(i) + 1]);
+            if (r0 >= r1) continue;
+            for (int r = r0; r < r1; ++r) {
+                sub.tokens.push_back(plan.tokens[static_cast<size_t>(r)]);
+                sub.positions.push_back(plan.positions[static_cast<size_t>(r)]);
+            }
+            const int q0 = plan.q_start[static_cast<size_t>(i)];
+            if (s_.cfg.hybrid()) {  // the state slot (zeroed by the sequence's first chunk only), its snapshots here
+                for (const StepPlan::Snapshot& sn : plan.snapshots)
+                    if (sn.seq == i && q0 + sn.after >= r0 && q0 + sn.after < r1)
+                        sub.snapshots.push_back({sub.batch(), q0 + sn.after - r0, sn.slot});
+                sub.state_slot.push_back(plan.state_slot[static_cast<size_t>(i)]);
+                sub.state_zero.push_back(r0 == q0 ? plan.state_zero[static_cast<size_t>(i)] : 0);
+            }
+            sub.q_start.push_back(sub.total());
+            sub.seq_len.push_back(plan.positions[static_cast<size_t>(r1) - 1] + 1);
+            sub_seqs.push_back(seqs[static_cast<size_t>(i)]);
+        }
+        for (int r = 0; r < rows; ++r) sub.out_rows.push_back(plan.out_rows[out + static_cast<size_t>(r)] - a);
+        if (rows == 0) sub.out_rows.push_back(sub.total() - 1);  // computed and dropped
+        // Dynamic RoPE scaling follows the whole step's longest sequence, as one step would.
+        sub.max_seq_len = plan.max_seq_len;
+        float* host = nullptr;
+        if (logits && rows > 0) {
+            host = logits + out * vocab;
+        } else if (logits) {
+            chunk_logits_.resize(vocab);
+            host = chunk_logits_.data();
+        }
+        EXL3_RETURN_IF_ERROR(forward_one(sub, sub_seqs, host, logits ? 0 : static_cast<int>(out)));
+        out += static_cast<size_t>(rows);
+        a = b;
+    }
+    last_rows_ = n_out;
+    return Status::ok();
+}
+
+Status CudaExecutor::forward_one(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits_out,
+                                 int row0) {
     StepState& s = s_;
     const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(check_pages(plan, seqs));
     EXL3_RETURN_IF_ERROR(check_states(plan));
-    EXL3_RETURN_IF_ERROR(s.reserve(T, B, n_out));
+    EXL3_RETURN_IF_ERROR(s.reserve(T, B, row0 + n_out));
     EXL3_RETURN_IF_ERROR(upload_plan(plan, seqs));
 
     // A step of the same r tokens for every sequence and every row's logits replays a graph captured for (B, r,
@@ -279,7 +394,7 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
     bool uniform = n_out == T && T == r * B && r <= kMaxGraphTokens;
     for (int b = 0; b < B && uniform; ++b)
         uniform = plan.q_start[static_cast<size_t>(b) + 1] - plan.q_start[static_cast<size_t>(b)] == r;
-    const bool use_graph = s.opts.graphs && uniform;
+    const bool use_graph = s.opts.graphs && uniform && row0 == 0;
     const AttentionBatch ab = s.attention_batch(plan, use_graph);
     const void* old_ws = s.attn_ws.get();
     // Sized for the whole context at once: growing it would drop every captured graph.
@@ -288,12 +403,11 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
     EXL3_RETURN_IF_ERROR(s.attn_ws.reserve(
         attention_workspace_bytes(ab_ws, s.cfg.num_heads, s.cfg.head_dim, s.kv.bits_k(), s.kv.bits_v())));
     if (s.attn_ws.get() != old_ws) s.drop_graphs();  // a new buffer: graphs captured with the old one are stale
-    CudaOps ops(s, ab);
+    CudaOps ops(s, ab, row0);
     if (use_graph)
         EXL3_RETURN_IF_ERROR(run_graph(ops, plan, B, r, ab.max_seq_len));
     else
-        EXL3_RETURN_IF_ERROR(decoder_forward(ops, s.cfg, plan, nullptr));
-    last_rows_ = n_out;
+        EXL3_RETURN_IF_ERROR(run_decoder(ops, plan, seqs));
     if (!logits_out) return Status::ok();  // they stay on the device (the sampler reads them on this stream)
     cudaStream_t st = s.ctx->stream();
     EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(logits_out, s.logits.get(),

@@ -6,10 +6,12 @@
 
 #include <array>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <fmt/format.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
@@ -18,6 +20,7 @@
 #include "backend/cuda/moe_layer.h"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/step_state.h"
+#include "core/dtype.h"
 #include "models/decoder.h"
 
 namespace exl3::cuda {
@@ -30,16 +33,36 @@ namespace exl3::cuda {
 // take the norm (EXL3 or a cuBLAS path), the recorded norm runs as its own kernel first (flush_norm).
 class CudaOps {
 public:
-    CudaOps(StepState& s, cuda::AttentionBatch batch) : s_(s), batch_(batch), exl3_layers_(first_input_exl3(s)) {}
+    // logit_row0: where in s.logits this step's logit rows go (a chunk of a longer step follows the rows before it).
+    // kv_layer0: the first layer the KV pages hold (the converter keeps one layer's pages at a time).
+    CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0, int kv_layer0 = 0)
+        : s_(s), batch_(batch), exl3_layers_(first_input_exl3(s)),
+          kv_layer0_(kv_layer0), logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
 
-    const DevLayer& layer(int li) const { return s_.w.layers[static_cast<size_t>(li)]; }
+    // The converter's calibration forward: each linear's input x [rows, cols] (the activation type, on the stream's
+    // device, valid until the next op) to the hook, which must be done with it before returning.
+    using CaptureHook = std::function<Status(int layer, LinearInput input, const void* x, int rows, int cols)>;
+    void set_capture(CaptureHook hook) { capture_ = std::move(hook); }
+
+    // The decoder asks for each layer as it enters it: a streamed layer's weights are waited for then
+    // (WeightStream::enter_layer; an error surfaces at logits()).
+    const DevLayer& layer(int li) {
+        if (li != entered_) {
+            entered_ = li;
+            if (s_.wstream && stream_status_.is_ok()) stream_status_ = s_.wstream->enter_layer(li, st());
+        }
+        return s_.w.layers[static_cast<size_t>(li)];
+    }
     Status begin_step(const StepPlan& p) {
         plan_ = &p;
-        return Status::ok();
+        entered_ = -1;
+        return s_.wstream ? s_.wstream->begin_step(st()) : Status::ok();
     }
+    // The table on the device, or the step's rows that upload_plan brought up from the host table (row t for token t).
     Status embed() {
-        return ck(cuda::embed(s_.w.embed.get(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st(),
-                              s_.cfg.embed_scale),
+        const void* table = s_.w.embed_table();
+        return ck(cuda::embed(table ? table : s_.embed_rows.get(), s_.act, table ? tokens() : s_.embed_iota.as<int32_t>(),
+                              T(), s_.cfg.hidden_size, s_.h.as<float>(), st(), s_.cfg.embed_scale),
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {
@@ -157,7 +180,7 @@ public:
         const float* inv_freq = s_.inv_freq.as<float>() + (which == 2 ? hd : 0);
         // A 16-bit cache takes k and v straight from this kernel (a quantized one from kv_append's encoder).
         cuda::QkvPaged paged;
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         kv_appended_ = kv.k_bits == 0 && kv.v_bits == 0;
         if (kv_appended_) {
             paged.k_pages = kv.k;
@@ -181,7 +204,7 @@ public:
     }
     Status attention(int li, int window) {
         EXL3_RETURN_IF_ERROR(flush());
-        const cuda::PagedKV kv = s_.paged(li);
+        const cuda::PagedKV kv = s_.paged(li - kv_layer0_);
         if (!kv_appended_)
             EXL3_RETURN_IF_ERROR(ck(cuda::kv_append(kv, batch_, slot(Slot::kK), slot(Slot::kV), st()), "kv_append"));
         kv_appended_ = false;
@@ -242,10 +265,11 @@ public:
     // host-routed path below; the shared expert over every row.
     Status moe(int li, Slot in, Slot out) {
         EXL3_RETURN_IF_ERROR(flush());
+        if (layer(li).moe.on_host) return host_moe(li, in, out);
         const DevMoe& m = layer(li).moe;
-        if (!m.grouped.ok()) return moe_host_routed(li, in, out);
-        const ModelConfig& c = s_.cfg;
         const int n = T();
+        if (!m.grouped.ok() || host_routed_prefill(n)) return moe_host_routed(li, in, out);
+        const ModelConfig& c = s_.cfg;
         const void* x = slot(in);
         EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
         const bool shared = m.shared.gate_up.in > 0, gated = m.shared_gate.in > 0;
@@ -257,7 +281,7 @@ public:
         io.routing = routing(m);
         io.x = x;
         io.act = s_.act;
-        io.glu.act = c.act == Act::kGeluTanh ? cuda::MoeAct::kGeluTanh : cuda::MoeAct::kSilu;
+        io.glu = moe_glu(c);
         const bool into_h = !c.post_norms;  // the decoder's next add_norm then finds it in h
         io.out = into_h ? s_.h.as<float>() : static_cast<float*>(slot(out));
         io.accumulate = into_h;
@@ -268,21 +292,37 @@ public:
         if (into_h) in_h_[static_cast<size_t>(out)] = true;
         return Status::ok();
     }
-    // Inference keeps no linear inputs (the converter captures them on the CPU).
-    Status capture(int, LinearInput, Slot) { return Status::ok(); }
-    Status logits(float eps, float*) {
-        EXL3_RETURN_IF_ERROR(head_logits(eps));
+    // A long prefill runs its experts host-routed: each chosen expert once over all its rows at once (the EXL3 large
+    // path's tensor-core GEMM) instead of the grouped kernels' decode of every expert's weights once per 256-token
+    // chunk (docs/kernels/moe.md: 2048 tokens of Qwen3-30B-A3B, 5.6 ms a layer grouped). Never while a graph is
+    // captured (the host path waits for the routing), nor in the batch-invariant mode (a token's bits would depend on
+    // the step).
+    bool host_routed_prefill(int n) const {
+        if (n < kMoeHostRoutedTokens || s_.opts.batch_invariant) return false;
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        return cudaStreamIsCapturing(st(), &cs) == cudaSuccess && cs == cudaStreamCaptureStatusNone;
+    }
+    // Inference keeps no linear inputs: without a hook this does nothing.
+    Status capture(int li, LinearInput input, Slot sl) {
+        if (!capture_) return Status::ok();
+        EXL3_RETURN_IF_ERROR(flush());
+        return capture_(li, input, slot(sl), T(), slot_width(s_.cfg, sl));
+    }
+    // residual: what still joins the stream before the final norm (kNone: the stream holds everything).
+    Status logits(float eps, float*, Slot residual = Slot::kDown) {
+        EXL3_RETURN_IF_ERROR(stream_status_);
+        EXL3_RETURN_IF_ERROR(head_logits(eps, residual));
         if (s_.cfg.logit_softcap <= 0.0f) return Status::ok();
-        return ck(cuda::softcap_f32(s_.logits.as<float>(), static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
+        return ck(cuda::softcap_f32(logits_, static_cast<int64_t>(plan_->out_rows.size()) * s_.cfg.vocab_size,
                                     s_.cfg.logit_softcap, st()),
                   "logit softcap");
     }
 
 private:
-    // The final norm and the head over the rows asked for, into s_.logits (fp32).
-    Status head_logits(float eps) {
+    // The final norm and the head over the rows asked for, into logits_ (fp32).
+    Status head_logits(float eps, Slot residual) {
         const int H = s_.cfg.hidden_size;
-        EXL3_RETURN_IF_ERROR(add_norm(Slot::kDown, s_.w.final_norm, eps, Slot::kX));
+        EXL3_RETURN_IF_ERROR(add_norm(residual, s_.w.final_norm, eps, Slot::kX));
         const int n_out = static_cast<int>(plan_->out_rows.size());
         const void* x = slot(Slot::kX);
         if (s_.w.head && n_out == T() && !s_.opts.batch_invariant && cuda::use_gemv(T(), H, x, s_.w.head) && norm_.active) {
@@ -291,12 +331,12 @@ private:
             in.h = s_.h.as<float>();
             in.norm_w = norm_.w;
             in.eps = norm_.eps;
-            return ck(cuda::gemv_ex(in, s_.w.head, cuda::GemvOut{s_.logits.get(), true, false, nullptr}, s_.act, false,
+            return ck(cuda::gemv_ex(in, s_.w.head, cuda::GemvOut{logits_, true, false, nullptr}, s_.act, false,
                                     T(), s_.cfg.vocab_size, H, st()),
                       "head gemv");
         }
         if (!s_.w.head && n_out == T())
-            return exl3_linear_from(Slot::kX, s_.w.head_exl3, s_.logits.get(), s_.cfg.vocab_size, true);
+            return exl3_linear_from(Slot::kX, s_.w.head_exl3, logits_, s_.cfg.vocab_size, true);
         EXL3_RETURN_IF_ERROR(flush());
         if (n_out != T()) {
             EXL3_RETURN_IF_ERROR(ck(cuda::gather_rows(x, s_.plan_dev.as<int32_t>() + s_.off_rows, n_out, H,
@@ -304,10 +344,10 @@ private:
                                     "gather_rows"));
             x = s_.xout.get();
         }
-        if (!s_.w.head) return exl3_linear(x, s_.w.head_exl3, s_.logits.get(), true, s_.cfg.vocab_size, n_out);
+        if (!s_.w.head) return exl3_linear(x, s_.w.head_exl3, logits_, true, s_.cfg.vocab_size, n_out);
         if (s_.opts.batch_invariant)
-            return dense_invariant(x, s_.w.head, s_.logits.get(), true, n_out, s_.cfg.vocab_size, H, nullptr);
-        return cuda::gemm(*s_.ctx, x, s_.w.head, s_.logits.get(), s_.act, true, n_out, s_.cfg.vocab_size, H);
+            return dense_invariant(x, s_.w.head, logits_, true, n_out, s_.cfg.vocab_size, H, nullptr);
+        return cuda::gemm(*s_.ctx, x, s_.w.head, logits_, s_.act, true, n_out, s_.cfg.vocab_size, H);
     }
 
     struct PendingNorm {
@@ -373,15 +413,52 @@ private:
         return cuda::gemm(*s_.ctx, x, l.w.get(), y, s_.act, f32, rows, l.out, l.in, bias);
     }
 
-    // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]).
+    // An MoE block kept in host memory (LoadOptions::offload_experts): its input down, the CPU's block over it, the
+    // output (with the residual scale the device folds into its down projections) up into `out`.
+    Status host_moe(int li, Slot in, Slot out) {
+        const int n = T(), H = s_.cfg.hidden_size;
+        const size_t count = static_cast<size_t>(n) * H;
+        s_.host_x.resize(count);
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(s_.host_x.data(), slot(in), count * 2, cudaMemcpyDeviceToHost, st()), "moe input"));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(st()), "moe input"));
+        s_.host_h.resize(count);
+        s_.host_y.resize(count);
+        const bool bf16 = s_.act == ActType::kBF16;
+        for (size_t i = 0; i < count; ++i) s_.host_h[i] = bf16 ? bf16_to_f32(s_.host_x[i]) : f16_to_f32(s_.host_x[i]);
+        CpuOps cpu(s_.cfg, *s_.host, *s_.opts.pool, *s_.host_kv, {});
+        EXL3_RETURN_IF_ERROR(cpu.moe_rows(li, s_.host_h.data(), n, s_.host_y.data()));
+        if (!s_.cfg.post_norms && s_.cfg.residual_scale != 1.0f)
+            for (float& v : s_.host_y) v *= s_.cfg.residual_scale;
+        return ck(cudaMemcpyAsync(slot(out), s_.host_y.data(), count * sizeof(float), cudaMemcpyHostToDevice, st()), "moe output");
+    }
+
+    // The experts' gated activation (the grouped kernels' option): silu, GELU's tanh form, or gpt-oss's clamped
+    // SwiGLU with the config's slope and limit.
+    static cuda::MoeGlu moe_glu(const ModelConfig& c) {
+        cuda::MoeGlu g;
+        g.act = c.act == Act::kGeluTanh      ? cuda::MoeAct::kGeluTanh
+                : c.act == Act::kSwigluClamp ? cuda::MoeAct::kSwigluOai
+                                             : cuda::MoeAct::kSilu;
+        g.alpha = c.glu_alpha;
+        g.limit = c.glu_limit;
+        return g;
+    }
+
+    // One expert over `rows` rows of x into moe_y (fp32 [rows, hidden]); gate|up holds the gate's columns, then up's
+    // (each with its bias, gpt-oss).
     Status expert(const DevExpert& e, const void* x, int rows) {
         const int inter = e.down.in;
+        const ModelConfig& c = s_.cfg;
+        const void* gu = s_.moe_gu.get();
+        void* g = s_.moe_g.get();
         EXL3_RETURN_IF_ERROR(linear_rows(x, e.gate_up, s_.moe_gu.get(), false, rows));
-        EXL3_RETURN_IF_ERROR(ck(s_.cfg.act == Act::kGeluTanh
-                                    ? cuda::gelu_tanh_mul(s_.moe_gu.get(), s_.moe_g.get(), s_.act, rows, inter, st())
-                                    : cuda::silu_mul(s_.moe_gu.get(), s_.moe_g.get(), s_.act, rows, inter, st()),
-                                "expert glu"));
-        return linear_rows(s_.moe_g.get(), e.down, s_.moe_y.get(), true, rows);
+        EXL3_RETURN_IF_ERROR(
+            ck(c.act == Act::kGeluTanh      ? cuda::gelu_tanh_mul(gu, g, s_.act, rows, inter, st())
+               : c.act == Act::kSwigluClamp ? cuda::swiglu_clamp_mul(gu, g, s_.act, rows, inter, c.glu_alpha,
+                                                                     c.glu_limit, st())
+                                            : cuda::silu_mul(gu, g, s_.act, rows, inter, st()),
+               "expert glu"));
+        return linear_rows(g, e.down, s_.moe_y.get(), true, rows);
     }
 
     // The host-routed path (experts the grouped kernels do not take: dense ones, or EXL3 ones of unequal shapes): the
@@ -518,13 +595,18 @@ private:
 
     StepState& s_;
     cuda::AttentionBatch batch_;
+    CaptureHook capture_;
     const StepPlan* plan_ = nullptr;
     PendingNorm norm_;
     PendingGlu glu_;
     const bool exl3_layers_;     // the layers' linears are EXL3 (their input rotation can take a recorded norm)
+    const int kv_layer0_;        // the first layer the KV pages hold
     bool kv_appended_ = false;   // qkv_heads wrote this layer's k and v into the cache
     bool attn_rotated_ = false;  // attention() also wrote the o projection's rotated input (AttnOutRotation)
     std::array<bool, kNumSlots> in_h_{};  // slots whose values the GEMV already added to h
+    float* logits_;                        // the step's first logit row in s_.logits
+    int entered_ = -1;                     // the layer the decoder is in (layer())
+    Status stream_status_;                 // the first error of the weight stream's hooks
 };
 
 }  // namespace exl3::cuda

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "backend/cuda/context.h"
@@ -40,13 +41,15 @@ struct DevExpert {
 
 // A mixture-of-experts MLP (HostMoe on the device).
 struct DevMoe {
+    bool on_host = false;  // the block stays in host memory and runs on the CPU (LoadOptions::offload_experts)
     DevLinear router;
     DeviceBuffer score_bias;  // fp32 [experts], or empty
     std::vector<DevExpert> experts;
     DevExpert shared;         // in == 0: none
     DevLinear shared_gate;    // in == 0: none
     // The routed experts for the grouped kernels (moe_layer.h): their parts' tables, when every expert is EXL3 with
-    // the same shapes (grouped.ok()); otherwise the layer takes the host-routed path (CudaOps::moe).
+    // the same shapes (grouped.ok()); otherwise the layer takes the host-routed path (CudaOps::moe). The tables are
+    // placed after the experts, in the block's bytes, and hold the placed experts' device addresses.
     DeviceBuffer gate_up_table, down_table;
     MoeLayerWeights grouped;
 };
@@ -66,15 +69,63 @@ struct DevLayer {
     DevLinearAttn lin;
 };
 
+// What a tensor is, for the memory plan's breakdown.
+enum class WeightKind { kEmbed, kHead, kNorm, kExl3, kDense };
+
+// Every weight tensor in device memory is 256-byte aligned, its size rounded up to that (what placers count).
+constexpr size_t kWeightAlign = 256;
+constexpr size_t weight_aligned(size_t bytes) { return (bytes + kWeightAlign - 1) / kWeightAlign * kWeightAlign; }
+
+// Where DeviceWeights::upload puts each tensor: given its size and kind, a placer gives the DeviceBuffer its memory
+// (an owned allocation, or a view into an arena or a staging buffer) and copies there what `fill` writes into a host
+// buffer of that many bytes. A placer that only counts never calls fill (the memory plan: cuda_device_costs).
+class WeightPlacer {
+public:
+    virtual ~WeightPlacer() = default;
+    virtual Status place(DeviceBuffer& b, size_t bytes, WeightKind kind, const std::function<void(void*)>& fill) = 0;
+    int layer = -1;    // the layer upload() is in (-1: embeddings, head, final norm)
+    bool moe = false;  // inside its MoE block
+};
+
+struct UploadOptions {
+    // false: the embedding table stays in pinned host memory (embed_host) and each step gathers its rows there; a
+    // tied head still puts the table on the GPU once, as the head, and the lookup reads that.
+    bool embed_on_gpu = true;
+    std::vector<bool> moe_on_host;  // per layer (empty: none): the MoE block stays in host memory (DevMoe::on_host)
+};
+
 struct DeviceWeights {
     DeviceBuffer embed, head_own, final_norm;
+    PinnedBuffer embed_host;     // [vocab, hidden] in the activation type, when the table is not on the GPU
     const void* head = nullptr;  // a dense head [vocab, hidden]: head_own, or the embedding when tied
     DevLinear head_exl3;         // an EXL3 lm_head (then `head` is null)
     std::vector<DevLayer> layers;
 
-    // Uploads every tensor. A linear that mixes EXL3 and dense parts is dequantized on the host and runs dense. The
-    // config's residual and logit scales are folded into the weights (o / down, and the final norm).
-    Status upload(const HostWeights& w, ActType act, const ModelConfig& cfg);
+    // The table the embedding lookup reads on the device, or null when it is in host memory (embed_host).
+    const void* embed_table() const {
+        if (embed.get()) return embed.get();
+        return embed_host.get() ? nullptr : head;
+    }
+
+    // Places every tensor through `placer`. A linear that mixes EXL3 and dense parts is dequantized on the host and
+    // runs dense. The config's residual and logit scales are folded into the weights (o / down, and the final norm).
+    Status upload(const HostWeights& w, ActType act, const ModelConfig& cfg, WeightPlacer& placer,
+                  const UploadOptions& options = {});
 };
+
+// Each tensor its own device allocation (the converter's calibration forward, one layer at a time: LayerRunner).
+class OwnPlacer final : public WeightPlacer {
+public:
+    Status place(DeviceBuffer& b, size_t bytes, WeightKind kind, const std::function<void(void*)>& fill) override;
+
+private:
+    std::vector<uint8_t> host_;
+};
+
+// One decoder layer's tensors through `placer` (its `layer` set by the caller), *out reset first; moe_on_host: its
+// MoE block stays in host memory (DevMoe::on_host). DeviceWeights::upload places every layer this way, the
+// converter's LayerRunner one at a time through an OwnPlacer.
+Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, WeightPlacer& placer, DevLayer* out,
+                    bool moe_on_host = false);
 
 }  // namespace exl3::cuda

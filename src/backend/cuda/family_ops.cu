@@ -1,6 +1,6 @@
 // The small ops that some families need beside the dense path's (ops.cu): LayerNorm and norm-less inputs, post-norms
-// of sub-layer outputs, q/k norms over all heads, GeGLU, soft-capping, the attention's output gate. A block per row
-// where a reduction is needed.
+// of sub-layer outputs, q/k norms over all heads, GeGLU, gpt-oss's clamped SwiGLU, soft-capping, the attention's
+// output gate. A block per row where a reduction is needed.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
@@ -103,6 +103,21 @@ __global__ void gelu_tanh_mul_kernel(const T* gu, T* out, int n, int inter) {
     }
 }
 
+// gpt-oss's clamped SwiGLU (as the grouped MoE kernels' moe_glu): g = min(gate, limit), u = clamp(up, -limit, limit),
+// g sigmoid(alpha g) (u + 1).
+template <typename T>
+__global__ void swiglu_clamp_mul_kernel(const T* gu, T* out, int n, int inter, float alpha, float limit) {
+    EXL3_PDL_PROLOGUE();
+    for (int i = blockIdx.y; i < n; i += gridDim.y) {
+        const T* g = gu + static_cast<int64_t>(i) * 2 * inter;
+        const T* u = g + inter;
+        for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < inter; j += gridDim.x * blockDim.x) {
+            const float a = fminf(to_f(g[j]), limit), b = fmaxf(-limit, fminf(to_f(u[j]), limit));
+            out[static_cast<int64_t>(i) * inter + j] = from_f<T>(a / (1.0f + expf(-alpha * a)) * (b + 1.0f));
+        }
+    }
+}
+
 __global__ void add_f32_kernel(float* x, const float* y, int64_t n) {
     EXL3_PDL_PROLOGUE();
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -164,6 +179,18 @@ cudaError_t gelu_tanh_mul(const void* gu, void* out, ActType t, int n, int inter
         const unsigned slices = static_cast<unsigned>(std::min((inter + 255) / 256, 64));
         return launch_pdl(gelu_tanh_mul_kernel<T>, dim3(slices, static_cast<unsigned>(std::min(n, 65535))), dim3(256),
                           0, s, static_cast<const T*>(gu), static_cast<T*>(out), n, inter);
+    });
+}
+
+cudaError_t swiglu_clamp_mul(const void* gu, void* out, ActType t, int n, int inter, float alpha, float limit,
+                             cudaStream_t s) {
+    if (n == 0) return cudaSuccess;
+    if (!(limit > 0.0f)) return cudaErrorInvalidValue;
+    return dispatch(t, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        const unsigned slices = static_cast<unsigned>(std::min((inter + 255) / 256, 64));
+        return launch_pdl(swiglu_clamp_mul_kernel<T>, dim3(slices, static_cast<unsigned>(std::min(n, 65535))),
+                          dim3(256), 0, s, static_cast<const T*>(gu), static_cast<T*>(out), n, inter, alpha, limit);
     });
 }
 

@@ -20,22 +20,25 @@ Status check_cublas(cublasStatus_t e, const char* what) {
 }
 
 DeviceBuffer::~DeviceBuffer() {
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_ && owned_) cudaFree(ptr_);
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-        if (ptr_) cudaFree(ptr_);
+        if (ptr_ && owned_) cudaFree(ptr_);
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
+        owned_ = o.owned_;
         o.ptr_ = nullptr;
         o.bytes_ = 0;
+        o.owned_ = true;
     }
     return *this;
 }
 
 Status DeviceBuffer::reserve(size_t bytes) {
     if (bytes <= bytes_) return Status::ok();
+    if (!owned_) return internal_error(fmt::format("a view of {} bytes cannot grow to {}", bytes_, bytes));
     if (ptr_) cudaFree(ptr_);
     ptr_ = nullptr;
     bytes_ = 0;
@@ -44,6 +47,36 @@ Status DeviceBuffer::reserve(size_t bytes) {
     if (e != cudaSuccess) {
         ptr_ = nullptr;
         return out_of_range(fmt::format("cannot allocate {:.1f} MiB on the GPU: {}", bytes / 1048576.0,
+                                        cudaGetErrorString(e)));
+    }
+    bytes_ = bytes;
+    return Status::ok();
+}
+
+PinnedBuffer::~PinnedBuffer() {
+    if (ptr_) cudaFreeHost(ptr_);
+}
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+        if (ptr_) cudaFreeHost(ptr_);
+        ptr_ = o.ptr_;
+        bytes_ = o.bytes_;
+        o.ptr_ = nullptr;
+        o.bytes_ = 0;
+    }
+    return *this;
+}
+
+Status PinnedBuffer::allocate(size_t bytes) {
+    if (ptr_) cudaFreeHost(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+    if (bytes == 0) return Status::ok();
+    cudaError_t e = cudaHostAlloc(&ptr_, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        ptr_ = nullptr;
+        return out_of_range(fmt::format("cannot pin {:.1f} MiB of host memory: {}", bytes / 1048576.0,
                                         cudaGetErrorString(e)));
     }
     bytes_ = bytes;

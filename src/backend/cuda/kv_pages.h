@@ -17,9 +17,12 @@ namespace exl3::cuda {
 
 class KvPages {
 public:
-    // Pages for cache_tokens tokens, and at least one context's worth.
+    // Pages for cache_tokens tokens, and at least one context's worth, for layers [0, gpu_layers) (-1: all; the
+    // others run on the CPU with pages of their own), in one allocation.
     Status allocate(const ModelConfig& cfg, int context_length, int cache_tokens, int page_size, int bits_k,
-                    int bits_v);
+                    int bits_v, int gpu_layers = -1);
+    // The pages allocate() makes for cache_tokens / context_length.
+    static int pages_for(int context_length, int cache_tokens, int page_size);
 
     int num_pages() const { return num_pages_; }
     int page_size() const { return page_size_; }
@@ -30,14 +33,15 @@ public:
     size_t side_bytes_per_token(int bits) const {
         return static_cast<size_t>(kv_heads_) * kv_vector_bytes(head_dim_, bits);
     }
-    size_t bytes() const;  // every layer's K and V
-    // One attention layer's cache (its index among the attention layers) as the attention kernels take it.
+    size_t bytes() const { return arena_.bytes(); }  // every layer's K and V
+    // One layer's cache as the attention kernels take it (null pointers for a hybrid's linear-attention layers).
     PagedKV paged(int layer, ActType act) const;
 
 private:
     int num_pages_ = 0, page_size_ = 0, max_pages_per_seq_ = 0;
     int kv_heads_ = 0, head_dim_ = 0, bits_k_ = 0, bits_v_ = 0;
-    std::vector<DeviceBuffer> k_, v_;
+    DeviceBuffer arena_;
+    std::vector<void*> k_, v_;  // per layer, into arena_
     size_t k_params_offset_ = 0, v_params_offset_ = 0;
 };
 

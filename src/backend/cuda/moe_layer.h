@@ -18,6 +18,9 @@ namespace exl3::cuda {
 
 // Tokens a layer routes at once: a longer step runs in chunks of this many (the workspace holds one chunk).
 inline constexpr int kMoeChunkTokens = kMoeSortMaxTokens;
+// Steps of at least this many tokens (prefill) run their experts host-routed (CudaOps::moe): one GEMM an expert over
+// all its rows beats decoding its weights once a chunk from about here (bench: exl3 bench -p 512,2048 on an MoE).
+inline constexpr int kMoeHostRoutedTokens = 512;
 
 // One linear stage of every routed expert of a layer, all EXL3 with the same shapes (DeviceWeights builds it).
 struct MoeStage {

@@ -79,6 +79,10 @@ cudaError_t norm_columns(void* x, ActType t, int ld, int col0, int groups, int d
                          RowNorm kind, int n, cudaStream_t s);
 // gu[n, 2*inter] (act) holds gate | up; out[n, inter] (act) = gelu_tanh(gate) * up.
 cudaError_t gelu_tanh_mul(const void* gu, void* out, ActType t, int n, int inter, cudaStream_t s);
+// gu[n, 2*inter] (act) holds gate | up; out[n, inter] (act) = g sigmoid(alpha g) (u + 1) with g = min(gate, limit),
+// u = clamp(up, -limit, limit): gpt-oss's experts (limit > 0).
+cudaError_t swiglu_clamp_mul(const void* gu, void* out, ActType t, int n, int inter, float alpha, float limit,
+                             cudaStream_t s);
 // x[n] += y[n] (fp32).
 cudaError_t add_f32(float* x, const float* y, int64_t n, cudaStream_t s);
 // x[n] (fp32) = cap * tanh(x / cap), in place.

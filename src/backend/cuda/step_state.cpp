@@ -1,9 +1,12 @@
 #include "backend/cuda/step_state.h"
 
 #include <algorithm>
+#include <cstring>
+#include <numeric>
 
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
+#include "kv/host_pages.h"
 
 namespace exl3::cuda {
 
@@ -13,6 +16,131 @@ namespace {
 constexpr int kInvariantSplitKeys = 512;
 
 }  // namespace
+
+size_t allocation_footprint(size_t bytes) {
+    if (bytes == 0) return 0;
+    const size_t page = bytes >= (size_t{1} << 20) ? size_t{2} << 20 : 512;
+    return (bytes + page - 1) / page * page;
+}
+
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows) {
+    StepBufferSizes z;
+    const size_t T_ = static_cast<size_t>(T);
+    for (int s = 0; s < kNumSlots; ++s)
+        z.slots[static_cast<size_t>(s)] = T_ * slot_width(cfg, static_cast<Slot>(s)) * (StepState::is_f32(static_cast<Slot>(s)) ? 4 : 2);
+    z.h = T_ * cfg.hidden_size * sizeof(float);
+    z.logits = static_cast<size_t>(n_out) * cfg.vocab_size * sizeof(float);
+    z.xout = static_cast<size_t>(n_out) * cfg.hidden_size * 2;
+    // tokens, positions, q_start, seq_len, state slots, zero flags, snapshot slots, page rows, output rows
+    // (StepState::reserve's offsets)
+    z.plan_ints = 3 * T_ + 4 * static_cast<size_t>(B) + 1 + static_cast<size_t>(B) * max_pages + n_out;
+    z.plan = z.plan_ints * sizeof(int32_t);
+    z.inv_freq = static_cast<size_t>(2 * cfg.head_dim) * sizeof(float);
+    if (embed_rows) {
+        z.embed_rows = T_ * cfg.hidden_size * 2;
+        z.embed_iota = T_ * sizeof(int32_t);
+    }
+    if (cfg.hybrid()) {  // the linear layers' scratch: the conv's output, beta | g, the delta rule's output (fp32)
+        z.lin_y = T_ * cfg.lin_conv_dim() * sizeof(float);
+        z.lin_gates = T_ * 2 * cfg.lin_v_heads * sizeof(float);
+        z.lin_o = T_ * cfg.lin_value_dim() * sizeof(float);
+    }
+    return z;
+}
+
+size_t StepBufferSizes::device_total() const {
+    size_t n = 0;
+    for (size_t s : slots) n += allocation_footprint(s);
+    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota, lin_y, lin_gates, lin_o})
+        n += allocation_footprint(b);
+    return n;
+}
+
+std::array<size_t, kMoeBuffers> moe_buffer_sizes(const ModelConfig& cfg, const DeviceWeights& w, int T,
+                                                 bool invariant) {
+    if (cfg.num_experts == 0) return {};
+    const size_t T_ = static_cast<size_t>(T), E = static_cast<size_t>(cfg.num_experts),
+                 K = static_cast<size_t>(cfg.experts_per_token), H = static_cast<size_t>(cfg.hidden_size);
+    const size_t I = static_cast<size_t>(std::max(cfg.expert_size, cfg.shared_expert_size));
+    size_t grouped = 0;
+    for (const DevLayer& l : w.layers)
+        if (l.moe.grouped.ok())
+            grouped = std::max(grouped, moe_layer_workspace_bytes(l.moe.grouped, cfg.experts_per_token, T, invariant));
+    return {T_ * E * 4, moe_route_scratch_bytes(T, cfg.num_experts), T_ * K * 4, T_ * K * 4, 2 * T_ * K * 4,
+            T_ * H * 2, T_ * 2 * I * 2, T_ * I * 2, T_ * H * 4, T_ * 4, grouped};
+}
+
+size_t moe_scratch_bytes(const ModelConfig& cfg, const DeviceWeights& w, int T, bool invariant) {
+    size_t n = 0;
+    for (size_t b : moe_buffer_sizes(cfg, w, T, invariant)) n += allocation_footprint(b);
+    return n;
+}
+
+size_t exl3_scratch_bytes(const DeviceWeights& w, int rows, int out_rows) {
+    size_t need = 0;
+    auto visit = [&](const DevLinear& l, int r) {
+        if (!l.exl3_parts.empty())
+            need = std::max(need, exl3_workspace_bytes(l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), r));
+    };
+    for (const DevLayer& l : w.layers) {
+        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
+            visit(*d, rows);
+        for (const DevExpert& e : l.moe.experts)
+            for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d, rows);
+        for (const DevLinear* d : {&l.moe.router, &l.moe.shared.gate_up, &l.moe.shared.down, &l.moe.shared_gate})
+            visit(*d, rows);
+    }
+    visit(w.head_exl3, out_rows);
+    return need == 0 ? 0 : std::max(need, kExl3CounterBytes);
+}
+
+size_t attention_scratch_bytes(const ModelConfig& cfg, int tokens, int context, int bits_k, int bits_v) {
+    size_t most = 0;
+    const int rows = std::min(tokens, kPlannedLogitRows);
+    for (const auto& [batch, q] : {std::pair{1, tokens}, std::pair{rows, 1}}) {
+        AttentionBatch b{};
+        b.batch = batch;
+        b.total_q = batch * q;
+        b.max_q_len = q;
+        b.max_seq_len = context;
+        b.max_pages = 1;
+        most = std::max(most, attention_workspace_bytes(b, cfg.num_heads, cfg.head_dim, bits_k, bits_v));
+    }
+    return most;
+}
+
+size_t invariant_scratch_bytes(const DeviceWeights& w, const ModelConfig& cfg) {
+    size_t inv = 0;  // the dense linears' GEMM of the mode (rows go in chunks: any capacity)
+    auto visit = [&](const DevLinear& d) {
+        if (d.w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d.out, d.in));
+    };
+    for (const DevLayer& l : w.layers) {
+        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.moe.router, &l.moe.shared_gate,
+                                   &l.moe.shared.gate_up, &l.moe.shared.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
+            visit(*d);
+        for (const DevExpert& e : l.moe.experts)
+            for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d);
+    }
+    if (w.head) inv = std::max(inv, gemm_invariant_workspace_bytes(cfg.vocab_size, cfg.hidden_size));
+    return inv;
+}
+
+int64_t state_slot_bytes_for(const ModelConfig& cfg) {
+    if (!cfg.hybrid()) return 0;
+    return static_cast<int64_t>(cfg.num_linear_layers()) * (cfg.lin_conv_floats() + cfg.lin_state_floats()) *
+           static_cast<int64_t>(sizeof(float));
+}
+
+int state_slots_for(const ModelConfig& cfg, int cache_tokens, int context, int64_t kv_bytes_per_token_layer) {
+    if (!cfg.hybrid()) return 0;
+    constexpr int kMinStateSlots = 8, kMaxStateSlots = 1024;
+    const double per_slot = static_cast<double>(state_slot_bytes_for(cfg));
+    const double share = static_cast<double>(cache_tokens) * static_cast<double>(kv_bytes_per_token_layer) *
+                         cfg.num_linear_layers();
+    const int full = (cache_tokens + context - 1) / std::max(1, context);
+    const double want = std::max(share / per_slot, 2.0 * full);
+    return static_cast<int>(std::clamp(want, double{kMinStateSlots}, double{kMaxStateSlots}));
+}
 
 StepState::~StepState() {
     drop_graphs();
@@ -40,13 +168,14 @@ Status StepState::reserve(int T, int B, int n_out) {
     batch_capacity = std::max(batch_capacity, B);
     out_capacity = std::max(out_capacity, n_out);
     drop_graphs();
+    const bool host_embed = w.embed_host.get() != nullptr;  // (the converter's layers have no table at all)
+    const StepBufferSizes z =
+        step_buffer_sizes(cfg, capacity, batch_capacity, out_capacity, kv.max_pages_per_seq(), host_embed);
+    for (int s = 0; s < kNumSlots; ++s) EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(z.slots[static_cast<size_t>(s)]));
+    EXL3_RETURN_IF_ERROR(h.reserve(z.h));
+    EXL3_RETURN_IF_ERROR(logits.reserve(z.logits));
+    EXL3_RETURN_IF_ERROR(xout.reserve(z.xout));
     const size_t T_ = static_cast<size_t>(capacity);
-    for (int s = 0; s < kNumSlots; ++s)
-        EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(T_ * slot_width(cfg, static_cast<Slot>(s)) *
-                                                                    (is_f32(static_cast<Slot>(s)) ? 4 : 2)));
-    EXL3_RETURN_IF_ERROR(h.reserve(T_ * cfg.hidden_size * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(logits.reserve(static_cast<size_t>(out_capacity) * cfg.vocab_size * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(xout.reserve(static_cast<size_t>(out_capacity) * cfg.hidden_size * 2));
     off_tokens = 0;
     off_pos = off_tokens + T_;
     off_qstart = off_pos + T_;
@@ -66,20 +195,21 @@ Status StepState::reserve(int T, int B, int n_out) {
         plan_host_n = total;
     }
     std::fill(plan_host, plan_host + total, 0);
-    EXL3_RETURN_IF_ERROR(plan_dev.reserve(total * sizeof(int32_t)));
-    EXL3_RETURN_IF_ERROR(inv_freq.reserve(static_cast<size_t>(2 * cfg.head_dim) * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(plan_dev.reserve(z.plan));
+    EXL3_RETURN_IF_ERROR(inv_freq.reserve(z.inv_freq));
     inv_freq_uploaded.clear();
+    if (host_embed && z.embed_rows > embed_rows.bytes()) {
+        EXL3_RETURN_IF_ERROR(embed_rows.reserve(z.embed_rows));
+        EXL3_RETURN_IF_ERROR(embed_rows_host.allocate(z.embed_rows));
+        std::vector<int32_t> iota(T_);
+        std::iota(iota.begin(), iota.end(), 0);
+        EXL3_RETURN_IF_ERROR(embed_iota.upload(iota.data(), z.embed_iota));
+    }
+    EXL3_RETURN_IF_ERROR(lin_y.reserve(z.lin_y));
+    EXL3_RETURN_IF_ERROR(lin_gates.reserve(z.lin_gates));
+    EXL3_RETURN_IF_ERROR(lin_o.reserve(z.lin_o));
     EXL3_RETURN_IF_ERROR(reserve_moe());
-    EXL3_RETURN_IF_ERROR(reserve_linear());
     return reserve_exl3();
-}
-
-Status StepState::reserve_linear() {
-    if (!cfg.hybrid()) return Status::ok();
-    const size_t T = static_cast<size_t>(capacity);
-    EXL3_RETURN_IF_ERROR(lin_y.reserve(T * cfg.lin_conv_dim() * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(lin_gates.reserve(T * 2 * cfg.lin_v_heads * sizeof(float)));
-    return lin_o.reserve(T * cfg.lin_value_dim() * sizeof(float));
 }
 
 Status StepState::allocate_states(int slots) {
@@ -119,25 +249,11 @@ DeltaNetRows StepState::delta_rows(int layer, int batch, int T) const {
 
 Status StepState::reserve_moe() {
     if (cfg.num_experts == 0) return Status::ok();
-    const size_t T = static_cast<size_t>(capacity), E = static_cast<size_t>(cfg.num_experts),
-                 K = static_cast<size_t>(cfg.experts_per_token), H = static_cast<size_t>(cfg.hidden_size);
-    const size_t I = static_cast<size_t>(std::max(cfg.expert_size, cfg.shared_expert_size));
-    EXL3_RETURN_IF_ERROR(moe_logits.reserve(T * E * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(moe_scratch.reserve(moe_route_scratch_bytes(capacity, cfg.num_experts)));
-    EXL3_RETURN_IF_ERROR(moe_ids.reserve(T * K * sizeof(int32_t)));
-    EXL3_RETURN_IF_ERROR(moe_wts.reserve(T * K * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(moe_sorted.reserve(2 * T * K * sizeof(int32_t)));
-    EXL3_RETURN_IF_ERROR(moe_x.reserve(T * H * 2));
-    EXL3_RETURN_IF_ERROR(moe_gu.reserve(T * 2 * I * 2));
-    EXL3_RETURN_IF_ERROR(moe_g.reserve(T * I * 2));
-    EXL3_RETURN_IF_ERROR(moe_y.reserve(T * H * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(moe_gate.reserve(T * sizeof(float)));
-    size_t grouped = 0;
-    for (const DevLayer& l : w.layers)
-        if (l.moe.grouped.ok())
-            grouped = std::max(grouped, moe_layer_workspace_bytes(l.moe.grouped, cfg.experts_per_token, capacity,
-                                                                  opts.batch_invariant));
-    EXL3_RETURN_IF_ERROR(moe_ws.reserve(grouped));
+    const auto sizes = moe_buffer_sizes(cfg, w, capacity, opts.batch_invariant);
+    DeviceBuffer* const bufs[kMoeBuffers] = {&moe_logits, &moe_scratch, &moe_ids, &moe_wts, &moe_sorted, &moe_x,
+                                             &moe_gu,     &moe_g,       &moe_y,   &moe_gate, &moe_ws};
+    for (size_t i = 0; i < kMoeBuffers; ++i) EXL3_RETURN_IF_ERROR(bufs[i]->reserve(sizes[i]));
+    const size_t T = static_cast<size_t>(capacity), K = static_cast<size_t>(cfg.experts_per_token);
     const size_t need = 4 * T * K;  // ids, weights down; tokens, weights up
     if (need <= moe_host_n) return Status::ok();
     if (moe_host) cudaFreeHost(moe_host);
@@ -149,38 +265,9 @@ Status StepState::reserve_moe() {
 }
 
 Status StepState::reserve_exl3() {
-    size_t need = 0;
-    auto visit = [&](const DevLinear& l, int rows) {
-        if (!l.exl3_parts.empty())
-            need = std::max(need,
-                            exl3_workspace_bytes(l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), rows));
-    };
-    for (const DevLayer& l : w.layers) {
-        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
-            visit(*d, capacity);
-        for (const DevExpert& e : l.moe.experts)
-            for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d, capacity);
-        for (const DevLinear* d : {&l.moe.router, &l.moe.shared.gate_up, &l.moe.shared.down, &l.moe.shared_gate})
-            visit(*d, capacity);
-    }
-    visit(w.head_exl3, out_capacity);
-    if (opts.batch_invariant) {  // the dense linears' GEMM of the mode (rows go in chunks: any capacity)
-        size_t inv = 0;
-        for (const DevLayer& l : w.layers)
-            for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.moe.router, &l.moe.shared_gate,
-                                       &l.moe.shared.gate_up, &l.moe.shared.down, &l.lin.in_proj, &l.lin.ba,
-                                       &l.lin.out})
-                if (d->w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d->out, d->in));
-        for (const DevLayer& l : w.layers)
-            for (const DevExpert& e : l.moe.experts)
-                for (const DevLinear* d : {&e.gate_up, &e.down})
-                    if (d->w.get()) inv = std::max(inv, gemm_invariant_workspace_bytes(d->out, d->in));
-        if (w.head) inv = std::max(inv, gemm_invariant_workspace_bytes(cfg.vocab_size, cfg.hidden_size));
-        EXL3_RETURN_IF_ERROR(inv_ws.reserve(inv));
-    }
-    if (need == 0) return Status::ok();
-    need = std::max(need, kExl3CounterBytes);
-    if (need <= exl3_ws.bytes()) return Status::ok();
+    if (opts.batch_invariant) EXL3_RETURN_IF_ERROR(inv_ws.reserve(invariant_scratch_bytes(w, cfg)));
+    const size_t need = exl3_scratch_bytes(w, capacity, out_capacity);
+    if (need == 0 || need <= exl3_ws.bytes()) return Status::ok();
     EXL3_RETURN_IF_ERROR(exl3_ws.reserve(need));
     return check_cuda(exl3_workspace_init(exl3_ws.get(), exl3_ws.bytes(), ctx->stream()), "exl3 workspace");
 }
@@ -213,6 +300,67 @@ int StepState::graph_bound(int max_seq_len) const {
     int b = 256;
     while (b < max_seq_len && b < opts.context_length) b *= 2;
     return std::min(b, opts.context_length);
+}
+
+Status StepState::upload_plan(const StepPlan& plan, const std::vector<const std::vector<int32_t>*>& pages) {
+    StepState& s = *this;
+    const int B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
+    EXL3_RETURN_IF_ERROR(s.plan_host_free());
+    int32_t* hp = s.plan_host;
+    std::copy(plan.tokens.begin(), plan.tokens.end(), hp + s.off_tokens);
+    std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
+    std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
+    std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
+    if (s.cfg.hybrid()) {  // each sequence's state slot and zero flag, each row's snapshot slot (or -1)
+        std::copy(plan.state_slot.begin(), plan.state_slot.end(), hp + s.off_state);
+        std::copy(plan.state_zero.begin(), plan.state_zero.end(), hp + s.off_zero);
+        std::fill(hp + s.off_snap, hp + s.off_snap + plan.total(), -1);
+        for (const StepPlan::Snapshot& sn : plan.snapshots)
+            hp[s.off_snap + static_cast<size_t>(plan.q_start[static_cast<size_t>(sn.seq)] + sn.after)] = sn.slot;
+    }
+    size_t pages_end = s.off_pages;
+    for (int b = 0; b < B; ++b) {
+        const auto& pg = *pages[static_cast<size_t>(b)];
+        const size_t row = s.off_pages + static_cast<size_t>(b) * s.kv.max_pages_per_seq();
+        std::copy(pg.begin(), pg.end(), hp + row);
+        pages_end = row + pg.size();
+    }
+    std::copy(plan.out_rows.begin(), plan.out_rows.end(), hp + s.off_rows);
+    EXL3_ASSIGN_OR_RETURN(s.rope, rope_frequencies(s.cfg.rope, s.cfg.head_dim, plan.max_seq_len));
+    if (uses_local_rope(s.cfg)) {
+        EXL3_ASSIGN_OR_RETURN(s.rope_local, rope_frequencies(s.cfg.rope_local, s.cfg.head_dim, plan.max_seq_len));
+    }
+    cudaStream_t st = s.ctx->stream();
+    EXL3_RETURN_IF_ERROR(check_cuda(
+        cudaMemcpyAsync(s.plan_dev.get(), hp, pages_end * sizeof(int32_t), cudaMemcpyHostToDevice, st), "plan upload"));
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(s.plan_dev.as<int32_t>() + s.off_rows, hp + s.off_rows,
+                                                    static_cast<size_t>(n_out) * sizeof(int32_t),
+                                                    cudaMemcpyHostToDevice, st),
+                                    "plan upload"));
+    if (s.w.embed_host.get()) {  // the embedding table is in host memory: the step's rows go up
+        const size_t row = static_cast<size_t>(s.cfg.hidden_size) * 2;
+        auto* dst = static_cast<uint8_t*>(s.embed_rows_host.get());
+        const auto* table = static_cast<const uint8_t*>(s.w.embed_host.get());
+        for (size_t t = 0; t < plan.tokens.size(); ++t)
+            std::memcpy(dst + t * row, table + static_cast<size_t>(plan.tokens[t]) * row, row);
+        EXL3_RETURN_IF_ERROR(check_cuda(
+            cudaMemcpyAsync(s.embed_rows.get(), dst, plan.tokens.size() * row, cudaMemcpyHostToDevice, st),
+            "embedding rows upload"));
+    }
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
+    // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
+    std::vector<float> freqs = s.rope.inv_freq;
+    if (uses_local_rope(s.cfg)) {
+        freqs.resize(static_cast<size_t>(s.cfg.head_dim), 0.0f);
+        freqs.insert(freqs.end(), s.rope_local.inv_freq.begin(), s.rope_local.inv_freq.end());
+    }
+    if (freqs != s.inv_freq_uploaded) {  // changes only with dynamic scaling, as sequences grow
+        EXL3_RETURN_IF_ERROR(check_cuda(
+            cudaMemcpyAsync(s.inv_freq.get(), freqs.data(), freqs.size() * sizeof(float), cudaMemcpyHostToDevice, st),
+            "rope upload"));
+        s.inv_freq_uploaded = std::move(freqs);
+    }
+    return Status::ok();
 }
 
 }  // namespace exl3::cuda

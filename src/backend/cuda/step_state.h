@@ -16,12 +16,63 @@
 #include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/kv_pages.h"
+#include "backend/cuda/weight_stream.h"
 #include "format/model_config.h"
 #include "format/rope.h"
 #include "models/decoder.h"
 #include "models/executor.h"
 
+namespace exl3 {
+class HostKvPages;
+}
+
 namespace exl3::cuda {
+
+// A step of max_step_tokens tokens is planned (and reserved at load) for at most this many sequences and logit rows;
+// a step with more rows than that whose logits stay on the device grows the buffers beyond the plan.
+constexpr int kPlannedBatch = 256;
+constexpr int kPlannedLogitRows = 64;
+// The CUDA context with its loaded kernels, cuBLAS' handle and the workspace CudaContext gives it, and the captured
+// graphs: estimates (docs/memory.md says how they were measured).
+constexpr int64_t kCudaContextBytes = int64_t{640} << 20;
+constexpr int64_t kCudaGraphBytes = int64_t{64} << 20;
+
+// The step buffers' sizes for T tokens, B sequences and n_out logit rows: what StepState::reserve allocates besides
+// the workspaces, and what the memory plan counts. embed_rows: the embedding table is in host memory (each step's
+// rows come up through a buffer of their own).
+struct StepBufferSizes {
+    std::array<size_t, kNumSlots> slots{};
+    size_t h = 0, logits = 0, xout = 0, plan = 0, inv_freq = 0, embed_rows = 0, embed_iota = 0;
+    size_t lin_y = 0, lin_gates = 0, lin_o = 0;  // hybrid models' linear-attention scratch
+    size_t plan_ints = 0;  // the plan's arrays (plan_dev, and the pinned host copy)
+    // Every device buffer, each rounded up as cudaMalloc does (2 MiB pages from 1 MiB on, else 512 bytes).
+    size_t device_total() const;
+};
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows);
+// The MoE buffers of StepState::reserve_moe for T tokens, in its order (moe_logits, moe_scratch, moe_ids, moe_wts,
+// moe_sorted, moe_x, moe_gu, moe_g, moe_y, moe_gate, and moe_ws: the largest workspace of a layer whose experts take
+// the grouped kernels); all 0 for dense models. moe_scratch_bytes: their device footprint, which the memory plan
+// counts (from the counting pass's weights, whose layers have the same grouped shapes).
+constexpr size_t kMoeBuffers = 11;
+std::array<size_t, kMoeBuffers> moe_buffer_sizes(const ModelConfig& cfg, const DeviceWeights& w, int T, bool invariant);
+size_t moe_scratch_bytes(const ModelConfig& cfg, const DeviceWeights& w, int T, bool invariant);
+// The EXL3 matmuls' scratch for steps of `rows` rows (`out_rows` through the head), and the batch-invariant GEMM's.
+size_t exl3_scratch_bytes(const DeviceWeights& w, int rows, int out_rows);
+size_t invariant_scratch_bytes(const DeviceWeights& w, const ModelConfig& cfg);
+// The largest attention split workspace of a step of up to `tokens` tokens (one prompt, or as many one-token rows as
+// a step is planned for) in sequences of up to `context` tokens: reserved at load.
+size_t attention_scratch_bytes(const ModelConfig& cfg, int tokens, int context, int bits_k, int bits_v);
+// cudaMalloc's footprint of an allocation of `bytes`.
+size_t allocation_footprint(size_t bytes);
+// Hybrid models' recurrent-state slots, taken from the KV budget: the keys and values the linear-attention layers
+// would hold for cache_tokens tokens were they attention layers (kv_bytes_per_token_layer: one token in one layer)
+// buy state slots, and every sequence of the full context length the cache holds gets two (its live state and a
+// snapshot) whatever that buys (many short sequences: a batch of 32 at a context of 512 needs 32 states of ~160 MB
+// on a 27B shape where their keys and values would take 3.6 GB); at least 8, at most 1024. The executor allocates
+// them, the memory plan counts them (DeviceCosts::state_slots). 0 for other models.
+int state_slots_for(const ModelConfig& cfg, int cache_tokens, int context, int64_t kv_bytes_per_token_layer);
+// One slot: every linear-attention layer's conv window and state matrix, fp32.
+int64_t state_slot_bytes_for(const ModelConfig& cfg);
 
 struct StepState {
     ModelConfig cfg;
@@ -29,7 +80,16 @@ struct StepState {
     std::unique_ptr<CudaContext> ctx;
     ActType act = ActType::kBF16;
     DeviceWeights w;
+    DeviceBuffer weight_arena;  // every resident weight tensor (DeviceWeights' buffers are views into it)
+    std::unique_ptr<WeightStream> wstream;  // streamed layers (LoadOptions::offload_layers, kStream), or null
     KvPages kv;
+    // Offload to the CPU threads (LoadOptions::offload_layers kCpu, offload_experts): the host weights they run on,
+    // the KV pages of the CPU's layers, the first of them (num_layers: none), and host copies of the activations.
+    const HostWeights* host = nullptr;
+    std::unique_ptr<HostKvPages> host_kv;
+    int first_cpu_layer = 0;
+    std::vector<float> host_h, host_y;
+    std::vector<uint16_t> host_x;
 
     // Step buffers, sized for `capacity` tokens and `batch_capacity` sequences.
     int capacity = 0, batch_capacity = 0, out_capacity = 0;
@@ -37,6 +97,10 @@ struct StepState {
     DeviceBuffer h, plan_dev, inv_freq, logits, xout, attn_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
+    // The embedding table in host memory: the step's rows gathered into embed_rows_host (pinned) and copied to
+    // embed_rows [capacity, hidden]; embed_iota [capacity] = 0, 1, ... for the lookup kernel.
+    DeviceBuffer embed_rows, embed_iota;
+    PinnedBuffer embed_rows_host;
     // Mixtures of experts (CudaOps::moe): router logits and routing scratch, the chosen ids and weights, the chosen
     // (token, weight) pairs sorted by expert, an expert's gathered rows, intermediates and output, the shared gate;
     // moe_host (pinned) takes the ids and weights down and the sorted pairs up.
@@ -75,18 +139,20 @@ struct StepState {
 
     // Waits until the last plan upload has left the pinned buffer.
     Status plan_host_free();
+    // The plan to the device (never inside a graph: a replay reads these same device arrays) with the RoPE frequencies
+    // of its longest sequence, and the step's embedding rows when the table is in host memory; pages[b]: sequence b's
+    // page ids. Only what the step reads goes up.
+    Status upload_plan(const StepPlan& plan, const std::vector<const std::vector<int32_t>*>& pages);
     // Buffers for a step of T tokens over B sequences with n_out logit rows. Growing invalidates graphs.
     Status reserve(int T, int B, int n_out);
     void drop_graphs();
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
     AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const;
-    // Layer `layer`'s keys and values (attention layers only hold them: ModelConfig::kv_layer).
-    PagedKV paged(int layer) const { return kv.paged(cfg.kv_layer(layer), act); }
+    // Layer `layer`'s keys and values (attention layers only hold them).
+    PagedKV paged(int layer) const { return kv.paged(layer, act); }
     // Hybrid models: the recurrent states' memory, `slots` slots sized out of the KV budget (allocate_states).
     Status allocate_states(int slots);
-    int64_t state_slot_bytes() const {
-        return state_layer_floats * static_cast<int64_t>(cfg.num_linear_layers()) * static_cast<int64_t>(sizeof(float));
-    }
+    int64_t state_slot_bytes() const { return state_slot_bytes_for(cfg); }
     static DeltaNetDims delta_dims(const ModelConfig& cfg);
     // The step's rows for the kernels of linear layer `layer` (the plan arrays uploaded for a step of T tokens).
     DeltaNetRows delta_rows(int layer, int batch, int T) const;
@@ -95,7 +161,6 @@ private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
     Status reserve_exl3();
     Status reserve_moe();
-    Status reserve_linear();
     int graph_bound(int max_seq_len) const;
 };
 

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "convert/cuda/viterbi.cuh"
 #include "core/thread_pool.h"
@@ -74,6 +75,10 @@ Status ViterbiEncoder::reserve(int n, int K) {
         EXL3_RETURN_IF_ERROR(cuda_status(cudaMalloc(&d_cost_, m * sizeof(float)), "cudaMalloc costs"));
         cap_tiles_ = n;
     }
+    return reserve_scratch(K);
+}
+
+Status ViterbiEncoder::reserve_scratch(int K) {
     const int resident = viterbi_resident_blocks(K, device_);
     if (resident <= 0) return internal_error(fmt::format("CUDA Viterbi: no resident blocks for K = {}", K));
     const size_t need = std::min(kMaxScratch, viterbi_slot_bytes(K) * static_cast<size_t>(resident));
@@ -135,6 +140,31 @@ Status ViterbiEncoder::encode(const float* targets, int n, int K, quant::Codeboo
         EXL3_RETURN_IF_ERROR(cuda_status(cudaMemcpyAsync(costs, d_cost_, m * sizeof(float), cudaMemcpyDeviceToHost, st),
                                          "copy costs"));
     return cuda_status(cudaStreamSynchronize(st), "kernel");
+}
+
+Status ViterbiEncoder::encode_device(const float* d_targets, int n, int K, quant::Codebook cb, uint16_t* d_states,
+                                     void* stream) {
+    if (K < 1 || K > 8) return invalid_argument(fmt::format("CUDA Viterbi: K = {} (1..8)", K));
+    if (n <= 0) return Status::ok();
+    auto st = stream ? static_cast<cudaStream_t>(stream) : static_cast<cudaStream_t>(stream_);
+    EXL3_RETURN_IF_ERROR(cuda_status(cudaSetDevice(device_), "cudaSetDevice"));
+    const size_t m = static_cast<size_t>(n);
+    if (!on_gpu(K)) {  // through the host: the CPU encoder
+        std::vector<float> t(m * 256);
+        std::vector<uint16_t> s(m * 256);
+        EXL3_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(t.data(), d_targets, t.size() * sizeof(float), cudaMemcpyDeviceToHost, st), "copy targets"));
+        EXL3_RETURN_IF_ERROR(cuda_status(cudaStreamSynchronize(st), "copy targets"));
+        EXL3_RETURN_IF_ERROR(encode(t.data(), n, K, cb, s.data()));
+        EXL3_RETURN_IF_ERROR(cuda_status(
+            cudaMemcpyAsync(d_states, s.data(), s.size() * sizeof(uint16_t), cudaMemcpyHostToDevice, st), "copy states"));
+        return cuda_status(cudaStreamSynchronize(st), "copy states");
+    }
+    EXL3_RETURN_IF_ERROR(reserve_scratch(K));
+    const int resident = viterbi_resident_blocks(K, device_);
+    const int slots = static_cast<int>(std::min<size_t>(resident, back_bytes_ / viterbi_slot_bytes(K)));
+    return cuda_status(viterbi_encode_tiles(d_targets, n, K, static_cast<int>(cb), d_states, nullptr, d_back_, slots, st),
+                       "kernel launch");
 }
 
 Status ViterbiEncoder::codebook_values(quant::Codebook cb, float* out) {

@@ -25,6 +25,7 @@
 
 #include "backend/cuda/exl3/exl3_codec.cuh"
 #include "convert/cuda/viterbi.cuh"
+#include "quant/trellis.h"
 
 namespace exl3::convert::cuda {
 
@@ -57,14 +58,33 @@ __device__ __forceinline__ float step_cost(float v, float t, float b) {
 template <int K>
 constexpr bool kPingPong = K >= 2;
 
-// One forward pass over the 256 targets tg (shared). pinned < 0: free start; else s_{-1} = pinned. Returns the
-// shared array holding best_255 (one of buf0/buf1, [G] each) and leaves the back-pointers in back ([256, G], global).
-template <int K, int CB>
-__device__ float* forward(const float* tg, int pinned, float* buf0, float* buf1, uint8_t* back) {
-    constexpr int G = 65536 >> K, H = 1 << K;
-    constexpr int S = G >= kThreads ? 1 : kThreads / G;  // threads sharing one group (K = 7, 8)
-    constexpr int GPT = G >= kThreads ? G / kThreads : 1;  // groups per thread
-    constexpr int HPT = H / S;                             // predecessors per thread
+// CBS: the codebook lives in shared memory as fp16 (every value is an exact fp16 number), filled once per block: a
+// lookup there replaces the five or six integer and fp16 operations of computing it. It takes 128 KiB beside at most
+// 64 KiB of costs for K >= 3, where the GPU has the room (not on sm_86 / sm_89); K = 1, 2 always compute it.
+
+template <int K>
+struct Geometry {
+    static constexpr int G = 65536 >> K, H = 1 << K;
+    static constexpr int S = G >= kThreads ? 1 : kThreads / G;   // threads sharing one group (K = 7, 8)
+    static constexpr int GPT = G >= kThreads ? G / kThreads : 1;  // groups per thread
+    static constexpr int HPT = H / S;                             // predecessors per thread
+};
+
+template <int CB, bool CBS>
+__device__ __forceinline__ float codebook(uint32_t s, const __half* cbs) {
+    if constexpr (CBS)
+        return __half2float(cbs[s]);
+    else
+        return cb_value<CB>(s);
+}
+
+// One forward pass over the n targets tg (shared). pinned < 0: free start; else s_{-1} = pinned. Returns the shared
+// array holding best_{n-1} (one of buf0/buf1, [G] each) and leaves the back-pointers in back ([n, G], global).
+template <int K, int CB, bool CBS>
+__device__ float* forward(const float* tg, int n, int pinned, float* buf0, float* buf1, uint8_t* back,
+                          const __half* cbs) {
+    using Geo = Geometry<K>;
+    constexpr int G = Geo::G, S = Geo::S, GPT = Geo::GPT, HPT = Geo::HPT;
     const int tid = threadIdx.x;
     float* best = buf0;
     float* next = kPingPong<K> ? buf1 : buf0;
@@ -75,7 +95,7 @@ __device__ float* forward(const float* tg, int pinned, float* buf0, float* buf1,
     }
     __syncthreads();
     const int part = tid % S;
-    for (int p = 1; p < kSteps; ++p) {
+    for (int p = 1; p < n; ++p) {
         const float t = tg[p - 1];
         float res[kPingPong<K> ? 1 : GPT];
         constexpr int kUnroll = kPingPong<K> ? 2 : GPT;  // full unroll only where res[] must stay in registers
@@ -88,7 +108,7 @@ __device__ float* forward(const float* tg, int pinned, float* buf0, float* buf1,
             for (int hh = 0; hh < HPT; ++hh) {
                 const int hi = part * HPT + hh;
                 const uint32_t s = (static_cast<uint32_t>(hi) << (16 - K)) | static_cast<uint32_t>(g);
-                const float c = step_cost(cb_value<CB>(s), t, best[s >> K]);
+                const float c = step_cost(codebook<CB, CBS>(s, cbs), t, best[s >> K]);
                 if (hh == 0 || c < bv) {
                     bv = c;
                     bh = hi;
@@ -164,11 +184,12 @@ __device__ void block_argmin(float& v, int& i, float* sv, int* si) {
     __syncthreads();
 }
 
-template <int K, int CB>
+template <int K, int CB, bool CBS>
 __global__ void __launch_bounds__(kThreads, 1)
     viterbi_kernel(const float* __restrict__ targets, int n, uint16_t* __restrict__ states, float* __restrict__ cost,
                    uint8_t* __restrict__ back_all) {
     constexpr int G = 65536 >> K;
+    constexpr int W = quant::kSeamWindow;  // pass 1's window around the seam (encoder.h: encode_tile)
     extern __shared__ float smem[];
     float* buf0 = smem;                              // [G]
     float* buf1 = kPingPong<K> ? smem + G : smem;    // [G] (K >= 2)
@@ -178,18 +199,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     __shared__ int s255;
     uint8_t* back = back_all + static_cast<size_t>(blockIdx.x) * kSteps * G;
     const int tid = threadIdx.x;
+    __half* cbs = reinterpret_cast<__half*>(red_i + 32);  // [65536] with CBS
+    if constexpr (CBS) {
+        for (int s = tid; s < 65536; s += kThreads) cbs[s] = __float2half_rn(cb_value<CB>(static_cast<uint32_t>(s)));
+        __syncthreads();
+    }
     for (int tile = blockIdx.x; tile < n; tile += gridDim.x) {
         const float* t = targets + static_cast<size_t>(tile) * kSteps;
-        // Pass 1: the sequence rotated by 128, free start and end.
-        if (tid < kSteps) tg[tid] = t[(tid + 128) % kSteps];
+        // Pass 1: the window of W targets around the seam (positions 256 - W/2 .. 255, 0 .. W/2 - 1), free ends.
+        if (tid < W) tg[tid] = t[(tid + kSteps - W / 2) % kSteps];
         __syncthreads();
-        const float* best = forward<K, CB>(tg, -1, buf0, buf1, back);
+        const float* best = forward<K, CB, CBS>(tg, W, -1, buf0, buf1, back, cbs);
         float v = __int_as_float(0x7f800000);
         int si = 0x7fffffff;
         {
-            const float tl = tg[kSteps - 1];
+            const float tl = tg[W - 1];
             for (int s = tid; s < 65536; s += kThreads) {
-                const float c = step_cost(cb_value<CB>(static_cast<uint32_t>(s)), tl, best[s >> K]);
+                const float c = step_cost(codebook<CB, CBS>(static_cast<uint32_t>(s), cbs), tl, best[s >> K]);
                 if (c < v || si == 0x7fffffff) {
                     v = c;
                     si = s;
@@ -198,9 +224,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         block_argmin(v, si, red_v, red_i);
         if (tid == 0) {
-            // Walk back to rotated position 127, which is original position 255: the seam of pass 2.
+            // Walk back to window position W/2 - 1, which is original position 255: the seam of pass 2.
             int s = si;
-            for (int p = kSteps - 1; p > 127; --p) {
+            for (int p = W - 1; p > W / 2 - 1; --p) {
                 const int g = s >> K;
                 s = (back[static_cast<size_t>(p) * G + g] << (16 - K)) | g;
             }
@@ -211,9 +237,9 @@ __global__ void __launch_bounds__(kThreads, 1)
         const int pin = s255;
         if (tid < kSteps) tg[tid] = t[tid];
         __syncthreads();
-        best = forward<K, CB>(tg, pin, buf0, buf1, back);
+        best = forward<K, CB, CBS>(tg, kSteps, pin, buf0, buf1, back, cbs);
         if (tid == 0) {
-            if (cost) cost[tile] = step_cost(cb_value<CB>(static_cast<uint32_t>(pin)), tg[kSteps - 1], best[pin >> K]);
+            if (cost) cost[tile] = step_cost(codebook<CB, CBS>(static_cast<uint32_t>(pin), cbs), tg[kSteps - 1], best[pin >> K]);
             int s = pin;
             uint16_t* out = states + static_cast<size_t>(tile) * kSteps;
             for (int p = kSteps - 1; p >= 0; --p) {
@@ -232,19 +258,39 @@ __global__ void codebook_kernel(float* out) {
     if (s < 65536) out[s] = cb_value<CB>(static_cast<uint32_t>(s));
 }
 
-size_t smem_bytes(int K) {
-    return (static_cast<size_t>(65536 >> K) * (K >= 2 ? 2 : 1) + kSteps + 64) * sizeof(float);
+size_t smem_bytes(int K, bool cbs) {
+    return (static_cast<size_t>(65536 >> K) * (K >= 2 ? 2 : 1) + kSteps + 64) * sizeof(float) +
+           (cbs ? 65536 * sizeof(__half) : 0);
+}
+
+// Whether K takes the shared-memory codebook on this device.
+bool use_cbs(int K, int device) {
+    int optin = 0;
+    if (K < 3 || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return smem_bytes(K, true) <= static_cast<size_t>(optin);
+}
+
+template <int K, int CB, bool CBS>
+cudaError_t launch_cbs(const float* t, int n, uint16_t* st, float* c, uint8_t* back, int slots, cudaStream_t stream) {
+    const size_t sm = smem_bytes(K, CBS);
+    cudaError_t e = cudaFuncSetAttribute(viterbi_kernel<K, CB, CBS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(sm));
+    if (e != cudaSuccess) return e;
+    const int grid = n < slots ? n : slots;
+    viterbi_kernel<K, CB, CBS><<<grid, kThreads, sm, stream>>>(t, n, st, c, back);
+    return cudaGetLastError();
 }
 
 template <int K, int CB>
 cudaError_t launch(const float* t, int n, uint16_t* st, float* c, uint8_t* back, int slots, cudaStream_t stream) {
-    const size_t sm = smem_bytes(K);
-    cudaError_t e = cudaFuncSetAttribute(viterbi_kernel<K, CB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(sm));
-    if (e != cudaSuccess) return e;
-    const int grid = n < slots ? n : slots;
-    viterbi_kernel<K, CB><<<grid, kThreads, sm, stream>>>(t, n, st, c, back);
-    return cudaGetLastError();
+    int device = 0;
+    cudaGetDevice(&device);
+    if constexpr (K >= 3)
+        if (use_cbs(K, device)) return launch_cbs<K, CB, true>(t, n, st, c, back, slots, stream);
+    return launch_cbs<K, CB, false>(t, n, st, c, back, slots, stream);
 }
 
 template <int K>
@@ -261,11 +307,14 @@ cudaError_t launch_k(int cb, const float* t, int n, uint16_t* st, float* c, uint
 template <int K>
 int resident_k(int device) {
     int per_sm = 0, sms = 0;
-    const size_t sm = smem_bytes(K);
-    if (cudaFuncSetAttribute(viterbi_kernel<K, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    const bool cbs = use_cbs(K, device);
+    const size_t sm = smem_bytes(K, cbs);
+    const void* kernel = cbs ? reinterpret_cast<const void*>(viterbi_kernel<K, 2, K >= 3>)
+                             : reinterpret_cast<const void*>(viterbi_kernel<K, 2, false>);
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(sm)) != cudaSuccess)
         return 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, viterbi_kernel<K, 2>, kThreads, sm) != cudaSuccess)
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, sm) != cudaSuccess)
         return 0;
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
     return per_sm * sms;
@@ -281,7 +330,7 @@ bool viterbi_fits(int K, int device, long long smem_limit) {
         return true;  // unknown: let the launch report
     }
     const long long cap = smem_limit > 0 ? std::min<long long>(smem_limit, optin) : optin;
-    return static_cast<long long>(smem_bytes(K)) <= cap;
+    return static_cast<long long>(smem_bytes(K, false)) <= cap;
 }
 
 int viterbi_resident_blocks(int K, int device) {

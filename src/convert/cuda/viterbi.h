@@ -30,6 +30,9 @@ public:
     // Where the K-bit kernel's block does not fit the GPU's shared memory (K = 1-2 on sm_86 / sm_89), the tiles are
     // encoded by quant::encode_tile instead (the same states and costs), on the pool set below or this thread.
     Status encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states, float* costs = nullptr);
+    // The same on device buffers, enqueued on `stream` (a cudaStream_t; null: this encoder's own) without waiting.
+    // Where K is not on the GPU the tiles go through the host (and the call waits).
+    Status encode_device(const float* d_targets, int n, int K, quant::Codebook cb, uint16_t* d_states, void* stream);
     // Whether encode runs K on the GPU (else on the CPU, above).
     bool on_gpu(int K) const;
     void set_cpu_pool(ThreadPool* pool) { cpu_pool_ = pool; }
@@ -45,6 +48,7 @@ public:
 private:
     ViterbiEncoder() = default;
     Status reserve(int n, int K);
+    Status reserve_scratch(int K);
 
     int device_ = 0;
     std::string name_;

@@ -1,0 +1,252 @@
+// GPU memory planning on the device (docs/memory.md): the embedding table in host memory, steps longer than the
+// planned buffers run in chunks, offloaded layers (streamed or run by the CPU) and MoE blocks on the CPU, each against
+// the model loaded whole; a refused plan leaves the device as it found it.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "cuda_test_util.h"
+#include "exl3/model.h"
+#include "test_util.h"
+
+namespace exl3 {
+namespace {
+
+std::unique_ptr<Model> load(const std::string& dir, LoadOptions o) {
+    o.device = "cuda";
+    if (o.cache_tokens == 0) o.cache_tokens = 4096;
+    auto m = Model::load(dir, o);
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    return m.is_ok() ? std::move(*m) : nullptr;
+}
+
+using test::rel_err;
+
+// A 200-token prefill (every position's logits, or the last one's) and 12 decode steps of both models: the worst
+// relative error of any row (0: bit for bit).
+float worst_error(const Model& a, const Model& b, bool all_logits = true) {
+    const int V = a.info().vocab_size;
+    const auto prompt = test::random_tokens(200, 7, V);
+    auto sa = a.new_sequence(), sb = b.new_sequence();
+    std::vector<float> la, lb;
+    EXPECT_TRUE(a.forward(**sa, prompt, all_logits, &la).is_ok());
+    Status st = b.forward(**sb, prompt, all_logits, &lb);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (la.size() != lb.size()) return INFINITY;
+    float worst = 0;
+    for (size_t r = 0; r * V < la.size(); ++r) worst = std::max(worst, rel_err(lb.data() + r * V, la.data() + r * V, V));
+    for (int i = 0; i < 12; ++i) {
+        const std::vector<int32_t> t = {prompt[static_cast<size_t>(i)]};
+        EXPECT_TRUE(a.forward(**sa, t, false, &la).is_ok());
+        st = b.forward(**sb, t, false, &lb);
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+        worst = std::max(worst, rel_err(lb.data(), la.data(), V));
+    }
+    return worst;
+}
+
+// Routing near ties may pick another expert (as in the CUDA-vs-CPU MoE tests): the positions of a 200-token prefill
+// whose logits agree within 6e-2.
+int positions_within(const Model& a, const Model& b) {
+    const int V = a.info().vocab_size;
+    const auto prompt = test::random_tokens(200, 7, V);
+    auto sa = a.new_sequence(), sb = b.new_sequence();
+    std::vector<float> la, lb;
+    EXPECT_TRUE(a.forward(**sa, prompt, true, &la).is_ok());
+    Status st = b.forward(**sb, prompt, true, &lb);
+    EXPECT_TRUE(st.is_ok()) << st.to_string();
+    if (la.size() != lb.size()) return 0;
+    int within = 0;
+    for (int r = 0; r < 200; ++r) within += rel_err(lb.data() + r * V, la.data() + r * V, V) < 6e-2f;
+    return within;
+}
+
+const std::string kDraft = "tests/models/tiny-draft";
+
+// The models the streaming test runs: tiny-draft, the shared EXL3 model, and a random EXL3 Qwen3-MoE when
+// EXL3_TEST_EXL3_MOE names one (make_random_model.py --shape qwen3-moe-tiny: its MoE layers take the grouped kernels,
+// whose tables then hold the streaming slots' addresses).
+std::vector<std::string> streamed_models() {
+    std::vector<std::string> dirs = {test::repo_path(kDraft), test::shared_dir() + "/models/tiny-target-exl3-4.0bpw"};
+    const char* moe = std::getenv("EXL3_TEST_EXL3_MOE");
+    if (moe && *moe) dirs.push_back(moe);
+    return dirs;
+}
+
+// The embedding rows gathered from pinned host memory are the rows the device table holds: the same bits.
+TEST(CudaMemory, EmbeddingInHostMemoryEqualsOnTheGpu) {
+    EXL3_REQUIRE_GPU();
+    LoadOptions on_gpu;
+    on_gpu.embed_on_gpu = true;
+    auto a = load(test::repo_path(kDraft), on_gpu);
+    auto b = load(test::repo_path(kDraft), {});
+    ASSERT_TRUE(a && b);
+    ASSERT_TRUE(a->memory_plan().embed_on_gpu);
+    ASSERT_FALSE(b->memory_plan().embed_on_gpu);
+    EXPECT_EQ(worst_error(*a, *b), 0.0f);
+    // The decode steps above replayed graphs; greedy continuations through the device sampler agree too.
+    const std::vector<int32_t> prompt = {0, 483, 1446, 319, 1358, 388, 2026};
+    auto ga = a->generate_greedy(prompt, 32), gb = b->generate_greedy(prompt, 32);
+    ASSERT_TRUE(ga.is_ok() && gb.is_ok());
+    EXPECT_EQ(*ga, *gb);
+}
+
+// A prompt longer than max_step_tokens runs in chunks (logits to the host chunk by chunk, or kept on the device for
+// the sampler): the same logits up to the GEMM shapes' rounding, the same greedy tokens.
+TEST(CudaMemory, ChunkedStepsEqualOneStep) {
+    EXL3_REQUIRE_GPU();
+    LoadOptions small;
+    small.max_step_tokens = 48;
+    auto a = load(test::repo_path(kDraft), {});
+    auto b = load(test::repo_path(kDraft), small);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(b->memory_plan().max_step_tokens, 48);
+    const float all = worst_error(*a, *b, true), last = worst_error(*a, *b, false);
+    std::printf("  chunks of 48 tokens against one step: worst relative logit error %.2e (all rows), %.2e (last)\n",
+                all, last);
+    EXPECT_LT(all, 1e-2f);
+    EXPECT_LT(last, 1e-2f);
+    // Device draws of a step of several sequences spanning chunks.
+    const int V = a->info().vocab_size;
+    std::vector<std::unique_ptr<Sequence>> sa, sb;
+    std::vector<Model::BatchItem> ia, ib;
+    for (int i = 0; i < 3; ++i) {
+        sa.push_back(std::move(*a->new_sequence()));
+        sb.push_back(std::move(*b->new_sequence()));
+        const auto p = test::random_tokens(40 + 30 * i, 20 + i, V);
+        ia.push_back({sa.back().get(), p, false});
+        ib.push_back({sb.back().get(), p, false});
+    }
+    std::vector<int32_t> ta, tb;
+    ASSERT_TRUE(a->forward_argmax(ia, &ta).is_ok());
+    Status st = b->forward_argmax(ib, &tb);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    EXPECT_EQ(ta, tb);
+}
+
+// Offloaded layers streamed over PCIe run the same kernels on the same bytes: bit for bit the resident model's (both
+// eager: offloaded steps are not captured).
+TEST(CudaMemory, StreamedLayersEqualResident) {
+    EXL3_REQUIRE_GPU();
+    for (const std::string& dir : streamed_models()) {
+        if (!test::path_exists(dir)) continue;
+        LoadOptions eager;
+        eager.cuda_graphs = false;
+        LoadOptions off = eager;
+        off.offload_layers = 3;
+        auto a = load(dir, eager);
+        auto b = load(dir, off);
+        ASSERT_TRUE(a && b);
+        EXPECT_EQ(b->memory_plan().offload_layers, 3);
+        EXPECT_EQ(worst_error(*a, *b), 0.0f) << dir;
+    }
+}
+
+// Offloaded layers run by the CPU threads (fp32, their KV pages on the host): the resident model's logits within the
+// CUDA-vs-CPU tolerance of the model tests.
+TEST(CudaMemory, CpuLayersMatchResident) {
+    EXL3_REQUIRE_GPU();
+    for (std::string dir : {test::repo_path(kDraft), test::shared_dir() + "/models/tiny-target-exl3-4.0bpw"}) {
+        if (!test::path_exists(dir)) continue;
+        LoadOptions off;
+        off.offload_layers = 2;
+        off.offload_mode = OffloadMode::kCpu;
+        auto a = load(dir, {});
+        auto b = load(dir, off);
+        ASSERT_TRUE(a && b);
+        const float e = worst_error(*a, *b);
+        std::printf("  %s: 2 layers on the CPU, worst relative logit error %.2e\n", dir.c_str(), e);
+        EXPECT_LT(e, 3e-2f);
+    }
+}
+
+// MoE blocks on the CPU (--cpu-moe): the golden Qwen3-MoE against the model run whole on the GPU; most positions must
+// agree (positions_within).
+TEST(CudaMemory, MoeBlocksOnTheCpu) {
+    EXL3_REQUIRE_GPU();
+    const std::string dir = test::repo_path("tests/models/golden/qwen3_moe");
+    LoadOptions host;
+    host.offload_experts = -1;
+    auto a = load(dir, {});
+    auto b = load(dir, host);
+    ASSERT_TRUE(a && b);
+    EXPECT_GT(b->memory_plan().offload_expert_layers, 0);
+    const int within = positions_within(*a, *b);
+    std::printf("  MoE blocks on the CPU: %d of 200 positions within 6e-2 of the GPU's\n", within);
+    EXPECT_GE(within, 150);
+}
+
+// EXL3 experts (EXL3_TEST_EXL3_MOE): the first MoE layer's block on the CPU (--offload-experts 1), the other one on
+// the grouped kernels, against the model run whole on the GPU (most positions: positions_within); and a
+// load of it stays within its plan, which counts the experts' tables and the grouped path's workspace.
+TEST(CudaMemory, Exl3MoeBlockOnTheCpuBesideGroupedOnes) {
+    EXL3_REQUIRE_GPU();
+    const char* dir = std::getenv("EXL3_TEST_EXL3_MOE");
+    if (!dir || !*dir) GTEST_SKIP() << "EXL3_TEST_EXL3_MOE names no random EXL3 MoE model";
+    LoadOptions one;
+    one.offload_experts = 1;
+    auto a = load(dir, {});
+    auto b = load(dir, one);
+    ASSERT_TRUE(a && b);
+    EXPECT_EQ(b->memory_plan().offload_expert_layers, 1);
+    const int within = positions_within(*a, *b);
+    std::printf("  one EXL3 MoE block on the CPU: %d of 200 positions within 6e-2 of the GPU's\n", within);
+    EXPECT_GE(within, 150);
+    a.reset();
+    b.reset();
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXL3_CUDA_OK(cudaMemGetInfo(&free0, &total));
+    LoadOptions o;
+    o.gpu_memory = int64_t{2} << 30;
+    auto m = load(dir, o);
+    ASSERT_TRUE(m);
+    EXL3_CUDA_OK(cudaMemGetInfo(&free1, &total));
+    const int64_t used = static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
+    std::printf("  EXL3 MoE within 2 GiB: plan %.1f MiB, the load took %.1f MiB\n",
+                m->memory_plan().gpu_total() / 1048576.0, used / 1048576.0);
+    EXPECT_LE(used, m->memory_plan().gpu_total());
+}
+
+// A plan that does not fit is refused before anything is allocated: the device's free memory is what it was.
+TEST(CudaMemory, RefusedPlanLeavesNothingBehind) {
+    EXL3_REQUIRE_GPU();
+    auto warm = load(test::repo_path(kDraft), {});  // the context exists before the measurement
+    ASSERT_TRUE(warm);
+    warm.reset();
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXL3_CUDA_OK(cudaMemGetInfo(&free0, &total));
+    LoadOptions o;
+    o.device = "cuda";
+    o.gpu_memory = int64_t{16} << 20;  // 16 MiB: below the context alone
+    auto m = Model::load(test::repo_path(kDraft), o);
+    ASSERT_FALSE(m.is_ok());
+    EXPECT_NE(m.status().message().find("more than the budget"), std::string::npos) << m.status().to_string();
+    EXL3_CUDA_OK(cudaMemGetInfo(&free1, &total));
+    EXPECT_EQ(free0, free1);
+}
+
+// What a load allocates stays within its plan (the plan counts the CUDA context, which exists already here).
+TEST(CudaMemory, LoadStaysWithinThePlan) {
+    EXL3_REQUIRE_GPU();
+    auto warm = load(test::repo_path(kDraft), {});
+    ASSERT_TRUE(warm);
+    warm.reset();
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXL3_CUDA_OK(cudaMemGetInfo(&free0, &total));
+    LoadOptions o;
+    o.gpu_memory = int64_t{2} << 30;
+    o.cache_tokens = 0;
+    o.device = "cuda";
+    auto m = Model::load(test::repo_path(kDraft), o);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXL3_CUDA_OK(cudaMemGetInfo(&free1, &total));
+    const int64_t used = static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
+    const MemoryPlan& p = (*m)->memory_plan();
+    std::printf("  tiny-draft within 2 GiB: plan %.1f MiB (KV cache %d tokens), the load took %.1f MiB\n",
+                p.gpu_total() / 1048576.0, p.cache_tokens, used / 1048576.0);
+    EXPECT_LE(used, p.gpu_total());
+}
+
+}  // namespace
+}  // namespace exl3
