@@ -33,9 +33,12 @@ B=/tmp/b; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
 S=/tmp/shared; [ -f "$P/shared.tar.xz" ] && mkdir -p "$S" && xz -dc "$P/shared.tar.xz" | tar xf - -C "$S"
 export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
 # The tests find tests/models where they were built: point that path at this checkout.
-for d in /work/wt/h43 /work/main; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }; done
+for d in /work/wt/h43 /work/wt/c43 /work/main; do [ -e "$d" ] || { mkdir -p "$(dirname "$d")" && ln -s "$PWD" "$d"; }; done
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 free -g | head -2
+
+# A crash's backtrace (core/crash_trace.h), when the log holds one.
+crash() { sed -n '/^\*\*\* exl3: /,/^\*\*\*$/p' "$1" | head -50; }
 
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 
@@ -54,7 +57,7 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
   wall=$(since "$t0")
   echo "== $shape${layers:+ ($layers layers)} at $BITS bpw: exit $rc, wall ${wall} s"
   grep -E "^stages:|^peak memory:|^converted" "$OUT/convert-$shape-$layers.log"
-  [ $rc = 0 ] || tail -5 "$OUT/convert-$shape-$layers.log"
+  [ $rc = 0 ] || { tail -5 "$OUT/convert-$shape-$layers.log"; crash "$OUT/convert-$shape-$layers.log"; }
   [ $rc = 0 ] && "$B/exl3" inspect "$dst" 2>&1 | head -4
   echo "$wall" > "$OUT/wall-$shape-$layers"
   rm -rf "$dst"
@@ -80,8 +83,9 @@ for m in "${modes[@]}"; do
       for t in exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests; do
         [ -x "$B/$t" ] || { echo "$t not carried"; continue; }
         echo "== $t"
-        timeout 300 "$B/$t" > "$OUT/$t.log" 2>&1; echo "exit $?"
+        timeout 300 "$B/$t" > "$OUT/$t.log" 2>&1; rc=$?; echo "exit $rc"
         grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|proxy CPU|tiles/s|rel. error" "$OUT/$t.log" | head -40
+        [ $rc = 0 ] || { grep -E "^\[ RUN      \]" "$OUT/$t.log" | tail -1; crash "$OUT/$t.log"; }
       done ;;
     1b) convert llama3-1b "" ;;
     8b) convert llama3-8b "" ;;

@@ -3,7 +3,8 @@
 # tests, a Llama-3-70B-shaped EXL3 model within --gpu-memory 23 at 2.25 and 2.5 bpw, and offload 10 % / 30 %.
 # PARTS (comma-separated, default tests,fit,offload):
 #   tests    the CUDA memory tests (exl3_cuda_memory_tests: the embedding table on the host, chunked steps, streamed and
-#            CPU-run layers, MoE blocks on the CPU, refusals, the load within its plan; with a random EXL3 Qwen3-MoE,
+#            CPU-run layers, MoE blocks on the CPU, refusals, the load within its plan, a resident, a streamed and a
+#            CPU-run model's steps within theirs; with a random EXL3 Qwen3-MoE,
 #            made here, for the grouped kernels beside offload: streamed MoE layers, one MoE block on the CPU beside
 #            grouped ones, its load within its plan) and exl3_cuda_tests filtered by CUDA_FILTER (default: the model
 #            tests, CUDA against the CPU with every weight through the placer -- the golden families' MatchCpu, the

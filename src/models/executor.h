@@ -65,6 +65,11 @@ struct DeviceCosts {
     int64_t final_norm = 0;
     int64_t context = 0;      // CUDA context, loaded kernels, cuBLAS handle and workspace: an estimate (docs/memory.md)
     int64_t graphs = 0;       // captured graphs: an estimate
+    // The GPU's mappings (page tables) of pinned host memory that streamed layers are copied from, per GiB of it:
+    // an estimate.
+    int64_t pinned_map_per_gib = 0;
+    int64_t sampler = 0;      // the GPU sampler's buffers, reserved at load for sampler_rows rows (drawn in chunks)
+    int sampler_rows = 0;
     // Steps can be captured: no MoE layer takes the host-routed path (every one's experts take the grouped kernels).
     bool capturable = true;
     int page_size = 0;        // resolved

@@ -126,6 +126,9 @@ MemoryPlan Planner::build(const Choice& c) const {
                          slots * slot});
         p.host.push_back({"offloaded layers", fmt::format("pinned; {} copied up each step", layer_range(first_off, L)),
                           off});
+        if (costs_.pinned_map_per_gib)
+            p.gpu.push_back({"offload mappings", "estimate: the GPU's page tables of the pinned layers",
+                             (off * costs_.pinned_map_per_gib + (int64_t{1} << 30) - 1) >> 30});
     } else if (c.offload > 0) {
         p.host.push_back({"offloaded layers", layer_range(first_off, L) + " run by the CPU, read in place", off});
     }
@@ -136,6 +139,9 @@ MemoryPlan Planner::build(const Choice& c) const {
     p.gpu.push_back({"step buffers and workspaces",
                      fmt::format("steps of up to {} tokens, {} logit rows", c.step_tokens, rows),
                      costs_.step_bytes(c.step_tokens, c.context, host_embed)});
+    if (costs_.sampler)
+        p.gpu.push_back({"sampler", fmt::format("{} rows at a time, reserved at load", costs_.sampler_rows),
+                         costs_.sampler});
     if (c.graphs && c.offload == 0 && std::min(c.expert_layers, moe_layer_count()) == 0 && costs_.capturable)
         p.gpu.push_back({"CUDA graphs", "estimate", costs_.graphs});
     p.gpu.push_back({"CUDA context, kernels, cuBLAS", "estimate", costs_.context});

@@ -169,6 +169,76 @@ TEST(GpuQuantizer, HessianMatchesHessAdd) {
     EXPECT_LT(std::sqrt(num / den), 1e-5);
 }
 
+// A moved-from Hessian is empty and takes rows again; a layer's expert Hessians (LayerHessiansOf::at growing its
+// vector, which moves the earlier ones) keep theirs. No device call before the first add: runs without a GPU.
+TEST(GpuHessian, MovedFromIsEmptyAndGrowingVectorsKeepTheirs) {
+    GpuHessian a;
+    EXPECT_EQ(a.dim(), 0);
+    std::vector<double> got = {1.0};
+    ASSERT_TRUE(a.download(&got).is_ok());
+    EXPECT_TRUE(got.empty());
+    GpuHessian b(std::move(a));
+    GpuHessian c;
+    c = std::move(b);
+    for (const GpuHessian* h : {&a, &b, &c}) {
+        EXPECT_EQ(h->dim(), 0);
+        EXPECT_EQ(h->rows(), 0);
+        got = {1.0};
+        ASSERT_TRUE(h->download(&got).is_ok());
+        EXPECT_TRUE(got.empty());
+    }
+    LayerHessiansOf<GpuHessian> layer;
+    for (int e : {0, 3, 1, 40}) (void)layer.at(LinearInput::kDownIn, e);
+    EXPECT_EQ(layer.expert_down.size(), 41u);
+    for (const GpuHessian& h : layer.expert_down) EXPECT_EQ(h.dim(), 0);
+
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        return;  // the rest adds rows on the GPU
+    }
+    ThreadPool pool(0);
+    auto q = GpuQuantizer::create(0, &pool);
+    ASSERT_TRUE(q.is_ok()) << q.status().message();
+    const int rows = 64, d = 128;
+    const std::vector<float> x = activations(rows, d, 21);
+    Hess host;
+    host.add(x.data(), rows, d, pool);
+    // Rows into a moved-from Hessian, then into expert 0 before the vector grows (its Hessian moves).
+    ASSERT_TRUE((*q)->add(a, x.data(), rows, d).is_ok());
+    ASSERT_TRUE((*q)->add(layer.at(LinearInput::kDownIn, 0), x.data(), rows, d).is_ok());
+    (void)layer.at(LinearInput::kDownIn, 200);
+    GpuHessian moved(std::move(a));
+    EXPECT_EQ(a.dim(), 0);
+    for (const GpuHessian* h : {&moved, &layer.expert_down[0]}) {
+        EXPECT_EQ(h->dim(), d);
+        EXPECT_EQ(h->rows(), rows);
+        ASSERT_TRUE(h->download(&got).is_ok());
+        ASSERT_EQ(got.size(), host.h.size());
+        for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], host.h[i], 1e-4 * (1 + std::fabs(host.h[i])));
+    }
+}
+
+// The quantizer frees its buffers on its own stream when it goes (which used to be destroyed first: SIGSEGV on the
+// H100); the Hessians it filled outlive it, and a second quantizer goes on adding to them.
+TEST(GpuQuantizer, HessiansOutliveTheQuantizer) {
+    EXL3_REQUIRE_GPU();
+    ThreadPool pool(0);
+    const int rows = 96, d = 256, out = 128;
+    const std::vector<float> x = activations(rows, d, 23), w = gaussian(static_cast<size_t>(out) * d, 24, 0.02f);
+    GpuHessian h;
+    for (int round = 0; round < 2; ++round) {
+        auto q = GpuQuantizer::create(0, round == 0 ? &pool : nullptr);
+        ASSERT_TRUE(q.is_ok()) << q.status().message();
+        ASSERT_TRUE((*q)->add(h, x.data(), rows, d).is_ok());
+        quant::QuantizeOptions opt;
+        opt.K = 3;
+        auto r = (*q)->quantize(w.data(), out, d, h, opt, nullptr);  // every buffer of the quantizer in use
+        ASSERT_TRUE(r.is_ok()) << r.status().message();
+    }
+    EXPECT_EQ(h.rows(), 2 * rows);
+}
+
 // quantize() against quant::quantize_linear: the same scales (fp16), the proxy error and the reconstruction's
 // error within a few percent, most tiles' codes identical.
 TEST(GpuQuantizer, QuantizeIsStatisticallyTheCpuQuantizer) {

@@ -248,5 +248,98 @@ TEST(CudaMemory, LoadStaysWithinThePlan) {
     EXPECT_LE(used, p.gpu_total());
 }
 
+// A workload that reaches every buffer a step allocates: a 700-token prompt (a full 512-token step and a chunk), a
+// decode batch of 40 sequences drawn with logprobs and top lists (more rows than the sampler's 32: drawn in chunks)
+// and their argmax, and 8 decode steps of one sequence drawn greedily.
+void steps(const Model& m) {
+    const int V = m.info().vocab_size;
+    auto a = m.new_sequence();
+    std::vector<float> logits;
+    ASSERT_TRUE(a.is_ok());
+    ASSERT_TRUE(m.forward(**a, test::random_tokens(700, 3, V), false, &logits).is_ok());
+    std::vector<std::unique_ptr<Sequence>> seqs;
+    std::vector<Model::BatchItem> items;
+    for (int b = 0; b < 40; ++b) {
+        auto q = m.new_sequence();
+        ASSERT_TRUE(q.is_ok());
+        seqs.push_back(std::move(*q));
+        items.push_back({seqs.back().get(), test::random_tokens(1, 10 + b, V)});
+    }
+    DrawSettings sampled;
+    sampled.temperature = 0.8f;
+    sampled.top_p = 0.9f;
+    sampled.top_logprobs = 5;
+    sampled.edits.push_back({1, 0.5f, 1.1f, 0.0f, 0.0f, false});
+    std::vector<Drawn> drawn;
+    Status st = m.forward_draw(items, std::vector<DrawSettings>(items.size(), sampled), true, &drawn);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    ASSERT_EQ(drawn.size(), items.size());
+    for (size_t b = 0; b < items.size(); ++b) items[b].tokens = {drawn[b].token};
+    std::vector<int32_t> ids;
+    st = m.forward_argmax(items, &ids);
+    ASSERT_TRUE(st.is_ok()) << st.to_string();
+    int32_t t = ids.front();
+    for (int i = 0; i < 8; ++i) {
+        st = m.forward_draw({{a->get(), {t}}}, {DrawSettings{}}, false, &drawn);
+        ASSERT_TRUE(st.is_ok()) << st.to_string();
+        t = drawn.front().token;
+    }
+}
+
+struct Placement {
+    const char* name;
+    int offload_layers;
+    OffloadMode mode;
+};
+
+void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
+
+class StepsWithinThePlan : public ::testing::TestWithParam<Placement> {};
+
+// The device memory in use after a load and its steps stays within the plan: the plan less its CUDA context (which
+// exists already here, the kernels loaded by a first run of the same placement), with 8 MiB for cudaMalloc's 2 MiB
+// rounding of the four allocations the plan counts to the byte (the weight arena, the KV cache, the staging slots).
+TEST_P(StepsWithinThePlan, ResidentStreamedAndCpuRun) {
+    EXL3_REQUIRE_GPU();
+    LoadOptions o;
+    o.gpu_memory = int64_t{2} << 30;
+    o.cache_tokens = 0;
+    o.offload_layers = GetParam().offload_layers;
+    o.offload_mode = GetParam().mode;
+    {
+        auto warm = load(test::repo_path(kDraft), o);
+        ASSERT_TRUE(warm);
+        steps(*warm);
+    }
+    size_t free0 = 0, free1 = 0, total = 0;
+    EXL3_CUDA_OK(cudaDeviceSynchronize());
+    EXL3_CUDA_OK(cudaMemGetInfo(&free0, &total));
+    auto m = load(test::repo_path(kDraft), o);
+    ASSERT_TRUE(m);
+    EXL3_CUDA_OK(cudaMemGetInfo(&free1, &total));
+    const int64_t loaded = static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
+    steps(*m);
+    EXL3_CUDA_OK(cudaDeviceSynchronize());
+    EXL3_CUDA_OK(cudaMemGetInfo(&free1, &total));
+    const int64_t used = static_cast<int64_t>(free0) - static_cast<int64_t>(free1);
+    const MemoryPlan& p = m->memory_plan();
+    int64_t context = 0;
+    for (const auto& i : p.gpu)
+        if (i.name == "CUDA context, kernels, cuBLAS") context = i.bytes;
+    const int64_t planned = p.gpu_total() - context;
+    std::printf("  tiny-draft %s within 2 GiB: plan %.1f MiB less the context's %.1f, the load took %.1f MiB, with "
+                "its steps %.1f MiB\n",
+                GetParam().name, p.gpu_total() / 1048576.0, context / 1048576.0, loaded / 1048576.0,
+                used / 1048576.0);
+    EXPECT_GT(context, 0);
+    EXPECT_LE(used, planned + (int64_t{8} << 20)) << p.table();
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, StepsWithinThePlan,
+                         ::testing::Values(Placement{"resident", 0, OffloadMode::kStream},
+                                           Placement{"streamed", 2, OffloadMode::kStream},
+                                           Placement{"cpu_run", 2, OffloadMode::kCpu}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
 }  // namespace
 }  // namespace exl3

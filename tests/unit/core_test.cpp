@@ -2,8 +2,10 @@
 
 #include <atomic>
 #include <cmath>
+#include <csignal>
 #include <random>
 
+#include "core/crash_trace.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "exl3/status.h"
@@ -77,6 +79,23 @@ TEST(ThreadPool, CoversEveryIndexOnce) {
         });
         for (size_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
     }
+}
+
+// A fatal signal prints its name and a backtrace (with this binary's function names where exported), then the
+// process dies of the same signal.
+TEST(CrashTrace, PrintsABacktraceAndDiesOfTheSignal) {
+    EXPECT_EXIT(
+        {
+            install_crash_backtrace();
+            std::raise(SIGSEGV);
+        },
+        testing::KilledBySignal(SIGSEGV), "exl3: SIGSEGV[^\n]*backtrace");
+    EXPECT_EXIT(
+        {
+            install_crash_backtrace();
+            std::abort();
+        },
+        testing::KilledBySignal(SIGABRT), "exl3: SIGABRT");
 }
 
 }  // namespace

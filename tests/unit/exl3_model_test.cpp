@@ -1,13 +1,14 @@
 // EXL3 checkpoints end to end on the CPU: the reference implementation's conversion of tiny-target (MUL1, 4.0 bpw,
 // 6-bit head) must predict like the bf16 original (top-1 agreement, perplexity within 2 %), decoding on the fly
 // must equal dequantizing at load, broken files must be rejected naming the tensor, and `exl3 inspect` must
-// describe the quantization. Without ../shared all but the two prediction tests run on the committed cut of both
-// models (exl3_pair.h).
+// describe the quantization. Without ../shared they run on the committed cut of both models (exl3_pair.h), the two
+// prediction tests on tiny-draft and its conversion by `exl3 convert` (quality_pair below).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "exl3_pair.h"
 #include "format/safetensors.h"
 #include "test_util.h"
+#include <unistd.h>
 #ifdef EXL3_HAVE_TOKENIZER
 #include "exl3/tokenizer.h"
 #endif
@@ -95,11 +97,46 @@ TEST(Exl3Model, LoadsAndReportsQuantization) {
 }
 
 // This one and the perplexity test measure how well the whole quantized language model predicts text, so they need
-// the whole models: the cut computes no language (on it the top-1 agreement is about 67 %, as with any two nearby
-// random networks), and the whole pair is 45 MB.
+// whole models: the cut computes no language (on it the top-1 agreement is about 67 %, as with any two nearby random
+// networks). They compare the reference implementation's conversion of tiny-target with its bf16 original (45 MB
+// together, in ../shared); without ../shared, the committed tiny-draft with its 4.0 bpw conversion by `exl3 convert`,
+// made once a run of this binary, so that a plain clone measures prediction quality too.
+struct QualityPair {
+    std::string exl3, bf16, what;
+    ~QualityPair() {
+        if (!made.empty()) fs::remove_all(made);
+    }
+    std::string made;  // a conversion of ours, removed at exit
+};
+
+const QualityPair& quality_pair() {
+    static QualityPair p;
+    static bool done = false;
+    if (done) return p;
+    done = true;
+    const std::string s = test::shared_dir();
+    if (!s.empty() && test::path_exists(s + "/models/tiny-target-exl3-4.0bpw") && test::path_exists(s + "/models/tiny-target")) {
+        p.exl3 = s + "/models/tiny-target-exl3-4.0bpw";
+        p.bf16 = s + "/models/tiny-target";
+        p.what = "tiny-target, the reference implementation's 4.0 bpw conversion";
+        return p;
+    }
+    const std::string in = test::repo_path("tests/models/tiny-draft");
+    const std::string out = (fs::temp_directory_path() / ("exl3_quality_tiny_draft_" + std::to_string(::getpid()))).string();
+    const std::string cmd = std::string(EXL3_CLI) + " convert -i " + in + " -o " + out + " -b 4.0 --no-progress -q";
+    p.made = out;
+    if (std::system(cmd.c_str()) != 0) return p;  // exl3 empty: the tests fail naming the command
+    p.exl3 = out;
+    p.bf16 = in;
+    p.what = "tiny-draft, converted at 4.0 bpw by exl3 convert";
+    return p;
+}
+
 TEST(Exl3Model, TopOneAgreesWithBf16OnGoldenText) {
-    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
-    EXL3_REQUIRE_SHARED("models/tiny-target", ref_dir);
+    const QualityPair& pair = quality_pair();
+    ASSERT_FALSE(pair.exl3.empty()) << "exl3 convert of tests/models/tiny-draft failed";
+    const std::string &dir = pair.exl3, &ref_dir = pair.bf16;
+    std::printf("  %s\n", pair.what.c_str());
     auto q = load(dir);
     auto ref = load(ref_dir);
     ASSERT_TRUE(q && ref);
@@ -180,10 +217,15 @@ TEST(Exl3Model, PerplexityWithinTwoPercentOfBf16) {
 #ifndef EXL3_HAVE_TOKENIZER
     GTEST_SKIP() << "this build has no tokenizer";
 #else
-    EXL3_REQUIRE_SHARED("models/tiny-target-exl3-4.0bpw", dir);
-    EXL3_REQUIRE_SHARED("models/tiny-target", ref_dir);
-    EXL3_REQUIRE_SHARED("data/eval.txt", eval);
-    auto tok = Tokenizer::load(dir);
+    const QualityPair& pair = quality_pair();
+    ASSERT_FALSE(pair.exl3.empty()) << "exl3 convert of tests/models/tiny-draft failed";
+    const std::string &dir = pair.exl3, &ref_dir = pair.bf16;
+    std::printf("  %s\n", pair.what.c_str());
+    // The held-out text: ../shared's eval.txt, or its first 30,000 bytes from the committed extract.
+    std::string eval = test::shared_or_extract("data/eval.txt");
+    if (eval.empty()) eval = test::shared_or_extract("data/eval-first-30000-bytes.txt");
+    ASSERT_FALSE(eval.empty()) << "needs data/eval.txt from ../shared or the unpacked extract";
+    auto tok = Tokenizer::load(ref_dir);
     ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
     // A prefix of the text is plenty for kTokens; cut at a line end so no UTF-8 sequence is split.
     std::string text = slurp(eval).substr(0, 100000);

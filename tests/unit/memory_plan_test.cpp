@@ -79,6 +79,40 @@ TEST(MemoryPlan, TinyDraftByHand) {
     EXPECT_TRUE(e->host.empty());
 }
 
+// The GPU sampler is counted and reserved at load for 32 rows (more are drawn in chunks of them): its workspace of
+// 45 bytes per row per vocabulary entry (penalties 4, two key and two score buffers 8 each, two positions 4 each, a
+// keep byte) with each part 256-byte aligned, the sort's scratch, and its results and 1024 edits a row; each
+// allocation rounded as cudaMalloc rounds it.
+int64_t sampler_by_hand(int64_t vocab) {
+    auto a256 = [](int64_t b) { return (b + 255) / 256 * 256; };
+    auto footprint = [](int64_t b) {
+        const int64_t page = b >= (int64_t{1} << 20) ? int64_t{2} << 20 : 512;
+        return (b + page - 1) / page * page;
+    };
+    const int64_t n = 32 * vocab;
+    const int64_t ws = a256(4 * n) + 4 * a256(8 * n) + 2 * a256(4 * n) + a256(n) + 4 * a256(32 * 4);
+    return footprint(ws) + footprint(32 * 4) + footprint(32 * 4) + footprint(32 * 4 * 100) * 2;
+}
+
+TEST(MemoryPlan, SamplerReservedAtLoad) {
+    SKIP_WITHOUT_CUDA();
+    auto p = plan("tests/models/tiny-draft", kGiB, 2048, 0, 4096);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    const int64_t s = item(p->gpu, "sampler");
+    // The by-hand figure leaves out the row parameters, the row states and the sort's scratch (the kernels'
+    // business) and the edits (768 KiB): at least that, at most 3 MiB more (those, a 2 MiB page of rounding).
+    const int64_t hand = sampler_by_hand(8192);
+    EXPECT_GE(s, hand) << p->table();
+    EXPECT_LE(s, hand + (int64_t{3} << 20)) << p->table();
+    // Beside the step buffers, in the total the cache is fitted against.
+    int64_t sum = 0;
+    for (const auto& i : p->gpu) sum += i.bytes;
+    EXPECT_EQ(sum, p->gpu_total());
+    auto without = plan("tests/models/tiny-draft", kGiB, 2048);
+    ASSERT_TRUE(without.is_ok());
+    EXPECT_EQ(item(without->gpu, "sampler"), s);
+}
+
 // With no cache size given the KV cache takes what the budget leaves, in whole pages, up to kMaxCacheSequences
 // contexts.
 TEST(MemoryPlan, CacheTakesWhatIsLeft) {
@@ -230,6 +264,11 @@ TEST_F(Llama70B, WeightsByHand) {
     EXPECT_LE(p->gpu_total(), 23 * kGiB);
     // Everything else of the budget went to the cache: less than one page is left.
     EXPECT_LT(23 * kGiB - p->gpu_total(), 64 * p->kv_bytes_per_token);
+    // The sampler for 32 rows of a 128256-token vocabulary: 176 MiB, reserved at load (what the H100 measured
+    // growing at the first draws before it was counted; docs/memory.md).
+    EXPECT_GE(item(p->gpu, "sampler"), sampler_by_hand(128256));
+    EXPECT_LE(item(p->gpu, "sampler"), sampler_by_hand(128256) + (int64_t{3} << 20));
+    EXPECT_GT(item(p->gpu, "sampler"), int64_t{176} << 20);
 }
 
 // Bad input: a budget smaller than the smallest plan, a context larger than fits -- one clear error each.
@@ -280,6 +319,12 @@ TEST_F(Llama70B, OffloadMovesLayers) {
     const int64_t layer = (item(base->gpu, "layers: EXL3 linears") + item(base->gpu, "layers: norms") - 8192 * 4) / 80;
     EXPECT_EQ(item(off->host, "offloaded layers"), 8 * layer);
     EXPECT_EQ(item(off->gpu, "offload staging"), 2 * layer);
+    // The GPU maps the pinned layers it copies from: 4 MiB a GiB of them (an estimate, docs/memory.md).
+    EXPECT_EQ(item(off->gpu, "offload mappings"), (8 * layer * (int64_t{4} << 20) + kGiB - 1) / kGiB);
+    EXPECT_EQ(item(base->gpu, "offload mappings"), -1);
+    // The sampler stays on the GPU whatever is offloaded (the draws are the GPU's).
+    EXPECT_EQ(item(off->gpu, "sampler"), item(base->gpu, "sampler"));
+    EXPECT_GT(item(off->gpu, "sampler"), 0);
     EXPECT_EQ(item(base->gpu, "layers: EXL3 linears") - item(off->gpu, "layers: EXL3 linears"),
               8 * (layer - 2 * 8192 * 4));
     LoadOptions o;

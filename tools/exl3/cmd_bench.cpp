@@ -157,10 +157,27 @@ struct DecodeCeiling {
     }
 };
 
-DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads) {
+// The GPU's copy bandwidths, measured before the model loads: their buffers (2 x 2 GiB device to device, 1 GiB
+// pinned host to device) would otherwise sit beside the model, past its memory plan (and a full budget leaves no room
+// for them).
+struct GpuBandwidths {
+    double copy = 0.0;    // device to device (bytes read + written per second)
+    double upload = 0.0;  // pinned host to device; measured only for streamed offload
+};
+
+GpuBandwidths measure_gpu_bandwidths(const LoadOptions& lo) {
+    GpuBandwidths b;
+    if (lo.device == "cpu") return b;
+    const int dev = lo.device.rfind("cuda:", 0) == 0 ? std::atoi(lo.device.c_str() + 5) : 0;
+    b.copy = device_copy_bandwidth(dev);
+    if (lo.offload_layers != 0 && lo.offload_mode == OffloadMode::kStream) b.upload = device_upload_bandwidth(dev);
+    return b;
+}
+
+DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, double gpu_bandwidth) {
     DecodeCeiling c;
     if (gpu) {
-        c.bandwidth = device_copy_bandwidth(0);
+        c.bandwidth = gpu_bandwidth;
         c.source = "device copy";
     }
     if (!gpu) {
@@ -418,6 +435,7 @@ int bench_jobs(const BenchOptions& o) {
     lo.cache_tokens = static_cast<int>(per_job * max_jobs);
     plan_cache(o, &lo);
     lo.prefix_cache = false;  // prompts are distinct anyway; nothing is kept between runs
+    const GpuBandwidths bw = measure_gpu_bandwidths(lo);
     double load_s = 0.0;
     auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
@@ -427,7 +445,7 @@ int bench_jobs(const BenchOptions& o) {
                                          m.info().cache_tokens, max_jobs, seq_len, per_job * max_jobs));
     lo.cache_tokens = m.info().cache_tokens > 0 ? m.info().cache_tokens : lo.cache_tokens;
     const ModelInfo& info = m.info();
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy);
     // Contexts run from job_prompt + 1 to job_prompt + job_gen while decoding: the roofline takes the mean.
     const double avg_ctx = o.job_prompt + o.job_gen / 2.0;
 
@@ -689,6 +707,7 @@ int bench(const BenchOptions& o) {
     lo.cache_tokens = static_cast<int>((max_ctx + 64) * max_batch);
     plan_cache(o, &lo);
     lo.prefix_cache = false;  // prefill timing repeats one prompt: measure computing it, not a cache hit
+    const GpuBandwidths bw = measure_gpu_bandwidths(lo);
     double load_s = 0.0;
     auto model = load_timed(o.model, lo, &load_s);
     if (!model.is_ok()) return fail("bench", model.status().to_string());
@@ -698,7 +717,7 @@ int bench(const BenchOptions& o) {
         return fail("bench", fmt::format("the memory plan's KV cache holds {} tokens; --batch {} x --context {} needs {}",
                                          info.cache_tokens, max_batch, max_ctx + 64, (max_ctx + 64) * max_batch));
 
-    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads);
+    const DecodeCeiling ceil = decode_ceiling(info, gpu, o.threads, bw.copy);
     const double bandwidth = ceil.bandwidth;
     const std::string& bw_label = ceil.source;
     const double embed = static_cast<double>(info.vocab_size) * info.hidden_size;
@@ -728,7 +747,7 @@ int bench(const BenchOptions& o) {
                           {"prefill", nlohmann::json::array()},
                           {"decode", nlohmann::json::array()}};
     if (gpu && m.memory_plan().offload_layers > 0 && m.memory_plan().offload_mode == OffloadMode::kStream)
-        out["memory_plan"]["upload_gb_s"] = device_upload_bandwidth(std::stoi(m.device().substr(5))) / 1e9;
+        out["memory_plan"]["upload_gb_s"] = bw.upload / 1e9;
 
     for (int P : *prompts) {
         std::vector<double> times;

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <vector>
 
+#include "core/crash_trace.h"
 #include "core/log.h"
 #include "tools/exl3/commands.h"
 
@@ -60,6 +61,7 @@ Result<std::string> read_file(const std::string& path) {
 
 int main(int argc, char** argv) {
     using namespace exl3::cli;
+    exl3::install_crash_backtrace();  // a crash says where (the build exports its symbols: ENABLE_EXPORTS)
     CLI::App app{"exl3: run, serve and convert quantized LLMs (EXL3) on one GPU, with a CPU reference backend"};
     app.require_subcommand(1);
     app.set_version_flag("--version", "exl3 0.1.0");

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <tuple>
 
 #include "backend/cpu/cpu_ops.h"
@@ -71,12 +72,10 @@ private:
     Status forward_one(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits, int row0);
     // The decoder over the step, with the CPU's layers (offload kCpu) between the GPU's and the head.
     Status run_decoder(CudaOps& ops, const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs);
-    Status sampler_rows(int rows);
 
     StepState s_;
     int last_rows_ = 0;  // logit rows the last forward left on the device
-    DeviceSampler sampler_;
-    int sampler_rows_ = 0;
+    DeviceSampler sampler_;  // reserved at load for kPlannedSamplerRows rows: more are drawn in chunks of that
     std::vector<float> chunk_logits_;  // forward_chunks: the dropped row of a chunk without wanted rows
 };
 
@@ -130,6 +129,7 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     EXL3_RETURN_IF_ERROR(s.reserve(M, std::min(M, kPlannedBatch), std::min(M, kPlannedLogitRows)));
     EXL3_RETURN_IF_ERROR(
         s.attn_ws.reserve(attention_scratch_bytes(cfg, M, opts.context_length, opts.kv_bits_k, opts.kv_bits_v)));
+    EXL3_RETURN_IF_ERROR(check_cuda(e->sampler_.init(kPlannedSamplerRows, cfg.vocab_size), "GPU sampler workspace"));
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
     log_info("CUDA {}: {} layers{}, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits); {:.2f} GiB "
@@ -417,22 +417,11 @@ Status CudaExecutor::forward_one(const StepPlan& plan, const std::vector<Sequenc
     return check_cuda(cudaStreamSynchronize(st), "step");
 }
 
-// The sampler's buffers for `rows` rows (grown as steps grow).
-Status CudaExecutor::sampler_rows(int rows) {
-    if (rows <= sampler_rows_) return Status::ok();
-    const int n = std::max(rows, std::max(32, 2 * sampler_rows_));
-    sampler_rows_ = 0;
-    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.init(n, s_.cfg.vocab_size), "GPU sampler workspace"));
-    sampler_rows_ = n;
-    return Status::ok();
-}
-
-// Every row the step computed is drawn (rows nobody asked for cheaply, greedy), so the sampler reads one contiguous
-// block; the caller gets its own rows.
+// The rows the step computed are drawn in blocks of the sampler's rows (rows nobody asked for cheaply, greedy), so
+// the sampler reads contiguous blocks; blocks without a wanted row are skipped. The caller gets its own rows.
 Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSettings>& settings, bool logprobs,
                           std::vector<Drawn>* out) {
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s_.ctx->device()), "cudaSetDevice"));
-    EXL3_RETURN_IF_ERROR(sampler_rows(last_rows_));
     std::vector<DeviceSampler::Row> dev(static_cast<size_t>(last_rows_));
     for (auto& d : dev) d.params.temperature = 0.0f;
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -452,10 +441,23 @@ Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSe
         auto& edits = dev[static_cast<size_t>(rows[i])].edits;
         for (const DrawSettings::Edit& e : p.edits) edits.push_back({e.id, e.bias, e.rep, e.sub, e.dry, e.ban ? 1 : 0});
     }
-    std::vector<DeviceSampler::Result> picked;
-    EXL3_RETURN_IF_ERROR(check_cuda(sampler_.sample(static_cast<const float*>(s_.logits.get()), s_.cfg.vocab_size,
-                                                    dev, logprobs, &picked, s_.ctx->stream()),
-                                    "GPU sampler"));
+    const int chunk = sampler_.max_rows();
+    std::vector<bool> wanted(static_cast<size_t>(last_rows_), false);
+    for (int r : rows) wanted[static_cast<size_t>(r)] = true;
+    std::vector<DeviceSampler::Result> picked(static_cast<size_t>(last_rows_)), part;
+    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    for (int r0 = 0; r0 < last_rows_; r0 += chunk) {
+        const int n = std::min(chunk, last_rows_ - r0);
+        const auto first = wanted.begin() + r0;
+        if (std::find(first, first + n, true) == first + n) continue;
+        std::vector<DeviceSampler::Row> block(std::make_move_iterator(dev.begin() + r0),
+                                              std::make_move_iterator(dev.begin() + r0 + n));
+        EXL3_RETURN_IF_ERROR(check_cuda(
+            sampler_.sample(static_cast<const float*>(s_.logits.get()) + static_cast<size_t>(r0) * vocab,
+                            static_cast<int64_t>(vocab), block, logprobs, &part, s_.ctx->stream()),
+            "GPU sampler"));
+        std::move(part.begin(), part.end(), picked.begin() + r0);
+    }
     out->resize(rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
         DeviceSampler::Result& r = picked[static_cast<size_t>(rows[i])];
@@ -468,14 +470,20 @@ Status CudaExecutor::draw(const std::vector<int>& rows, const std::vector<DrawSe
 Status CudaExecutor::argmax(int rows, std::vector<int32_t>* out) {
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s_.ctx->device()), "cudaSetDevice"));
     if (rows < 1 || rows > last_rows_) return internal_error("argmax: rows the step did not compute");
-    EXL3_RETURN_IF_ERROR(sampler_rows(rows));
     cudaStream_t st = s_.ctx->stream();
-    EXL3_RETURN_IF_ERROR(check_cuda(
-        sampler_.enqueue_greedy(static_cast<const float*>(s_.logits.get()), s_.cfg.vocab_size, rows, st), "argmax"));
     out->resize(static_cast<size_t>(rows));
-    EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out->data(), sampler_.device_tokens(),
-                                                    out->size() * sizeof(int32_t), cudaMemcpyDeviceToHost, st),
-                                    "ids download"));
+    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    for (int r0 = 0; r0 < rows; r0 += sampler_.max_rows()) {  // in blocks of the sampler's rows, in stream order
+        const int n = std::min(sampler_.max_rows(), rows - r0);
+        EXL3_RETURN_IF_ERROR(check_cuda(
+            sampler_.enqueue_greedy(static_cast<const float*>(s_.logits.get()) + static_cast<size_t>(r0) * vocab,
+                                    static_cast<int64_t>(vocab), n, st),
+            "argmax"));
+        EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(out->data() + r0, sampler_.device_tokens(),
+                                                        static_cast<size_t>(n) * sizeof(int32_t),
+                                                        cudaMemcpyDeviceToHost, st),
+                                        "ids download"));
+    }
     return check_cuda(cudaStreamSynchronize(st), "argmax");
 }
 

@@ -1,6 +1,6 @@
 // The CUDA executor's memory, counted before anything is allocated (models/executor.h: cuda_device_costs): the
 // weights by the same upload() the executor runs, through a placer that only counts; the step buffers and workspaces
-// by the functions StepState::reserve sizes them with.
+// by the functions StepState::reserve sizes them with; the sampler by the function its init allocates by.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -29,6 +29,9 @@ Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights&
     c.final_norm = pl.final_norm;
     c.context = cuda::kCudaContextBytes;
     c.graphs = cuda::kCudaGraphBytes;
+    c.pinned_map_per_gib = cuda::kPinnedMapBytesPerGiB;
+    c.sampler_rows = cuda::kPlannedSamplerRows;
+    c.sampler = static_cast<int64_t>(cuda::sampler_device_bytes(c.sampler_rows, cfg.vocab_size));
     for (const cuda::DevLayer& l : shapes->layers)
         if (!l.moe.experts.empty() && !l.moe.grouped.ok()) c.capturable = false;
     c.page_size = opts.page_size > 0 ? opts.page_size : 64;

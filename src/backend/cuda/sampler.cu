@@ -615,7 +615,11 @@ cudaError_t DeviceSampler::init(int max_rows, int vocab) {
     if ((e = cudaMalloc(&d_tokens_, sizeof(int32_t) * max_rows)) != cudaSuccess) return e;
     if ((e = cudaMalloc(&d_logprobs_, sizeof(float) * max_rows)) != cudaSuccess) return e;
     if ((e = cudaMalloc(&d_top_ids_, sizeof(int32_t) * max_rows * kSamplerMaxTopN)) != cudaSuccess) return e;
-    return cudaMalloc(&d_top_logprobs_, sizeof(float) * max_rows * kSamplerMaxTopN);
+    if ((e = cudaMalloc(&d_top_logprobs_, sizeof(float) * max_rows * kSamplerMaxTopN)) != cudaSuccess) return e;
+    const int edits = max_rows * kSamplerEditsPerRow;
+    if ((e = cudaMalloc(&d_edits_, sizeof(SamplerEdit) * edits)) != cudaSuccess) return e;
+    edit_capacity_ = edits;
+    return cudaSuccess;
 }
 
 cudaError_t DeviceSampler::enqueue_greedy(const float* logits, int64_t stride, int rows, cudaStream_t stream) {

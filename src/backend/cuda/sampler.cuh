@@ -90,6 +90,9 @@ struct SamplerBatch {
 
 size_t sampler_workspace_bytes(int max_rows, int vocab);
 
+// Edits (logit biases, penalties, bans) a row may bring before DeviceSampler::sample grows its edit buffer.
+constexpr int kSamplerEditsPerRow = 1024;
+
 // Samples every row. Fails with cudaErrorInvalidValue on bad shapes or a small workspace.
 cudaError_t sample_rows(const SamplerBatch& b, cudaStream_t stream);
 
@@ -112,7 +115,10 @@ public:
     DeviceSampler(const DeviceSampler&) = delete;
     DeviceSampler& operator=(const DeviceSampler&) = delete;
 
+    // Every buffer for up to max_rows rows (kSamplerEditsPerRow edits each): sample() and enqueue_greedy()
+    // allocate nothing more unless a call brings more edits.
     cudaError_t init(int max_rows, int vocab);
+    int max_rows() const { return max_rows_; }
     // logits: device [rows.size(), stride]. want_logprobs: fill Result::logprob and top lists. probs: optional
     // device [rows, vocab] output (see SamplerBatch::probs). Synchronises the stream.
     cudaError_t sample(const float* logits, int64_t stride, const std::vector<Row>& rows, bool want_logprobs,

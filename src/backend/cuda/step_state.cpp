@@ -6,6 +6,7 @@
 
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
+#include "backend/cuda/sampler.cuh"
 #include "kv/host_pages.h"
 
 namespace exl3::cuda {
@@ -21,6 +22,18 @@ size_t allocation_footprint(size_t bytes) {
     if (bytes == 0) return 0;
     const size_t page = bytes >= (size_t{1} << 20) ? size_t{2} << 20 : 512;
     return (bytes + page - 1) / page * page;
+}
+
+size_t sampler_device_bytes(int rows, int vocab) {
+    if (rows < 1 || vocab < 1) return 0;
+    const size_t r = static_cast<size_t>(rows);
+    size_t n = allocation_footprint(sampler_workspace_bytes(rows, vocab));
+    // (DeviceSampler::init's order: row parameters, tokens, logprobs, top ids, top logprobs, edits)
+    for (size_t b : {sizeof(SamplerRowParams) * r, sizeof(int32_t) * r, sizeof(float) * r,
+                     sizeof(int32_t) * r * kSamplerMaxTopN, sizeof(float) * r * kSamplerMaxTopN,
+                     sizeof(SamplerEdit) * r * kSamplerEditsPerRow})
+        n += allocation_footprint(b);
+    return n;
 }
 
 StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows) {

@@ -32,10 +32,16 @@ namespace exl3::cuda {
 // a step with more rows than that whose logits stay on the device grows the buffers beyond the plan.
 constexpr int kPlannedBatch = 256;
 constexpr int kPlannedLogitRows = 64;
+// The GPU sampler is reserved at load for this many rows (about 45 bytes per row per vocabulary entry: 176 MiB at
+// 32 rows of a 128k vocabulary); more rows are drawn in chunks of it.
+constexpr int kPlannedSamplerRows = 32;
 // The CUDA context with its loaded kernels, cuBLAS' handle and the workspace CudaContext gives it, and the captured
 // graphs: estimates (docs/memory.md says how they were measured).
 constexpr int64_t kCudaContextBytes = int64_t{640} << 20;
 constexpr int64_t kCudaGraphBytes = int64_t{64} << 20;
+// The device memory the driver takes for each GiB of pinned host memory the streamed layers are copied from (its page
+// tables): an estimate from the H100's loads (docs/memory.md).
+constexpr int64_t kPinnedMapBytesPerGiB = int64_t{4} << 20;
 
 // The step buffers' sizes for T tokens, B sequences and n_out logit rows: what StepState::reserve allocates besides
 // the workspaces, and what the memory plan counts. embed_rows: the embedding table is in host memory (each step's
@@ -73,6 +79,8 @@ size_t allocation_footprint(size_t bytes);
 int state_slots_for(const ModelConfig& cfg, int cache_tokens, int context, int64_t kv_bytes_per_token_layer);
 // One slot: every linear-attention layer's conv window and state matrix, fp32.
 int64_t state_slot_bytes_for(const ModelConfig& cfg);
+// Every device allocation of DeviceSampler::init(rows, vocab), each rounded as cudaMalloc rounds it.
+size_t sampler_device_bytes(int rows, int vocab);
 
 struct StepState {
     ModelConfig cfg;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "convert/cuda/quant_kernels.cuh"
 #include "convert/cuda/viterbi.h"
@@ -127,15 +128,29 @@ int64_t gpu_bytes_peak() {
 
 struct GpuHessian::Mem {
     Dev h, good;
+    Mem() {  // the legacy stream, whatever call is under way on this thread: a Hessian outlives the quantizers
+        h.set_stream(nullptr);
+        good.set_stream(nullptr);
+    }
 };
 
-GpuHessian::GpuHessian() : mem_(std::make_unique<Mem>()) {}
+GpuHessian::GpuHessian() = default;
 GpuHessian::~GpuHessian() = default;
-GpuHessian::GpuHessian(GpuHessian&&) noexcept = default;
-GpuHessian& GpuHessian::operator=(GpuHessian&&) noexcept = default;
+GpuHessian::GpuHessian(GpuHessian&& o) noexcept
+    : mem_(std::move(o.mem_)), dim_(std::exchange(o.dim_, 0)), rows_(std::exchange(o.rows_, 0)) {}
+GpuHessian& GpuHessian::operator=(GpuHessian&& o) noexcept {
+    if (this != &o) {
+        mem_ = std::move(o.mem_);
+        dim_ = std::exchange(o.dim_, 0);
+        rows_ = std::exchange(o.rows_, 0);
+    }
+    return *this;
+}
 
 Status GpuHessian::init(int dim) {
+    if (dim <= 0) return internal_error(fmt::format("Hessian of width {}", dim));
     if (dim_ == 0) {
+        if (!mem_) mem_ = std::make_unique<Mem>();
         EXL3_RETURN_IF_ERROR(mem_->h.alloc(static_cast<size_t>(dim) * dim * sizeof(float), true));
         EXL3_RETURN_IF_ERROR(mem_->good.alloc(sizeof(int), true));
         // The Hessian lives on the legacy stream (it outlives any one call): its zeros before the quantizer's GEMMs.
@@ -153,23 +168,38 @@ Status GpuHessian::download(std::vector<double>* out) const {
     return Status::ok();
 }
 
-struct GpuQuantizer::Impl {
-    int device = 0;
-    std::string name;
+// The quantizer's stream and library handles. A member of Impl declared before its Devs, so that it is destroyed
+// after them: a Dev frees on the stream (cudaFreeAsync), which must still exist then.
+struct Handles {
     cudaStream_t st = nullptr;
     cublasHandle_t blas = nullptr;
     cusolverDnHandle_t solver = nullptr;
+    Handles() = default;
+    Handles(const Handles&) = delete;
+    Handles& operator=(const Handles&) = delete;
+    ~Handles() {
+        if (solver) cusolverDnDestroy(solver);
+        if (blas) cublasDestroy(blas);
+        if (st) cudaStreamDestroy(st);
+    }
+};
+
+struct GpuQuantizer::Impl {
+    int device = 0;
+    std::string name;
+    Handles handles;  // before every Dev (above)
+    cudaStream_t& st = handles.st;
+    cublasHandle_t& blas = handles.blas;
+    cusolverDnHandle_t& solver = handles.solver;
     std::unique_ptr<ViterbiEncoder> vit;
     ThreadPool* pool = nullptr;
     Dev lut[3];           // codebook values by quant::Codebook
     Dev work, info, x16;  // cuSOLVER workspace and status; the Hessian's staging rows
     Dev xf;
 
-    ~Impl() {
-        if (solver) cusolverDnDestroy(solver);
-        if (blas) cublasDestroy(blas);
-        if (st) cudaStreamDestroy(st);
-    }
+    Impl() = default;
+    Impl(const Impl&) = delete;
+    Impl& operator=(const Impl&) = delete;
     Status codebook(quant::Codebook cb, const float** out) {
         Dev& d = lut[static_cast<int>(cb)];
         if (!d.as()) EXL3_RETURN_IF_ERROR(upload(d, quant::codebook_lut(cb), 65536, st));

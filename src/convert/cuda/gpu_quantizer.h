@@ -25,7 +25,9 @@ namespace exl3::convert::cuda {
 int64_t gpu_bytes_in_use();
 int64_t gpu_bytes_peak();
 
-// A linear input's Hessian on the device: H [dim, dim] fp32, the sum of x^T x over `rows` finite rows.
+// A linear input's Hessian on the device: H [dim, dim] fp32, the sum of x^T x over `rows` finite rows. A moved-from
+// Hessian is empty again (dim 0, no rows) and takes rows like a new one. Its device memory is ordered on the legacy
+// stream, so it may outlive every GpuQuantizer.
 class GpuHessian {
 public:
     GpuHessian();
@@ -41,10 +43,9 @@ private:
     friend class GpuQuantizer;
     Status init(int dim);  // zeros [dim, dim] on first use; a later width must match
     struct Mem;
-    std::unique_ptr<Mem> mem_;
+    std::unique_ptr<Mem> mem_;  // null until init (and after a move)
     int dim_ = 0;
     int64_t rows_ = 0;
-    int* good_ = nullptr;  // device counter of the finite rows of the last add
 };
 
 class GpuQuantizer {
