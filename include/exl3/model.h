@@ -40,6 +40,12 @@ struct ModelInfo {
     int kv_bits_k = 0;          // LoadOptions::kv_bits_k / kv_bits_v (0: unquantized)
     int kv_bits_v = 0;
     int64_t kv_bytes_per_token = 0;  // one token's keys and values in one layer of the KV cache
+    // Hybrid models (Qwen3-Next, Qwen3.5): layers mixing by linear attention instead of attention (they keep no keys
+    // and values: num_layers - num_linear_layers layers have a KV cache), and the bytes of one sequence's recurrent
+    // state over them (a fixed size, whatever the sequence's length; speculative decoding keeps a snapshot of it per
+    // proposal). 0 for other models.
+    int num_linear_layers = 0;
+    int64_t state_bytes = 0;
     int cache_tokens = 0;            // tokens the shared KV cache holds (CUDA: as planned; CPU: its limit, 0: none)
 };
 
@@ -145,6 +151,8 @@ struct CacheStats {
     int64_t pages_evicted = 0;
     int64_t tokens_computed = 0;  // positions run through the model by forward / forward_batch
     int64_t tokens_reused = 0;    // positions taken from cached pages instead of being computed
+    int state_slots = 0;          // hybrid models: recurrent-state slots created so far, and those held (live
+    int state_slots_in_use = 0;   // states and speculative decoding's snapshots)
 };
 
 class Model;
@@ -225,7 +233,9 @@ public:
     // Drops the sequence's positions from `length` on (0 <= length <= seq.length()): their pages go back to the pool
     // and the next forward continues at `length`. A page that keeps some positions and was offered to the prefix
     // cache is withdrawn from it; if another sequence shares that page, kUnsupported (nothing changes). Items
-    // fed with BatchItem::tentative covering the dropped positions never hit that.
+    // fed with BatchItem::tentative covering the dropped positions never hit that. A hybrid model's sequence (its
+    // recurrent state cannot be rewound) returns only to 0 or to the lengths the tentative tokens of its last steps
+    // left snapshots of; other lengths are kUnsupported (nothing changes).
     Status truncate(Sequence& seq, int length) const;
     CacheStats cache_stats() const;
 

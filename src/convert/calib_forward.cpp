@@ -9,6 +9,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/ops.h"
 #include "kv/host_pages.h"
+#include "kv/host_states.h"
 #include "kv/sequence.h"
 #include "models/decoder.h"
 
@@ -90,8 +91,20 @@ Status layer_forward_to(const ModelConfig& c, const HostWeights& w, int li, Cali
         seq[static_cast<size_t>(r)].pages = {r};
         seqs.push_back(&seq[static_cast<size_t>(r)]);
     }
-    const StepPlan plan = calibration_plan(cs);
+    StepPlan plan = calibration_plan(cs);
+    // A linear-attention layer: each row starts from a zero state of its own (one slot a row, of this layer).
+    std::vector<int> recurrent(static_cast<size_t>(c.num_layers), -1);
+    recurrent[static_cast<size_t>(li)] = 0;
+    HostStates states(recurrent, c.is_linear(li) ? c.lin_conv_floats() + c.lin_state_floats() : 0);
+    if (c.is_linear(li)) {
+        states.grow(cs.rows);
+        for (int r = 0; r < cs.rows; ++r) {
+            plan.state_slot.push_back(r);
+            plan.state_zero.push_back(1);
+        }
+    }
     CpuOps ops(c, w, pool, kv, seqs, li);
+    ops.set_states(&states);
     if (sink)
         ops.set_capture([&](int, LinearInput input, const float* x, int rows, int cols) {
             (*sink)(input, -1, x, rows, cols);

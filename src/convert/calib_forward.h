@@ -28,6 +28,10 @@ struct Hess {
 using HessianSink = std::function<void(LinearInput input, int expert, const float* x, int rows, int cols)>;
 constexpr int kSharedExpert = -2;
 
+// Whose input a linear reads, for its Hessian: the attention's (q, k, v; a linear-attention layer's input
+// projections), the output projection's, the MLP's (gate, up, every expert's), a down projection's.
+enum class HessOf { kAttnIn, kOIn, kMlpIn, kDown, kExpertDown, kSharedDown };
+
 // A layer's Hessians by input: q/k/v share the attention input's, gate/up the MLP input's. In a mixture of experts
 // every expert's gate and up (and the shared expert's) take the MLP input's over all calibration rows, and each
 // expert's down the Hessian of its own intermediate act(x Wg^T) * (x Wu^T) over all rows too, as if every row had
@@ -49,15 +53,19 @@ struct LayerHessiansOf {
         if (expert_down.size() <= static_cast<size_t>(expert)) expert_down.resize(static_cast<size_t>(expert) + 1);
         return expert_down[static_cast<size_t>(expert)];
     }
-    // The Hessian of the layer's idx-th linear in the converter's order (q, k, v, o, then gate, up, down; in a
-    // mixture of experts gate, up, down of each expert, then of the shared expert).
-    const H& of_linear(int idx, bool moe) const {
-        if (idx < 3) return qkv;
-        if (idx == 3) return o;
-        if (!moe) return idx < 6 ? gu : down;
-        const int j = idx - 4, e = j / 3;
-        if (j % 3 < 2) return gu;
-        return e < static_cast<int>(expert_down.size()) ? expert_down[static_cast<size_t>(e)] : shared_down;
+    // The Hessian a linear reads (Lin::src; `expert` for kExpertDown, one past the experts: the shared expert's).
+    const H& of_linear(HessOf src, int expert) const {
+        switch (src) {
+            case HessOf::kAttnIn: return qkv;
+            case HessOf::kOIn: return o;
+            case HessOf::kMlpIn: return gu;
+            case HessOf::kDown: return down;
+            case HessOf::kExpertDown:
+                return static_cast<size_t>(expert) < expert_down.size() ? expert_down[static_cast<size_t>(expert)]
+                                                                        : shared_down;
+            case HessOf::kSharedDown: return shared_down;
+        }
+        return qkv;
     }
 };
 using LayerHessians = LayerHessiansOf<Hess>;

@@ -187,8 +187,8 @@ private:
     Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
     // layer_forward, its time split between the forward and the Hessian captures (hs may be null).
     Status forward(int li, Calib& cs, LayerHess* hs);
-    HessRef hess_of(const LayerHess& hs, int idx, bool moe) const {
-        return {hs.host.of_linear(idx, moe), hs.gpu.of_linear(idx, moe)};
+    HessRef hess_of(const LayerHess& hs, const Lin& l) const {
+        return {hs.host.of_linear(l.hess, l.expert), hs.gpu.of_linear(l.hess, l.expert)};
     }
     int64_t rows_of(HessRef h) const { return gpu_on() ? h.gpu.rows() : h.host.rows; }
     bool gpu_on() const {
@@ -458,7 +458,7 @@ Status Converter::allocate_bits() {
             const Layer& L = lin_.layer(li);
             for (int i = 0; i < static_cast<int>(L.size()); ++i) {
                 const Lin& l = L[static_cast<size_t>(i)];
-                const HessRef h = hess_of(hs, i, c_.is_moe(li));
+                const HessRef h = hess_of(hs, l);
                 if (rows_of(h) == 0)
                     return invalid_argument(fmt::format("{}: no finite calibration rows reach this layer (the "
                                                         "activations are NaN/inf)",
@@ -566,7 +566,7 @@ Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWri
         for (size_t k; (k = next++) < n;) {
             const size_t i = order[k];
             Lin& l = L[i];
-            const HessRef h = hess_of(hs, static_cast<int>(i), c_.is_moe(li));
+            const HessRef h = hess_of(hs, l);
             if (rows_of(h) == 0) {
                 res[i] = invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
                 continue;
@@ -646,14 +646,14 @@ Status Converter::quantize_layers() {
 #endif
             for (int i = 0; i < static_cast<int>(L.size()) && !gpu_on(); ++i) {
                 Lin& l = L[static_cast<size_t>(i)];
-                EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, i, c_.is_moe(li)),
+                EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l),
                                               alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
                                               opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
                                          .with_context(fmt::format("quantizing {}", l.prefix)));
             }
             EXL3_RETURN_IF_ERROR(forward(li, cs, nullptr));
             // The norms (and gpt-oss's sinks); an MoE layer's router (and its bias), its score bias and the shared
-            // gate.
+            // gate; a linear-attention layer's unquantized tensors.
             std::vector<std::string> raw;
             for (LayerTensor t : side) raw.push_back(names.of(li, t));
             if (c_.is_moe(li))
@@ -661,6 +661,12 @@ Status Converter::quantize_layers() {
                     for (const char* member : {".weight", ".bias"})
                         if (r) raw.push_back(names.layer_prefix(li) + r + member);
             if (c_.is_moe(li) && names.moe->score_bias) raw.push_back(names.layer_prefix(li) + names.moe->score_bias);
+            if (c_.is_linear(li)) {  // the conv, A_log, dt_bias, the gated norm, and b | a (unquantized linears)
+                const LinearAttnNames& a = *names.linear_attn;
+                for (const char* r : {a.conv, a.a_log, a.dt_bias, a.norm}) raw.push_back(names.layer_prefix(li) + r);
+                for (const char* r : {a.ba, a.b, a.a})
+                    if (r) raw.push_back(names.layer_prefix(li) + r + ".weight");
+            }
             for (const std::string& name : raw) {
                 if (name.empty() || !st_.contains(name)) continue;
                 EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <tuple>
 
 #include "backend/cpu/ops.h"
 
@@ -27,31 +26,55 @@ Status ModelLinears::load(const ModelConfig& c, const HostWeights& hf, const Ten
     for (int li = 0; li < c.num_layers; ++li) {
         const HostLayer& L = hf.layers[static_cast<size_t>(li)];
         Layer& out = layers_[static_cast<size_t>(li)];
-        std::vector<std::tuple<const HostLinear*, size_t, std::string>> parts;  // (linear, part, prefix)
-        for (int i = 0; i < 4; ++i)
-            parts.emplace_back(i < 3 ? &L.qkv : &L.o, i < 3 ? i : 0, names.of(li, static_cast<LayerTensor>(i)));
+        struct Part {
+            const HostLinear* hl;
+            size_t part;
+            std::string prefix;
+            HessOf hess;
+            int expert = 0;
+        };
+        std::vector<Part> parts;
+        const std::string lp = names.layer_prefix(li);
+        if (c.is_linear(li)) {
+            const LinearAttnNames& a = *names.linear_attn;
+            if (a.fused()) {
+                parts.push_back({&L.lin.in_proj, 0, lp + a.qkvz, HessOf::kAttnIn});
+            } else {
+                parts.push_back({&L.lin.in_proj, 0, lp + a.qkv, HessOf::kAttnIn});
+                parts.push_back({&L.lin.in_proj, 1, lp + a.z, HessOf::kAttnIn});
+            }
+            parts.push_back({&L.lin.out, 0, lp + a.out, HessOf::kOIn});
+        } else {
+            for (int i = 0; i < 4; ++i)
+                parts.push_back({i < 3 ? &L.qkv : &L.o, static_cast<size_t>(i < 3 ? i : 0),
+                                 names.of(li, static_cast<LayerTensor>(i)), i < 3 ? HessOf::kAttnIn : HessOf::kOIn});
+        }
         if (!c.is_moe(li)) {
             for (int i = 4; i < kLayerLinears; ++i)
-                parts.emplace_back(i < 6 ? &L.gate_up : &L.down, i < 6 ? i - 4 : 0,
-                                   names.of(li, static_cast<LayerTensor>(i)));
+                parts.push_back({i < 6 ? &L.gate_up : &L.down, static_cast<size_t>(i < 6 ? i - 4 : 0),
+                                 names.of(li, static_cast<LayerTensor>(i)), i < 6 ? HessOf::kMlpIn : HessOf::kDown});
         } else {  // the experts', then the shared expert's, under the family's names (the reference's layout)
             const MoeNames& m = *names.moe;
-            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d) {
-                parts.emplace_back(&e.gate_up, 0, p + g);
-                parts.emplace_back(&e.gate_up, 1, p + u);
-                parts.emplace_back(&e.down, 0, p + d);
+            auto expert = [&](const HostExpert& e, const std::string& p, const char* g, const char* u, const char* d,
+                              HessOf down, int idx) {
+                parts.push_back({&e.gate_up, 0, p + g, HessOf::kMlpIn});
+                parts.push_back({&e.gate_up, 1, p + u, HessOf::kMlpIn});
+                parts.push_back({&e.down, 0, p + d, down, idx});
             };
             for (size_t e = 0; e < L.moe.experts.size(); ++e)
-                expert(L.moe.experts[e], m.expert_prefix(names.layer_prefix(li), static_cast<int>(e)), m.gate, m.up, m.down);
+                expert(L.moe.experts[e], m.expert_prefix(lp, static_cast<int>(e)), m.gate, m.up, m.down,
+                       HessOf::kExpertDown, static_cast<int>(e));
             if (!L.moe.shared.gate_up.parts.empty())
-                expert(L.moe.shared, names.layer_prefix(li) + m.shared, "gate_proj", "up_proj", "down_proj");
+                expert(L.moe.shared, lp + m.shared, "gate_proj", "up_proj", "down_proj", HessOf::kSharedDown, 0);
         }
         out.resize(parts.size());
         for (size_t i = 0; i < parts.size(); ++i) {
-            const auto& [hl, part, prefix] = parts[i];
+            const Part& pt = parts[i];
             int col = 0;
-            for (size_t j = 0; j < part; ++j) col += hl->parts[j].out;
-            take(*hl, part, col, prefix, &out[i]);
+            for (size_t j = 0; j < pt.part; ++j) col += pt.hl->parts[j].out;
+            take(*pt.hl, pt.part, col, pt.prefix, &out[i]);
+            out[i].hess = pt.hess;
+            out[i].expert = pt.expert;
         }
     }
     take(hf.head, 0, 0, names.head, &head_);
@@ -121,11 +144,23 @@ void ModelLinears::bind_layer(int li) {
             hl.out += l.out;
         }
     };
-    bind(L.qkv, {0, 1, 2});
-    bind(L.o, {3});
+    // The first MLP linear among the layer's: after q, k, v, o, or a linear layer's in_proj part(s) and out_proj.
+    const int m0 = !c_->is_linear(li) ? 4 : hf_->names->linear_attn->fused() ? 2 : 3;
+    if (c_->is_linear(li)) {  // b | a, the conv, A_log, dt_bias and the gated norm stay as loaded (not quantized)
+        L.lin = hf.lin;
+        if (m0 == 2) {
+            bind(L.lin.in_proj, {0});
+        } else {
+            bind(L.lin.in_proj, {0, 1});
+        }
+        bind(L.lin.out, {m0 - 1});
+    } else {
+        bind(L.qkv, {0, 1, 2});
+        bind(L.o, {3});
+    }
     if (!c_->is_moe(li)) {
-        bind(L.gate_up, {4, 5});
-        bind(L.down, {6});
+        bind(L.gate_up, {m0, m0 + 1});
+        bind(L.down, {m0 + 2});
         return;
     }
     // The router, its bias and the shared gate stay as loaded (they are not quantized); the experts read the copies.
@@ -134,8 +169,8 @@ void ModelLinears::bind_layer(int li) {
     for (int e = 0; e <= E; ++e) {
         HostExpert& x = e < E ? L.moe.experts[static_cast<size_t>(e)] : L.moe.shared;
         if (e == E && x.gate_up.parts.empty()) break;
-        bind(x.gate_up, {4 + 3 * e, 5 + 3 * e});
-        bind(x.down, {6 + 3 * e});
+        bind(x.gate_up, {m0 + 3 * e, m0 + 1 + 3 * e});
+        bind(x.down, {m0 + 2 + 3 * e});
     }
 }
 

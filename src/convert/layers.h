@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "convert/calib_forward.h"
 #include "core/tensor.h"
 #include "exl3/status.h"
 #include "format/model_config.h"
@@ -21,10 +22,14 @@ struct Lin {
     TensorView src;
     std::vector<float> w, b;
     int out = 0, in = 0;
+    HessOf hess = HessOf::kAttnIn;  // whose input it reads
+    int expert = 0;                 // kExpertDown: which expert's
 };
 
 // A layer's linears in the order they are quantized (bit allocation and seeds follow it): LayerTensor::kQ .. kDown;
-// in a mixture-of-experts layer q, k, v, o, then gate, up, down of each expert, then of the shared expert.
+// in a linear-attention layer its input projections (in_proj_qkvz, or in_proj_qkv and in_proj_z) and out_proj
+// instead of q, k, v, o (in_proj_ba / b / a stay unquantized, as in the reference's files); in a mixture-of-experts
+// layer gate, up, down of each expert, then of the shared expert, instead of the MLP's.
 using Layer = std::vector<Lin>;
 
 class ModelLinears {

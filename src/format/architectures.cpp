@@ -73,6 +73,46 @@ constexpr TensorNames kGptOssNames = {
      "input_layernorm.weight", "post_attention_layernorm.weight", nullptr, nullptr, nullptr, nullptr,
      "self_attn.sinks"},
     nullptr, nullptr, &kGptOssExperts};
+// The hybrid families (Gated DeltaNet layers between gated full-attention layers): Llama's attention names (q_proj
+// also carries the output gate), Qwen2-MoE's expert names (Qwen3.5-MoE checkpoints stack the experts instead).
+constexpr LinearAttnNames kQwen3NextLinear = {
+    .qkvz = "linear_attn.in_proj_qkvz", .ba = "linear_attn.in_proj_ba", .conv = "linear_attn.conv1d.weight",
+    .a_log = "linear_attn.A_log", .dt_bias = "linear_attn.dt_bias", .norm = "linear_attn.norm.weight",
+    .out = "linear_attn.out_proj"};
+constexpr LinearAttnNames kQwen35Linear = {
+    .qkv = "linear_attn.in_proj_qkv", .z = "linear_attn.in_proj_z", .b = "linear_attn.in_proj_b",
+    .a = "linear_attn.in_proj_a", .conv = "linear_attn.conv1d.weight", .a_log = "linear_attn.A_log",
+    .dt_bias = "linear_attn.dt_bias", .norm = "linear_attn.norm.weight", .out = "linear_attn.out_proj"};
+constexpr MoeNames kQwen35MoeExperts = {"mlp.gate", "mlp.experts.{}.", "gate_proj", "up_proj", "down_proj",
+                                        "mlp.shared_expert.", "mlp.shared_expert_gate", nullptr,
+                                        nullptr, "mlp.experts.gate_up_proj", "mlp.experts.down_proj"};
+constexpr TensorNames kQwen3NextNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head,
+                                         kLlamaNames.layer, kLlamaNames.layer_tensors, nullptr, nullptr,
+                                         &kQwen2MoeExperts, &kQwen3NextLinear};
+constexpr TensorNames kQwen35Names = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head, kLlamaNames.layer,
+                                      kLlamaNames.layer_tensors, nullptr, nullptr, nullptr, &kQwen35Linear};
+constexpr TensorNames kQwen35MoeNames = {kLlamaNames.embed, kLlamaNames.final_norm, kLlamaNames.head,
+                                         kLlamaNames.layer, kLlamaNames.layer_tensors, nullptr, nullptr,
+                                         &kQwen35MoeExperts, &kQwen35Linear};
+// Qwen3.5's multimodal wrappers: the language model as the Hub files and transformers 5 hold it, and the legacy
+// layout.
+constexpr const char* kWrappedEmbed = "model.language_model.embed_tokens.weight";
+constexpr const char* kWrappedNorm = "model.language_model.norm.weight";
+constexpr const char* kWrappedLayer = "model.language_model.layers.{}.";
+constexpr const char* kLegacyEmbed = "language_model.model.embed_tokens.weight";
+constexpr const char* kLegacyNorm = "language_model.model.norm.weight";
+constexpr const char* kLegacyLayer = "language_model.model.layers.{}.";
+constexpr TensorNames kQwen35WrappedNames = {kWrappedEmbed, kWrappedNorm, "lm_head", kWrappedLayer,
+                                             kLlamaNames.layer_tensors, nullptr, nullptr, nullptr, &kQwen35Linear};
+constexpr TensorNames kQwen35WrappedLegacyNames = {kLegacyEmbed, kLegacyNorm, "language_model.lm_head", kLegacyLayer,
+                                                   kLlamaNames.layer_tensors, nullptr, nullptr, nullptr,
+                                                   &kQwen35Linear};
+constexpr TensorNames kQwen35MoeWrappedNames = {kWrappedEmbed, kWrappedNorm, "lm_head", kWrappedLayer,
+                                                kLlamaNames.layer_tensors, nullptr, nullptr, &kQwen35MoeExperts,
+                                                &kQwen35Linear};
+constexpr TensorNames kQwen35MoeWrappedLegacyNames = {kLegacyEmbed, kLegacyNorm, "language_model.lm_head",
+                                                      kLegacyLayer, kLlamaNames.layer_tensors, nullptr, nullptr,
+                                                      &kQwen35MoeExperts, &kQwen35Linear};
 
 // Phi-3 / Phi-4: Llama's names, q|k|v and gate|up fused in HF checkpoints.
 constexpr TensorNames kPhi3Names = {
@@ -128,6 +168,14 @@ const std::vector<ArchInfo> kArchs = {
     {Arch::kMixtral, "MixtralForCausalLM", "mixtral", {&kMixtralNames}},
     {Arch::kGlm4Moe, "Glm4MoeForCausalLM", "glm4_moe", {&kGlm4MoeNames}},
     {Arch::kGptOss, "GptOssForCausalLM", "gpt_oss", {&kGptOssNames}},
+    // Hybrids. Their checkpoints may carry multi-token-prediction layers (mtp.*) and a vision tower: not read.
+    {Arch::kQwen3Next, "Qwen3NextForCausalLM", "qwen3_next", {&kQwen3NextNames}, {"mtp."}},
+    {Arch::kQwen35, "Qwen3_5ForCausalLM", "qwen3_5_text", {&kQwen35Names}, {"mtp.", "model.visual."}},
+    {Arch::kQwen35Moe, "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", {&kQwen35MoeNames}, {"mtp.", "model.visual."}},
+    {Arch::kQwen35Wrapped, "Qwen3_5ForConditionalGeneration", "qwen3_5",
+     {&kQwen35WrappedNames, &kQwen35WrappedLegacyNames}, {"mtp.", "model.visual.", "visual."}},
+    {Arch::kQwen35MoeWrapped, "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
+     {&kQwen35MoeWrappedNames, &kQwen35MoeWrappedLegacyNames}, {"mtp.", "model.visual.", "visual."}},
 };
 
 }  // namespace

@@ -14,6 +14,7 @@ enum class Arch {
     kLlama, kMistral, kQwen2, kQwen3, kPhi3, kMistral3, kSeedOss, kSmolLM3, kGranite,
     kGemma2, kGemma3, kGemma3Wrapped, kGlm4, kOlmo2, kOlmo3, kExaone4, kErnie45, kCohere, kCohere2,
     kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kGptOss,
+    kQwen3Next, kQwen35, kQwen35Moe, kQwen35Wrapped, kQwen35MoeWrapped,
 };
 
 // A decoder layer's tensors, in the order the converter quantizes its linears (kQ .. kDown). kSinks: gpt-oss's
@@ -40,8 +41,32 @@ struct MoeNames {
     const char* shared_gate = nullptr;
     const char* score_bias = nullptr;
     const char* batched = nullptr;
+    // Checkpoints that stack every expert in one tensor (Qwen3.5-MoE): gate|up [experts, 2 x width, hidden] and down
+    // [experts, hidden, width], [out, in] per expert. The loader reads them when the per-expert tensors are absent;
+    // EXL3 files (ours and the reference's) store each expert's linears under the per-expert names.
+    const char* fused_gate_up = nullptr;
+    const char* fused_down = nullptr;
 
     std::string expert_prefix(const std::string& layer_prefix, int e) const;
+};
+
+// A Gated DeltaNet (linear attention) layer's tensors, relative to the layer: Qwen3-Next's fused projections
+// (in_proj_qkvz, in_proj_ba: rows grouped by key head) or Qwen3.5's separate ones (in_proj_qkv, in_proj_z, in_proj_b,
+// in_proj_a: rows in plain q | k | v order), the causal conv's weight [conv_dim, 1, kernel], A_log and dt_bias
+// [v_heads], the gated norm's weight [v_dim] and out_proj. Linears are prefixes; the rest are full names.
+struct LinearAttnNames {
+    const char* qkvz = nullptr;  // Qwen3-Next
+    const char* ba = nullptr;
+    const char* qkv = nullptr;   // Qwen3.5
+    const char* z = nullptr;
+    const char* b = nullptr;
+    const char* a = nullptr;
+    const char* conv;
+    const char* a_log;
+    const char* dt_bias;
+    const char* norm;
+    const char* out;
+    bool fused() const { return qkvz != nullptr; }
 };
 
 // Linears are named by their prefix (`.weight`, `.bias`, or EXL3's `.trellis` ... follow); other tensors by their full
@@ -58,6 +83,7 @@ struct TensorNames {
     const char* fused_qkv = nullptr;
     const char* fused_gate_up = nullptr;
     const MoeNames* moe = nullptr;  // the family's experts, when it has them
+    const LinearAttnNames* linear_attn = nullptr;  // hybrid families: the Gated DeltaNet layers' tensors
 
     std::string of(int layer_index, LayerTensor t) const;
     bool has(LayerTensor t) const { return layer_tensors[static_cast<size_t>(t)] != nullptr; }

@@ -143,6 +143,14 @@ Status parse_rope_params(const json& params, const std::string& source, RopeConf
 
 bool two_ropes(Arch a) { return a == Arch::kGemma3 || a == Arch::kGemma3Wrapped || a == Arch::kOlmo3; }
 
+// Qwen3-Next and the Qwen3.5 family: Gated DeltaNet layers between gated full-attention ones.
+bool hybrid_arch(Arch a) {
+    return a == Arch::kQwen3Next || a == Arch::kQwen35 || a == Arch::kQwen35Moe || a == Arch::kQwen35Wrapped ||
+           a == Arch::kQwen35MoeWrapped;
+}
+// The Qwen3.5 mixtures of experts: every layer's MLP is the experts, and the config has no intermediate_size.
+bool qwen35_moe(Arch a) { return a == Arch::kQwen35Moe || a == Arch::kQwen35MoeWrapped; }
+
 Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
     RopeConfig& r = mc->rope;
     r.max_position_embeddings = mc->max_position_embeddings;
@@ -173,7 +181,8 @@ Status parse_rope(const json& cfg, const std::string& source, ModelConfig* mc) {
     // Inside rope_parameters it counts.
     const bool glm = mc->arch == Arch::kGlm4 || mc->arch == Arch::kGlm4Moe;
     if (glm) r.partial_rotary_factor = 0.5;
-    if (mc->arch == Arch::kPhi3 || glm)
+    if (hybrid_arch(mc->arch)) r.partial_rotary_factor = 0.25;  // Qwen3NextConfig's default, a top-level key wins
+    if (mc->arch == Arch::kPhi3 || glm || hybrid_arch(mc->arch))
         EXL3_RETURN_IF_ERROR(top.get_double("partial_rotary_factor", &r.partial_rotary_factor));
     EXL3_RETURN_IF_ERROR(top.get_int("original_max_position_embeddings", &r.original_max_position_embeddings, false));
     // Gemma 3 and Olmo 3: sliding layers rotate on their own base (rope_local). Legacy configs give it as
@@ -232,7 +241,7 @@ Result<const ArchInfo*> find_architecture(const json& cfg, const Fields& f, cons
 Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc) {
     EXL3_RETURN_IF_ERROR(f.get_int("vocab_size", &mc.vocab_size, true));
     EXL3_RETURN_IF_ERROR(f.get_int("hidden_size", &mc.hidden_size, true));
-    EXL3_RETURN_IF_ERROR(f.get_int("intermediate_size", &mc.intermediate_size, true));
+    EXL3_RETURN_IF_ERROR(f.get_int("intermediate_size", &mc.intermediate_size, !qwen35_moe(mc.arch)));
     EXL3_RETURN_IF_ERROR(f.get_int("num_hidden_layers", &mc.num_layers, true, 1, 100000));
     EXL3_RETURN_IF_ERROR(f.get_int("num_attention_heads", &mc.num_heads, true, 1, 100000));
     mc.num_kv_heads = mc.num_heads;
@@ -243,8 +252,9 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
     const bool gemma = mc.arch == Arch::kGemma2 || mc.arch == Arch::kGemma3 || mc.arch == Arch::kGemma3Wrapped;
     if (f.has("head_dim") && mc.arch != Arch::kCohere2) {  // Cohere 2's config forces hidden / heads
         EXL3_RETURN_IF_ERROR(f.get_int("head_dim", &mc.head_dim, true, 1, 4096));
-    } else if (gemma || mc.arch == Arch::kErnie45 || mc.arch == Arch::kGptOss) {
-        mc.head_dim = gemma ? 256 : mc.arch == Arch::kErnie45 ? 128 : 64;  // the config classes' defaults
+    } else if (gemma || mc.arch == Arch::kErnie45 || mc.arch == Arch::kGptOss || hybrid_arch(mc.arch)) {
+        // the config classes' defaults
+        mc.head_dim = mc.arch == Arch::kErnie45 ? 128 : mc.arch == Arch::kGptOss ? 64 : 256;
     } else {
         if (mc.hidden_size % mc.num_heads)
             return invalid_argument(fmt::format("{}: hidden_size {} is not a multiple of num_attention_heads {} and "
@@ -257,7 +267,7 @@ Status parse_shapes(const Fields& f, const std::string& source, ModelConfig& mc)
     if (cohere || mc.arch == Arch::kGptOss) mc.rms_norm_eps = 1e-5;
     EXL3_RETURN_IF_ERROR(f.get_double(cohere ? "layer_norm_eps" : "rms_norm_eps", &mc.rms_norm_eps));
     if (!(mc.rms_norm_eps > 0)) return invalid_argument(source + ": the norm epsilon must be positive");
-    mc.max_position_embeddings = 2048;
+    mc.max_position_embeddings = hybrid_arch(mc.arch) ? 32768 : 2048;
     EXL3_RETURN_IF_ERROR(f.get_int("max_position_embeddings", &mc.max_position_embeddings, false));
     // The config classes that tie by default (the others do not).
     mc.tie_word_embeddings = gemma || cohere || mc.arch == Arch::kErnie45 || mc.arch == Arch::kSmolLM3;
@@ -297,6 +307,11 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
             EXL3_RETURN_IF_ERROR(f.get_bool("qkv_bias", &mc.qkv_bias));
             break;
         case Arch::kQwen3Moe:
+        case Arch::kQwen3Next:
+        case Arch::kQwen35:
+        case Arch::kQwen35Moe:
+        case Arch::kQwen35Wrapped:
+        case Arch::kQwen35MoeWrapped:
             mc.qkv_bias = mc.o_bias = attention_bias;
             break;
         case Arch::kGlm4Moe:  // q, k, v only
@@ -340,6 +355,7 @@ Status parse_biases(const Fields& f, ModelConfig& mc) {
     }
     if (mc.arch != Arch::kLlama && mc.arch != Arch::kSeedOss && mc.arch != Arch::kGranite && mc.arch != Arch::kErnie45)
         mc.mlp_bias = false;
+    if (hybrid_arch(mc.arch)) mc.qk_norm = QkNorm::kHead;
     switch (mc.arch) {
         case Arch::kQwen3: case Arch::kQwen3Moe: case Arch::kGemma3: case Arch::kGemma3Wrapped: case Arch::kExaone4:
             mc.qk_norm = QkNorm::kHead;
@@ -376,6 +392,12 @@ Status parse_windows(const json& cfg, const Fields& f, const std::string& source
     if (periodic && !cfg.contains("sliding_window")) window = mc.arch == Arch::kGptOss ? 128 : 4096;
     EXL3_RETURN_IF_ERROR(f.get_int("sliding_window", &window, false, 0));  // 0 (Qwen2-MoE): none
     mc.sliding_window.assign(static_cast<size_t>(mc.num_layers), 0);
+    if (hybrid_arch(mc.arch)) {  // no windows; layer_types says which layers are linear (parse_hybrid)
+        bool use = false;
+        EXL3_RETURN_IF_ERROR(f.get_bool("use_sliding_window", &use));
+        if (use) return unsupported(source + ": use_sliding_window is not supported for " + mc.arch_name);
+        return Status::ok();
+    }
     if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
         const json& lt = cfg["layer_types"];
         if (!lt.is_array() || lt.size() != static_cast<size_t>(mc.num_layers))
@@ -546,24 +568,38 @@ Status parse_gpt_oss_moe(const Fields& f, const std::string& source, ModelConfig
     return Status::ok();
 }
 
-// Which layers are mixtures of experts and how they route: Qwen2/3-MoE (every decoder_sparse_step-th layer but
-// mlp_only_layers), Mixtral (all), GLM-4.5 (all after first_k_dense_replace), gpt-oss (all).
+// Which layers are mixtures of experts and how they route: Qwen2/3-MoE and Qwen3-Next (every decoder_sparse_step-th
+// layer but mlp_only_layers), Mixtral and Qwen3.5-MoE (all), GLM-4.5 (all after first_k_dense_replace), gpt-oss (all).
 Status parse_moe(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
     if (mc.arch == Arch::kGptOss) return parse_gpt_oss_moe(f, source, mc);
-    const bool qwen = mc.arch == Arch::kQwen2Moe || mc.arch == Arch::kQwen3Moe;
-    if (!qwen && mc.arch != Arch::kMixtral && mc.arch != Arch::kGlm4Moe) return Status::ok();
+    const bool next = mc.arch == Arch::kQwen3Next, q35 = qwen35_moe(mc.arch);
+    const bool qwen = mc.arch == Arch::kQwen2Moe || mc.arch == Arch::kQwen3Moe || next;
+    if (!qwen && !q35 && mc.arch != Arch::kMixtral && mc.arch != Arch::kGlm4Moe) return Status::ok();
     // The Hub's configs name the count by family; transformers 5 writes num_local_experts for all of them.
     const char* count = mc.arch == Arch::kMixtral ? "num_local_experts" : mc.arch == Arch::kGlm4Moe ? "n_routed_experts" : "num_experts";
     if (!f.has(count) && f.has("num_local_experts")) count = "num_local_experts";
-    EXL3_RETURN_IF_ERROR(f.get_int(count, &mc.num_experts, true, 1, 4096));
-    EXL3_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &mc.experts_per_token, true, 1, 4096));
+    // Qwen3-Next's and Qwen3.5-MoE's config classes give defaults (Qwen3-Next with 0 experts is dense).
+    const bool defaults = next || q35;
+    if (defaults) {
+        mc.num_experts = next ? 512 : 256;
+        mc.experts_per_token = next ? 10 : 8;
+        mc.expert_size = mc.shared_expert_size = 512;
+        mc.norm_topk = true;  // Qwen3-Next's default; Qwen3.5-MoE always renormalises
+    }
+    EXL3_RETURN_IF_ERROR(f.get_int(count, &mc.num_experts, !defaults, next ? 0 : 1, 4096));
+    if (mc.num_experts == 0) return Status::ok();
+    EXL3_RETURN_IF_ERROR(f.get_int("num_experts_per_tok", &mc.experts_per_token, !defaults, 1, 4096));
     if (mc.experts_per_token > mc.num_experts)
         return invalid_argument(fmt::format("{}: num_experts_per_tok {} exceeds the {} experts", source,
                                             mc.experts_per_token, mc.num_experts));
     if (mc.arch == Arch::kMixtral) {
         mc.expert_size = mc.intermediate_size;
     } else {
-        EXL3_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", &mc.expert_size, true));
+        EXL3_RETURN_IF_ERROR(f.get_int("moe_intermediate_size", &mc.expert_size, !defaults));
+    }
+    if (defaults) {  // a shared expert behind a sigmoid gate
+        EXL3_RETURN_IF_ERROR(f.get_int("shared_expert_intermediate_size", &mc.shared_expert_size, false, 1));
+        mc.shared_expert_gate = true;
     }
     mc.moe_layer.assign(static_cast<size_t>(mc.num_layers), 1);
     if (qwen) {
@@ -584,8 +620,8 @@ Status parse_moe(const json& cfg, const Fields& f, const std::string& source, Mo
             EXL3_RETURN_IF_ERROR(f.get_int("shared_expert_intermediate_size", &mc.shared_expert_size, false, 0));
             mc.shared_expert_gate = mc.shared_expert_size > 0;
         }
-    } else if (mc.arch == Arch::kMixtral) {
-        mc.norm_topk = true;
+    } else if (mc.arch == Arch::kMixtral || q35) {
+        mc.norm_topk = true;  // every layer, the chosen weights renormalised
     } else {  // GLM-4.5
         int dense = 1, shared = 1;
         EXL3_RETURN_IF_ERROR(f.get_int("first_k_dense_replace", &dense, false, 0));
@@ -607,6 +643,50 @@ Status parse_moe(const json& cfg, const Fields& f, const std::string& source, Mo
                                                 source, mc.num_experts, mc.expert_groups, mc.topk_groups,
                                                 mc.experts_per_token));
     }
+    return Status::ok();
+}
+
+// The hybrids' token mixers: which layers are Gated DeltaNet (layer_types, else every full_attention_interval-th
+// layer is full attention), the linear layers' shapes (the config classes' defaults), and the gated full attention.
+Status parse_hybrid(const json& cfg, const Fields& f, const std::string& source, ModelConfig& mc) {
+    if (!hybrid_arch(mc.arch)) return Status::ok();
+    mc.attn_gate = true;
+    mc.norm_offset = true;  // every RMSNorm but the gated one stores w for (1 + w)
+    mc.lin_grouped = mc.arch == Arch::kQwen3Next;
+    mc.lin_k_heads = 16;
+    mc.lin_v_heads = 32;
+    mc.lin_k_dim = mc.lin_v_dim = 128;
+    mc.lin_conv_kernel = 4;
+    EXL3_RETURN_IF_ERROR(f.get_int("linear_num_key_heads", &mc.lin_k_heads, false, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("linear_num_value_heads", &mc.lin_v_heads, false, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("linear_key_head_dim", &mc.lin_k_dim, false, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("linear_value_head_dim", &mc.lin_v_dim, false, 1, 4096));
+    EXL3_RETURN_IF_ERROR(f.get_int("linear_conv_kernel_dim", &mc.lin_conv_kernel, false, 1, 64));
+    if (mc.lin_v_heads % mc.lin_k_heads)
+        return invalid_argument(fmt::format("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                                            source, mc.lin_v_heads, mc.lin_k_heads));
+    if (mc.act != Act::kSilu)
+        return unsupported(source + ": a hybrid model's hidden_act must be silu (its conv and gated norm use SiLU)");
+    mc.linear_layer.assign(static_cast<size_t>(mc.num_layers), 0);
+    if (cfg.contains("layer_types") && !cfg["layer_types"].is_null()) {
+        const json& lt = cfg["layer_types"];
+        if (!lt.is_array() || lt.size() != static_cast<size_t>(mc.num_layers))
+            return invalid_argument(fmt::format("{}: layer_types must list {} layers", source, mc.num_layers));
+        for (size_t i = 0; i < lt.size(); ++i) {
+            const std::string t = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+            if (t == "linear_attention" || t == "mamba") {  // "mamba", "attention": the legacy names
+                mc.linear_layer[i] = 1;
+            } else if (t != "full_attention" && t != "attention") {
+                return unsupported(fmt::format("{}: layer_types[{}] = '{}' is not a layer type of {} "
+                                               "(linear_attention, full_attention)",
+                                               source, i, t, mc.arch_name));
+            }
+        }
+        return Status::ok();
+    }
+    int interval = 4;
+    EXL3_RETURN_IF_ERROR(f.get_int("full_attention_interval", &interval, false, 1));
+    for (int i = 0; i < mc.num_layers; ++i) mc.linear_layer[static_cast<size_t>(i)] = (i + 1) % interval != 0;
     return Status::ok();
 }
 
@@ -642,11 +722,16 @@ Status parse_mxfp4(const json& cfg, const std::string& source, ModelConfig& mc) 
 
 // The object that describes the decoder: the config itself, or a multimodal wrapper's text_config.
 Result<const json*> text_config(const json& cfg, const ArchInfo& info, const std::string& source) {
-    if (info.arch != Arch::kMistral3 && info.arch != Arch::kGemma3Wrapped) return &cfg;
+    const Arch a = info.arch;
+    if (a != Arch::kMistral3 && a != Arch::kGemma3Wrapped && a != Arch::kQwen35Wrapped && a != Arch::kQwen35MoeWrapped)
+        return &cfg;
     if (!cfg.contains("text_config") || !cfg["text_config"].is_object())
         return invalid_argument(fmt::format("{}: a {} config needs a text_config object", source, info.hf_class));
     const json& t = cfg["text_config"];
-    const char* want = info.arch == Arch::kMistral3 ? "mistral" : "gemma3_text";
+    const char* want = a == Arch::kMistral3        ? "mistral"
+                       : a == Arch::kGemma3Wrapped ? "gemma3_text"
+                       : a == Arch::kQwen35Wrapped ? "qwen3_5_text"
+                                                   : "qwen3_5_moe_text";
     const std::string mt = t.contains("model_type") && t["model_type"].is_string() ? t["model_type"].get<std::string>()
                                                                                     : want;
     if (mt != want)
@@ -671,8 +756,11 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     Fields f(*tc, tsource);
     EXL3_RETURN_IF_ERROR(parse_shapes(f, tsource, mc));
     // A wrapper's tie_word_embeddings is its own (transformers ties by the top-level key, true by default there).
+    // Qwen3.5's (Qwen3-VL's config class) unties by default; the text config's key counts where the wrapper has none.
     if (tc != &cfg) {
-        mc.tie_word_embeddings = true;
+        const bool qwen = hybrid_arch(mc.arch);
+        mc.tie_word_embeddings = !qwen;
+        if (qwen) EXL3_RETURN_IF_ERROR(f.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
         EXL3_RETURN_IF_ERROR(top.get_bool("tie_word_embeddings", &mc.tie_word_embeddings));
     }
     EXL3_RETURN_IF_ERROR(parse_biases(f, mc));
@@ -682,6 +770,7 @@ Result<ModelConfig> parse_model_config(const std::string& text, const std::strin
     EXL3_RETURN_IF_ERROR(parse_family(f, tsource, mc));
     EXL3_RETURN_IF_ERROR(parse_multipliers(f, tsource, mc));
     EXL3_RETURN_IF_ERROR(parse_moe(*tc, f, tsource, mc));
+    EXL3_RETURN_IF_ERROR(parse_hybrid(*tc, f, tsource, mc));
 
     std::string dtype = "bfloat16";
     for (const Fields* g : {&f, &top}) {  // the wrapper's dtype wins where both say
@@ -743,6 +832,10 @@ std::string family_features(const ModelConfig& c) {
                                 c.num_layers));
         if (c.mxfp4_experts) f.push_back("MXFP4 experts (dequantized at load)");
     }
+    if (c.hybrid())
+        f.push_back(fmt::format("{} of {} layers Gated DeltaNet ({} key / {} value heads of {} / {}, conv {}){}",
+                                c.num_linear_layers(), c.num_layers, c.lin_k_heads, c.lin_v_heads, c.lin_k_dim,
+                                c.lin_v_dim, c.lin_conv_kernel, c.attn_gate ? ", gated attention" : ""));
     std::string s;
     for (const auto& x : f) s += (s.empty() ? "" : ", ") + x;
     return s;

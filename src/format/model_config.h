@@ -87,6 +87,18 @@ struct ModelConfig {
     // dequantized at load (models/batched_experts.h).
     bool mxfp4_experts = false;
     std::vector<uint8_t> moe_layer;   // [num_layers]: 1 where the MLP is the experts (else dense, intermediate_size)
+    // Hybrid models (Qwen3-Next, Qwen3.5): layer l mixes tokens by Gated DeltaNet linear attention where
+    // linear_layer[l], else by full attention (whose q_proj then also yields a per-head output gate: attn_gate).
+    // A linear-attention layer (cpu::gated_delta_net is the reference): x [Wqkv | Wz | Wb | Wa] -> a causal depthwise
+    // conv of `lin_conv_kernel` taps over q|k|v then SiLU; q, k L2-normalised per head (q also / sqrt(lin_k_dim));
+    // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); per value head h (reading key head h / (v_heads /
+    // k_heads)) the state S [k_dim, v_dim] runs S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q; then
+    // o = rmsnorm(o) * w * silu(z) per head and out_proj. Each sequence carries S and the conv's last kernel - 1
+    // inputs from step to step (kv/sequence.h).
+    std::vector<uint8_t> linear_layer;  // [num_layers]; empty: no linear-attention layers
+    bool attn_gate = false;             // q_proj rows per head: [q (head_dim) | gate (head_dim)]; o = attn * sigmoid(gate)
+    bool lin_grouped = false;           // Qwen3-Next's fused in_proj_qkvz / in_proj_ba, rows grouped by key head
+    int lin_k_heads = 0, lin_v_heads = 0, lin_k_dim = 0, lin_v_dim = 0, lin_conv_kernel = 0;
     RopeConfig rope;
     RopeConfig rope_local;          // for layers with rope_layer 2
     DType dtype = DType::kBF16;     // torch_dtype / dtype as declared
@@ -97,6 +109,27 @@ struct ModelConfig {
     float attention_scale() const { return attn_scale > 0.0f ? attn_scale : 1.0f / std::sqrt(static_cast<float>(head_dim)); }
     int kv_dim() const { return num_kv_heads * head_dim; }
     bool is_moe(int layer) const { return !moe_layer.empty() && moe_layer[static_cast<size_t>(layer)]; }
+    bool hybrid() const { return !linear_layer.empty(); }
+    bool is_linear(int layer) const { return hybrid() && linear_layer[static_cast<size_t>(layer)]; }
+    int lin_key_dim() const { return lin_k_heads * lin_k_dim; }
+    int lin_value_dim() const { return lin_v_heads * lin_v_dim; }
+    int lin_conv_dim() const { return 2 * lin_key_dim() + lin_value_dim(); }  // the conv's channels: q | k | v
+    // Floats of one linear-attention layer's state in a sequence: the conv window [kernel - 1, conv_dim], then S
+    // [v_heads, k_dim, v_dim].
+    int64_t lin_conv_floats() const { return static_cast<int64_t>(lin_conv_kernel - 1) * lin_conv_dim(); }
+    int64_t lin_state_floats() const { return static_cast<int64_t>(lin_v_heads) * lin_k_dim * lin_v_dim; }
+    int num_linear_layers() const {
+        int n = 0;
+        for (uint8_t l : linear_layer) n += l;
+        return n;
+    }
+    // The index of layer l's keys and values among the layers that have a KV cache (every layer but the linear ones).
+    int kv_layer(int layer) const {
+        int n = 0;
+        for (int i = 0; i < layer; ++i) n += !is_linear(i);
+        return n;
+    }
+    int num_kv_layers() const { return num_layers - num_linear_layers(); }
 };
 
 // Whether some layer rotates on rope_local.

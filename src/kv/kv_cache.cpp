@@ -72,6 +72,20 @@ Status KvCache::truncate(Sequence::Impl& q, int length) {
     if (length < 0 || length > q.length)
         return invalid_argument(
             fmt::format("truncate: length {} outside [0, {}] (the sequence's length)", length, q.length));
+    // A recurrent state cannot be rewound: it returns to a snapshot of the length asked for, checked before anything
+    // changes.
+    const bool rewind = states_ && q.state >= 0 && length != q.length && length > 0;
+    auto snap = q.snapshots.end();
+    if (rewind) {
+        snap = std::find_if(q.snapshots.begin(), q.snapshots.end(), [&](const auto& s) { return s.first == length; });
+        if (snap == q.snapshots.end()) {
+            std::string have;
+            for (const auto& s : q.snapshots) have += (have.empty() ? "" : ", ") + std::to_string(s.first);
+            return unsupported(fmt::format("truncate: a hybrid model's sequence of {} tokens returns only to 0 or to a "
+                                           "length whose recurrent state its last step kept ({}), not to {}",
+                                           q.length, have.empty() ? "none" : have, length));
+        }
+    }
     const int ps = pool_->page_size();
     const int keep = (length + ps - 1) / ps;  // pages still holding positions
     // A partial last page is written again by the next step: it must not stay in the prefix index, nor be shared.
@@ -85,6 +99,15 @@ Status KvCache::truncate(Sequence::Impl& q, int length) {
     }
     q.tokens.resize(static_cast<size_t>(length));
     q.length = length;
+    if (rewind) {  // the snapshot becomes the live state; snapshots at this length or later are gone
+        states_->release(q.state);
+        q.state = snap->second;
+        q.state_lost = false;
+        for (auto it = snap + 1; it != q.snapshots.end(); ++it) states_->release(it->second);
+        q.snapshots.erase(snap, q.snapshots.end());
+    } else if (states_ && length == 0) {
+        q.release_states();
+    }
     const int published = std::min(q.published, length / ps);
     if (published != q.published) {  // the chain hash after the pages that stay published
         q.published = published;
@@ -95,6 +118,56 @@ Status KvCache::truncate(Sequence::Impl& q, int length) {
                 std::span<const int32_t>(q.tokens.data() + static_cast<size_t>(i) * ps, static_cast<size_t>(ps)));
     }
     return Status::ok();
+}
+
+}  // namespace exl3
+
+namespace exl3 {
+
+Status KvCache::prepare_state(Sequence::Impl& seq, int n, int tentative, StateStep* step) {
+    *step = StateStep{};
+    if (!states_) return internal_error("prepare_state: the model has no recurrent layers");
+    step->start = seq.length;
+    if (seq.state_lost && seq.length > 0)
+        return invalid_argument("the sequence's recurrent state was lost in a failed step: reset the sequence");
+    if (seq.state < 0 && seq.length > 0)
+        return internal_error(fmt::format("a hybrid model's sequence of {} tokens has no recurrent state", seq.length));
+    const int d = std::clamp(tentative, 0, n);
+    step->keep_old = d == n && n > 0;
+    step->zero = seq.length == 0;
+    step->slot = seq.state;
+    if (step->slot < 0) {
+        step->slot = states_->alloc();
+        if (step->slot < 0)
+            return out_of_range(fmt::format("no recurrent-state slot left ({} in use)", states_->stats().in_use));
+        step->fresh = true;
+    }
+    std::vector<int32_t> slots;
+    if (!states_->alloc_n(d, &slots)) {
+        if (step->fresh) states_->release(step->slot);
+        *step = StateStep{};
+        return out_of_range(fmt::format("no recurrent-state slot left for {} snapshots ({} in use)", d,
+                                        states_->stats().in_use));
+    }
+    for (int i = 0; i < d; ++i) step->snapshots.emplace_back(n - d + i, slots[static_cast<size_t>(i)]);
+    return Status::ok();
+}
+
+void KvCache::finish_state(Sequence::Impl& seq, const StateStep& step, bool ok, bool ran) {
+    if (!states_ || step.slot < 0) return;
+    if (!ok) {
+        for (const auto& s : step.snapshots) states_->release(s.second);
+        if (step.fresh) {
+            states_->release(step.slot);
+        } else if (ran) {
+            seq.state_lost = true;
+        }
+        return;
+    }
+    seq.state = step.slot;
+    seq.state_lost = false;
+    if (!step.keep_old) seq.release_snapshots();
+    for (const auto& [after, slot] : step.snapshots) seq.snapshots.emplace_back(step.start + after, slot);
 }
 
 }  // namespace exl3

@@ -1,7 +1,9 @@
 // The paged KV cache's bookkeeping, shared by every backend: which pages each sequence holds (its page table), the
-// prefix cache (reuse of published pages, publication of full ones), growth before a step and truncation after one.
-// It hands out page ids from the PagePool; the memory behind the ids belongs to the executor (kv/host_pages.h on the
-// CPU, device pages in the CUDA backend). Not thread-safe on its own: the Model calls it under its step lock.
+// prefix cache (reuse of published pages, publication of full ones), growth before a step and truncation after one;
+// for hybrid models also each sequence's recurrent-state slot and its snapshots (kv/sequence.h).
+// It hands out page ids from the PagePool and slot ids from the StatePool; the memory behind the ids belongs to the
+// executor (kv/host_pages.h and kv/host_states.h on the CPU, device memory in the CUDA backend). Not thread-safe on its
+// own: the Model calls it under its step lock.
 #pragma once
 
 #include <cstdint>
@@ -12,14 +14,29 @@
 #include "exl3/status.h"
 #include "kv/page_pool.h"
 #include "kv/sequence.h"
+#include "kv/state_pool.h"
 
 namespace exl3 {
 
+// What one step does to a sequence's recurrent state (KvCache::prepare_state).
+struct StateStep {
+    int32_t slot = -1;   // the live state the step reads and updates
+    bool zero = false;   // zero it first: the sequence starts at position 0
+    bool fresh = false;  // the slot was allocated for this step
+    int start = 0;       // the sequence's length before the step
+    bool keep_old = false;  // every token of the step is tentative: earlier snapshots stay reachable
+    std::vector<std::pair<int, int32_t>> snapshots;  // (tokens of the step after which the state is copied, slot)
+};
+
 class KvCache {
 public:
-    explicit KvCache(const PagePoolOptions& options) : pool_(std::make_shared<PagePool>(options)) {}
+    // state_slots: -1 for a model without recurrent layers; else the most state slots (0: no limit).
+    explicit KvCache(const PagePoolOptions& options, int state_slots = -1)
+        : pool_(std::make_shared<PagePool>(options)),
+          states_(state_slots >= 0 ? std::make_shared<StatePool>(state_slots) : nullptr) {}
 
     const std::shared_ptr<PagePool>& pool() const { return pool_; }
+    const std::shared_ptr<StatePool>& states() const { return states_; }
     int page_size() const { return pool_->page_size(); }
     // Positions taken from cached pages instead of being computed, so far.
     int64_t tokens_reused() const { return tokens_reused_; }
@@ -41,13 +58,23 @@ public:
     // whose positions all lie below length - tentative (tokens that may be dropped again stay private).
     void commit(Sequence::Impl& seq, std::span<const int32_t> tokens, int length, int tentative);
 
-    // Drops the sequence's positions from `length` on; see Model::truncate.
+    // Drops the sequence's positions from `length` on; see Model::truncate. A hybrid model's sequence returns to a
+    // length only where it holds a snapshot of the state there (or to 0).
     Status truncate(Sequence::Impl& seq, int length);
+
+    // Hybrid models, before a step that appends n tokens to `seq`, the last `tentative` of them droppable: the live
+    // state's slot (allocated on the sequence's first step), and a snapshot slot for every length that truncate() may
+    // return to afterwards. kOutOfRange when the slots are not there (nothing allocated then).
+    Status prepare_state(Sequence::Impl& seq, int n, int tentative, StateStep* step);
+    // After the step: on success the sequence takes the new slots (its older snapshots are dropped unless keep_old);
+    // on failure they go back, and when the executor ran (`ran`) the live state is marked lost.
+    void finish_state(Sequence::Impl& seq, const StateStep& step, bool ok, bool ran);
 
 private:
     void publish_full_pages(Sequence::Impl& seq, int end);
 
     std::shared_ptr<PagePool> pool_;
+    std::shared_ptr<StatePool> states_;
     int64_t tokens_reused_ = 0;
 };
 

@@ -11,6 +11,10 @@
 //   expert's MLP, gated or not): ModelConfig says how the router chooses
 // logits = cap(scale * (norm(h) Whead^T)) for the rows asked for (Whead = embed_tokens when tied). norm() is
 // RMSNorm or LayerNorm by the family; an empty weight vector stands for "no norm here".
+// Hybrid models (ModelConfig::linear_layer) mix tokens in their linear layers by Gated DeltaNet instead of attention:
+//   [q|k|v|z] = x Win^T, [b|a] = x Wba^T ; a = gated_delta_net(q, k, v, z, b, a; the sequence's recurrent state) ;
+//   o = a Wout^T -- and their full-attention layers gate the attention output: a = attn * sigmoid(x Wgate^T), the
+//   gate's rows interleaved with q's in q_proj (ModelConfig says how; the state lives in the sequence, kv/sequence.h).
 //
 // A backend B provides the primitives below on its own buffers (named by Slot) and weights; the sequence of
 // operations lives here only, so the CPU reference, the CUDA path and the converter's calibration forward cannot
@@ -19,6 +23,7 @@
 // (models/sharding.h: o and down split by rows); a no-op on one rank.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -35,26 +40,48 @@ struct StepPlan {
     std::vector<int32_t> seq_len;    // [B]: cached tokens of each sequence after the step
     std::vector<int32_t> out_rows;   // rows whose logits are wanted, in output order
     int max_seq_len = 0;             // max of seq_len; picks dynamic/longrope frequencies
+    // Hybrid models: each sequence's recurrent-state slot and whether to zero it first (a sequence at position 0);
+    // snapshots copy sequence `seq`'s state after `after` of its new tokens (0: before the step) into `slot`, for
+    // truncate() to return to (kv/sequence.h). Empty for other models.
+    std::vector<int32_t> state_slot;  // [B]
+    std::vector<uint8_t> state_zero;  // [B]
+    struct Snapshot {
+        int seq, after;
+        int32_t slot;
+    };
+    std::vector<Snapshot> snapshots;
     int batch() const { return static_cast<int>(seq_len.size()); }
     int total() const { return static_cast<int>(tokens.size()); }
 };
 
-// Buffers a backend keeps per step, by role.
-enum class Slot { kX, kQKV, kQ, kK, kV, kAttn, kO, kGU, kG, kDown, kNone };
-constexpr int kNumSlots = 10;
+// Buffers a backend keeps per step, by role. kBA: a linear layer's b | a; kAttnGate: the attention output's gate.
+enum class Slot { kX, kQKV, kQ, kK, kV, kAttn, kO, kGU, kG, kDown, kBA, kAttnGate, kNone };
+constexpr int kNumSlots = 12;
 
-// Elements per token row of a slot.
-inline int slot_width(const ModelConfig& c, Slot s) {
+// Elements per token row of a slot in layer `layer` (a linear-attention layer's kQKV holds q|k|v|z, its kAttn the
+// gated output [v_dim]).
+inline int slot_width(const ModelConfig& c, Slot s, int layer) {
+    const bool lin = c.is_linear(layer);
     switch (s) {
         case Slot::kX: case Slot::kO: case Slot::kDown: return c.hidden_size;
-        case Slot::kQKV: return c.q_dim() + 2 * c.kv_dim();
-        case Slot::kQ: case Slot::kAttn: return c.q_dim();
+        case Slot::kQKV: return lin ? c.lin_conv_dim() + c.lin_value_dim() : (c.attn_gate ? 2 : 1) * c.q_dim() + 2 * c.kv_dim();
+        case Slot::kQ: return c.q_dim();
+        case Slot::kAttn: return lin ? c.lin_value_dim() : c.q_dim();
         case Slot::kK: case Slot::kV: return c.kv_dim();
         case Slot::kGU: return 2 * c.intermediate_size;
         case Slot::kG: return c.intermediate_size;
+        case Slot::kBA: return lin ? 2 * c.lin_v_heads : 0;
+        case Slot::kAttnGate: return c.attn_gate && !lin ? c.q_dim() : 0;
         case Slot::kNone: return 0;
     }
     return 0;
+}
+
+// The most elements per token row a slot needs in any layer (what a backend allocates).
+inline int slot_width(const ModelConfig& c, Slot s) {
+    int w = 0;
+    for (int li = 0; li < c.num_layers; ++li) w = std::max(w, slot_width(c, s, li));
+    return w;
 }
 
 // The inputs of a layer's linears, as the decoder names them to a backend's capture() (the converter's Hessians:
@@ -70,12 +97,21 @@ Status decoder_layer(B& b, const ModelConfig& c, int li, Slot residual) {
     const float eps = static_cast<float>(c.rms_norm_eps);
     EXL3_RETURN_IF_ERROR(b.add_norm(residual, L.attn_norm, eps, Slot::kX));
     EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kAttnIn, Slot::kX));
-    EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
-    // kQKV -> kQ, kK, kV; with c.qk_norm, q and k RMS-normed by L.q_norm / L.k_norm; then the layer's RoPE.
-    EXL3_RETURN_IF_ERROR(b.qkv_heads(li, eps));
-    EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
-    EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
-    EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
+    if (c.is_linear(li)) {  // Gated DeltaNet: the conv and delta rule over each sequence's recurrent state
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.lin.in_proj, Slot::kQKV));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.lin.ba, Slot::kBA));
+        EXL3_RETURN_IF_ERROR(b.linear_attention(li, eps));  // kQKV (q|k|v|z), kBA -> kAttn
+        EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.lin.out, Slot::kO));
+    } else {
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kX, L.qkv, Slot::kQKV));
+        // kQKV -> kQ, kK, kV (and kAttnGate); with c.qk_norm, q and k RMS-normed by L.q_norm / L.k_norm; then RoPE.
+        EXL3_RETURN_IF_ERROR(b.qkv_heads(li, eps));
+        EXL3_RETURN_IF_ERROR(b.attention(li, c.sliding_window[static_cast<size_t>(li)]));  // kQ, kK, kV -> kAttn
+        if (c.attn_gate) EXL3_RETURN_IF_ERROR(b.output_gate(Slot::kAttn, Slot::kAttnGate));  // kAttn *= sigmoid(gate)
+        EXL3_RETURN_IF_ERROR(b.capture(li, LinearInput::kOIn, Slot::kAttn));
+        EXL3_RETURN_IF_ERROR(b.linear(Slot::kAttn, L.o, Slot::kO));
+    }
     EXL3_RETURN_IF_ERROR(b.all_reduce(Slot::kO));  // tensor parallelism: the ranks' partial sums (one rank: no-op)
     if (c.post_norms) EXL3_RETURN_IF_ERROR(b.post_norm(Slot::kO, L.post_attn_norm, eps));
     if (c.parallel)  // the MLP reads the same x: kO joins h now

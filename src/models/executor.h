@@ -80,6 +80,11 @@ struct DeviceCosts {
     // One token's keys and values in one layer of the device cache, and of the CPU's pages (offloaded layers run on
     // the CPU), at the given KV bits.
     std::function<int64_t(int bits_k, int bits_v)> kv_bytes_per_token_layer, host_kv_bytes_per_token_layer;
+    // Hybrid models: one sequence's recurrent state over the linear-attention layers (a slot), and the slots the
+    // executor allocates for a cache of cache_tokens tokens at `context` (taken from the KV budget: a linear layer's
+    // share of the cache buys slots, two per full-length sequence at least); null for other models.
+    int64_t state_slot_bytes = 0;
+    std::function<int(int cache_tokens, int context, int bits_k, int bits_v)> state_slots;
     // Step buffers and workspaces (activations, logits, plan arrays, EXL3 / attention / MoE scratch) for steps of up
     // to `tokens` tokens in sequences of up to `context` tokens; host_embed: the step's embedding rows come up too.
     std::function<int64_t(int tokens, int context, bool host_embed)> step_bytes;
@@ -106,13 +111,19 @@ public:
     virtual bool pages_preallocated() const = 0;
     // Bytes one token's keys and values take in one layer of the cache.
     virtual int64_t kv_bytes_per_token() const = 0;
+    // Hybrid models: bytes of one recurrent-state slot (a sequence's live state, or a snapshot of one: every
+    // linear-attention layer's conv window and state matrix), and the most slots this executor holds at once (0: no
+    // limit, the memory grows with the slot ids the model's state pool creates).
+    virtual int64_t state_bytes() const { return 0; }
+    virtual int max_state_slots() const { return 0; }
     // True when steps in which every sequence brings the same number of tokens and wants every row's logits run
     // faster than others (CUDA replays them as captured graphs): the Model then pads such steps.
     virtual bool prefers_uniform_steps() const { return false; }
     // The most tokens a sequence may bring to a step that counts as uniform.
     virtual int max_uniform_tokens() const { return 0; }
 
-    // Runs one step; every sequence already holds the pages of its new positions. `logits`: host [out_rows, vocab]
+    // Runs one step; every sequence already holds the pages of its new positions (and, in a hybrid model, the state
+    // slots the plan names: StepPlan::state_slot, snapshots). `logits`: host [out_rows, vocab]
     // rows, or null to leave them on the device for draw() / argmax() / logits_row().
     virtual Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) = 0;
 

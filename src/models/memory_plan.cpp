@@ -146,29 +146,50 @@ MemoryPlan Planner::build(const Choice& c) const {
         p.gpu.push_back({"CUDA graphs", "estimate", costs_.graphs});
     p.gpu.push_back({"CUDA context, kernels, cuBLAS", "estimate", costs_.context});
 
-    // The KV cache: what is left, or what was asked.
+    // The KV cache: what is left, or what was asked. Hybrid models: attention layers only hold keys and values; the
+    // linear-attention layers' share of the cache buys their recurrent-state slots (DeviceCosts::state_slots), listed
+    // beside it.
     const int ps = costs_.page_size;
     const int gpu_layers = c.mode == OffloadMode::kCpu ? first_off : L;
-    const int64_t per_token = costs_.kv_bytes_per_token_layer(c.bits_k, c.bits_v) * gpu_layers;
+    const int kv_layers = cfg_.kv_layer(gpu_layers);
+    const int64_t layer_token = costs_.kv_bytes_per_token_layer(c.bits_k, c.bits_v);
+    const int64_t per_token = layer_token * kv_layers;
     const int64_t per_page = per_token * ps;
     const int64_t ctx_pages = (c.context + ps - 1) / ps;
+    auto state_slots = [&](int64_t pages) {
+        return costs_.state_slots ? costs_.state_slots(static_cast<int>(pages * ps), c.context, c.bits_k, c.bits_v) : 0;
+    };
     int64_t pages = 0;
     if (c.cache_tokens > 0) {
         pages = std::max<int64_t>((c.cache_tokens + ps - 1) / ps, ctx_pages);
     } else {
         const int64_t cap = (static_cast<int64_t>(kMaxCacheSequences) * c.context + ps - 1) / ps;
         const int64_t left = budget_ - p.gpu_total();
-        pages = per_page > 0 ? std::clamp<int64_t>(left / per_page, 0, cap) : cap;
+        const int64_t sizing = layer_token * gpu_layers * ps;  // the linear layers' share included
+        pages = sizing > 0 ? std::clamp<int64_t>(left / sizing, 0, cap) : cap;
         pages = std::min<int64_t>(std::max(pages, ctx_pages), (int64_t{1} << 30) / ps);
+        // The states' floor (two a full-length sequence, eight at least) can outgrow their share: fewer pages then.
+        for (int64_t over; per_page > 0 && pages > ctx_pages &&
+                           (over = pages * per_page + state_slots(pages) * costs_.state_slot_bytes - left) > 0;)
+            pages = std::max(ctx_pages, pages - std::max<int64_t>(1, (over + per_page - 1) / per_page));
     }
     p.cache_tokens = static_cast<int>(pages * ps);
     // Listed before the step buffers, the estimates after them.
-    const auto at = std::find_if(p.gpu.begin(), p.gpu.end(),
-                                 [](const MemoryItem& i) { return i.name == "step buffers and workspaces"; });
-    p.gpu.insert(at, {"KV cache",
-                     fmt::format("{} tokens ({} pages of {}) x {} B ({} layers, K {} / V {} bits)", p.cache_tokens,
-                                 pages, ps, per_token, gpu_layers, bits_name(c.bits_k), bits_name(c.bits_v)),
-                     pages * per_page});
+    auto at = std::find_if(p.gpu.begin(), p.gpu.end(),
+                           [](const MemoryItem& i) { return i.name == "step buffers and workspaces"; });
+    at = p.gpu.insert(at, {"KV cache",
+                           fmt::format("{} tokens ({} pages of {}) x {} B ({} layers, K {} / V {} bits)",
+                                       p.cache_tokens, pages, ps, per_token, kv_layers, bits_name(c.bits_k),
+                                       bits_name(c.bits_v)),
+                           pages * per_page});
+    if (costs_.state_slots) {
+        const int slots = state_slots(pages);
+        p.gpu.insert(at + 1, {"recurrent states",
+                              fmt::format("{} slots x {} B ({} linear-attention layers; a sequence's live state and "
+                                          "its snapshots)",
+                                          slots, costs_.state_slot_bytes, gpu_layers - kv_layers),
+                              slots * costs_.state_slot_bytes});
+    }
     if (c.mode == OffloadMode::kCpu && c.offload > 0)
         p.host.push_back({"KV cache of the CPU's layers", "at most (grows as it is used)",
                           costs_.host_kv_bytes_per_token_layer(c.bits_k, c.bits_v) * c.offload * pages * ps});

@@ -150,6 +150,8 @@ struct Model::Impl {
     Result<StepPlan> plan(const std::vector<BatchItem>& items, const std::vector<int>* skip = nullptr) const;
     std::vector<BatchItem> pad_uniform(const std::vector<BatchItem>& items) const;
     Status run(const std::vector<BatchItem>& items, std::vector<float>* logits, std::vector<int>* rows);
+    Status plan_states(const std::vector<BatchItem>& items, const std::vector<Sequence::Impl*>& seqs, StepPlan* p,
+                       std::vector<StateStep>* steps);
 };
 
 void Model::Impl::fill_info() {
@@ -342,7 +344,17 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         im.memory = plans[0];  // rank 0's (each rank's table is in the load log)
         im.info.context_length = im.memory.context_length;
     }
-    im.kv = std::make_unique<KvCache>(im.exec->page_pool_options());
+    PagePoolOptions po = im.exec->page_pool_options();
+    if (im.cfg.hybrid() && po.prefix_cache) {
+        // A cached prefix would need the recurrent state after it as well as its pages: not kept yet.
+        po.prefix_cache = false;
+        log_info("prefix caching is off for {}: its linear-attention layers' recurrent state is not kept at page "
+                 "boundaries (every prompt is computed in full)",
+                 im.cfg.arch_name);
+    }
+    im.kv = std::make_unique<KvCache>(po, im.cfg.hybrid() ? im.exec->max_state_slots() : -1);
+    im.info.num_linear_layers = im.cfg.num_linear_layers();
+    im.info.state_bytes = im.exec->state_bytes();
     im.info.kv_bits_k = options.kv_bits_k;
     im.info.kv_bits_v = options.kv_bits_v;
     // 16-bit keys and values on CUDA, fp32 on the CPU, or their codes and fp16 parameters when quantized.
@@ -359,6 +371,7 @@ Result<std::unique_ptr<Sequence>> Model::new_sequence(int max_length) const {
     auto s = std::make_unique<Sequence::Impl>();
     s->max_length = max_length > 0 ? max_length : ctx;
     s->pool = impl_->kv->pool();
+    s->states = impl_->kv->states();
     return std::unique_ptr<Sequence>(new Sequence(std::move(s)));
 }
 
@@ -383,6 +396,11 @@ CacheStats Model::cache_stats() const {
         c.pages = c.pages_in_use + c.pages_cached + c.pages_free;
     }
     c.pages_evicted = p.evicted;
+    if (const auto& st = impl_->kv->states()) {
+        const StatePoolStats ss = st->stats();
+        c.state_slots = ss.slots;
+        c.state_slots_in_use = ss.in_use;
+    }
     c.tokens_computed = impl_->tokens_computed;
     c.tokens_reused = impl_->kv->tokens_reused();
     return c;
@@ -432,8 +450,32 @@ Status Model::forward_batch_to(const std::vector<BatchItem>& items, std::vector<
     return impl_->run(items, logits, device_rows);
 }
 
+// A hybrid model's recurrent states for the step (kv/kv_cache.h: prepare_state): each sequence's live slot, whether
+// to zero it, and the snapshots its tentative tokens need, into the plan; all or nothing.
+Status Model::Impl::plan_states(const std::vector<BatchItem>& items, const std::vector<Sequence::Impl*>& seqs,
+                                StepPlan* p, std::vector<StateStep>* steps) {
+    if (!cfg.hybrid()) return Status::ok();
+    steps->resize(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        const int n = p->q_start[i + 1] - p->q_start[i];
+        Status s = kv->prepare_state(*seqs[i], n, items[i].tentative, &(*steps)[i]);
+        if (!s.is_ok()) {
+            for (size_t j = 0; j < i; ++j) kv->finish_state(*seqs[j], (*steps)[j], false, false);
+            steps->clear();
+            return s;
+        }
+        const StateStep& st = (*steps)[i];
+        p->state_slot.push_back(st.slot);
+        p->state_zero.push_back(st.zero);
+        for (const auto& [after, slot] : st.snapshots)
+            p->snapshots.push_back({static_cast<int>(i), after, slot});
+    }
+    return Status::ok();
+}
+
 // One step of the caller's items (padded or not): prefix reuse, pages, the executor, then the sequences' new state.
-// Nothing changes on failure.
+// Nothing changes on failure (but a hybrid model's recurrent state when the executor itself failed: the sequence
+// must then be reset).
 Status Model::Impl::run(const std::vector<BatchItem>& items, std::vector<float>* logits, std::vector<int>* rows) {
     EXL3_ASSIGN_OR_RETURN(StepPlan p, plan(items));
     std::vector<Sequence::Impl*> seqs;
@@ -460,13 +502,18 @@ Status Model::Impl::run(const std::vector<BatchItem>& items, std::vector<float>*
         }
         p = std::move(*again);
     }
+    std::vector<StateStep> states;
+    Status s = plan_states(items, seqs, &p, &states);
     std::vector<size_t> before;
-    Status s = kv->grow(p.seq_len, seqs, &before);
+    bool ran = false;
+    if (s.is_ok()) s = kv->grow(p.seq_len, seqs, &before);
     if (s.is_ok()) {
         if (logits) logits->resize(p.out_rows.size() * static_cast<size_t>(cfg.vocab_size));
+        ran = true;
         s = exec->forward(p, seqs, logits ? logits->data() : nullptr);
         if (!s.is_ok()) kv->shrink(seqs, before);
     }
+    for (size_t i = 0; i < states.size(); ++i) kv->finish_state(*seqs[i], states[i], s.is_ok(), ran);
     if (!s.is_ok()) {
         undo_reuse();
         return s;

@@ -77,6 +77,11 @@ Status check_units(const ModelConfig& cfg, const char* what, int total, int rank
 Status plan_attention(const ModelConfig& cfg, const HostWeights& w, const std::vector<double>& weights,
                       ShardPlan* plan) {
     const int n = plan->ranks, H = cfg.num_heads, KV = cfg.num_kv_heads, g = H / KV, hd = cfg.head_dim;
+    if (n > 1 && cfg.hybrid())
+        return unsupported(fmt::format(
+            "{} has Gated DeltaNet linear-attention layers, which tensor parallelism does not split yet (their state "
+            "and convolution by heads): run it on one GPU",
+            cfg.arch_name));
     if (n > 1 && cfg.qk_norm == QkNorm::kFlat)
         return unsupported(fmt::format(
             "{} normalises q and k over all heads at once (Olmo 2/3): that norm needs every head, so its attention "

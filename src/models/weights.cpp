@@ -38,12 +38,24 @@ public:
         return t;
     }
 
+    // Several experts' linears [n, rows, cols] stacked in one tensor.
+    Result<TensorView> stacked(const std::string& name, int64_t n, int64_t rows, int64_t cols) {
+        EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, {n, rows, cols}, kFloat));
+        if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype)) {
+            const auto* p = static_cast<const uint8_t*>(t.data);
+            w_->owned.emplace_back(p, p + t.nbytes());
+            t.data = w_->owned.back().data();
+        }
+        params_ += n * rows * cols;
+        return t;
+    }
+
     Result<std::vector<float>> vec(const std::string& name, int64_t n) { return vec(name, std::vector<int64_t>{n}); }
-    // A tensor of `shape` as one flat vector (Command R+'s per-head norms: [heads, head_dim]).
+    // A small tensor of `shape` as one flat fp32 vector (Command R+'s per-head norms [heads, head_dim], a conv's
+    // weight [channels, 1, taps]).
     Result<std::vector<float>> vec(const std::string& name, const std::vector<int64_t>& shape) {
-        int64_t n = 1;
-        for (int64_t d : shape) n *= d;
         EXL3_ASSIGN_OR_RETURN(TensorView t, store_.get(name, shape, kFloat));
+        const int64_t n = t.numel();
         // Through an aligned copy: the file offset may be misaligned.
         std::vector<uint8_t> bytes(static_cast<const uint8_t*>(t.data),
                                    static_cast<const uint8_t*>(t.data) + t.nbytes());
@@ -111,6 +123,20 @@ public:
         l->out += static_cast<int>(out);
         return Status::ok();
     }
+
+    // Appends rows [r0, r0 + rows) of a stacked expert's [.., cols] slab as a dense part of `l`.
+    static void slab(const TensorView& t, int64_t e, int64_t r0, int64_t rows, HostLinear* l) {
+        const int64_t R = t.dim(1), C = t.dim(2);
+        const size_t row_bytes = static_cast<size_t>(C) * dtype_size(t.dtype);
+        HostPart p;
+        p.out = static_cast<int>(rows);
+        p.dense = TensorView{static_cast<const uint8_t*>(t.data) + static_cast<size_t>(e * R + r0) * row_bytes, t.dtype,
+                             {rows, C}};
+        l->parts.push_back(p);
+        l->in = static_cast<int>(C);
+        l->out += static_cast<int>(rows);
+    }
+    void count_dense(int n) { dense_linears_ += n; }
 
     // An HF tensor `<prefix>.weight` [sum of rows, in] holding several linears' rows in order (q|k|v, gate|up), as
     // one part of `l` each: views into it (and its bias, when the config calls for one, split the same way).
@@ -241,6 +267,7 @@ Status load_moe(const TensorStore& store, Loader& ld, const ModelConfig& c, cons
             EXL3_ASSIGN_OR_RETURN(moe->score_bias, ld.vec(bias, E));
         }
     }
+    const std::string first = m.expert_prefix(prefix, 0) + m.gate;
     if (m.batched && has_batched_experts(store, prefix + m.batched)) {  // gpt-oss's HF layouts: split here
         const std::string batch = prefix + m.batched;
         const bool blocks = store.contains(batch + "gate_up_proj_blocks");
@@ -251,6 +278,21 @@ Status load_moe(const TensorStore& store, Loader& ld, const ModelConfig& c, cons
                 blocks ? "MXFP4 blocks" : "not MXFP4", blocks ? "names no mxfp4" : "says quant_method mxfp4"));
         EXL3_RETURN_IF_ERROR(load_batched_experts(store, batch, c.num_experts, c.hidden_size, c.expert_size, opts.pool,
                                                   &w->owned, &moe->experts));
+    } else if (m.fused_gate_up && !store.contains(first + ".weight") && !quant::is_exl3_linear(store, first) &&
+               store.contains(prefix + m.fused_gate_up)) {
+        // Qwen3.5-MoE: every expert in two stacked tensors: views into them, gate then up rows of each expert's
+        // gate|up slab.
+        moe->experts.resize(static_cast<size_t>(E));
+        const int64_t W = c.expert_size;
+        EXL3_ASSIGN_OR_RETURN(TensorView gu, ld.stacked(prefix + m.fused_gate_up, E, 2 * W, H));
+        EXL3_ASSIGN_OR_RETURN(TensorView dn, ld.stacked(prefix + m.fused_down, E, H, W));
+        for (int e = 0; e < E; ++e) {
+            HostExpert& x = moe->experts[static_cast<size_t>(e)];
+            Loader::slab(gu, e, 0, W, &x.gate_up);
+            Loader::slab(gu, e, W, W, &x.gate_up);
+            Loader::slab(dn, e, 0, H, &x.down);
+        }
+        ld.count_dense(3 * static_cast<int>(E));
     } else {
         moe->experts.resize(static_cast<size_t>(E));
         for (int e = 0; e < E; ++e)
@@ -262,6 +304,30 @@ Status load_moe(const TensorStore& store, Loader& ld, const ModelConfig& c, cons
         EXL3_RETURN_IF_ERROR(load_expert(ld, m, prefix + m.shared, H, c.shared_expert_size, true, false, &moe->shared));
         if (c.shared_expert_gate) EXL3_RETURN_IF_ERROR(ld.part(prefix + m.shared_gate, 1, H, false, &moe->shared_gate));
     }
+    return Status::ok();
+}
+
+// A Gated DeltaNet layer's mixer: its projections (either family's layout, as two linears each in the q | k | v | z
+// and b | a column order of the names), the causal conv, A_log, dt_bias, the gated norm and out_proj.
+Status load_linear_attn(Loader& ld, const ModelConfig& c, const TensorNames& n, const std::string& prefix,
+                        HostLinearAttn* L) {
+    if (!n.linear_attn) return internal_error(fmt::format("{} has no linear-attention tensor names", c.arch_name));
+    const LinearAttnNames& a = *n.linear_attn;
+    const int64_t H = c.hidden_size, V = c.lin_value_dim(), NV = c.lin_v_heads, C = c.lin_conv_dim();
+    if (a.fused()) {
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.qkvz, C + V, H, false, &L->in_proj));
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.ba, 2 * NV, H, false, &L->ba));
+    } else {
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.qkv, C, H, false, &L->in_proj));
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.z, V, H, false, &L->in_proj));
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.b, NV, H, false, &L->ba));
+        EXL3_RETURN_IF_ERROR(ld.part(prefix + a.a, NV, H, false, &L->ba));
+    }
+    EXL3_RETURN_IF_ERROR(ld.part(prefix + a.out, H, V, false, &L->out));
+    EXL3_ASSIGN_OR_RETURN(L->conv, ld.vec(prefix + a.conv, {C, 1, c.lin_conv_kernel}));
+    EXL3_ASSIGN_OR_RETURN(L->a_log, ld.vec(prefix + a.a_log, NV));
+    EXL3_ASSIGN_OR_RETURN(L->dt_bias, ld.vec(prefix + a.dt_bias, NV));
+    EXL3_ASSIGN_OR_RETURN(L->norm, ld.vec(prefix + a.norm, c.lin_v_dim));
     return Status::ok();
 }
 
@@ -279,7 +345,9 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
     w->names = &n;
     int ignored = 0;
     for (const auto& name : store.names()) ignored += ignored_tensor(c.arch, name);
-    if (ignored > 0) log_info("{} tensors of other parts of the checkpoint (a vision tower) are not read: text only", ignored);
+    if (ignored > 0) log_info("{} tensors of other parts of the checkpoint (a vision tower, multi-token prediction layers) are not "
+                 "read: text only",
+                 ignored);
     Loader ld(store, w, options, n.head);
     const int64_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
     EXL3_ASSIGN_OR_RETURN(w->embed, ld.matrix(n.embed, V, H));
@@ -309,18 +377,20 @@ Status load_host_weights(const TensorStore& store, const ModelConfig& c, HostWei
             EXL3_ASSIGN_OR_RETURN(L.post_attn_norm, ld.vec(name(LayerTensor::kPostAttnNorm), H));
             EXL3_ASSIGN_OR_RETURN(L.post_mlp_norm, ld.vec(name(LayerTensor::kPostMlpNorm), H));
         }
-        if (n.fused_qkv && store.contains(prefix + n.fused_qkv + ".weight")) {
+        if (c.is_linear(i)) {
+            EXL3_RETURN_IF_ERROR(load_linear_attn(ld, c, n, prefix, &L.lin));
+        } else if (n.fused_qkv && store.contains(prefix + n.fused_qkv + ".weight")) {
             EXL3_RETURN_IF_ERROR(ld.fused(prefix + n.fused_qkv, {c.q_dim(), c.kv_dim(), c.kv_dim()}, H, c.qkv_bias, &L.qkv));
-        } else {
-            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kQ), c.q_dim(), H, c.qkv_bias, &L.qkv));
+        } else {  // q_proj holds the output gate too where the family gates attention
+            EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kQ), (c.attn_gate ? 2 : 1) * c.q_dim(), H, c.qkv_bias, &L.qkv));
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kK), c.kv_dim(), H, c.qkv_bias, &L.qkv));
             EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kV), c.kv_dim(), H, c.qkv_bias, &L.qkv));
         }
-        EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
+        if (!c.is_linear(i)) EXL3_RETURN_IF_ERROR(ld.part(name(LayerTensor::kO), H, c.q_dim(), c.o_bias, &L.o));
         if (c.attn_sinks) {
             EXL3_ASSIGN_OR_RETURN(L.sinks, ld.vec(name(LayerTensor::kSinks), c.num_heads));
         }
-        if (c.qk_norm != QkNorm::kNone) {
+        if (c.qk_norm != QkNorm::kNone && !c.is_linear(i)) {
             const bool flat = c.qk_norm == QkNorm::kFlat;  // over all heads at once: q_dim / kv_dim weights
             if (c.qk_norm == QkNorm::kHeads) {  // a weight vector of each head's own, [heads, head_dim]
                 EXL3_ASSIGN_OR_RETURN(L.q_norm, ld.vec(name(LayerTensor::kQNorm), {c.num_heads, c.head_dim}));

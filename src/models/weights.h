@@ -49,12 +49,27 @@ struct HostMoe {
     HostLinear shared_gate;         // [1, hidden]: Qwen2-MoE's sigmoid gate of the shared expert, or empty
 };
 
+// A Gated DeltaNet layer (ModelConfig::linear_layer). The input projections are two linears whose output columns
+// the primitive reads as q | k | v | z and b | a: Qwen3.5's in_proj_qkv | in_proj_z and in_proj_b | in_proj_a hold
+// them in that order; Qwen3-Next's fused in_proj_qkvz and in_proj_ba group them by key head (lin_grouped): for each
+// key head g, [q_g | k_g | v, z of its v_heads / k_heads value heads] and [b | a of those value heads].
+struct HostLinearAttn {
+    HostLinear in_proj;                 // [conv_dim + v_dim, hidden]
+    HostLinear ba;                      // [2 v_heads, hidden]
+    HostLinear out;                     // [hidden, v_dim]
+    std::vector<float> conv;            // [conv_dim, kernel]: channel c's taps, oldest input first
+    std::vector<float> a_log, dt_bias;  // [v_heads]
+    std::vector<float> norm;            // [v_dim]: the gated RMSNorm's weight (used as stored: no 1 + w)
+};
+
 // Norm weights as the decoder applies them (Gemma's stored offsets already 1 + w); empty where the family has none.
 struct HostLayer {
     std::vector<float> attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;
     std::vector<float> sinks;          // [num_heads]: the attention sinks (ModelConfig::attn_sinks), or empty
-    HostLinear qkv, o, gate_up, down;  // gate_up / down empty in an MoE layer
+    HostLinear qkv, o, gate_up, down;  // gate_up / down empty in an MoE layer; qkv / o empty in a linear one. With
+                                       // ModelConfig::attn_gate the q part is [2 q_dim]: per head q, then its gate
     HostMoe moe;                       // an MoE layer's MLP (experts empty otherwise)
+    HostLinearAttn lin;                // a linear-attention layer's mixer (empty otherwise)
 };
 
 struct HostWeights {

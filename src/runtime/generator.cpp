@@ -611,10 +611,12 @@ void Generator::Impl::propose_draft(const std::vector<Job*>& jobs, std::vector<i
             if (want[k] <= r) continue;
             Job& j = *jobs[k];
             Model::BatchItem it{j.draft_seq.get(), {}, false, 0};
-            if (r == 0)
+            if (r == 0) {
                 it.tokens.assign(j.tokens.begin() + j.draft_seq->length(), j.tokens.end());
-            else
+            } else {  // a proposal, dropped again when the main model rejects it (a hybrid draft keeps its state)
                 it.tokens.push_back(j.drafts.back());
+                it.tentative = 1;
+            }
             // A short catch-up (the last step's kept tokens) asks for every row's logits, so that a step of equal
             // catch-ups is uniform (a captured graph on CUDA); a prompt's is one row (and may reuse cached pages).
             it.all_logits = it.tokens.size() > 1 && it.tokens.size() <= static_cast<size_t>(opt.draft_tokens) + 1;

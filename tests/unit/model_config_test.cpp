@@ -526,5 +526,108 @@ TEST(ModelConfig, PostNormAndGptjFamilies) {
     EXPECT_EQ(ok(base("Ernie4_5_ForCausalLM")).arch, Arch::kErnie45);  // the remote-code name
 }
 
+// The hybrids: which layers are Gated DeltaNet (full_attention_interval, or layer_types with their legacy names), the
+// linear layers' shapes and the config classes' defaults, the gated attention, (1 + w) norms, partial RoPE 0.25, the
+// experts of Qwen3-Next (Qwen2-MoE's rules) and Qwen3.5-MoE (every layer, renormalised, no intermediate_size), and
+// Qwen3.5's multimodal wrapper.
+TEST(ModelConfig, HybridLinearAttention) {
+    json n = base("Qwen3NextForCausalLM");
+    n["num_hidden_layers"] = 8;
+    n["num_experts"] = 8;
+    n["num_experts_per_tok"] = 2;
+    n["moe_intermediate_size"] = 32;
+    n["mlp_only_layers"] = {1};
+    ModelConfig c = ok(n);
+    EXPECT_EQ(c.arch, Arch::kQwen3Next);
+    EXPECT_EQ(c.linear_layer, (std::vector<uint8_t>{1, 1, 1, 0, 1, 1, 1, 0}));  // every 4th layer full attention
+    EXPECT_TRUE(c.hybrid() && c.attn_gate && c.norm_offset && c.lin_grouped);
+    EXPECT_EQ(c.qk_norm, QkNorm::kHead);
+    EXPECT_EQ(c.head_dim, 256);  // Qwen3NextConfig's default
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.25);
+    EXPECT_EQ(c.lin_k_heads, 16);
+    EXPECT_EQ(c.lin_v_heads, 32);
+    EXPECT_EQ(c.lin_conv_dim(), 2 * 16 * 128 + 32 * 128);
+    EXPECT_EQ(c.lin_state_floats(), 32 * 128 * 128);
+    EXPECT_EQ(c.lin_conv_floats(), 3 * c.lin_conv_dim());
+    EXPECT_EQ(c.num_kv_layers(), 2);
+    EXPECT_EQ(c.kv_layer(7), 1);
+    EXPECT_EQ(c.num_experts, 8);
+    EXPECT_TRUE(c.norm_topk && c.shared_expert_gate);
+    EXPECT_EQ(c.shared_expert_size, 512);
+    EXPECT_FALSE(c.is_moe(1));
+    EXPECT_TRUE(c.is_moe(0));
+    EXPECT_NE(family_features(c).find("6 of 8 layers Gated DeltaNet"), std::string::npos) << family_features(c);
+    n["num_experts"] = 0;  // Qwen3-Next without experts: dense
+    EXPECT_EQ(ok(n).num_experts, 0);
+
+    json q = base("Qwen3_5ForCausalLM");
+    q["num_hidden_layers"] = 4;
+    q["layer_types"] = {"linear_attention", "attention", "mamba", "full_attention"};
+    q["linear_num_key_heads"] = 2;
+    q["linear_num_value_heads"] = 6;
+    q["linear_key_head_dim"] = 32;
+    q["linear_value_head_dim"] = 48;
+    q["linear_conv_kernel_dim"] = 3;
+    q["partial_rotary_factor"] = 0.5;
+    c = ok(q);
+    EXPECT_EQ(c.linear_layer, (std::vector<uint8_t>{1, 0, 1, 0}));
+    EXPECT_FALSE(c.lin_grouped);
+    EXPECT_EQ(c.lin_value_dim(), 6 * 48);
+    EXPECT_EQ(c.lin_conv_floats(), 2 * (2 * 64 + 288));
+    EXPECT_DOUBLE_EQ(c.rope.partial_rotary_factor, 0.5);
+    EXPECT_EQ(c.num_experts, 0);
+
+    json m = base("Qwen3_5MoeForCausalLM");
+    m.erase("intermediate_size");
+    m["num_experts"] = 8;
+    m["num_experts_per_tok"] = 2;
+    m["moe_intermediate_size"] = 32;
+    m["shared_expert_intermediate_size"] = 64;
+    c = ok(m);
+    EXPECT_EQ(c.moe_layer, (std::vector<uint8_t>{1, 1}));
+    EXPECT_TRUE(c.norm_topk && c.shared_expert_gate);
+    EXPECT_EQ(c.shared_expert_size, 64);
+    EXPECT_EQ(c.intermediate_size, 0);
+
+    json text = q;
+    text.erase("architectures");
+    text["model_type"] = "qwen3_5_text";
+    json w = {{"architectures", {"Qwen3_5ForConditionalGeneration"}}, {"text_config", text}, {"vision_config", json::object()}};
+    c = ok(w);
+    EXPECT_EQ(c.arch, Arch::kQwen35Wrapped);
+    EXPECT_EQ(c.linear_layer, (std::vector<uint8_t>{1, 0, 1, 0}));
+    EXPECT_FALSE(c.tie_word_embeddings);  // Qwen3-VL's config class unties by default
+    w["tie_word_embeddings"] = true;
+    EXPECT_TRUE(ok(w).tie_word_embeddings);
+    w["text_config"]["model_type"] = "qwen3_5_moe_text";
+    EXPECT_NE(err(w).find("only 'qwen3_5_text'"), std::string::npos);
+}
+
+TEST(ModelConfig, HybridErrorsNameTheField) {
+    json q = base("Qwen3_5ForCausalLM");
+    q["layer_types"] = {"linear_attention", "sliding_attention"};
+    EXPECT_NE(err(q).find("layer_types[1] = 'sliding_attention' is not a layer type of Qwen3_5ForCausalLM"),
+              std::string::npos)
+        << err(q);
+    q["layer_types"] = {"linear_attention"};
+    EXPECT_NE(err(q).find("layer_types must list 2 layers"), std::string::npos);
+    q["layer_types"] = {"linear_attention", 3};
+    EXPECT_NE(err(q).find("layer_types[1] = '3'"), std::string::npos) << err(q);
+    q.erase("layer_types");
+    q["linear_num_key_heads"] = 3;
+    q["linear_num_value_heads"] = 4;
+    EXPECT_NE(err(q).find("linear_num_value_heads 4 is not a multiple of linear_num_key_heads 3"), std::string::npos);
+    q.erase("linear_num_key_heads");
+    q.erase("linear_num_value_heads");
+    q["linear_conv_kernel_dim"] = 0;
+    EXPECT_NE(err(q).find("linear_conv_kernel_dim"), std::string::npos);
+    q.erase("linear_conv_kernel_dim");
+    q["hidden_act"] = "gelu_pytorch_tanh";
+    EXPECT_NE(err(q).find("must be silu"), std::string::npos) << err(q);
+    json n = base("Qwen3NextForCausalLM");
+    n["use_sliding_window"] = true;
+    EXPECT_NE(err(n).find("use_sliding_window"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace exl3

@@ -12,7 +12,7 @@ the one that keeps the running average over all decoder weights closest to K, as
 
 Usage: make_random_model.py --shape llama3-8b|llama3-70b|qwen2.5-7b|llama3-1b|gemma3-12b|gemma3-27b|
                                     mistral-small-24b|phi4-14b|qwen3-30b-a3b|mixtral-8x7b|qwen3-moe-tiny|gpt-oss-20b|
-                                    gpt-oss-tiny
+                                    gpt-oss-tiny|qwen3.5-27b|qwen3-next-80b-a3b|qwen3-next-tiny
                             --out DIR [--layers N] [--set KEY=JSON ...]
                             [--exl3-bits K --head-bits 6 --codebook mul1|mcg|3inst]
 """
@@ -120,7 +120,65 @@ SHAPES = {
                          rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0,
                                               beta_slow=1.0, truncate=False, original_max_position_embeddings=4096),
                          tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
+    # Hybrids (issue 45): Gated DeltaNet layers, three of every four, beside gated full attention. Qwen3.5-27B (dense)
+    # and Qwen3-Next-80B-A3B (512 experts, 10 a token, a gated shared expert); a tiny Qwen3-Next for CUDA-vs-CPU tests.
+    "qwen3.5-27b": dict(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", hidden_size=5120,
+                        intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,
+                        head_dim=256, vocab_size=248320, rms_norm_eps=1e-6, max_position_embeddings=262144,
+                        linear_num_key_heads=16, linear_num_value_heads=48, linear_key_head_dim=128,
+                        linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+                        partial_rotary_factor=0.25,
+                        rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+                        tie_word_embeddings=False, eos_token_id=248046),
+    "qwen3-next-80b-a3b": dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_size=2048,
+                               intermediate_size=5120, num_hidden_layers=48, num_attention_heads=16,
+                               num_key_value_heads=2, head_dim=256, vocab_size=151936, rms_norm_eps=1e-6,
+                               max_position_embeddings=262144, linear_num_key_heads=16, linear_num_value_heads=32,
+                               linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+                               full_attention_interval=4, num_experts=512, num_experts_per_tok=10,
+                               moe_intermediate_size=512, shared_expert_intermediate_size=512, norm_topk_prob=True,
+                               decoder_sparse_step=1, mlp_only_layers=[], partial_rotary_factor=0.25,
+                               rope_parameters=dict(rope_type="default", rope_theta=10000000.0,
+                                                    partial_rotary_factor=0.25),
+                               tie_word_embeddings=False, bos_token_id=151643, eos_token_id=151645),
+    "qwen3-next-tiny": dict(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", hidden_size=256,
+                            intermediate_size=512, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=64, vocab_size=1024, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                            linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+                            linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=2,
+                            num_experts=16, num_experts_per_tok=4, moe_intermediate_size=128,
+                            shared_expert_intermediate_size=128, norm_topk_prob=True, decoder_sparse_step=1,
+                            mlp_only_layers=[1], partial_rotary_factor=0.25,
+                            rope_parameters=dict(rope_type="default", rope_theta=10000000.0, partial_rotary_factor=0.25),
+                            tie_word_embeddings=False, bos_token_id=0, eos_token_id=1),
 }
+
+HYBRID_TYPES = ("qwen3_next", "qwen3_5_text")
+# Linears the reference implementation keeps unquantized in its EXL3 files (a Gated DeltaNet layer's b / a gates).
+UNQUANTIZED = ("in_proj_ba.weight", "in_proj_b.weight", "in_proj_a.weight")
+
+
+def is_linear_layer(cfg, i):
+    if cfg["model_type"] not in HYBRID_TYPES:
+        return False
+    return (i + 1) % cfg["full_attention_interval"] != 0
+
+
+def linear_attn_of(cfg, p):
+    """A Gated DeltaNet layer's tensors: Qwen3-Next's fused projections (grouped by key head) or Qwen3.5's."""
+    H = cfg["hidden_size"]
+    nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+    kd, vd = nk * cfg["linear_key_head_dim"], nv * cfg["linear_value_head_dim"]
+    cd = 2 * kd + vd
+    a = p + "linear_attn."
+    if cfg["model_type"] == "qwen3_next":
+        out = [(a + "in_proj_qkvz.weight", (cd + vd, H)), (a + "in_proj_ba.weight", (2 * nv, H))]
+    else:
+        out = [(a + "in_proj_qkv.weight", (cd, H)), (a + "in_proj_z.weight", (vd, H)),
+               (a + "in_proj_b.weight", (nv, H)), (a + "in_proj_a.weight", (nv, H))]
+    return out + [(a + "conv1d.weight", (cd, 1, cfg["linear_conv_kernel_dim"])), (a + "A_log", (nv,)),
+                  (a + "dt_bias", (nv,)), (a + "norm.weight", (cfg["linear_value_head_dim"],)),
+                  (a + "out_proj.weight", (H, vd))]
 
 
 def mlp_of(cfg, i, p):
@@ -143,6 +201,10 @@ def mlp_of(cfg, i, p):
             out.append((f"{m}experts.{e}.{n}.weight", shape))
             if gpt_oss:
                 out.append((f"{m}experts.{e}.{n}.bias", (shape[0],)))
+    S = cfg.get("shared_expert_intermediate_size", 0) if cfg["model_type"] == "qwen3_next" else 0
+    if S:  # a shared expert behind a sigmoid gate
+        out += [(m + "shared_expert.gate_proj.weight", (S, H)), (m + "shared_expert.up_proj.weight", (S, H)),
+                (m + "shared_expert.down_proj.weight", (H, S)), (m + "shared_expert_gate.weight", (1, H))]
     return out
 
 
@@ -161,10 +223,15 @@ def tensors_of(cfg):
         if gemma:
             yield p + "pre_feedforward_layernorm.weight", (H,)
             yield p + "post_feedforward_layernorm.weight", (H,)
-        if gemma or cfg["model_type"] == "qwen3_moe":
+        if is_linear_layer(cfg, i):
+            yield from linear_attn_of(cfg, p)
+            yield from mlp_of(cfg, i, p)
+            continue
+        if gemma or cfg["model_type"] in ("qwen3_moe",) + HYBRID_TYPES:
             yield p + "self_attn.q_norm.weight", (hd,)
             yield p + "self_attn.k_norm.weight", (hd,)
-        for name, shape in (("q_proj", (q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
+        gate = 2 if cfg["model_type"] in HYBRID_TYPES else 1  # q_proj also yields the output gate
+        for name, shape in (("q_proj", (gate * q, H)), ("k_proj", (kv, H)), ("v_proj", (kv, H)), ("o_proj", (H, q))):
             yield p + "self_attn." + name + ".weight", shape
             if bias and (name != "o_proj" or gpt_oss):
                 yield p + "self_attn." + name + ".bias", (shape[0],)
@@ -264,6 +331,7 @@ def main():
                                       "out_scales": "always", "codebook": a.codebook}
     for name, shape in tensors_of(cfg):
         linear = name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")) or name == "lm_head.weight"
+        linear = linear and not name.endswith(UNQUANTIZED)
         if a.exl3_bits and (linear or name.endswith("proj.bias")):
             if name.endswith(".bias"):
                 continue  # written with its linear

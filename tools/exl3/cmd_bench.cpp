@@ -121,7 +121,8 @@ double measure_read_bandwidth(ThreadPool& pool) {
 // The decode roofline: per step every weight matrix is read once (the embedding table only for its rows, unless it is
 // also the head) plus the KV cache of every sequence, at the measured bandwidth. Of a mixture of experts' routed
 // experts only those some token of the step chose are read: with k of E chosen a token and routing spread evenly, a
-// fraction 1 - (1 - k/E)^batch of them (k/E at batch 1).
+// fraction 1 - (1 - k/E)^batch of them (k/E at batch 1). A hybrid model's sequence also reads its recurrent state
+// (every linear-attention layer's conv window and state matrix, a fixed size) and writes it back, every step.
 struct DecodeCeiling {
     double bandwidth = 0;     // bytes/s, measured here
     std::string source;       // how
@@ -129,6 +130,7 @@ struct DecodeCeiling {
     double expert_bytes = 0;  // all routed experts' bytes
     double expert_frac = 0;   // k / E
     double kv_per_token = 0;  // bytes of one cached token's keys and values over all layers
+    double state_rw = 0;      // bytes of one sequence's recurrent state read and written back per step (hybrids)
     // The ideal step (EXL3 on the GPU): each class of calls -- the layers' other linears, the head, the chosen
     // experts -- at the larger of its bytes over the bandwidth and its weights over the decode's instruction rate
     // (kDecodeWeightsPerClkSm); every call of a class has the same bits a weight, so the class's larger term is
@@ -145,9 +147,11 @@ struct DecodeCeiling {
         };
         const double f = expert_share(batch);
         return t(weight_read - head_bytes, layer_weights) + t(head_bytes, head_weights) +
-               t(expert_bytes * f, expert_weights * f) + batch * avg_ctx * kv_per_token / bandwidth;
+               t(expert_bytes * f, expert_weights * f) + batch * (avg_ctx * kv_per_token + state_rw) / bandwidth;
     }
-    double bytes_per_step(int batch, double avg_ctx) const { return weights_read(batch) + batch * avg_ctx * kv_per_token; }
+    double bytes_per_step(int batch, double avg_ctx) const {
+        return weights_read(batch) + batch * (avg_ctx * kv_per_token + state_rw);
+    }
     // Tokens/s of `batch` sequences holding avg_ctx tokens each on average.
     double roofline_tok_s(int batch, double avg_ctx) const {
         return batch * bandwidth / bytes_per_step(batch, avg_ctx);
@@ -196,8 +200,11 @@ DecodeCeiling decode_ceiling(const ModelInfo& info, bool gpu, int threads, doubl
         c.weight_read -= c.expert_bytes;
         c.expert_frac = static_cast<double>(info.experts_per_token) / info.num_experts;
     }
-    // Keys and values of every layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU).
-    c.kv_per_token = static_cast<double>(info.num_layers) * static_cast<double>(info.kv_bytes_per_token);
+    // Keys and values of every attention layer as the cache stores them (fp16 on CUDA; fp32 or quantized on the CPU);
+    // a hybrid model's linear-attention layers keep none: their fixed-size state instead, read and written back.
+    c.kv_per_token = static_cast<double>(info.num_layers - info.num_linear_layers) *
+                     static_cast<double>(info.kv_bytes_per_token);
+    c.state_rw = 2.0 * static_cast<double>(info.state_bytes);
     c.head_weights = embed;
     c.head_bytes = dense_gpu ? 2.0 * embed : static_cast<double>(info.head_bytes);
     c.expert_weights = static_cast<double>(info.expert_parameters);
@@ -222,6 +229,14 @@ void print_expert_share(const ModelInfo& info) {
                 "1 - (1 - %.3g)^N of them (%.3g bytes at N = 1, %.3g at 32) beside the other weights; the prefill "
                 "roofline counts the chosen experts' FLOPs\n",
                 b, info.experts_per_token, info.num_experts, f, b * f, b * (1.0 - std::pow(1.0 - f, 32.0)));
+}
+
+// What the rooflines count of a hybrid model's recurrent state.
+void print_state_share(const ModelInfo& info) {
+    std::printf("recurrent state: %d of %d layers are linear attention; a decode step reads each sequence's state "
+                "(%.3g bytes) and writes it back (+ %.3g bytes a sequence beside the KV cache of the other layers)\n",
+                info.num_linear_layers, info.num_layers, static_cast<double>(info.state_bytes),
+                2.0 * static_cast<double>(info.state_bytes));
 }
 
 double median(std::vector<double> v) {
@@ -507,6 +522,7 @@ int bench_jobs(const BenchOptions& o) {
         "tokens x %.0f KV bytes) per step\n",
         ceil.bandwidth / 1e9, ceil.source.c_str(), ceil.weights_read(1), avg_ctx, ceil.kv_per_token);
     if (info.num_experts > 0) print_expert_share(info);
+    if (info.state_bytes > 0) print_state_share(info);
     std::printf(
         "\n| jobs | batch tokens | wall | gen tok/s | vs %d job%s | prefill tok/s | TTFT p50 / p95 / max ms "
         "| tok/s per job | all decoding: ms/step | tok/s | roofline tok/s | %% of roofline |\n"
@@ -625,6 +641,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
                 gpu ? ", 790 TFLOP/s bf16 matrix rate a GPU (anchors.md)" : "");
     print_plan_summary(out["memory_plan"]);
     if (info.num_experts > 0) print_expert_share(info);
+    if (info.state_bytes > 0) print_state_share(info);
     std::printf("\n| prefill tokens | time | tok/s | roofline tok/s | %% of roofline |\n|---|---|---|---|---|\n");
     for (const auto& r : out["prefill"]) {
         if (r.contains("roofline_tok_s"))
@@ -641,7 +658,7 @@ int print_tables(const BenchOptions& o, const Model& m, const nlohmann::json& ou
     if (out.value("decode_rate", 0.0) > 0.0)
         std::printf("ideal step: each class of calls (the layers' linears, the head, the chosen experts) at the larger of "
                     "its bytes / bandwidth and its weights / %.3g weights/s (the decode's measured instruction rate, "
-                    "anchors.md), + the KV cache / bandwidth\n",
+                    "anchors.md), + the KV cache (and a hybrid's recurrent states, read and written) / bandwidth\n",
                     out["decode_rate"].get<double>());
     std::printf(
         "\n| decode batch | context | ms/step | tok/s | roofline tok/s | %% of roofline | ideal ms/step | %% of ideal |\n"
@@ -734,6 +751,7 @@ int bench(const BenchOptions& o) {
                           {"kv_bits_v", info.kv_bits_v},
                           {"kv_bytes_per_token_layer", info.kv_bytes_per_token},
                           {"decode_rate", ceil.decode_rate},
+                          {"state_bytes", info.state_bytes},
                           {"memory_plan", plan_summary(m)},
                           {"prefill", nlohmann::json::array()},
                           {"decode", nlohmann::json::array()}};
@@ -752,8 +770,12 @@ int bench(const BenchOptions& o) {
             if (r > 0) times.push_back(seconds_since(t0));  // the first run warms up
         }
         const double t = median(times);
+        // Attention's q.k and p.v over the causal half, in the attention layers; a hybrid's linear-attention layers
+        // cost about 8 FLOPs a state value a token instead (the chunked delta rule's products with the state).
         const double flops = linear_flops_per_token * P +
-                             4.0 * info.num_layers * info.num_heads * info.head_dim * 0.5 * P * static_cast<double>(P);
+                             4.0 * (info.num_layers - info.num_linear_layers) * info.num_heads * info.head_dim * 0.5 * P *
+                                 static_cast<double>(P) +
+                             8.0 * static_cast<double>(info.state_bytes) / sizeof(float) * P;
         nlohmann::json row = {{"tokens", P}, {"seconds", t}, {"tok_s", P / t}};
         if (gpu) row["roofline_tok_s"] = P / (flops / (kGpuMatrixFlops * gpu_ranks(lo)));
         out["prefill"].push_back(row);
@@ -780,7 +802,8 @@ int bench(const BenchOptions& o) {
                                      {"roofline_tok_s", ceil.roofline_tok_s(B, avg_ctx)},
                                      {"ideal_ms_per_step", ceil.ideal_seconds(B, avg_ctx) * 1e3},
                                      {"bytes_per_step", ceil.bytes_per_step(B, avg_ctx)},
-                                     {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token}});
+                                     {"kv_bytes_per_step", B * avg_ctx * ceil.kv_per_token},
+                                     {"state_bytes_per_step", B * ceil.state_rw}});
         }
     }
 

@@ -12,6 +12,7 @@ Writes, under OUT:
 Usage: make_golden.py --tiny DIR [--tiny DIR ...] --out OUT
 """
 import argparse
+import copy
 import json
 import math
 import os
@@ -181,6 +182,35 @@ VARIANTS.update({
     "gpt_oss_mxfp4": ("GptOssForCausalLM", "gpt_oss", GPT_OSS, "bfloat16", [7, 40]),
 })
 GPT_OSS_VARIANTS = {"gpt_oss", "gpt_oss_mxfp4"}
+# Hybrids (issue 45): Gated DeltaNet layers beside gated full attention with (1 + w) norms, q/k norms and partial
+# RoPE. 4 layers: Qwen3-Next by full_attention_interval 2 (linear, full, linear, full), fused in_proj_qkvz / in_proj_ba
+# grouped by key head, k/v head dim 64, two value heads per key head, experts with a gated shared expert and a dense
+# layer; Qwen3.5 by explicit layer_types (three linear, one full), separate projections, k/v head dim 128, a dense MLP,
+# MRoPE sections in its rope parameters (equal positions on text: plain RoPE); Qwen3.5-MoE (every layer experts,
+# stacked in the checkpoint) and the two multimodal wrappers (a tiny vision tower the engine ignores).
+LIN, ATT = "linear_attention", "full_attention"
+HYBRID = dict(FAMILY, num_hidden_layers=4, head_dim=64, linear_conv_kernel_dim=4, tie_word_embeddings=False)
+NEXT_LIN = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=64, linear_value_head_dim=64)
+Q35_LIN = dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128)
+Q35_ROPE = dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25, mrope_section=[3, 3, 2],
+                mrope_interleaved=True)
+HMOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64, shared_expert_intermediate_size=96)
+Q35_MOE_TEXT = dict(HYBRID, **Q35_LIN, **HMOE, full_attention_interval=2, partial_rotary_factor=0.25,
+                    rope_parameters=Q35_ROPE)
+Q35_TEXT = dict(HYBRID, **Q35_LIN, layer_types=[LIN, LIN, ATT, LIN], partial_rotary_factor=0.25,
+                rope_parameters=Q35_ROPE)
+VARIANTS.update({
+    "qwen3_next": ("Qwen3NextForCausalLM", "qwen3_next", dict(
+        HYBRID, **NEXT_LIN, **HMOE, full_attention_interval=2, norm_topk_prob=True, decoder_sparse_step=1,
+        mlp_only_layers=[1], partial_rotary_factor=0.25,
+        rope_parameters=dict(ROPE, partial_rotary_factor=0.25)), "bfloat16", [7, 40]),
+    "qwen3_5_text": ("Qwen3_5ForCausalLM", "qwen3_5_text", Q35_TEXT, "bfloat16", [7, 40]),
+    "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", Q35_MOE_TEXT, "bfloat16", [7, 40]),
+    "qwen3_5_wrapped": ("Qwen3_5ForConditionalGeneration", "qwen3_5", Q35_TEXT, "bfloat16", [7, 40]),
+    "qwen3_5_moe_wrapped": ("Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", Q35_MOE_TEXT, "bfloat16", [7, 40]),
+})
+HYBRIDS = {"qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_5_wrapped", "qwen3_5_moe_wrapped"}
+WRAPPED |= {"qwen3_5_wrapped", "qwen3_5_moe_wrapped"}
 
 
 def randomize(model, seed):
@@ -191,7 +221,7 @@ def randomize(model, seed):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
+            elif name.endswith("bias"):  # Gated DeltaNet's dt_bias too
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
             elif name.endswith("self_attn.sinks"):  # gpt-oss: about the scores' size, so that they matter
                 p.copy_(2.0 * torch.randn(p.shape, generator=g))
@@ -201,9 +231,27 @@ def randomize(model, seed):
                 if gpt_oss and name.endswith("gate_up_proj"):
                     scale *= 3.0  # past the clamp now and then
                 p.copy_(scale * torch.randn(p.shape, generator=g))
+            elif name.endswith("A_log"):  # Gated DeltaNet: decays exp(-A softplus(.)) spread over (0, 1)
+                p.copy_(torch.log(0.1 + 1.9 * torch.rand(p.shape, generator=g)))
         for name, b in model.named_buffers():  # GLM-4.5's router correction bias is a buffer
             if name.endswith("e_score_correction_bias"):
                 b.copy_(0.2 * torch.randn(b.shape, generator=g))
+
+
+def torch_delta_rule(model):
+    """The reference runs on the CPU: where flash-linear-attention / causal-conv1d are installed (GPU kernels), the
+    Gated DeltaNet modules are pointed back at transformers' own torch implementations of the same recurrence."""
+    for m in model.modules():
+        mod = sys.modules[type(m).__module__]
+        for attr, fallback in (("chunk_gated_delta_rule", "torch_chunk_gated_delta_rule"),
+                               ("recurrent_gated_delta_rule", "torch_recurrent_gated_delta_rule"),
+                               ("causal_conv1d_update", "torch_causal_conv1d_update")):
+            if hasattr(m, attr) and hasattr(mod, fallback) and getattr(m, attr) is not getattr(mod, fallback):
+                print(f"  {type(m).__name__}.{attr} -> {fallback}", flush=True)
+                setattr(m, attr, getattr(mod, fallback))
+        if hasattr(m, "causal_conv1d_fn") and m.causal_conv1d_fn is not None:
+            print(f"  {type(m).__name__}.causal_conv1d_fn -> the conv1d path", flush=True)
+            m.causal_conv1d_fn = None
 
 
 def to_old_style(cfg_path):
@@ -297,6 +345,12 @@ def make_wrapped(fields, model_type):
         vision = dict(model_type="pixtral", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=2, image_size=32, patch_size=16, num_channels=3)
         cfg = AutoConfig.for_model(model_type, text_config=text, vision_config=vision, tie_word_embeddings=False)
+    elif model_type in ("qwen3_5", "qwen3_5_moe"):  # a tiny Qwen3-VL-style vision tower
+        text["model_type"] = model_type + "_text"
+        vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, in_channels=3, patch_size=16,
+                      spatial_merge_size=2, temporal_patch_size=2, out_hidden_size=text["hidden_size"],
+                      num_position_embeddings=16)
+        cfg = AutoConfig.for_model(model_type, text_config=text, vision_config=vision, tie_word_embeddings=False)
     else:
         text["model_type"] = "gemma3_text"
         vision = dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -349,7 +403,9 @@ def make_random_models(out, only=()):
 
 def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
     fields = dict(SMALL)
-    fields.update(extra)
+    fields.update(copy.deepcopy(extra))  # transformers may edit nested dicts (rope parameters) in place
+    if model_type.startswith("qwen3_5_moe"):
+        fields.pop("intermediate_size")  # Qwen3.5-MoE's config has none
     fields["architectures"] = [arch]
     cls = None
     if name in WRAPPED:
@@ -369,7 +425,7 @@ def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
         to_old_style(os.path.join(mdir, "config.json"))
     if name == "gpt_oss_mxfp4":
         write_mxfp4(mdir)
-    if name in MOES or name in GPT_OSS_VARIANTS:  # the layout the engine must read: print the tensor names of one MoE layer
+    if name in MOES | GPT_OSS_VARIANTS | HYBRIDS:  # the layout the engine must read: the tensor names of two layers
         from safetensors import safe_open
         for fn in sorted(os.listdir(mdir)):
             if fn.endswith(".safetensors"):
@@ -378,6 +434,8 @@ def make_random_model(out, idx, name, arch, model_type, extra, dtype, lens):
                         if ".layers.0." in k or ".layers.1." in k:
                             print(f"  {name} {k} {list(f.get_slice(k).get_shape())} {f.get_slice(k).get_dtype()}")
     ref = load_fp32(mdir, cls)  # reload: the reference reads the same file (and config style) we do
+    if name in HYBRIDS:
+        torch_delta_rule(ref)
     g = torch.Generator().manual_seed(77 + idx)
     vocab = fields["vocab_size"]
     seqs = [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lens]

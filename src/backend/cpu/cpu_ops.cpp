@@ -50,7 +50,7 @@ Status CpuOps::add_residual(Slot delta) {
 }
 
 Status CpuOps::capture(int layer, LinearInput input, Slot s) {
-    if (capture_) capture_(layer, input, buf(s).data(), plan_->total(), slot_width(cfg_, s));
+    if (capture_) capture_(layer, input, buf(s).data(), plan_->total(), slot_width(cfg_, s, layer));
     return Status::ok();
 }
 
@@ -185,14 +185,32 @@ Status CpuOps::moe_rows(int li, const float* x, int T, float* y) {
 }
 
 Status CpuOps::split_qkv() {
-    const int T = plan_->total(), qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), ld = qd + 2 * kvd;
+    const int T = plan_->total(), qd = cfg_.q_dim(), kvd = cfg_.kv_dim(), hd = cfg_.head_dim;
+    const int qw = (cfg_.attn_gate ? 2 : 1) * qd, ld = qw + 2 * kvd;  // with the gate, q_proj's rows per head: q | gate
     const float* src = buf(Slot::kQKV).data();
     for (int t = 0; t < T; ++t) {
         const float* row = src + static_cast<size_t>(t) * ld;
-        std::memcpy(buf(Slot::kQ).data() + static_cast<size_t>(t) * qd, row, sizeof(float) * qd);
-        std::memcpy(buf(Slot::kK).data() + static_cast<size_t>(t) * kvd, row + qd, sizeof(float) * kvd);
-        std::memcpy(buf(Slot::kV).data() + static_cast<size_t>(t) * kvd, row + qd + kvd, sizeof(float) * kvd);
+        float* q = buf(Slot::kQ).data() + static_cast<size_t>(t) * qd;
+        if (cfg_.attn_gate) {
+            float* g = buf(Slot::kAttnGate).data() + static_cast<size_t>(t) * qd;
+            for (int h = 0; h < cfg_.num_heads; ++h) {
+                std::memcpy(q + static_cast<size_t>(h) * hd, row + static_cast<size_t>(h) * 2 * hd, sizeof(float) * hd);
+                std::memcpy(g + static_cast<size_t>(h) * hd, row + static_cast<size_t>(h) * 2 * hd + hd, sizeof(float) * hd);
+            }
+        } else {
+            std::memcpy(q, row, sizeof(float) * qd);
+        }
+        std::memcpy(buf(Slot::kK).data() + static_cast<size_t>(t) * kvd, row + qw, sizeof(float) * kvd);
+        std::memcpy(buf(Slot::kV).data() + static_cast<size_t>(t) * kvd, row + qw + kvd, sizeof(float) * kvd);
     }
+    return Status::ok();
+}
+
+Status CpuOps::output_gate(Slot a, Slot gate) {
+    float* x = buf(a).data();
+    const float* g = buf(gate).data();
+    const size_t n = static_cast<size_t>(plan_->total()) * cfg_.q_dim();
+    for (size_t i = 0; i < n; ++i) x[i] *= 1.0f / (1.0f + std::exp(-g[i]));
     return Status::ok();
 }
 
@@ -228,6 +246,7 @@ Status CpuOps::attention(int layer, int window) {
     const int kvd = c.kv_dim(), qd = c.q_dim(), ps = kv_.page_size();
     const float scale = c.attention_scale();
     const std::vector<float>& sinks = w_.layers[static_cast<size_t>(layer)].sinks;
+    const int kv_index = c.kv_layer(layer) - c.kv_layer(kv_layer0_);  // linear layers keep no keys and values
     for (int b = 0; b < plan_->batch(); ++b) {
         const Sequence::Impl& seq = *seqs_[static_cast<size_t>(b)];
         const int r0 = plan_->q_start[static_cast<size_t>(b)], r1 = plan_->q_start[static_cast<size_t>(b) + 1];
@@ -236,7 +255,7 @@ Status CpuOps::attention(int layer, int window) {
         // back from there like every other row: a prefix taken from the cache reads exactly what computing it did.
         for (int pos = start; pos < total; ++pos) {
             const size_t src = static_cast<size_t>(r0 + pos - start) * kvd;
-            kv_.store(layer - kv_layer0_, seq.pages[static_cast<size_t>(pos / ps)], pos % ps, buf(Slot::kK).data() + src,
+            kv_.store(kv_index, seq.pages[static_cast<size_t>(pos / ps)], pos % ps, buf(Slot::kK).data() + src,
                       buf(Slot::kV).data() + src);
         }
         // The reference attention reads a contiguous cache: gather the pages, dequantizing them when quantized (a
@@ -248,7 +267,7 @@ Status CpuOps::attention(int layer, int window) {
         pool_.parallel_for(n_pages, kv_.quantized() ? 4 : n_pages, [&](size_t i0, size_t i1) {
             for (size_t i = i0; i < i1; ++i) {
                 const int p0 = static_cast<int>(i) * ps;
-                kv_.load(layer - kv_layer0_, seq.pages[i], std::min(ps, total - p0), k_seq_.data() + static_cast<size_t>(p0) * kvd,
+                kv_.load(kv_index, seq.pages[i], std::min(ps, total - p0), k_seq_.data() + static_cast<size_t>(p0) * kvd,
                          v_seq_.data() + static_cast<size_t>(p0) * kvd);
             }
         });

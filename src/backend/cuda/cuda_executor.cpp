@@ -45,6 +45,8 @@ public:
         return static_cast<int64_t>(s_.kv.side_bytes_per_token(s_.kv.bits_k()) +
                                     s_.kv.side_bytes_per_token(s_.kv.bits_v()));
     }
+    int64_t state_bytes() const override { return s_.cfg.hybrid() ? s_.state_slot_bytes() : 0; }
+    int max_state_slots() const override { return s_.state_slots; }
     // Also without graphs: a step then has the same shapes (the same kernels, the same bits) as with them.
     bool prefers_uniform_steps() const override { return true; }
     int max_uniform_tokens() const override { return kMaxGraphTokens; }
@@ -58,8 +60,11 @@ public:
     Status logits_row(int row, float* out) override;
 
 private:
+    static Status check_hybrid(const ModelConfig& cfg, const ExecutorOptions& opts);
+    Status allocate_states();
     Status place_weights(const HostWeights& w);
     Status check_pages(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs) const;
+    Status check_states(const StepPlan& plan) const;
     Status upload_plan(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs);
     Status run_graph(CudaOps& ops, const StepPlan& plan, int B, int r, int bound);
     // One step within the planned buffers; forward() splits a longer one.
@@ -76,6 +81,7 @@ private:
 
 Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, const HostWeights& w,
                                                        const ExecutorOptions& opts) {
+    EXL3_RETURN_IF_ERROR(check_hybrid(cfg, opts));
     auto e = std::make_unique<CudaExecutor>();
     StepState& s = e->s_;
     s.cfg = cfg;
@@ -116,11 +122,12 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     EXL3_RETURN_IF_ERROR(s.kv.allocate(cfg, opts.context_length, s.opts.cache_tokens, s.opts.page_size,
                                        opts.kv_bits_k, opts.kv_bits_v, s.first_cpu_layer));
     // The CPU's layers keep their pages on the host (also the scratch of MoE blocks run there, with none).
-    s.host_kv = std::make_unique<HostKvPages>(cfg.num_layers - s.first_cpu_layer, s.opts.page_size, cfg.num_kv_heads,
-                                              cfg.head_dim, opts.kv_bits_k, opts.kv_bits_v);
+    s.host_kv = std::make_unique<HostKvPages>(cfg.num_kv_layers() - cfg.kv_layer(s.first_cpu_layer), s.opts.page_size,
+                                              cfg.num_kv_heads, cfg.head_dim, opts.kv_bits_k, opts.kv_bits_v);
     // Every buffer of the plan now, so that the steps it was made for allocate nothing.
     const int M = s.opts.max_step_tokens > 0 ? s.opts.max_step_tokens : kDefaultMaxStepTokens;
     s.opts.max_step_tokens = M;
+    if (cfg.hybrid()) EXL3_RETURN_IF_ERROR(e->allocate_states());
     EXL3_RETURN_IF_ERROR(s.reserve(M, std::min(M, kPlannedBatch), std::min(M, kPlannedLogitRows)));
     EXL3_RETURN_IF_ERROR(
         s.attn_ws.reserve(attention_scratch_bytes(cfg, M, opts.context_length, opts.kv_bits_k, opts.kv_bits_v)));
@@ -173,6 +180,63 @@ Status CudaExecutor::place_weights(const HostWeights& w) {
     EXL3_RETURN_IF_ERROR(s.weight_arena.reserve(static_cast<size_t>(resident)));
     ArenaPlacer ap(s.weight_arena, s.wstream.get(), s.first_cpu_layer);
     return s.w.upload(w, s.act, cfg, ap, uo);
+}
+
+// Hybrid models: the shapes the Gated DeltaNet kernels take (delta_net.cuh), and gated attention without the q/k
+// norms that norm a whole q row (their rows would hold the gates too).
+Status CudaExecutor::check_hybrid(const ModelConfig& cfg, const ExecutorOptions& opts) {
+    if (cfg.attn_gate && (cfg.qk_norm == QkNorm::kFlat || cfg.qk_norm == QkNorm::kHeads))
+        return unsupported(fmt::format("{} on CUDA: gated attention with q/k norms over several heads", cfg.arch_name));
+    if (!cfg.hybrid()) return Status::ok();
+    // Layers run by the CPU threads would need their recurrent states on the host: offloaded layers stream instead.
+    if (opts.offload_layers > 0 && opts.offload_mode == OffloadMode::kCpu)
+        return unsupported(fmt::format("{} on CUDA: offloaded layers run by the CPU (the recurrent state of its linear-"
+                                       "attention layers stays on the GPU); offload them streamed instead",
+                                       cfg.arch_name));
+    const DeltaNetDims d = StepState::delta_dims(cfg);
+    if (!delta_net_supported(d))
+        return unsupported(fmt::format("{} on CUDA: linear attention with key heads of {} (at most {}), a conv of {} "
+                                       "taps (at most {}), {} value heads over {} key heads",
+                                       cfg.arch_name, d.k_dim, kDeltaMaxKeyDim, d.kernel, kDeltaMaxConv, d.v_heads,
+                                       d.k_heads));
+    return Status::ok();
+}
+
+// Hybrid models: device memory for the recurrent-state slots (state_slots_for: taken from the KV budget, as the memory
+// plan counts them). A step that needs more slots than are free fails with kOutOfRange before it runs, as one that
+// needs more pages does (the Generator then lets prompts wait or drops proposals).
+Status CudaExecutor::allocate_states() {
+    StepState& s = s_;
+    const double per_slot = static_cast<double>(state_slot_bytes_for(s.cfg));
+    const int slots = state_slots_for(s.cfg, s.opts.cache_tokens, s.opts.context_length, kv_bytes_per_token());
+    EXL3_RETURN_IF_ERROR(s.allocate_states(slots).with_context(
+        fmt::format("recurrent states: {} slots of {:.1f} MiB", slots, per_slot / 1048576.0)));
+    log_info("CUDA recurrent states: {} slots of {:.1f} MiB ({} linear-attention layers; {:.1f} MiB)", slots,
+             per_slot / 1048576.0, s.cfg.num_linear_layers(), slots * per_slot / 1048576.0);
+    return Status::ok();
+}
+
+// Hybrid models: the state slots of the plan must lie in this executor's memory (the Model's state pool hands out at
+// most max_state_slots ids), and each snapshot must name a row of its sequence's new tokens.
+Status CudaExecutor::check_states(const StepPlan& plan) const {
+    if (!s_.cfg.hybrid()) return Status::ok();
+    const int B = plan.batch();
+    if (plan.state_slot.size() != static_cast<size_t>(B) || plan.state_zero.size() != static_cast<size_t>(B))
+        return internal_error("CUDA forward: a hybrid model's step without its state slots");
+    auto in_range = [&](int32_t slot) { return slot >= 0 && slot < s_.state_slots; };
+    for (int32_t slot : plan.state_slot)
+        if (!in_range(slot))
+            return internal_error(fmt::format("CUDA forward: state slot {} outside the {} slots", slot, s_.state_slots));
+    std::vector<uint8_t> taken(static_cast<size_t>(plan.total()), 0);  // a row takes one snapshot at most
+    for (const StepPlan::Snapshot& sn : plan.snapshots) {
+        const bool seq_ok = sn.seq >= 0 && sn.seq < B;
+        const int r0 = seq_ok ? plan.q_start[static_cast<size_t>(sn.seq)] : 0;
+        const int n = seq_ok ? plan.q_start[static_cast<size_t>(sn.seq) + 1] - r0 : 0;
+        if (!in_range(sn.slot) || sn.after < 0 || sn.after >= n || taken[static_cast<size_t>(r0 + sn.after)]++)
+            return internal_error(fmt::format("CUDA forward: snapshot into slot {} after {} of sequence {}'s tokens",
+                                              sn.slot, sn.after, sn.seq));
+    }
+    return Status::ok();
 }
 
 // The Model gave every sequence the pages of this step from its page pool (shared prefix pages included): check that
@@ -291,6 +355,14 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
                 sub.tokens.push_back(plan.tokens[static_cast<size_t>(r)]);
                 sub.positions.push_back(plan.positions[static_cast<size_t>(r)]);
             }
+            const int q0 = plan.q_start[static_cast<size_t>(i)];
+            if (s_.cfg.hybrid()) {  // the state slot (zeroed by the sequence's first chunk only), its snapshots here
+                for (const StepPlan::Snapshot& sn : plan.snapshots)
+                    if (sn.seq == i && q0 + sn.after >= r0 && q0 + sn.after < r1)
+                        sub.snapshots.push_back({sub.batch(), q0 + sn.after - r0, sn.slot});
+                sub.state_slot.push_back(plan.state_slot[static_cast<size_t>(i)]);
+                sub.state_zero.push_back(r0 == q0 ? plan.state_zero[static_cast<size_t>(i)] : 0);
+            }
             sub.q_start.push_back(sub.total());
             sub.seq_len.push_back(plan.positions[static_cast<size_t>(r1) - 1] + 1);
             sub_seqs.push_back(seqs[static_cast<size_t>(i)]);
@@ -320,6 +392,7 @@ Status CudaExecutor::forward_one(const StepPlan& plan, const std::vector<Sequenc
     const int T = plan.total(), B = plan.batch(), n_out = static_cast<int>(plan.out_rows.size());
     EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s.ctx->device()), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(check_pages(plan, seqs));
+    EXL3_RETURN_IF_ERROR(check_states(plan));
     EXL3_RETURN_IF_ERROR(s.reserve(T, B, row0 + n_out));
     EXL3_RETURN_IF_ERROR(upload_plan(plan, seqs));
 

@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/attention/paged_attention.cuh"
+#include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/exl3/exl3_matmul.cuh"
 #include "backend/cuda/gemm_invariant.cuh"
 #include "backend/cuda/gemv.cuh"
@@ -35,7 +36,7 @@ public:
     // logit_row0: where in s.logits this step's logit rows go (a chunk of a longer step follows the rows before it).
     // kv_layer0: the first layer the KV pages hold (the converter keeps one layer's pages at a time).
     CudaOps(StepState& s, cuda::AttentionBatch batch, int logit_row0 = 0, int kv_layer0 = 0)
-        : s_(s), batch_(batch), exl3_layers_(!s.w.layers.empty() && !s.w.layers[0].qkv.exl3.empty()),
+        : s_(s), batch_(batch), exl3_layers_(first_input_exl3(s)),
           kv_layer0_(kv_layer0), logit_row0_(logit_row0),
           logits_(s.logits.as<float>() + static_cast<size_t>(logit_row0) * s.cfg.vocab_size) {}
 
@@ -193,11 +194,14 @@ public:
             paged.batch = batch_.batch;
             paged.page_size = kv.page_size;
         }
-        return ck(cuda::qkv_heads(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV), s_.act, T(),
-                                  s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
-                                  qk_norm ? L.q_norm.as<float>() : nullptr, qk_norm ? L.k_norm.as<float>() : nullptr,
-                                  eps, positions(), inv_freq, which ? rope.rotary_dim : 0, rope.attention_scaling, st(),
-                                  paged, s_.cfg.rope_interleaved),
+        // Gated attention: q_proj's rows per head are [q | gate]; the gates go to kAttnGate for output_gate().
+        return ck(cuda::qkv_heads_gated(slot(Slot::kQKV), slot(Slot::kQ), slot(Slot::kK), slot(Slot::kV),
+                                        s_.cfg.attn_gate ? slot(Slot::kAttnGate) : nullptr, s_.act, T(),
+                                        s_.cfg.num_heads, s_.cfg.num_kv_heads, hd,
+                                        qk_norm ? L.q_norm.as<float>() : nullptr,
+                                        qk_norm ? L.k_norm.as<float>() : nullptr, eps, positions(), inv_freq,
+                                        which ? rope.rotary_dim : 0, rope.attention_scaling, st(), paged,
+                                        s_.cfg.rope_interleaved),
                   "qkv_heads");
     }
     Status attention(int li, int window) {
@@ -208,10 +212,10 @@ public:
         kv_appended_ = false;
         const float scale = s_.cfg.attention_scale();
         // An EXL3 o projection of one fused call takes its input rotated by the kernel that merges the attention
-        // splits (when the plan splits): one kernel fewer in the chain of the step.
+        // splits (when the plan splits): one kernel fewer in the chain of the step. (Not behind an output gate.)
         const DevLinear& o = layer(li).o;
         cuda::AttnOutRotation rot;
-        const bool want = !o.exl3_parts.empty() && o.in == s_.cfg.num_heads * s_.cfg.head_dim &&
+        const bool want = !s_.cfg.attn_gate && !o.exl3_parts.empty() && o.in == s_.cfg.num_heads * s_.cfg.head_dim &&
                           cuda::exl3_takes_prerotated(o.exl3_parts.data(), static_cast<int>(o.exl3_parts.size()), T(),
                                                       s_.opts.batch_invariant);
         if (want) {
@@ -227,6 +231,35 @@ public:
                "attention"));
         attn_rotated_ = rotated;
         return Status::ok();
+    }
+    // Gated attention: a *= sigmoid(gate), in place.
+    Status output_gate(Slot a, Slot gate) {
+        EXL3_RETURN_IF_ERROR(flush());
+        return ck(cuda::sigmoid_mul(slot(a), slot(gate), s_.act, static_cast<int64_t>(T()) * s_.cfg.q_dim(), st()),
+                  "output_gate");
+    }
+    // A Gated DeltaNet layer (delta_net.cuh) from kQKV (q|k|v|z) and kBA (b|a) into kAttn [T, value_dim]: the conv
+    // over each sequence's window, the gates and q/k norms, the delta rule over each sequence's state slot (its
+    // snapshots taken where the plan asks), the gated norm.
+    Status linear_attention(int li, float eps) {
+        EXL3_RETURN_IF_ERROR(flush());
+        const DevLinearAttn& L = layer(li).lin;
+        const cuda::DeltaNetDims d = StepState::delta_dims(s_.cfg);
+        const cuda::DeltaNetRows r = s_.delta_rows(li, plan_->batch(), T());
+        const int ld = d.conv_dim() + d.value_dim(), n = T();
+        float* y = s_.lin_y.as<float>();
+        float* beta = s_.lin_gates.as<float>();
+        float* g = beta + static_cast<int64_t>(n) * d.v_heads;
+        float* o = s_.lin_o.as<float>();
+        EXL3_RETURN_IF_ERROR(ck(cuda::delta_conv(slot(Slot::kQKV), s_.act, ld, L.conv.as<float>(), d, r, y, st()),
+                                "delta_conv"));
+        EXL3_RETURN_IF_ERROR(ck(cuda::delta_prepare(y, slot(Slot::kBA), s_.act, L.a_log.as<float>(),
+                                                    L.dt_bias.as<float>(), d, n, beta, g, st()),
+                                "delta_prepare"));
+        EXL3_RETURN_IF_ERROR(ck(cuda::gated_delta(y, beta, g, d, r, batch_.max_q_len, o, st()), "gated_delta"));
+        return ck(cuda::delta_out_norm(o, slot(Slot::kQKV), s_.act, ld, L.norm.as<float>(), eps, d, n,
+                                       slot(Slot::kAttn), st()),
+                  "delta_out_norm");
     }
     // A mixture-of-experts MLP into `out` (fp32): the router on the device, then, where the layer's routed experts
     // allow the grouped EXL3 kernels, everything else on the device too (moe_layer.h: the routing sorted by expert,
@@ -374,7 +407,7 @@ private:
         cuda::GemvIn gi;
         gi.x = slot(in);
         if (norm_.active && norm_.out == in && cuda::gemv_norm_supported(T(), l.in, s_.h.as<float>(), l.w.get())) {
-            norm_.active = false;
+            norm_.active = l.norm_stays;
             gi.h = s_.h.as<float>();
             gi.norm_w = norm_.w;
             gi.eps = norm_.eps;
@@ -543,7 +576,7 @@ private:
         if (prerotated) {
             f.prerotated = true;  // attention() wrote xh for this call: nothing is pending before it
         } else if (can && norm_.active && norm_.out == in && l.in % 4 == 0) {
-            norm_.active = false;
+            norm_.active = l.norm_stays;
             f.norm_h = s_.h.as<float>();
             f.norm_w = norm_.w;
             f.eps = norm_.eps;
@@ -566,6 +599,12 @@ private:
                                  s_.exl3_ws.bytes(), f.norm_h || f.glu_off || f.prerotated ? &f : nullptr);
     }
 
+    // Whether the layers' first linear (q|k|v, or a linear-attention layer's in_proj) is EXL3.
+    static bool first_input_exl3(const StepState& s) {
+        if (s.w.layers.empty()) return false;
+        const DevLayer& l = s.w.layers[0];
+        return !l.qkv.exl3.empty() || !l.lin.in_proj.exl3.empty();
+    }
     static Status ck(cudaError_t e, const char* what) { return check_cuda(e, what); }
     cudaStream_t st() const { return s_.ctx->stream(); }
     int T() const { return plan_->total(); }

@@ -98,6 +98,19 @@ Status place_expert(WeightPlacer& pl, const HostExpert& h, ActType act, DevExper
     return place_linear(pl, h.down, act, &d->down, branch);
 }
 
+// A Gated DeltaNet layer; out_proj carries the residual branch's scale as o_proj does. The conv, A_log, dt_bias and
+// the gated norm count as the layer's norms (small fp32 vectors).
+Status place_linear_attn(WeightPlacer& pl, const HostLinearAttn& h, ActType act, float branch, DevLinearAttn* d) {
+    EXL3_RETURN_IF_ERROR(place_linear(pl, h.in_proj, act, &d->in_proj));
+    d->in_proj.norm_stays = true;
+    EXL3_RETURN_IF_ERROR(place_linear(pl, h.ba, act, &d->ba));
+    EXL3_RETURN_IF_ERROR(place_linear(pl, h.out, act, &d->out, branch));
+    EXL3_RETURN_IF_ERROR(place_f32(pl, d->conv, h.conv, WeightKind::kNorm));
+    EXL3_RETURN_IF_ERROR(place_f32(pl, d->a_log, h.a_log, WeightKind::kNorm));
+    EXL3_RETURN_IF_ERROR(place_f32(pl, d->dt_bias, h.dt_bias, WeightKind::kNorm));
+    return place_f32(pl, d->norm, h.norm, WeightKind::kNorm);
+}
+
 // One stage's shape for the grouped kernels: part i of every expert's linear (the gate|up or the down projection).
 // False where the experts' linears differ in shape or layout, or one's parts differ in bits or codebook.
 bool stage_shape(const std::vector<DevExpert>& ex, bool down, MoeStage* st) {
@@ -212,6 +225,7 @@ Status upload_layer(const HostLayer& hl, ActType act, const ModelConfig& cfg, We
         if (!h->empty()) EXL3_RETURN_IF_ERROR(place_f32(pl, *d, *h, WeightKind::kNorm, scale));
     EXL3_RETURN_IF_ERROR(place_linear(pl, hl.qkv, act, &dl->qkv));
     EXL3_RETURN_IF_ERROR(place_linear(pl, hl.o, act, &dl->o, branch));
+    if (!hl.lin.in_proj.parts.empty()) EXL3_RETURN_IF_ERROR(place_linear_attn(pl, hl.lin, act, branch, &dl->lin));
     EXL3_RETURN_IF_ERROR(place_linear(pl, hl.gate_up, act, &dl->gate_up));
     EXL3_RETURN_IF_ERROR(place_linear(pl, hl.down, act, &dl->down, branch));
     if (hl.moe.experts.empty()) return Status::ok();

@@ -30,6 +30,9 @@ struct DevLinear {
     std::vector<Exl3Part> exl3_parts;  // their kernel descriptors (bias pointers into `bias`)
     DeviceBuffer bias;                 // [out] fp32, or empty
     int in = 0, out = 0;
+    // The next linear reads the same input (a linear-attention layer's in_proj, then its b|a): a pending norm this
+    // one computes from h itself stays pending for that one (CudaOps), since the input slot was never written.
+    bool norm_stays = false;
 };
 
 struct DevExpert {
@@ -51,11 +54,19 @@ struct DevMoe {
     MoeLayerWeights grouped;
 };
 
+// A Gated DeltaNet layer (HostLinearAttn): its linears, the conv's taps [conv_dim, kernel], A_log and dt_bias
+// [v_heads], the gated norm's weight [v_dim] (fp32).
+struct DevLinearAttn {
+    DevLinear in_proj, ba, out;
+    DeviceBuffer conv, a_log, dt_bias, norm;
+};
+
 struct DevLayer {
     DeviceBuffer attn_norm, mlp_norm, q_norm, k_norm, post_attn_norm, post_mlp_norm;  // fp32; empty: none
     DeviceBuffer sinks;  // fp32 [n_heads]: gpt-oss's attention sinks; empty: none
     DevLinear qkv, o, gate_up, down;
     DevMoe moe;  // experts empty: a dense MLP
+    DevLinearAttn lin;
 };
 
 // What a tensor is, for the memory plan's breakdown.

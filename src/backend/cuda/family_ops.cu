@@ -1,11 +1,12 @@
 // The small ops that some families need beside the dense path's (ops.cu): LayerNorm and norm-less inputs, post-norms
-// of sub-layer outputs, q/k norms over all heads, GeGLU, gpt-oss's clamped SwiGLU, soft-capping. A block per row
-// where a reduction is needed.
+// of sub-layer outputs, q/k norms over all heads, GeGLU, gpt-oss's clamped SwiGLU, soft-capping, the attention's
+// output gate. A block per row where a reduction is needed.
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
 #include "backend/cuda/act.cuh"
+#include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -131,6 +132,13 @@ __global__ void softcap_f32_kernel(float* x, int64_t n, float cap) {
         x[i] = cap * tanhf(x[i] / cap);
 }
 
+template <typename T>
+__global__ void sigmoid_mul_kernel(T* x, const T* gate, int64_t n) {
+    EXL3_PDL_PROLOGUE();
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+        x[i] = from_f<T>(to_f(x[i]) * (1.0f / (1.0f + expf(-to_f(gate[i])))));
+}
 
 }  // namespace
 
@@ -195,6 +203,15 @@ cudaError_t softcap_f32(float* x, int64_t n, float cap, cudaStream_t s) {
     if (n == 0) return cudaSuccess;
     if (!(cap > 0.0f)) return cudaErrorInvalidValue;
     return launch_pdl(softcap_f32_kernel, dim3(grid_for(n)), dim3(256), 0, s, x, n, cap);
+}
+
+cudaError_t sigmoid_mul(void* x, const void* gate, ActType t, int64_t n, cudaStream_t s) {
+    if (n == 0) return cudaSuccess;
+    return dispatch(t, [&](auto* tag) {
+        using T = std::remove_pointer_t<decltype(tag)>;
+        return launch_pdl(sigmoid_mul_kernel<T>, dim3(grid_for(n)), dim3(256), 0, s, static_cast<T*>(x),
+                          static_cast<const T*>(gate), n);
+    });
 }
 
 }  // namespace exl3::cuda

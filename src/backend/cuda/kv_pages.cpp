@@ -24,14 +24,18 @@ Status KvPages::allocate(const ModelConfig& cfg, int context_length, int cache_t
     v_params_offset_ = slots * kv_code_bytes(cfg.head_dim, bits_v);
     const size_t k_bytes = (slots * kv_vector_bytes(cfg.head_dim, bits_k) + 255) / 256 * 256;
     const size_t v_bytes = (slots * kv_vector_bytes(cfg.head_dim, bits_v) + 255) / 256 * 256;
+    // Attention layers only: a hybrid model's linear-attention layers keep a recurrent state instead (their pointers
+    // stay null).
     const int layers = gpu_layers < 0 ? cfg.num_layers : std::min(gpu_layers, cfg.num_layers);
-    EXL3_RETURN_IF_ERROR(arena_.reserve((k_bytes + v_bytes) * static_cast<size_t>(layers)));
+    EXL3_RETURN_IF_ERROR(arena_.reserve((k_bytes + v_bytes) * static_cast<size_t>(cfg.kv_layer(layers))));
     k_.assign(static_cast<size_t>(cfg.num_layers), nullptr);
     v_.assign(static_cast<size_t>(cfg.num_layers), nullptr);
     auto* base = static_cast<unsigned char*>(arena_.get());
-    for (int l = 0; l < layers; ++l) {
-        k_[static_cast<size_t>(l)] = base + (k_bytes + v_bytes) * static_cast<size_t>(l);
-        v_[static_cast<size_t>(l)] = base + (k_bytes + v_bytes) * static_cast<size_t>(l) + k_bytes;
+    for (int l = 0, at = 0; l < layers; ++l) {
+        if (cfg.is_linear(l)) continue;
+        k_[static_cast<size_t>(l)] = base + (k_bytes + v_bytes) * static_cast<size_t>(at);
+        v_[static_cast<size_t>(l)] = base + (k_bytes + v_bytes) * static_cast<size_t>(at) + k_bytes;
+        ++at;
     }
     return Status::ok();
 }

@@ -1,7 +1,7 @@
 // The CUDA page state of the paged KV cache: the device memory behind the page ids the model's page pool
-// (kv/page_pool.h) hands out, allocated at load. Per layer [num_pages, page_size, n_kv_heads, head_dim] for K and for
-// V in the activation dtype; a quantized side holds its codes, then from `*_params_offset` bytes on its parameters
-// (attention/paged_attention.cuh).
+// (kv/page_pool.h) hands out, allocated at load. Per attention layer (ModelConfig::kv_layer: a hybrid model's linear
+// layers have none) [num_pages, page_size, n_kv_heads, head_dim] for K and for V in the activation dtype; a quantized
+// side holds its codes, then from `*_params_offset` bytes on its parameters (attention/paged_attention.cuh).
 #pragma once
 
 #include <cstddef>
@@ -34,7 +34,7 @@ public:
         return static_cast<size_t>(kv_heads_) * kv_vector_bytes(head_dim_, bits);
     }
     size_t bytes() const { return arena_.bytes(); }  // every layer's K and V
-    // One layer's cache as the attention kernels take it.
+    // One layer's cache as the attention kernels take it (null pointers for a hybrid's linear-attention layers).
     PagedKV paged(int layer, ActType act) const;
 
 private:

@@ -48,6 +48,9 @@ bool LayerRunner::bf16() const {
 Result<std::unique_ptr<LayerRunner>> LayerRunner::create(const ModelConfig& cfg, int device, int cols, int chunk_rows) {
     if (cfg.head_dim != 64 && cfg.head_dim != 128 && cfg.head_dim != 256)
         return unsupported(fmt::format("CUDA attention supports head_dim 64, 128 and 256, not {}", cfg.head_dim));
+    // Hybrid models: a linear-attention layer needs recurrent-state slots this runner does not keep; their calibration
+    // forward runs on the CPU threads (the converter falls back on this refusal).
+    if (cfg.hybrid()) return unsupported("the calibration forward of linear-attention layers runs on the CPU");
     // The clamped SwiGLU (gpt-oss) runs in the experts' paths only, as in CudaExecutor.
     for (int i = 0; i < cfg.num_layers; ++i)
         if (cfg.act == Act::kSwigluClamp && !cfg.is_moe(i))

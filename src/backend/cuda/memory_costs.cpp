@@ -45,6 +45,12 @@ Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights&
     c.host_kv_bytes_per_token_layer = [ps, kv_heads, hd](int bk, int bv) {
         return static_cast<int64_t>(HostKvPages(1, ps, kv_heads, hd, bk, bv).bytes_per_token());
     };
+    if (cfg.hybrid()) {
+        c.state_slot_bytes = cuda::state_slot_bytes_for(cfg);
+        c.state_slots = [cfg, per_layer = c.kv_bytes_per_token_layer](int tokens, int context, int bk, int bv) {
+            return cuda::state_slots_for(cfg, tokens, context, per_layer(bk, bv));
+        };
+    }
     const bool invariant = opts.batch_invariant;
     const int bits_k = opts.kv_bits_k, bits_v = opts.kv_bits_v;
     const int gathered = opts.link.gathered_vocab();  // tensor parallelism's rank 0: the gathered logits

@@ -10,6 +10,7 @@
 
 #include "backend/cuda/act.cuh"
 #include "backend/cuda/attention/cache_slot.cuh"
+#include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/rms_row.cuh"
@@ -157,37 +158,45 @@ __global__ void qkv_heads_kernel(const T* __restrict__ qkv, T* __restrict__ q, T
                                  T* __restrict__ v, int nq, int nkv, int hd, const float* __restrict__ q_norm,
                                  const float* __restrict__ k_norm, float eps, const int32_t* __restrict__ positions,
                                  const float* __restrict__ inv_freq, int rotary_dim, float scaling,
-                                 const QkvPaged paged) {
+                                 const QkvPaged paged, T* __restrict__ gate) {
     EXL3_LAUNCH_DEPENDENTS();
     extern __shared__ float stage[];  // [warps][hd]
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int head = blockIdx.y * (blockDim.x >> 5) + warp;
-    const int heads = nq + 2 * nkv;
+    const int ng = gate ? nq : 0;  // gate heads, interleaved with q's in the row: q_0, gate_0, q_1, ...
+    const int heads = nq + ng + 2 * nkv;
     if (head >= heads) return;
     const int64_t i = blockIdx.x;  // token
+    const int kv = head - ng;      // k and v heads (kv >= nq) sit after the q (and gate) heads
     const T* src = qkv + i * heads * hd + static_cast<int64_t>(head) * hd;
     T* dst;
     const float* nw;
     bool rotate = true;
     if (head < nq) {
+        if (gate) src = qkv + i * heads * hd + static_cast<int64_t>(2 * head) * hd;
         dst = q + (i * nq + head) * hd;
         nw = q_norm;
-    } else if (head < nq + nkv) {
-        dst = k + (i * nkv + head - nq) * hd;
+    } else if (head < nq + ng) {
+        src = qkv + i * heads * hd + static_cast<int64_t>(2 * (head - nq) + 1) * hd;
+        dst = gate + (i * nq + head - nq) * hd;
+        nw = nullptr;
+        rotate = false;
+    } else if (kv < nq + nkv) {
+        dst = k + (i * nkv + kv - nq) * hd;
         nw = k_norm;
     } else {
-        dst = v + (i * nkv + head - nq - nkv) * hd;
+        dst = v + (i * nkv + kv - nq - nkv) * hd;
         nw = nullptr;
         rotate = false;
     }
     // Everything that does not depend on the previous kernel (the step's plan, the RoPE angles, the norm weights)
     // before the wait: the cache slot, cos / sin of this lane's pairs (hd <= 256: <= 4 a lane), its norm weights.
-    if (head >= nq && paged.k_pages) {  // k or v: into the cache slot of token i
+    if (head >= nq + ng && paged.k_pages) {  // k or v: into the cache slot of token i
         const int64_t slot = cache_slot(static_cast<int>(i), paged.q_start, paged.seq_len, paged.page_table,
                                         paged.max_pages, paged.batch, paged.page_size);
-        const bool is_k = head < nq + nkv;
+        const bool is_k = kv < nq + nkv;
         T* pages = static_cast<T*>(is_k ? paged.k_pages : paged.v_pages);
-        dst = pages + (slot * nkv + (is_k ? head - nq : head - nq - nkv)) * hd;
+        dst = pages + (slot * nkv + (is_k ? kv - nq : kv - nq - nkv)) * hd;
     }
     constexpr int kMaxPairs = 4, kMaxVals = 8;  // a lane's rotary pairs (hd / 2 / 32) and values (hd / 32)
     const int half = rotary_dim / 2;
@@ -374,6 +383,14 @@ cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int
                       const float* q_norm, const float* k_norm, float eps, const int32_t* positions,
                       const float* inv_freq, int rotary_dim, float scaling, cudaStream_t s, const QkvPaged& paged,
                       bool gptj) {
+    return qkv_heads_gated(qkv, q, k, v, nullptr, t, n, nq, nkv, head_dim, q_norm, k_norm, eps, positions, inv_freq,
+                           rotary_dim, scaling, s, paged, gptj);
+}
+
+cudaError_t qkv_heads_gated(const void* qkv, void* q, void* k, void* v, void* gate, ActType t, int n, int nq, int nkv,
+                            int head_dim, const float* q_norm, const float* k_norm, float eps,
+                            const int32_t* positions, const float* inv_freq, int rotary_dim, float scaling,
+                            cudaStream_t s, const QkvPaged& paged, bool gptj) {
     if (n == 0) return cudaSuccess;
     if (head_dim <= 0 || head_dim > 256 || rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2)
         return cudaErrorInvalidValue;  // (the kernel keeps a lane's <= 8 values and <= 4 rotary pairs in registers)
@@ -381,14 +398,15 @@ cudaError_t qkv_heads(const void* qkv, void* q, void* k, void* v, ActType t, int
                           paged.batch <= 0 || paged.page_size <= 0))
         return cudaErrorInvalidValue;
     constexpr int kWarps = 8;
-    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((nq + 2 * nkv + kWarps - 1) / kWarps));
+    const int heads = (gate ? 2 * nq : nq) + 2 * nkv;
+    const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((heads + kWarps - 1) / kWarps));
     const size_t smem = static_cast<size_t>(kWarps) * head_dim * sizeof(float);
     return dispatch(t, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
         return launch_pdl(gptj ? qkv_heads_kernel<T, true> : qkv_heads_kernel<T, false>, grid, dim3(kWarps * 32), smem,
                           s, static_cast<const T*>(qkv),
                           static_cast<T*>(q), static_cast<T*>(k), static_cast<T*>(v), nq, nkv, head_dim, q_norm,
-                          k_norm, eps, positions, inv_freq, rotary_dim, scaling, paged);
+                          k_norm, eps, positions, inv_freq, rotary_dim, scaling, paged, static_cast<T*>(gate));
     });
 }
 

@@ -46,13 +46,19 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
     z.logits = static_cast<size_t>(n_out) * cfg.vocab_size * sizeof(float);
     z.xout = static_cast<size_t>(n_out) * cfg.hidden_size * 2;
     z.logits_full = z.gather_ws = static_cast<size_t>(n_out) * static_cast<size_t>(gathered_vocab) * sizeof(float);
-    // tokens, positions, q_start, seq_len, page rows, output rows (StepState::reserve's offsets)
-    z.plan_ints = 2 * T_ + 2 * static_cast<size_t>(B) + 1 + static_cast<size_t>(B) * max_pages + n_out;
+    // tokens, positions, q_start, seq_len, state slots, zero flags, snapshot slots, page rows, output rows
+    // (StepState::reserve's offsets)
+    z.plan_ints = 3 * T_ + 4 * static_cast<size_t>(B) + 1 + static_cast<size_t>(B) * max_pages + n_out;
     z.plan = z.plan_ints * sizeof(int32_t);
     z.inv_freq = static_cast<size_t>(2 * cfg.head_dim) * sizeof(float);
     if (embed_rows) {
         z.embed_rows = T_ * cfg.hidden_size * 2;
         z.embed_iota = T_ * sizeof(int32_t);
+    }
+    if (cfg.hybrid()) {  // the linear layers' scratch: the conv's output, beta | g, the delta rule's output (fp32)
+        z.lin_y = T_ * cfg.lin_conv_dim() * sizeof(float);
+        z.lin_gates = T_ * 2 * cfg.lin_v_heads * sizeof(float);
+        z.lin_o = T_ * cfg.lin_value_dim() * sizeof(float);
     }
     return z;
 }
@@ -60,7 +66,8 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
 size_t StepBufferSizes::device_total() const {
     size_t n = 0;
     for (size_t s : slots) n += allocation_footprint(s);
-    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota, logits_full, gather_ws})
+    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota, logits_full, gather_ws, lin_y, lin_gates,
+                     lin_o})
         n += allocation_footprint(b);
     return n;
 }
@@ -92,7 +99,8 @@ size_t exl3_scratch_bytes(const DeviceWeights& w, int rows, int out_rows) {
             need = std::max(need, exl3_workspace_bytes(l.exl3_parts.data(), static_cast<int>(l.exl3_parts.size()), r));
     };
     for (const DevLayer& l : w.layers) {
-        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down}) visit(*d, rows);
+        for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
+            visit(*d, rows);
         for (const DevExpert& e : l.moe.experts)
             for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d, rows);
         for (const DevLinear* d : {&l.moe.router, &l.moe.shared.gate_up, &l.moe.shared.down, &l.moe.shared_gate})
@@ -124,13 +132,30 @@ size_t invariant_scratch_bytes(const DeviceWeights& w, const ModelConfig& cfg) {
     };
     for (const DevLayer& l : w.layers) {
         for (const DevLinear* d : {&l.qkv, &l.o, &l.gate_up, &l.down, &l.moe.router, &l.moe.shared_gate,
-                                   &l.moe.shared.gate_up, &l.moe.shared.down})
+                                   &l.moe.shared.gate_up, &l.moe.shared.down, &l.lin.in_proj, &l.lin.ba, &l.lin.out})
             visit(*d);
         for (const DevExpert& e : l.moe.experts)
             for (const DevLinear* d : {&e.gate_up, &e.down}) visit(*d);
     }
     if (w.head) inv = std::max(inv, gemm_invariant_workspace_bytes(cfg.vocab_size, cfg.hidden_size));
     return inv;
+}
+
+int64_t state_slot_bytes_for(const ModelConfig& cfg) {
+    if (!cfg.hybrid()) return 0;
+    return static_cast<int64_t>(cfg.num_linear_layers()) * (cfg.lin_conv_floats() + cfg.lin_state_floats()) *
+           static_cast<int64_t>(sizeof(float));
+}
+
+int state_slots_for(const ModelConfig& cfg, int cache_tokens, int context, int64_t kv_bytes_per_token_layer) {
+    if (!cfg.hybrid()) return 0;
+    constexpr int kMinStateSlots = 8, kMaxStateSlots = 1024;
+    const double per_slot = static_cast<double>(state_slot_bytes_for(cfg));
+    const double share = static_cast<double>(cache_tokens) * static_cast<double>(kv_bytes_per_token_layer) *
+                         cfg.num_linear_layers();
+    const int full = (cache_tokens + context - 1) / std::max(1, context);
+    const double want = std::max(share / per_slot, 2.0 * full);
+    return static_cast<int>(std::clamp(want, double{kMinStateSlots}, double{kMaxStateSlots}));
 }
 
 StepState::~StepState() {
@@ -174,7 +199,10 @@ Status StepState::reserve(int T, int B, int n_out) {
     off_pos = off_tokens + T_;
     off_qstart = off_pos + T_;
     off_seqlen = off_qstart + batch_capacity + 1;
-    off_pages = off_seqlen + batch_capacity;
+    off_state = off_seqlen + batch_capacity;
+    off_zero = off_state + batch_capacity;
+    off_snap = off_zero + batch_capacity;
+    off_pages = off_snap + T_;
     off_rows = off_pages + static_cast<size_t>(batch_capacity) * kv.max_pages_per_seq();
     const size_t total = off_rows + out_capacity;
     EXL3_RETURN_IF_ERROR(plan_host_free());  // the buffer is written below
@@ -196,8 +224,46 @@ Status StepState::reserve(int T, int B, int n_out) {
         std::iota(iota.begin(), iota.end(), 0);
         EXL3_RETURN_IF_ERROR(embed_iota.upload(iota.data(), z.embed_iota));
     }
+    EXL3_RETURN_IF_ERROR(lin_y.reserve(z.lin_y));
+    EXL3_RETURN_IF_ERROR(lin_gates.reserve(z.lin_gates));
+    EXL3_RETURN_IF_ERROR(lin_o.reserve(z.lin_o));
     EXL3_RETURN_IF_ERROR(reserve_moe());
     return reserve_exl3();
+}
+
+Status StepState::allocate_states(int slots) {
+    lin_index.assign(static_cast<size_t>(cfg.num_layers), -1);
+    for (int i = 0, n = 0; i < cfg.num_layers; ++i)
+        if (cfg.is_linear(i)) lin_index[static_cast<size_t>(i)] = n++;
+    state_layer_floats = cfg.lin_conv_floats() + cfg.lin_state_floats();
+    state_slots = slots;
+    return states.reserve(static_cast<size_t>(slots) * static_cast<size_t>(state_slot_bytes()));
+}
+
+DeltaNetDims StepState::delta_dims(const ModelConfig& cfg) {
+    DeltaNetDims d;
+    d.k_heads = cfg.lin_k_heads;
+    d.v_heads = cfg.lin_v_heads;
+    d.k_dim = cfg.lin_k_dim;
+    d.v_dim = cfg.lin_v_dim;
+    d.kernel = cfg.lin_conv_kernel;
+    d.grouped = cfg.lin_grouped;
+    return d;
+}
+
+// A slot's block holds every linear layer's block in turn: layer l's of slot s at (s * layers + index(l)) blocks.
+DeltaNetRows StepState::delta_rows(int layer, int batch, int T) const {
+    DeltaNetRows r;
+    const int32_t* p = plan_dev.as<int32_t>();
+    r.q_start = p + off_qstart;
+    r.slot = p + off_state;
+    r.zero = p + off_zero;
+    r.snap = p + off_snap;
+    r.batch = batch;
+    r.rows = T;
+    r.states = states.as<float>() + static_cast<int64_t>(lin_index[static_cast<size_t>(layer)]) * state_layer_floats;
+    r.slot_stride = state_layer_floats * cfg.num_linear_layers();
+    return r;
 }
 
 Status StepState::reserve_moe() {
@@ -264,6 +330,13 @@ Status StepState::upload_plan(const StepPlan& plan, const std::vector<const std:
     std::copy(plan.positions.begin(), plan.positions.end(), hp + s.off_pos);
     std::copy(plan.q_start.begin(), plan.q_start.end(), hp + s.off_qstart);
     std::copy(plan.seq_len.begin(), plan.seq_len.end(), hp + s.off_seqlen);
+    if (s.cfg.hybrid()) {  // each sequence's state slot and zero flag, each row's snapshot slot (or -1)
+        std::copy(plan.state_slot.begin(), plan.state_slot.end(), hp + s.off_state);
+        std::copy(plan.state_zero.begin(), plan.state_zero.end(), hp + s.off_zero);
+        std::fill(hp + s.off_snap, hp + s.off_snap + plan.total(), -1);
+        for (const StepPlan::Snapshot& sn : plan.snapshots)
+            hp[s.off_snap + static_cast<size_t>(plan.q_start[static_cast<size_t>(sn.seq)] + sn.after)] = sn.slot;
+    }
     size_t pages_end = s.off_pages;
     for (int b = 0; b < B; ++b) {
         const auto& pg = *pages[static_cast<size_t>(b)];

@@ -13,6 +13,7 @@
 
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/context.h"
+#include "backend/cuda/delta_net.cuh"
 #include "backend/cuda/device_weights.h"
 #include "backend/cuda/kv_pages.h"
 #include "backend/cuda/weight_stream.h"
@@ -49,6 +50,7 @@ struct StepBufferSizes {
     std::array<size_t, kNumSlots> slots{};
     size_t h = 0, logits = 0, xout = 0, plan = 0, inv_freq = 0, embed_rows = 0, embed_iota = 0;
     size_t logits_full = 0, gather_ws = 0;  // tensor parallelism's rank 0: every rank's logit columns gathered
+    size_t lin_y = 0, lin_gates = 0, lin_o = 0;  // hybrid models' linear-attention scratch
     size_t plan_ints = 0;  // the plan's arrays (plan_dev, and the pinned host copy)
     // Every device buffer, each rounded up as cudaMalloc does (2 MiB pages from 1 MiB on, else 512 bytes).
     size_t device_total() const;
@@ -71,6 +73,15 @@ size_t invariant_scratch_bytes(const DeviceWeights& w, const ModelConfig& cfg);
 size_t attention_scratch_bytes(const ModelConfig& cfg, int tokens, int context, int bits_k, int bits_v);
 // cudaMalloc's footprint of an allocation of `bytes`.
 size_t allocation_footprint(size_t bytes);
+// Hybrid models' recurrent-state slots, taken from the KV budget: the keys and values the linear-attention layers
+// would hold for cache_tokens tokens were they attention layers (kv_bytes_per_token_layer: one token in one layer)
+// buy state slots, and every sequence of the full context length the cache holds gets two (its live state and a
+// snapshot) whatever that buys (many short sequences: a batch of 32 at a context of 512 needs 32 states of ~160 MB
+// on a 27B shape where their keys and values would take 3.6 GB); at least 8, at most 1024. The executor allocates
+// them, the memory plan counts them (DeviceCosts::state_slots). 0 for other models.
+int state_slots_for(const ModelConfig& cfg, int cache_tokens, int context, int64_t kv_bytes_per_token_layer);
+// One slot: every linear-attention layer's conv window and state matrix, fp32.
+int64_t state_slot_bytes_for(const ModelConfig& cfg);
 // Every device allocation of DeviceSampler::init(rows, vocab), each rounded as cudaMalloc rounds it.
 size_t sampler_device_bytes(int rows, int vocab);
 
@@ -111,6 +122,14 @@ struct StepState {
     DeviceBuffer moe_ws;  // the grouped path's workspace (moe_layer.h): routing, rotated rows, split partials
     int32_t* moe_host = nullptr;
     size_t moe_host_n = 0;
+    // Hybrid models: the recurrent states, `state_slots` slots of every linear-attention layer's block (a layer's
+    // block: delta_net.cuh), allocated at load; lin_index maps a layer to its index among the linear ones (-1: an
+    // attention layer). Step scratch of the linear layers: the conv's output, beta | g, the delta rule's output.
+    DeviceBuffer states;
+    int state_slots = 0;
+    int64_t state_layer_floats = 0;  // one layer's block
+    std::vector<int> lin_index;
+    DeviceBuffer lin_y, lin_gates, lin_o;
     // The plan's host side, in pinned memory so that its upload is a plain asynchronous DMA; plan_copied is
     // recorded after each upload and waited for before the host writes the buffer again.
     int32_t* plan_host = nullptr;
@@ -119,6 +138,8 @@ struct StepState {
     std::vector<float> inv_freq_uploaded;  // what inv_freq holds (uploaded again only when it changes)
     // Offsets (in int32) of the plan's arrays inside plan_dev.
     size_t off_tokens = 0, off_pos = 0, off_qstart = 0, off_seqlen = 0, off_pages = 0, off_rows = 0;
+    // Hybrid models: each sequence's state slot and zero flag [batch], each row's snapshot slot or -1 [tokens].
+    size_t off_state = 0, off_zero = 0, off_snap = 0;
     RopeFrequencies rope, rope_local;  // inv_freq holds rope's frequencies, and rope_local's from head_dim on
 
     // Captured steps by (sequences, tokens each, attention bound): decode steps (one token each) and the uniform
@@ -141,10 +162,17 @@ struct StepState {
     void drop_graphs();
     static bool is_f32(Slot s) { return s == Slot::kO || s == Slot::kDown; }
     AttentionBatch attention_batch(const StepPlan& p, bool graph_bounds) const;
+    // Layer `layer`'s keys and values (attention layers only hold them).
     PagedKV paged(int layer) const { return kv.paged(layer, act); }
     // The logits the sampler and the host read, and their row length: the whole vocabulary's on rank 0.
     int vocab_out() const { return opts.link.sharded() ? opts.link.vocab() : cfg.vocab_size; }
     const float* out_logits() const { return (opts.link.sharded() ? logits_full : logits).as<float>(); }
+    // Hybrid models: the recurrent states' memory, `slots` slots sized out of the KV budget (allocate_states).
+    Status allocate_states(int slots);
+    int64_t state_slot_bytes() const { return state_slot_bytes_for(cfg); }
+    static DeltaNetDims delta_dims(const ModelConfig& cfg);
+    // The step's rows for the kernels of linear layer `layer` (the plan arrays uploaded for a step of T tokens).
+    DeltaNetRows delta_rows(int layer, int batch, int T) const;
 
 private:
     // The EXL3 scratch for the current capacities (the largest any linear needs), zeroed.
