@@ -105,6 +105,9 @@ public:
         for (const auto& r : ranks_) b += r->exec->kv_bytes_per_token();
         return b;
     }
+    // A hybrid model's recurrent state (hybrids run on one rank: the plan refuses more).
+    int64_t state_bytes() const override { return rank0().state_bytes(); }
+    int max_state_slots() const override { return rank0().max_state_slots(); }
     bool prefers_uniform_steps() const override { return rank0().prefers_uniform_steps(); }
     int max_uniform_tokens() const override { return rank0().max_uniform_tokens(); }
 

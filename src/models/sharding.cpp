@@ -252,6 +252,13 @@ Status shard_expert(Slicer& sl, const HostExpert& e, ShardRange cols, bool keep_
 
 Status shard_layer(Slicer& sl, const ModelConfig& cfg, const ShardPlan& plan, const RankShard& s, const HostLayer& L,
                    int li, HostLayer* o) {
+    // A hybrid model runs on one rank only (plan_attention refuses more): its layers (linear attention, gated
+    // attention's q|gate heads) pass whole.
+    if (cfg.hybrid()) {
+        if (plan.ranks != 1) return internal_error("sharding: a hybrid model on more than one rank");
+        *o = L;
+        return Status::ok();
+    }
     const int hd = cfg.head_dim;
     const ShardRange q{s.q_heads.begin * hd, s.q_heads.end * hd}, kv{s.kv_heads.begin * hd, s.kv_heads.end * hd};
     const bool first = s.rank == 0;
