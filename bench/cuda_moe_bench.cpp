@@ -218,17 +218,7 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
     b.n_active = nact.as<int32_t>();
     b.pair_of = pair_of.as<int32_t>();
     b.slot_of = slot_of.as<int32_t>();
-    MoeRoutes r;
-    r.ids = b.ids;
-    r.weights = b.weights;
-    r.offsets = b.offsets;
-    r.active = b.active;
-    r.n_active = b.n_active;
-    r.pair_of = b.pair_of;
-    r.slot_of = b.slot_of;
-    r.experts = s.experts;
-    r.top_k = s.top_k;
-    r.tokens = n;
+    const MoeRoutes r = moe_routes(b, s.experts, s.top_k, n);
     MoeRouting routing;
     routing.experts = s.experts;
     routing.top_k = s.top_k;

@@ -103,17 +103,7 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         EXL3_RETURN_IF_ERROR(check_cuda(moe_route_sort(io.logits + static_cast<size_t>(c0) * E, n, io.routing,
                                                        base + l.scratch, b, s),
                                         "moe_route_sort"));
-        MoeRoutes r;
-        r.ids = b.ids;
-        r.weights = b.weights;
-        r.offsets = b.offsets;
-        r.active = b.active;
-        r.n_active = b.n_active;
-        r.pair_of = b.pair_of;
-        r.slot_of = b.slot_of;
-        r.experts = E;
-        r.top_k = K;
-        r.tokens = n;
+        const MoeRoutes r = moe_routes(b, E, K, n);
         auto* xh = reinterpret_cast<uint16_t*>(base + l.xh);
         auto* ygu = reinterpret_cast<float*>(base + l.ygu);
         auto* yd = reinterpret_cast<float*>(base + l.yd);

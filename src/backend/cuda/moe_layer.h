@@ -22,6 +22,22 @@ inline constexpr int kMoeChunkTokens = kMoeSortMaxTokens;
 // all its rows beats decoding its weights once a chunk from about here (bench: exl3 bench -p 512,2048 on an MoE).
 inline constexpr int kMoeHostRoutedTokens = 512;
 
+// The stages' view of what moe_route_sort wrote into b for a chunk of `tokens` tokens.
+inline MoeRoutes moe_routes(const MoeRouteBufs& b, int experts, int top_k, int tokens) {
+    MoeRoutes r;
+    r.ids = b.ids;
+    r.weights = b.weights;
+    r.offsets = b.offsets;
+    r.active = b.active;
+    r.n_active = b.n_active;
+    r.pair_of = b.pair_of;
+    r.slot_of = b.slot_of;
+    r.experts = experts;
+    r.top_k = top_k;
+    r.tokens = tokens;
+    return r;
+}
+
 // One linear stage of every routed expert of a layer, all EXL3 with the same shapes (DeviceWeights builds it).
 struct MoeStage {
     const Exl3MoePart* table = nullptr;  // device [experts][shape.nparts]
