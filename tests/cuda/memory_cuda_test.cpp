@@ -296,12 +296,11 @@ void PrintTo(const Placement& p, std::ostream* os) { *os << p.name; }
 
 class StepsWithinThePlan : public ::testing::TestWithParam<Placement> {};
 
-// The device memory in use after a load and its steps stays within the plan, and the steps allocate nothing the load
-// did not (the GPU sampler is reserved at load; 8 MiB for cudaMalloc's 2 MiB rounding). The context here exists
-// already (a first load of the same placement loaded the kernels), but each load still makes its own cuBLAS handles,
-// workspaces and streams, which the plan counts in its context estimate: measured on the H100, a second load of
-// tiny-draft took 35-97 MiB beyond the plan's other items (144 MiB against 108.9 resident, 142 against 44.9
-// streamed), within the 640 MiB estimate.
+// The device memory in use after a load and its steps stays within the plan: the plan less its CUDA context (which
+// exists already here, the kernels loaded by a first run of the same placement), with 8 MiB for cudaMalloc's 2 MiB
+// rounding of the allocations the plan counts to the byte. (On the H100, 2026-12-06, this failed: a second load took
+// 35-97 MiB more than the plan's items other than the context, while its steps added nothing past the load; what
+// the load allocates outside the plan is not found yet.)
 TEST_P(StepsWithinThePlan, ResidentStreamedAndCpuRun) {
     EXL3_REQUIRE_GPU();
     LoadOptions o;
@@ -336,8 +335,7 @@ TEST_P(StepsWithinThePlan, ResidentStreamedAndCpuRun) {
                 used / 1048576.0);
     EXPECT_GT(context, 0);
     EXPECT_LE(used - loaded, int64_t{8} << 20) << "the steps allocated past the load";
-    EXPECT_LE(used, p.gpu_total()) << p.table();
-    EXPECT_LE(loaded - planned, context) << p.table();
+    EXPECT_LE(used, planned + (int64_t{8} << 20)) << p.table();
 }
 
 INSTANTIATE_TEST_SUITE_P(Placements, StepsWithinThePlan,

@@ -188,16 +188,13 @@ protected:
 // 8e-2: with every expert chosen these random models sum up to nine amplifying MLPs a layer; measured on the H200
 // 1.5e-2 (Qwen3-MoE), 6.6e-2 (Qwen2-MoE, 8 experts + the gated shared one), 4.5e-2 (Mixtral), 1.9e-2 (GLM-4.5).
 // gpt-oss (bf16 experts, and the Hub's MXFP4 blocks dequantized at load) takes the host-routed path: its biases
-// through the experts' linears, its clamped SwiGLU in swiglu_clamp_mul, its sinks in the attention kernels. With all
-// of its experts chosen it sums more of them, and larger ones, than the others: measured on the H100 6.8e-2 (bf16) and
-// 9.7e-2 (MXFP4 values, up to 6 x their block scale), hence 1.2e-1; with its real routing 191 and 190 of 200
-// positions match within 6e-2 (RoutedMostlyMatchesCpu), as the other families do.
+// through the experts' linears, its clamped SwiGLU in swiglu_clamp_mul, its sinks in the attention kernels. (Measured
+// on the H100 2026-12-06: 6.8e-2 bf16, 9.7e-2 MXFP4 -- the MXFP4 variant fails here; not explained yet.)
 TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
     EXL3_REQUIRE_GPU();
     const std::string dir = golden_dir();
     if (dir.empty()) GTEST_SKIP() << "tests/models/golden/" << GetParam() << " is not there yet";
-    const bool gpt_oss = std::string(GetParam()).starts_with("gpt_oss");
-    compare_model(all_experts_copy(dir, GetParam()), gpt_oss ? 1.2e-1f : 8e-2f);
+    compare_model(all_experts_copy(dir, GetParam()), 8e-2f);
 }
 
 TEST_P(CudaExperts, RoutedMostlyMatchesCpu) {
