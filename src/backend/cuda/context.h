@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,6 +17,10 @@ namespace exl3::cuda {
 
 Status check_cuda(cudaError_t e, const char* what);
 Status check_cublas(cublasStatus_t e, const char* what);
+
+// The bytes DeviceBuffers hold on the GPU right now, all devices together (what cudaMalloc was asked for, before its
+// rounding): lets a test tell the engine's own allocations from the driver's and cuBLAS's.
+int64_t device_buffer_bytes();
 
 // A device allocation that frees itself, or a view of `bytes` bytes inside another allocation (an arena of weights, a
 // staging buffer: view()), which frees nothing and never grows.

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 #include <fmt/core.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -19,13 +20,24 @@ Status check_cublas(cublasStatus_t e, const char* what) {
     return internal_error(fmt::format("{}: cuBLAS status {}", what, static_cast<int>(e)));
 }
 
+namespace {
+std::atomic<int64_t> g_buffer_bytes{0};
+
+void free_owned(void* p, size_t bytes) {
+    cudaFree(p);
+    g_buffer_bytes -= static_cast<int64_t>(bytes);
+}
+}  // namespace
+
+int64_t device_buffer_bytes() { return g_buffer_bytes.load(); }
+
 DeviceBuffer::~DeviceBuffer() {
-    if (ptr_ && owned_) cudaFree(ptr_);
+    if (ptr_ && owned_) free_owned(ptr_, bytes_);
 }
 
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
     if (this != &o) {
-        if (ptr_ && owned_) cudaFree(ptr_);
+        if (ptr_ && owned_) free_owned(ptr_, bytes_);
         ptr_ = o.ptr_;
         bytes_ = o.bytes_;
         owned_ = o.owned_;
@@ -39,7 +51,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 Status DeviceBuffer::reserve(size_t bytes) {
     if (bytes <= bytes_) return Status::ok();
     if (!owned_) return internal_error(fmt::format("a view of {} bytes cannot grow to {}", bytes_, bytes));
-    if (ptr_) cudaFree(ptr_);
+    if (ptr_) free_owned(ptr_, bytes_);
     ptr_ = nullptr;
     bytes_ = 0;
     if (bytes == 0) return Status::ok();
@@ -50,6 +62,7 @@ Status DeviceBuffer::reserve(size_t bytes) {
                                         cudaGetErrorString(e)));
     }
     bytes_ = bytes;
+    g_buffer_bytes += static_cast<int64_t>(bytes);
     return Status::ok();
 }
 
