@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <random>
@@ -113,8 +114,22 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     const double rel = test::relative_rms(a, b);
     std::printf("  %s: 4.0 bpw (%s encoder) in %.1f s, logits relative error vs bf16 %.4f\n", name.c_str(),
                 gpu ? "cuda" : "cpu", r->seconds, rel);
-    // These random models amplify (weights at 1.5/sqrt(fan_in)): per-tensor K=4 error ~0.08 compounds over 3-4 layers.
-    EXPECT_LT(rel, 0.5);
+    // These random models amplify (weights at 1.5/sqrt(fan_in)): per-tensor K=4 error ~0.08 compounds over 3-4 layers,
+    // more through the experts' few calibration rows and the hybrids' recurrent state: 0.20-0.36 for the dense
+    // families and Qwen3-MoE, 0.52-0.70 for gpt-oss, Qwen3-Next and Qwen3.5-MoE (H100, 2026-12-06).
+    EXPECT_LT(rel, 0.8);
+    // What tells a conversion that lost or misplaced a tensor from a hard model: the error falls with the bits, about
+    // halving with each (on the GPU, where a second conversion takes a second or two).
+    if (gpu) {
+        o.output_dir = base + "/q60";
+        o.bpw = 6.0;
+        auto r6 = convert_model(o, pool);
+        ASSERT_TRUE(r6.is_ok()) << r6.status().message();
+        const double rel6 = test::relative_rms(a, test::logits_of(o.output_dir, toks));
+        std::printf("  %s: 6.0 bpw, logits relative error vs bf16 %.4f (%.1fx less than at 4.0)\n", name.c_str(), rel6,
+                    rel / std::max(rel6, 1e-12));
+        EXPECT_LT(rel6, rel / 2.5) << "two more bits should cut the error by about 4x";
+    }
     fs::remove_all(base);
 }
 
