@@ -51,6 +51,7 @@ struct MemoryPlan {
     int kv_bits_k = 0, kv_bits_v = 0;
     int64_t kv_bytes_per_token = 0;  // every layer's keys and values of one token
     int max_step_tokens = 0;
+    int sampler_rows = 0;            // rows the GPU sampler draws at a time (more in chunks; 0: no GPU sampler)
     int offload_layers = 0;          // the last offload_layers layers' weights are in host memory
     OffloadMode offload_mode = OffloadMode::kStream;
     int offload_expert_layers = 0;   // MoE layers whose experts run on the CPU

@@ -44,6 +44,7 @@ struct ExecutorOptions {
     // offload_layers layers' weights in host memory (run as offload_mode says), the MoE blocks of the first
     // offload_expert_layers MoE layers on the CPU, the embedding table on the GPU or in pinned host memory.
     int max_step_tokens = 0;
+    int sampler_rows = 0;    // the GPU sampler's rows at a time (0: kPlannedSamplerRows)
     int offload_layers = 0;
     OffloadMode offload_mode = OffloadMode::kStream;
     int offload_expert_layers = 0;
@@ -71,8 +72,10 @@ struct DeviceCosts {
     // The GPU's mappings (page tables) of pinned host memory that streamed layers are copied from, per GiB of it:
     // an estimate.
     int64_t pinned_map_per_gib = 0;
-    int64_t sampler = 0;      // the GPU sampler's buffers, reserved at load for sampler_rows rows (drawn in chunks)
-    int sampler_rows = 0;
+    // The GPU sampler's buffers for `rows` rows at a time (reserved at load; more rows are drawn in chunks), and the
+    // rows it is planned for unless memory is short (then min_sampler_rows); null without a GPU sampler.
+    std::function<int64_t(int rows)> sampler_bytes;
+    int sampler_rows = 0, min_sampler_rows = 0;
     // Steps can be captured: no MoE layer takes the host-routed path (every one's experts take the grouped kernels).
     bool capturable = true;
     int page_size = 0;        // resolved

@@ -34,6 +34,7 @@ struct Choice {
     int expert_layers = 0;  // the first `expert_layers` MoE layers' blocks on the CPU
     bool embed_gpu = false;
     int step_tokens = 0;
+    int sampler_rows = 0;
     bool graphs = true;
 };
 
@@ -139,9 +140,9 @@ MemoryPlan Planner::build(const Choice& c) const {
     p.gpu.push_back({"step buffers and workspaces",
                      fmt::format("steps of up to {} tokens, {} logit rows", c.step_tokens, rows),
                      costs_.step_bytes(c.step_tokens, c.context, host_embed)});
-    if (costs_.sampler)
-        p.gpu.push_back({"sampler", fmt::format("{} rows at a time, reserved at load", costs_.sampler_rows),
-                         costs_.sampler});
+    if (costs_.sampler_bytes && c.sampler_rows > 0)
+        p.gpu.push_back({"sampler", fmt::format("{} rows at a time, reserved at load", c.sampler_rows),
+                         costs_.sampler_bytes(c.sampler_rows)});
     if (c.graphs && c.offload == 0 && std::min(c.expert_layers, moe_layer_count()) == 0 && costs_.capturable)
         p.gpu.push_back({"CUDA graphs", "estimate", costs_.graphs});
     p.gpu.push_back({"CUDA context, kernels, cuBLAS", "estimate", costs_.context});
@@ -200,6 +201,7 @@ MemoryPlan Planner::build(const Choice& c) const {
     p.kv_bits_v = c.bits_v;
     p.kv_bytes_per_token = per_token;
     p.max_step_tokens = c.step_tokens;
+    p.sampler_rows = c.sampler_rows;
     p.offload_layers = c.offload;
     p.offload_mode = c.mode;
     p.offload_expert_layers = std::min(c.expert_layers, moe_layer_count());
@@ -355,6 +357,10 @@ Result<MemoryPlan> plan_memory(const ModelConfig& cfg, const DeviceCosts& costs,
     c.embed_gpu = o.embed_on_gpu;
     c.step_tokens = o.max_step_tokens > 0 ? o.max_step_tokens : kDefaultMaxStepTokens;
     c.graphs = o.cuda_graphs;
+    c.sampler_rows = costs.sampler_rows;
+    // Short of memory, the sampler draws fewer rows at a time first: only large batches notice (more chunks).
+    if (costs.min_sampler_rows > 0 && costs.min_sampler_rows < c.sampler_rows && !planner.build(c).fits)
+        c.sampler_rows = costs.min_sampler_rows;
     MemoryPlan p;
     if (o.offload_layers < 0) {  // as few offloaded layers as make the context fit
         for (int n = 0; n <= cfg.num_layers; ++n) {

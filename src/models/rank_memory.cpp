@@ -89,6 +89,7 @@ ExecutorOptions RankMemoryPlanner::resolved(ExecutorOptions eo, const MemoryPlan
     eo.cache_tokens = p.cache_tokens;
     eo.page_size = p.page_size;
     eo.max_step_tokens = p.max_step_tokens;
+    eo.sampler_rows = p.sampler_rows;
     eo.offload_layers = p.offload_layers;
     eo.offload_mode = p.offload_mode;
     eo.offload_expert_layers = p.offload_expert_layers;

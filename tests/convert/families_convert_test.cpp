@@ -18,6 +18,7 @@
 #include "format/architectures.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
+#include "all_experts.h"
 #include "model_logits.h"
 #include "test_util.h"
 
@@ -119,16 +120,25 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     // families and Qwen3-MoE, 0.52-0.70 for gpt-oss, Qwen3-Next and Qwen3.5-MoE (H100, 2026-12-06).
     EXPECT_LT(rel, 0.8);
     // What tells a conversion that lost or misplaced a tensor from a hard model: the error falls with the bits, about
-    // halving with each (on the GPU, where a second conversion takes a second or two).
+    // halving with each (on the GPU, where a conversion takes a second or two). Not for a mixture of experts as it
+    // routes: quantization noise flips the choice of near-tied experts, a jump that more bits do not shrink (H100:
+    // Qwen3-MoE 0.32 -> 0.26 from 4.0 to 6.0 bpw). Its copy with every expert chosen routes smoothly: that one.
     if (gpu) {
-        o.output_dir = base + "/q60";
-        o.bpw = 6.0;
-        auto r6 = convert_model(o, pool);
-        ASSERT_TRUE(r6.is_ok()) << r6.status().message();
-        const double rel6 = test::relative_rms(a, test::logits_of(o.output_dir, toks));
-        std::printf("  %s: 6.0 bpw, logits relative error vs bf16 %.4f (%.1fx less than at 4.0)\n", name.c_str(), rel6,
-                    rel / std::max(rel6, 1e-12));
-        EXPECT_LT(rel6, rel / 2.5) << "two more bits should cut the error by about 4x";
+        const std::string smooth = cfg->num_experts > 0 ? test::all_experts_copy(in, name) : in;
+        const auto ref = test::logits_of(smooth, toks);
+        double at[2] = {0, 0};
+        for (int i = 0; i < 2; ++i) {
+            o.input_dir = smooth;
+            o.output_dir = base + (i == 0 ? "/s40" : "/s60");
+            o.bpw = i == 0 ? 4.0 : 6.0;
+            auto rs = convert_model(o, pool);
+            ASSERT_TRUE(rs.is_ok()) << rs.status().message();
+            at[i] = test::relative_rms(ref, test::logits_of(o.output_dir, toks));
+        }
+        std::printf("  %s%s: logits relative error 4.0 bpw %.4f, 6.0 bpw %.4f (%.1fx less)\n", name.c_str(),
+                    cfg->num_experts > 0 ? " with every expert chosen" : "", at[0], at[1],
+                    at[0] / std::max(at[1], 1e-12));
+        EXPECT_LT(at[1], at[0] / 2.5) << "two more bits should cut the error by about 4x";
     }
     fs::remove_all(base);
 }

@@ -12,6 +12,7 @@
 #include "backend/cuda/attention/paged_attention.cuh"
 #include "backend/cuda/moe_layer.h"
 #include "cuda_test_util.h"
+#include "all_experts.h"
 #include "position_errors.h"
 #include "exl3/model.h"
 #include "format/safetensors.h"
@@ -137,22 +138,6 @@ INSTANTIATE_TEST_SUITE_P(Hybrid, CudaFamilies, ::testing::Values("qwen3_5_text",
 // is smooth, must match like any family: that proves the router, the gathers, the experts, the weighted sums and the
 // shared expert; the routing kernel's choices are checked exactly against the CPU's on random logits
 // (FamilyOps.MoeRoutingAndSums); (2) with real routing, most prefill positions must still match.
-std::string all_experts_copy(const std::string& dir, const std::string& name) {
-    std::ifstream in(dir + "/config.json");
-    nlohmann::json c = nlohmann::json::parse(in);
-    nlohmann::json& t = c.contains("text_config") ? c["text_config"] : c;
-    for (const char* k : {"num_experts", "num_local_experts", "n_routed_experts"})
-        if (t.contains(k)) t["num_experts_per_tok"] = t[k];
-    if (t.contains("n_group")) t["topk_group"] = t["n_group"];
-    const std::filesystem::path out = std::filesystem::temp_directory_path() / ("exl3_all_experts_" + name);
-    std::filesystem::remove_all(out);
-    std::filesystem::create_directories(out);
-    std::ofstream(out / "config.json") << c.dump(2);
-    for (const auto& f : std::filesystem::directory_iterator(dir))
-        if (f.path().extension() == ".safetensors" || f.path().filename() == "model.safetensors.index.json")
-            std::filesystem::create_symlink(std::filesystem::absolute(f.path()), out / f.path().filename());
-    return out.string();
-}
 
 // The share of an n-token prefill's positions whose logits match the CPU's within tol.
 void compare_routed(const std::string& dir, float tol, float min_share, int n = 200) {
@@ -197,7 +182,7 @@ TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
     EXL3_REQUIRE_GPU();
     const std::string dir = golden_dir();
     if (dir.empty()) GTEST_SKIP() << "tests/models/golden/" << GetParam() << " is not there yet";
-    const std::string all = all_experts_copy(dir, GetParam());
+    const std::string all = test::all_experts_copy(dir, GetParam());
     auto cpu = load(all, "cpu");
     auto gpu = load(all, "cuda");
     ASSERT_TRUE(cpu && gpu);
@@ -238,7 +223,7 @@ INSTANTIATE_TEST_SUITE_P(Hybrid, CudaExperts,
 void compare_exl3_experts(const char* env, const char* name) {
     const char* dir = std::getenv(env);
     if (!dir || !*dir) GTEST_SKIP() << env << " names no random EXL3 model";
-    compare_model(all_experts_copy(dir, name), 6e-2f);
+    compare_model(test::all_experts_copy(dir, name), 6e-2f);
     compare_routed(dir, 6e-2f, 0.75f);
 }
 

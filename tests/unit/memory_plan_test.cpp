@@ -312,6 +312,24 @@ TEST_F(Llama70B, WeightsByHand) {
     EXPECT_GT(item(p->gpu, "sampler"), int64_t{176} << 20);
 }
 
+// Short of memory, the sampler is reserved for 8 rows (more are drawn in chunks) before a context is refused: a 70B
+// whose 32-row plan is short by less than the difference (about 130 MiB at a 128k vocabulary) fits with 8 rows; one
+// that fits keeps 32. (On the H100, 2026-12-06, a 2.5 bpw 70B at 16,481 tokens of context was 112 MiB short of
+// --gpu-memory 23 once the 32-row sampler was counted.)
+TEST_F(Llama70B, SamplerShrinksBeforeTheContextIsRefused) {
+    SKIP_WITHOUT_CUDA();
+    auto roomy = plan70(23, 16384, 4);
+    ASSERT_TRUE(roomy.is_ok() && roomy->fits);
+    EXPECT_EQ(roomy->sampler_rows, 32);
+    // A context 512 tokens longer than the 32-row plan's whole cache: about 50 MiB short with 32 rows.
+    auto tight = plan70(23, roomy->cache_tokens + 512, 4);
+    ASSERT_TRUE(tight.is_ok()) << tight.status().to_string();
+    EXPECT_TRUE(tight->fits) << tight->table();
+    EXPECT_EQ(tight->sampler_rows, 8);
+    EXPECT_LT(item(tight->gpu, "sampler"), int64_t{50} << 20) << tight->table();
+    EXPECT_GE(tight->cache_tokens, roomy->cache_tokens + 512);
+}
+
 // Bad input: a budget smaller than the smallest plan, a context larger than fits -- one clear error each.
 TEST_F(Llama70B, RefusalsSayWhatWouldFit) {
     SKIP_WITHOUT_CUDA();

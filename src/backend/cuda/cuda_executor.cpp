@@ -75,7 +75,7 @@ private:
 
     StepState s_;
     int last_rows_ = 0;  // logit rows the last forward left on the device
-    DeviceSampler sampler_;  // reserved at load for kPlannedSamplerRows rows: more are drawn in chunks of that
+    DeviceSampler sampler_;  // reserved at load for the plan's rows (kPlannedSamplerRows): more are drawn in chunks
     std::vector<float> chunk_logits_;  // forward_chunks: the dropped row of a chunk without wanted rows
 };
 
@@ -131,7 +131,8 @@ Result<std::unique_ptr<Executor>> CudaExecutor::create(const ModelConfig& cfg, c
     EXL3_RETURN_IF_ERROR(s.reserve(M, std::min(M, kPlannedBatch), std::min(M, kPlannedLogitRows)));
     EXL3_RETURN_IF_ERROR(
         s.attn_ws.reserve(attention_scratch_bytes(cfg, M, opts.context_length, opts.kv_bits_k, opts.kv_bits_v)));
-    EXL3_RETURN_IF_ERROR(check_cuda(e->sampler_.init(kPlannedSamplerRows, s.vocab_out()), "GPU sampler workspace"));
+    const int sampler_rows = opts.sampler_rows > 0 ? opts.sampler_rows : kPlannedSamplerRows;
+    EXL3_RETURN_IF_ERROR(check_cuda(e->sampler_.init(sampler_rows, s.vocab_out()), "GPU sampler workspace"));
     size_t free = 0, total = 0;
     cudaMemGetInfo(&free, &total);
     log_info("CUDA {}{}: {} layers{}, KV cache {} pages x {} tokens ({:.1f} MiB; K {} bits, V {} bits); {:.2f} GiB "

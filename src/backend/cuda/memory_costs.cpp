@@ -31,7 +31,10 @@ Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights&
     c.graphs = cuda::kCudaGraphBytes;
     c.pinned_map_per_gib = cuda::kPinnedMapBytesPerGiB;
     c.sampler_rows = cuda::kPlannedSamplerRows;
-    c.sampler = static_cast<int64_t>(cuda::sampler_device_bytes(c.sampler_rows, cfg.vocab_size));
+    c.min_sampler_rows = cuda::kMinSamplerRows;
+    c.sampler_bytes = [vocab = cfg.vocab_size](int rows) {
+        return static_cast<int64_t>(cuda::sampler_device_bytes(rows, vocab));
+    };
     for (const cuda::DevLayer& l : shapes->layers)
         if (!l.moe.experts.empty() && !l.moe.grouped.ok()) c.capturable = false;
     c.page_size = opts.page_size > 0 ? opts.page_size : 64;

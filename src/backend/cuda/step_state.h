@@ -35,6 +35,9 @@ constexpr int kPlannedLogitRows = 64;
 // The GPU sampler is reserved at load for this many rows (about 45 bytes per row per vocabulary entry: 176 MiB at
 // 32 rows of a 128k vocabulary); more rows are drawn in chunks of it.
 constexpr int kPlannedSamplerRows = 32;
+// When the plan does not fit, the sampler is reserved for this many rows instead (45 MiB at a 128k vocabulary) before
+// anything the user would notice more (a shorter context, offload) is given up.
+constexpr int kMinSamplerRows = 8;
 // The CUDA context with its loaded kernels, cuBLAS' handle and the workspace CudaContext gives it, and the captured
 // graphs: estimates (docs/memory.md says how they were measured).
 constexpr int64_t kCudaContextBytes = int64_t{640} << 20;
