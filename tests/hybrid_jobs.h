@@ -1,6 +1,7 @@
 // Runs shared by the hybrid tests (tests/runtime/hybrid_test.cpp on the CPU, tests/cuda/hybrid_cuda_test.cpp on CUDA):
-// a prompt fed in pieces, and speculative decoding's four jobs through a Generator (their prompts repeat a few tokens
-// so that n-gram lookup has proposals; each job's tokens and its proposals made and kept).
+// a prompt fed in pieces, speculative decoding's four jobs through a Generator (their prompts repeat a few tokens
+// so that n-gram lookup has proposals; each job's tokens and its proposals made and kept), and prompts that share
+// their starts submitted in waves (prefix reuse: a wave starts from what the earlier ones left in the cache).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -74,6 +75,34 @@ inline std::vector<JobOutcome> run_jobs(const Model& model, const GeneratorOptio
     EXPECT_TRUE(st.is_ok()) << st.to_string();
     std::vector<JobOutcome> v;
     for (uint64_t id : jobs) v.push_back(out[id]);
+    return v;
+}
+
+// The tokens of every prompt of `waves` (20 new tokens each, no stop at EOS, greedy), one wave after another through
+// one Generator: each wave is submitted at once and runs until it is done before the next is submitted.
+inline std::vector<std::vector<int32_t>> run_waves(const Model& model, const GeneratorOptions& o,
+                                                   const std::vector<std::vector<std::vector<int32_t>>>& waves) {
+    auto g = Generator::create(model, nullptr, o);
+    EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+    if (!g.is_ok()) return {};
+    std::vector<std::vector<int32_t>> v;
+    for (const auto& wave : waves) {
+        std::vector<uint64_t> jobs;
+        for (const auto& prompt : wave) {
+            GenerationRequest rq;
+            rq.prompt_ids = prompt;
+            rq.max_new_tokens = 20;
+            rq.ignore_eos = true;
+            jobs.push_back(*(*g)->submit(rq));
+        }
+        std::map<uint64_t, std::vector<int32_t>> out;
+        const Status st = (*g)->run_until_idle([&](const JobUpdate& u) {
+            out[u.job].insert(out[u.job].end(), u.tokens.begin(), u.tokens.end());
+            EXPECT_TRUE(u.error.is_ok()) << u.error.to_string();
+        });
+        EXPECT_TRUE(st.is_ok()) << st.to_string();
+        for (uint64_t id : jobs) v.push_back(out[id]);
+    }
     return v;
 }
 
