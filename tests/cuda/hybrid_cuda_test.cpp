@@ -3,8 +3,10 @@
 // so that a router near-tie in 16 bits cannot pick another expert than the CPU's): logits against the CPU reference
 // through prefill and graph-replayed decode steps; the state carried from step to step (a prompt in pieces, one token
 // at a time); rows of different lengths batched; a truncation back to a snapshot; graph replays equal to eager steps;
-// speculative decoding (n-gram and the model drafting for itself) giving plain decoding's tokens up to near-ties; state
-// slots back in the pool, and a step that needs more slots than there are refused cleanly.
+// speculative decoding (n-gram and the model drafting for itself) giving plain decoding's tokens up to near-ties; prefix
+// reuse restoring the recurrent state kept at a page boundary (the logits of the model without prefix caching, the
+// Generator's tokens up to near-ties); state slots back in the pool, and a step that needs more slots than there are
+// refused cleanly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -207,6 +209,57 @@ TEST_P(HybridCuda, TruncateReturnsToASnapshot) {
     EXPECT_LT(rel_err(l.data(), plain.data() + 22 * V, 3 * V), 1e-2);
 }
 
+// Prefix reuse (pages of 16): a prompt whose start was computed before takes the cached pages and a copy of the state
+// kept at the last of them, then computes the rest; its logits (every position computed) against the same model
+// without prefix caching fed the whole prompt: the criterion of the pieces test above (the restored state is bits
+// of the chunked kernel's, the rest another split of the same rows).
+TEST_P(HybridCuda, PrefixReuseRestoresTheState) {
+    auto load_cache = [&](bool prefix_cache) {
+        LoadOptions o;
+        o.device = "cuda";
+        o.threads = 2;
+        o.cache_tokens = 4096;
+        o.page_size = 16;
+        o.prefix_cache = prefix_cache;
+        auto m = Model::load(dir_.path, o);
+        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+        return m.is_ok() ? std::move(*m) : nullptr;
+    };
+    auto cached = load_cache(true), plain = load_cache(false);
+    ASSERT_TRUE(cached && plain);
+    const size_t V = static_cast<size_t>(plain->info().vocab_size);
+    const auto sys = ids(40, 21);
+    auto with = [&](std::vector<int32_t> t) {
+        t.insert(t.begin(), sys.begin(), sys.end());
+        return t;
+    };
+    // The positions reused, and the logits of the rest (all_logits: the reused prefix first, by reuse_prefix).
+    auto tail = [&](const Model& m, const std::vector<int32_t>& prompt, int* reused) {
+        auto seq = m.new_sequence();
+        *reused = m.reuse_prefix(**seq, prompt);
+        std::vector<float> l;
+        const Status s = m.forward(**seq, std::vector<int32_t>(prompt.begin() + *reused, prompt.end()), true, &l);
+        EXPECT_TRUE(s.is_ok()) << s.to_string();
+        return l;
+    };
+    const std::vector<std::vector<int32_t>> prompts = {with(ids(10, 22)), with(ids(12, 23)), with(ids(9, 24)),
+                                                       with(ids(10, 22))};
+    const int want_reused[] = {0, 0, 32, 48};  // the 2nd keeps the state at 32, where its match ended
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        int reused = -1, none = -1;
+        const auto got = tail(*cached, prompts[i], &reused);
+        EXPECT_EQ(reused, want_reused[i]) << "prompt " << i;
+        const auto all = tail(*plain, prompts[i], &none);
+        ASSERT_EQ(none, 0);
+        const std::vector<float> want(all.begin() + static_cast<long>(static_cast<size_t>(reused) * V), all.end());
+        by_position(got, want, V).expect(("prompt " + std::to_string(i) + " after " + std::to_string(reused) +
+                                          " reused positions").c_str(),
+                                         1e-2f, 0.9f, 0.1f);
+    }
+    EXPECT_EQ(cached->cache_stats().state_slots_in_use, 0);
+    EXPECT_GT(cached->cache_stats().state_snapshots, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridCuda,
                          ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
                                            HybridKind::kQwen35Wrapped),
@@ -288,6 +341,67 @@ TEST(HybridCudaModel, SpeculativeDecodingGivesThePlainTokens) {
     }
     EXPECT_EQ(m->cache_stats().state_slots_in_use, 0);
     EXPECT_EQ(m->cache_stats().pages_in_use, 0);
+}
+
+// The Generator over waves of prompts sharing their starts (tests/hybrid_jobs.h: run_waves), plainly and with n-gram
+// speculative decoding: the tokens of the model without prefix caching, up to near-ties (where they part, the plain
+// context's logits hold both tokens within 2 % of the largest); later waves reuse; nothing is left held.
+TEST(HybridCudaModel, PrefixReuseGivesThePlainTokens) {
+    EXL3_REQUIRE_GPU();
+    test::TempDir d;
+    test::write_hybrid_model(d.path, HybridKind::kQwen3Next, 7, {}, cuda_shape());
+    auto load_cache = [&](bool prefix_cache) {
+        LoadOptions o;
+        o.device = "cuda";
+        o.cache_tokens = 4096;
+        o.page_size = 16;
+        o.prefix_cache = prefix_cache;
+        auto m = Model::load(d.path, o);
+        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+        return m.is_ok() ? std::move(*m) : nullptr;
+    };
+    auto cached = load_cache(true), plain = load_cache(false);
+    ASSERT_TRUE(cached && plain);
+    const auto sys = ids(37, 31);
+    auto with = [&](std::vector<int32_t> t) {
+        t.insert(t.begin(), sys.begin(), sys.end());
+        return t;
+    };
+    const std::vector<std::vector<std::vector<int32_t>>> waves = {
+        {with(ids(9, 32)), with(ids(20, 33)), ids(5, 34)}, {with(ids(9, 32)), with(ids(3, 35))}, {with(ids(30, 36))}};
+    std::vector<std::vector<int32_t>> prompts;
+    for (const auto& w : waves) prompts.insert(prompts.end(), w.begin(), w.end());
+    GeneratorOptions o;
+    o.prefill_chunk = 16;
+    o.max_batch_tokens = 40;
+    GeneratorOptions spec = o;
+    spec.draft_tokens = 4;
+    const auto want = test::run_waves(*plain, o, waves);
+    for (const GeneratorOptions* g : {&o, &spec}) {
+        const int64_t before = cached->cache_stats().tokens_reused;
+        const auto got = test::run_waves(*cached, *g, waves);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t i = 0; i < want.size(); ++i) {
+            ASSERT_EQ(got[i].size(), want[i].size());
+            size_t t = 0;
+            while (t < want[i].size() && want[i][t] == got[i][t]) ++t;
+            if (t == want[i].size()) continue;
+            std::vector<int32_t> ctx = prompts[i];
+            ctx.insert(ctx.end(), want[i].begin(), want[i].begin() + static_cast<long>(t));
+            auto seq = plain->new_sequence();
+            std::vector<float> l;
+            ASSERT_TRUE(plain->forward(**seq, ctx, false, &l).is_ok());
+            float top = 0;
+            for (float v : l) top = std::max(top, std::fabs(v));
+            const float gap = l[static_cast<size_t>(want[i][t])] - l[static_cast<size_t>(got[i][t])];
+            std::printf("  job %zu%s: prefix reuse and plain part at token %zu (logit gap %.3g of %.3g)\n", i,
+                        g->draft_tokens ? " (speculative)" : "", t, gap, top);
+            EXPECT_LE(std::fabs(gap), 2e-2f * top) << "job " << i << " token " << t;
+        }
+        EXPECT_GT(cached->cache_stats().tokens_reused, before + 32 * 3);
+    }
+    EXPECT_EQ(cached->cache_stats().state_slots_in_use, 0);
+    EXPECT_EQ(cached->cache_stats().pages_in_use, 0);
 }
 
 // A small cache buys the fewest state slots (8; the pages of 200 tokens in pages of 16 hold more sequences): a step
