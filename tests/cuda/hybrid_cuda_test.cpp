@@ -35,8 +35,11 @@ test::HybridShape cuda_shape() {
     return s;
 }
 
-std::unique_ptr<Model> load(const std::string& dir, const char* device, bool invariant = false, bool graphs = true) {
+std::unique_ptr<Model> load(const std::string& dir, const char* device, bool invariant = false, bool graphs = true,
+                            int page_size = 0, bool prefix_cache = true) {
     LoadOptions o;
+    o.page_size = page_size;
+    o.prefix_cache = prefix_cache;
     o.device = device;
     o.threads = 2;
     o.cache_tokens = 4096;
@@ -214,18 +217,7 @@ TEST_P(HybridCuda, TruncateReturnsToASnapshot) {
 // without prefix caching fed the whole prompt: the criterion of the pieces test above (the restored state is bits
 // of the chunked kernel's, the rest another split of the same rows).
 TEST_P(HybridCuda, PrefixReuseRestoresTheState) {
-    auto load_cache = [&](bool prefix_cache) {
-        LoadOptions o;
-        o.device = "cuda";
-        o.threads = 2;
-        o.cache_tokens = 4096;
-        o.page_size = 16;
-        o.prefix_cache = prefix_cache;
-        auto m = Model::load(dir_.path, o);
-        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-        return m.is_ok() ? std::move(*m) : nullptr;
-    };
-    auto cached = load_cache(true), plain = load_cache(false);
+    auto cached = load(dir_.path, "cuda", false, true, 16, true), plain = load(dir_.path, "cuda", false, true, 16, false);
     ASSERT_TRUE(cached && plain);
     const size_t V = static_cast<size_t>(plain->info().vocab_size);
     const auto sys = ids(40, 21);
@@ -350,56 +342,28 @@ TEST(HybridCudaModel, PrefixReuseGivesThePlainTokens) {
     EXL3_REQUIRE_GPU();
     test::TempDir d;
     test::write_hybrid_model(d.path, HybridKind::kQwen3Next, 7, {}, cuda_shape());
-    auto load_cache = [&](bool prefix_cache) {
-        LoadOptions o;
-        o.device = "cuda";
-        o.cache_tokens = 4096;
-        o.page_size = 16;
-        o.prefix_cache = prefix_cache;
-        auto m = Model::load(d.path, o);
-        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-        return m.is_ok() ? std::move(*m) : nullptr;
-    };
-    auto cached = load_cache(true), plain = load_cache(false);
+    auto cached = load(d.path, "cuda", false, true, 16, true), plain = load(d.path, "cuda", false, true, 16, false);
     ASSERT_TRUE(cached && plain);
-    const auto sys = ids(37, 31);
-    auto with = [&](std::vector<int32_t> t) {
-        t.insert(t.begin(), sys.begin(), sys.end());
-        return t;
-    };
-    const std::vector<std::vector<std::vector<int32_t>>> waves = {
-        {with(ids(9, 32)), with(ids(20, 33)), ids(5, 34)}, {with(ids(9, 32)), with(ids(3, 35))}, {with(ids(30, 36))}};
-    std::vector<std::vector<int32_t>> prompts;
-    for (const auto& w : waves) prompts.insert(prompts.end(), w.begin(), w.end());
-    GeneratorOptions o;
-    o.prefill_chunk = 16;
-    o.max_batch_tokens = 40;
-    GeneratorOptions spec = o;
-    spec.draft_tokens = 4;
-    const auto want = test::run_waves(*plain, o, waves);
-    for (const GeneratorOptions* g : {&o, &spec}) {
-        const int64_t before = cached->cache_stats().tokens_reused;
-        const auto got = test::run_waves(*cached, *g, waves);
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i) {
-            ASSERT_EQ(got[i].size(), want[i].size());
-            size_t t = 0;
-            while (t < want[i].size() && want[i][t] == got[i][t]) ++t;
-            if (t == want[i].size()) continue;
-            std::vector<int32_t> ctx = prompts[i];
-            ctx.insert(ctx.end(), want[i].begin(), want[i].begin() + static_cast<long>(t));
-            auto seq = plain->new_sequence();
-            std::vector<float> l;
-            ASSERT_TRUE(plain->forward(**seq, ctx, false, &l).is_ok());
-            float top = 0;
-            for (float v : l) top = std::max(top, std::fabs(v));
-            const float gap = l[static_cast<size_t>(want[i][t])] - l[static_cast<size_t>(got[i][t])];
-            std::printf("  job %zu%s: prefix reuse and plain part at token %zu (logit gap %.3g of %.3g)\n", i,
-                        g->draft_tokens ? " (speculative)" : "", t, gap, top);
-            EXPECT_LE(std::fabs(gap), 2e-2f * top) << "job " << i << " token " << t;
-        }
-        EXPECT_GT(cached->cache_stats().tokens_reused, before + 32 * 3);
-    }
+    test::compare_waves(*cached, *plain, 31,
+                        [&](size_t i, bool spec, const std::vector<int32_t>& prompt, const std::vector<int32_t>& got,
+                            const std::vector<int32_t>& want) {
+                            size_t t = 0;
+                            while (t < want.size() && want[t] == got[t]) ++t;
+                            if (t == want.size()) return;
+                            // Where they part: the plain run's context up to there, its logits.
+                            std::vector<int32_t> ctx = prompt;
+                            ctx.insert(ctx.end(), want.begin(), want.begin() + static_cast<long>(t));
+                            auto seq = plain->new_sequence();
+                            std::vector<float> l;
+                            ASSERT_TRUE(plain->forward(**seq, ctx, false, &l).is_ok());
+                            float top = 0;
+                            for (float v : l) top = std::max(top, std::fabs(v));
+                            const float gap = l[static_cast<size_t>(want[t])] - l[static_cast<size_t>(got[t])];
+                            std::printf("  job %zu%s: prefix reuse and plain part at token %zu (logit gap %.3g of "
+                                        "%.3g)\n",
+                                        i, spec ? " (speculative)" : "", t, gap, top);
+                            EXPECT_LE(std::fabs(gap), 2e-2f * top) << "job " << i << " token " << t;
+                        });
     EXPECT_EQ(cached->cache_stats().state_slots_in_use, 0);
     EXPECT_EQ(cached->cache_stats().pages_in_use, 0);
 }

@@ -152,25 +152,11 @@ TEST_P(HybridPrefix, SnapshotsGivenUpLeaveFewerPagesToTake) {
 TEST_P(HybridPrefix, GeneratorWavesGiveThePlainTokens) {
     auto cached = load(true), plain = load(false);
     ASSERT_TRUE(cached && plain);
-    const auto sys = ids(37, 10);
-    const std::vector<std::vector<std::vector<int32_t>>> waves = {
-        {concat(sys, ids(9, 11)), concat(sys, ids(20, 12)), ids(5, 13)},
-        {concat(sys, ids(9, 11)), concat(sys, ids(3, 14))},
-        {concat(sys, ids(30, 15)), concat(concat(sys, ids(20, 12)), ids(4, 16))}};
-    GeneratorOptions o;
-    o.prefill_chunk = 16;
-    o.max_batch_tokens = 40;
-    GeneratorOptions spec = o;
-    spec.draft_tokens = 4;
-    const auto want = test::run_waves(*plain, o, waves);
-    for (const GeneratorOptions* g : {&o, &spec}) {
-        const int64_t before = cached->cache_stats().tokens_reused;
-        const auto got = test::run_waves(*cached, *g, waves);
-        ASSERT_EQ(got.size(), want.size());
-        for (size_t i = 0; i < want.size(); ++i)
-            EXPECT_EQ(got[i], want[i]) << "job " << i << (g->draft_tokens ? " (speculative)" : "");
-        EXPECT_GT(cached->cache_stats().tokens_reused, before + 32 * 3);
-    }
+    test::compare_waves(*cached, *plain, 10,
+                        [](size_t i, bool spec, const std::vector<int32_t>&, const std::vector<int32_t>& got,
+                           const std::vector<int32_t>& want) {
+                            EXPECT_EQ(got, want) << "job " << i << (spec ? " (speculative)" : "");
+                        });
     const CacheStats st = cached->cache_stats();
     EXPECT_EQ(st.state_slots_in_use, 0);
     EXPECT_EQ(st.pages_in_use, 0);
