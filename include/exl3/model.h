@@ -63,6 +63,12 @@ struct LoadOptions {
     // a new sequence starts from the longest run of cached pages its first tokens match instead of computing them
     // again. Outputs do not change; Model::cache_stats() shows the saving.
     bool prefix_cache = true;
+    // Hybrid models (Qwen3-Next, Qwen3.5): a cached prefix also needs the linear-attention layers' recurrent state after
+    // it, so the prefix cache keeps copies of that state at some page boundaries (the end of each step's last full
+    // page, and where an earlier prompt's match went past its state), at most prefix_snapshots of them, least
+    // recently used first out (CUDA: in the recurrent-state slots of the memory plan, given up for live states when
+    // they run short). -1: half the state slots on CUDA, 8 on the CPU; 0: no prefix caching for hybrid models.
+    int prefix_snapshots = -1;
     // KV-cache quantization (CPU and CUDA): 0 keeps keys (kv_bits_k) and values (kv_bits_v) at the cache's own
     // precision (fp32 on the CPU, the model's bf16/fp16 on CUDA); 4, 6 or 8 store each token's vector of head_dim
     // values per kv head as codes of that many bits with an fp16 scale and minimum per 32 values, dequantized inside
@@ -151,8 +157,9 @@ struct CacheStats {
     int64_t pages_evicted = 0;
     int64_t tokens_computed = 0;  // positions run through the model by forward / forward_batch
     int64_t tokens_reused = 0;    // positions taken from cached pages instead of being computed
-    int state_slots = 0;          // hybrid models: recurrent-state slots created so far, and those held (live
-    int state_slots_in_use = 0;   // states and speculative decoding's snapshots)
+    int state_slots = 0;          // hybrid models: recurrent-state slots created so far, those held by sequences
+    int state_slots_in_use = 0;   // (live states and speculative decoding's snapshots), and those the prefix cache
+    int state_snapshots = 0;      // keeps (LoadOptions::prefix_snapshots)
 };
 
 class Model;

@@ -1,5 +1,6 @@
 #include "kv/host_states.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,6 +14,18 @@ HostStates::HostStates(std::vector<int> layers, int64_t floats_per_layer)
 void HostStates::grow(int slots) {
     while (static_cast<int>(slots_.size()) < slots)
         slots_.push_back(std::make_unique<float[]>(static_cast<size_t>(per_layer_) * count_));
+}
+
+void HostStates::copy(int32_t from, int32_t to) {
+    if (from < 0 || to < 0) {
+        std::fprintf(stderr, "exl3: internal error: state copy from slot %d to slot %d\n", static_cast<int>(from),
+                     static_cast<int>(to));
+        std::abort();
+    }
+    grow(std::max(from, to) + 1);
+    if (from != to)
+        std::copy_n(slots_[static_cast<size_t>(from)].get(), static_cast<size_t>(per_layer_) * count_,
+                    slots_[static_cast<size_t>(to)].get());
 }
 
 float* HostStates::layer(int32_t slot, int layer) {

@@ -20,6 +20,8 @@ public:
     void grow(int slots);
     int64_t floats_per_layer() const { return per_layer_; }
     size_t bytes_per_slot() const { return static_cast<size_t>(per_layer_) * count_ * sizeof(float); }
+    // Copies slot `from`'s blocks (every layer's) to slot `to`, backing both first.
+    void copy(int32_t from, int32_t to);
     // Model layer `layer`'s block of `slot`.
     float* layer(int32_t slot, int layer);
     const float* layer(int32_t slot, int layer) const;

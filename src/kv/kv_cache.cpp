@@ -6,11 +6,27 @@
 
 namespace exl3 {
 
-int KvCache::attach_prefix(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens) {
-    if (seq.length != 0 || !pool_->prefix_cache() || max_tokens <= 0) return 0;
+int KvCache::attach_prefix(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens, StateCopy* copy) {
+    if (copy) *copy = {-1, -1};
+    if (seq.length != 0 || !pool_->prefix_cache() || max_tokens <= 0 || (states_ && !copy)) return 0;
     const int ps = pool_->page_size();
     uint64_t chain = PagePool::kChainStart;
-    seq.pages = pool_->match(tokens, max_tokens / ps, &chain);
+    if (states_) {  // the pages up to the last one that keeps the state after it; a live slot to copy that into
+        int32_t from = -1;
+        int kv_pages = 0;
+        seq.pages = pool_->match_with_state(tokens, max_tokens / ps, &chain, &from, &kv_pages);
+        seq.branch = kv_pages > static_cast<int>(seq.pages.size()) ? kv_pages * ps : 0;
+        if (seq.pages.empty()) return 0;
+        seq.state = take_slot(from);
+        if (seq.state < 0) {
+            for (auto it = seq.pages.rbegin(); it != seq.pages.rend(); ++it) pool_->release(*it);
+            seq.pages.clear();
+            return 0;
+        }
+        *copy = {from, seq.state};
+    } else {
+        seq.pages = pool_->match(tokens, max_tokens / ps, &chain);
+    }
     const int n = static_cast<int>(seq.pages.size()) * ps;
     seq.length = n;
     seq.tokens.assign(tokens.begin(), tokens.begin() + n);
@@ -57,15 +73,22 @@ void KvCache::commit(Sequence::Impl& seq, std::span<const int32_t> tokens, int l
     publish_full_pages(seq, length - std::max(0, tentative));
 }
 
+// Hybrid models: the states the step kept go to the pages they end (or back to the state pool).
 void KvCache::publish_full_pages(Sequence::Impl& seq, int end) {
-    if (!pool_->prefix_cache()) return;
     const int ps = pool_->page_size();
-    while ((seq.published + 1) * ps <= std::min(end, seq.length)) {
+    while (pool_->prefix_cache() && (seq.published + 1) * ps <= std::min(end, seq.length)) {
         const auto first = seq.tokens.begin() + static_cast<std::ptrdiff_t>(seq.published) * ps;
-        seq.chain = pool_->publish(seq.pages[static_cast<size_t>(seq.published)], seq.chain,
-                                   std::span<const int32_t>(&*first, static_cast<size_t>(ps)));
+        const std::span<const int32_t> page(&*first, static_cast<size_t>(ps));
+        const uint64_t prev = seq.chain;
+        seq.chain = pool_->publish(seq.pages[static_cast<size_t>(seq.published)], prev, page);
         ++seq.published;
+        for (auto& [at, slot] : seq.kept)
+            if (at == seq.published * ps && pool_->keep_state(seq.chain, prev, page, slot)) slot = -1;
     }
+    for (const auto& [at, slot] : seq.kept)
+        if (slot >= 0) states_->release(slot);
+    seq.kept.clear();
+    if (seq.branch <= seq.published * ps) seq.branch = 0;
 }
 
 Status KvCache::truncate(Sequence::Impl& q, int length) {
@@ -137,13 +160,19 @@ Status KvCache::prepare_state(Sequence::Impl& seq, int n, int tentative, StateSt
     step->zero = seq.length == 0;
     step->slot = seq.state;
     if (step->slot < 0) {
-        step->slot = states_->alloc();
+        step->slot = take_slot();
         if (step->slot < 0)
             return out_of_range(fmt::format("no recurrent-state slot left ({} in use)", states_->stats().in_use));
         step->fresh = true;
     }
     std::vector<int32_t> slots;
-    if (!states_->alloc_n(d, &slots)) {
+    while (static_cast<int>(slots.size()) < d) {
+        const int32_t slot = take_slot();
+        if (slot < 0) break;
+        slots.push_back(slot);
+    }
+    if (static_cast<int>(slots.size()) < d) {
+        for (int32_t slot : slots) states_->release(slot);
         if (step->fresh) states_->release(step->slot);
         *step = StateStep{};
         return out_of_range(fmt::format("no recurrent-state slot left for {} snapshots ({} in use)", d,
@@ -157,6 +186,7 @@ void KvCache::finish_state(Sequence::Impl& seq, const StateStep& step, bool ok, 
     if (!states_ || step.slot < 0) return;
     if (!ok) {
         for (const auto& s : step.snapshots) states_->release(s.second);
+        for (const auto& s : step.kept) states_->release(s.second);
         if (step.fresh) {
             states_->release(step.slot);
         } else if (ran) {
@@ -168,6 +198,41 @@ void KvCache::finish_state(Sequence::Impl& seq, const StateStep& step, bool ok, 
     seq.state_lost = false;
     if (!step.keep_old) seq.release_snapshots();
     for (const auto& [after, slot] : step.snapshots) seq.snapshots.emplace_back(step.start + after, slot);
+    for (const auto& [after, slot] : step.kept) seq.kept.emplace_back(step.start + after, slot);
+}
+
+int32_t KvCache::take_slot(int32_t keep) {
+    int32_t slot = states_->alloc();
+    while (slot < 0 && pool_->drop_state(keep)) slot = states_->alloc();
+    return slot;
+}
+
+void KvCache::keep_states(Sequence::Impl& seq, int n, int tentative, StateStep* step) {
+    if (!states_ || !pool_->prefix_cache() || step->slot < 0) return;
+    const int ps = pool_->page_size(), start = step->start;
+    const int end = start + n - std::clamp(tentative, 0, n);  // the step publishes the full pages below `end`
+    const int first = std::max(start, (seq.published + 1) * ps);
+    std::vector<int> at;
+    if (end / ps * ps >= first) at.push_back(end / ps * ps);
+    if (seq.branch >= first && seq.branch <= end && seq.branch % ps == 0 && (at.empty() || at[0] != seq.branch))
+        at.push_back(seq.branch);
+    for (const int b : at) {
+        // Best effort: a slot for a snapshot may replace the least recently used one, never a live state.
+        int32_t slot = states_->alloc();
+        if (slot < 0 && pool_->drop_state()) slot = states_->alloc();
+        if (slot < 0) continue;
+        const int after = b - start;
+        step->kept.emplace_back(after, slot);
+        auto rollback = std::find_if(step->snapshots.begin(), step->snapshots.end(),
+                                     [&](const auto& s) { return s.first == after; });
+        if (after == n) {
+            step->copies.emplace_back(step->slot, slot);
+        } else if (rollback != step->snapshots.end()) {
+            step->copies.emplace_back(rollback->second, slot);
+        } else {
+            step->kept_in_step.emplace_back(after, slot);
+        }
+    }
 }
 
 }  // namespace exl3

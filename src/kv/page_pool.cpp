@@ -29,8 +29,10 @@ uint64_t PagePool::chain_hash(uint64_t prev, std::span<const int32_t> tokens) {
     return mix64(h ^ tokens.size());
 }
 
-PagePool::PagePool(const PagePoolOptions& options) : opt_(options) {
+PagePool::PagePool(const PagePoolOptions& options, std::shared_ptr<StatePool> states)
+    : opt_(options), states_(std::move(states)) {
     opt_.page_size = std::max(opt_.page_size, 1);
+    opt_.max_snapshots = states_ && opt_.prefix_cache ? std::max(opt_.max_snapshots, 0) : 0;
     opt_.capacity = std::max(opt_.capacity, 0);
     if (opt_.max_pages > 0) opt_.capacity = std::min(opt_.capacity, opt_.max_pages);
     pages_.reserve(static_cast<size_t>(opt_.capacity));
@@ -54,8 +56,17 @@ int PagePool::available() const {
     return static_cast<int>(free_.size() + lru_.size()) + opt_.max_pages - static_cast<int>(pages_.size());
 }
 
+void PagePool::drop_state_of(Page& p) {
+    if (p.state < 0) return;
+    states_->release(p.state);
+    state_lru_.erase(p.state_lru);
+    p.state = -1;
+    ++snapshots_dropped_;
+}
+
 void PagePool::unindex(int32_t page) {
     Page& p = pages_[static_cast<size_t>(page)];
+    drop_state_of(p);
     auto it = index_.find(p.hash);
     if (it != index_.end() && it->second == page) index_.erase(it);
     p.indexed = false;
@@ -149,9 +160,21 @@ int PagePool::refs(int32_t page) const {
 }
 
 std::vector<int32_t> PagePool::match(std::span<const int32_t> tokens, int max_pages, uint64_t* chain) {
-    std::vector<int32_t> out;
-    uint64_t h = kChainStart;
     std::lock_guard<std::mutex> lock(mu_);
+    return match_locked(tokens, max_pages, false, chain, nullptr, nullptr);
+}
+
+std::vector<int32_t> PagePool::match_with_state(std::span<const int32_t> tokens, int max_pages, uint64_t* chain,
+                                                int32_t* state, int* kv_pages) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return match_locked(tokens, max_pages, true, chain, state, kv_pages);
+}
+
+std::vector<int32_t> PagePool::match_locked(std::span<const int32_t> tokens, int max_pages, bool need_state,
+                                            uint64_t* chain, int32_t* state, int* kv_pages) {
+    std::vector<int32_t> run;  // the published pages that hold the start of `tokens`
+    std::vector<uint64_t> hashes;
+    uint64_t h = kChainStart;
     const size_t ps = static_cast<size_t>(opt_.page_size);
     const int n = opt_.prefix_cache ? std::min<int>(max_pages, static_cast<int>(tokens.size() / ps)) : 0;
     for (int i = 0; i < n; ++i) {
@@ -159,20 +182,31 @@ std::vector<int32_t> PagePool::match(std::span<const int32_t> tokens, int max_pa
         const uint64_t next = chain_hash(h, page_tokens);
         auto it = index_.find(next);
         if (it == index_.end()) break;
-        Page& p = pages_[static_cast<size_t>(it->second)];
+        const Page& p = pages_[static_cast<size_t>(it->second)];
         if (p.prev != h || !std::equal(p.tokens.begin(), p.tokens.end(), page_tokens.begin(), page_tokens.end()))
             break;  // a hash collision: never share pages whose tokens differ
+        run.push_back(it->second);
+        hashes.push_back(next);
+        h = next;
+    }
+    if (kv_pages) *kv_pages = static_cast<int>(run.size());
+    if (need_state) {  // a hybrid model's prefix ends where the state after it was kept
+        while (!run.empty() && pages_[static_cast<size_t>(run.back())].state < 0) run.pop_back();
+        Page* last = run.empty() ? nullptr : &pages_[static_cast<size_t>(run.back())];
+        if (last) state_lru_.splice(state_lru_.end(), state_lru_, last->state_lru);
+        *state = last ? last->state : -1;
+    }
+    for (int32_t id : run) {
+        Page& p = pages_[static_cast<size_t>(id)];
         if (p.refs == 0) {
             lru_.erase(p.lru);
             ++in_use_;
         }
         ++p.refs;
-        out.push_back(it->second);
-        h = next;
     }
-    matched_ += static_cast<int64_t>(out.size());
-    if (chain) *chain = h;
-    return out;
+    matched_ += static_cast<int64_t>(run.size());
+    if (chain) *chain = run.empty() ? kChainStart : hashes[run.size() - 1];
+    return run;
 }
 
 uint64_t PagePool::publish(int32_t page, uint64_t prev, std::span<const int32_t> tokens) {
@@ -200,6 +234,32 @@ bool PagePool::unpublish(int32_t page) {
     return true;
 }
 
+bool PagePool::keep_state(uint64_t hash, uint64_t prev, std::span<const int32_t> tokens, int32_t slot) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (opt_.max_snapshots <= 0 || slot < 0) return false;
+    auto it = index_.find(hash);
+    if (it == index_.end()) return false;
+    Page& p = pages_[static_cast<size_t>(it->second)];
+    if (p.state >= 0 || p.prev != prev || !std::equal(p.tokens.begin(), p.tokens.end(), tokens.begin(), tokens.end()))
+        return false;
+    while (static_cast<int>(state_lru_.size()) >= opt_.max_snapshots)
+        drop_state_of(pages_[static_cast<size_t>(state_lru_.front())]);
+    p.state = slot;
+    p.state_lru = state_lru_.insert(state_lru_.end(), it->second);
+    return true;
+}
+
+bool PagePool::drop_state(int32_t keep) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int32_t id : state_lru_) {
+        Page& p = pages_[static_cast<size_t>(id)];
+        if (p.state == keep) continue;
+        drop_state_of(p);
+        return true;
+    }
+    return false;
+}
+
 PagePoolStats PagePool::stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     PagePoolStats s;
@@ -211,6 +271,8 @@ PagePoolStats PagePool::stats() const {
     s.indexed = static_cast<int>(index_.size());
     s.evicted = evicted_;
     s.matched = matched_;
+    s.snapshots = static_cast<int>(state_lru_.size());
+    s.snapshots_dropped = snapshots_dropped_;
     return s;
 }
 
@@ -228,7 +290,7 @@ Status PagePool::check() const {
         if (seen[static_cast<size_t>(id)]) return internal_error(fmt::format("page {} is listed twice", id));
         seen[static_cast<size_t>(id)] = 2;
     }
-    int in_use = 0, indexed = 0;
+    int in_use = 0, indexed = 0, snapshots = 0;
     for (size_t i = 0; i < n; ++i) {
         const Page& p = pages_[i];
         if (p.refs < 0) return internal_error(fmt::format("page {} has {} references", i, p.refs));
@@ -246,10 +308,17 @@ Status PagePool::check() const {
             if (p.tokens.size() != static_cast<size_t>(opt_.page_size) || chain_hash(p.prev, p.tokens) != p.hash)
                 return internal_error(fmt::format("published page {} does not hash to its key", i));
         }
+        if (p.state >= 0 && (!p.indexed || *p.state_lru != static_cast<int32_t>(i)))
+            return internal_error(fmt::format("page {} keeps state slot {} {}", i, p.state,
+                                              p.indexed ? "off the snapshots' list" : "unpublished"));
+        snapshots += p.state >= 0;
     }
     if (in_use != in_use_) return internal_error(fmt::format("{} pages in use, counted {}", in_use, in_use_));
     if (indexed != static_cast<int>(index_.size()))
         return internal_error(fmt::format("index of {} entries for {} published pages", index_.size(), indexed));
+    if (snapshots != static_cast<int>(state_lru_.size()) || snapshots > std::max(opt_.max_snapshots, 0))
+        return internal_error(fmt::format("{} pages keep snapshots, {} listed, at most {}", snapshots,
+                                          state_lru_.size(), opt_.max_snapshots));
     if (opt_.max_pages > 0 && n > static_cast<size_t>(opt_.max_pages))
         return internal_error(fmt::format("{} pages created past the limit of {}", n, opt_.max_pages));
     return Status::ok();

@@ -7,7 +7,9 @@
 // A hybrid model's sequence also holds a recurrent-state slot (kv/state_pool.h): the state of its linear-attention
 // layers after all `length` tokens. That state cannot be rewound by dropping pages, so a step whose last tokens are
 // tentative (speculative decoding's proposals) keeps snapshots of the states truncate() may return to, as
-// (length, slot): truncating to such a length swaps the snapshot in.
+// (length, slot): truncating to such a length swaps the snapshot in. With prefix caching, a step also copies the state
+// at a page boundary it publishes aside (`kept`, until commit hands them to the published pages: kv/page_pool.h), and a
+// sequence that starts from a cached prefix starts from a copy of the state kept there.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,8 @@ struct Sequence::Impl {
     int32_t state = -1;
     std::vector<std::pair<int, int32_t>> snapshots;  // (length, slot), by rising length
     bool state_lost = false;
+    std::vector<std::pair<int, int32_t>> kept;  // (page boundary, slot): states of the last step for the prefix cache
+    int branch = 0;  // a page boundary to keep the state at: where the cached pages matched went past its state
 
     // Gives every page (and state slot) back to the pool and empties the sequence. Last page first, so that a chain's
     // tail is evicted before its head (a head page serves more prompts than the pages after it).
@@ -55,6 +59,10 @@ struct Sequence::Impl {
     }
     void release_states() {
         release_snapshots();
+        if (states)
+            for (const auto& [len, slot] : kept) states->release(slot);
+        kept.clear();
+        branch = 0;
         if (states && state >= 0) states->release(state);
         state = -1;
         state_lost = false;

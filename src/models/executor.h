@@ -13,6 +13,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/thread_pool.h"
@@ -119,6 +120,12 @@ public:
     // limit, the memory grows with the slot ids the model's state pool creates).
     virtual int64_t state_bytes() const { return 0; }
     virtual int max_state_slots() const { return 0; }
+    // Hybrid models: copies each (from, to) state slot's contents (every linear-attention layer's block) in order,
+    // before any later step reads them: a sequence starting from a cached prefix takes the state kept there, and the
+    // prefix cache keeps a sequence's state at a page boundary (kv/page_pool.h).
+    virtual Status copy_states(const std::vector<std::pair<int32_t, int32_t>>& copies) {
+        return copies.empty() ? Status::ok() : unsupported("this executor keeps no recurrent states");
+    }
     // True when steps in which every sequence brings the same number of tokens and wants every row's logits run
     // faster than others (CUDA replays them as captured graphs): the Model then pads such steps.
     virtual bool prefers_uniform_steps() const { return false; }

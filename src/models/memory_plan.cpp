@@ -186,8 +186,8 @@ MemoryPlan Planner::build(const Choice& c) const {
     if (costs_.state_slots) {
         const int slots = state_slots(pages);
         p.gpu.insert(at + 1, {"recurrent states",
-                              fmt::format("{} slots x {} B ({} linear-attention layers; a sequence's live state and "
-                                          "its snapshots)",
+                              fmt::format("{} slots x {} B ({} linear-attention layers; live states, their snapshots "
+                                          "and the prefix cache's)",
                                           slots, costs_.state_slot_bytes, gpu_layers - kv_layers),
                               slots * costs_.state_slot_bytes});
     }

@@ -56,6 +56,8 @@ Status check_options(const LoadOptions& o) {
     if (o.offload_experts < -1)
         return invalid_argument("offload_experts must be -1 (every MoE layer), 0 (none) or a number of MoE layers");
     EXL3_RETURN_IF_ERROR(check_kv_bits("kv_bits_k", o.kv_bits_k));
+    if (o.prefix_snapshots < -1)
+        return invalid_argument("prefix_snapshots must be -1 (automatic), 0 (none) or a number of snapshots");
     if (o.tensor_parallel < 0) return invalid_argument("tensor_parallel must not be negative");
     for (int g : o.gpus)
         if (g < 0) return invalid_argument(fmt::format("gpus: device {} is negative", g));
@@ -152,6 +154,7 @@ struct Model::Impl {
     Status run(const std::vector<BatchItem>& items, std::vector<float>* logits, std::vector<int>* rows);
     Status plan_states(const std::vector<BatchItem>& items, const std::vector<Sequence::Impl*>& seqs, StepPlan* p,
                        std::vector<StateStep>* steps);
+    int attach(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens);
 };
 
 void Model::Impl::fill_info() {
@@ -345,12 +348,11 @@ Result<std::unique_ptr<Model>> Model::load(const std::string& dir, const LoadOpt
         im.info.context_length = im.memory.context_length;
     }
     PagePoolOptions po = im.exec->page_pool_options();
-    if (im.cfg.hybrid() && po.prefix_cache) {
-        // A cached prefix would need the recurrent state after it as well as its pages: not kept yet.
-        po.prefix_cache = false;
-        log_info("prefix caching is off for {}: its linear-attention layers' recurrent state is not kept at page "
-                 "boundaries (every prompt is computed in full)",
-                 im.cfg.arch_name);
+    if (im.cfg.hybrid() && po.prefix_cache) {  // a cached prefix needs the recurrent state after it as well
+        const int slots = im.exec->max_state_slots();
+        po.max_snapshots = options.prefix_snapshots >= 0 ? options.prefix_snapshots : slots > 0 ? slots / 2 : 8;
+        po.prefix_cache = po.max_snapshots > 0;
+        if (!po.prefix_cache) log_info("prefix caching is off for {} (prefix_snapshots 0)", im.cfg.arch_name);
     }
     im.kv = std::make_unique<KvCache>(po, im.cfg.hybrid() ? im.exec->max_state_slots() : -1);
     im.info.num_linear_layers = im.cfg.num_linear_layers();
@@ -378,7 +380,19 @@ Result<std::unique_ptr<Sequence>> Model::new_sequence(int max_length) const {
 int Model::reuse_prefix(Sequence& seq, const std::vector<int32_t>& tokens) const {
     std::lock_guard<std::mutex> lock(impl_->mu);
     const int limit = std::min(static_cast<int>(tokens.size()), seq.max_length()) - 1;
-    return impl_->kv->attach_prefix(*seq.impl_, tokens, limit);
+    return impl_->attach(*seq.impl_, tokens, limit);
+}
+
+// KvCache::attach_prefix, and a hybrid model's state kept at the prefix's end copied into the sequence's own slot.
+// A copy that fails leaves the sequence empty (the next step meets the device's error).
+int Model::Impl::attach(Sequence::Impl& seq, std::span<const int32_t> tokens, int max_tokens) {
+    StateCopy copy;
+    const int n = kv->attach_prefix(seq, tokens, max_tokens, &copy);
+    if (n > 0 && copy.first >= 0 && !exec->copy_states({copy}).is_ok()) {
+        kv->detach_prefix(seq, n);
+        return 0;
+    }
+    return n;
 }
 
 CacheStats Model::cache_stats() const {
@@ -399,7 +413,8 @@ CacheStats Model::cache_stats() const {
     if (const auto& st = impl_->kv->states()) {
         const StatePoolStats ss = st->stats();
         c.state_slots = ss.slots;
-        c.state_slots_in_use = ss.in_use;
+        c.state_snapshots = p.snapshots;
+        c.state_slots_in_use = ss.in_use - p.snapshots;
     }
     c.tokens_computed = impl_->tokens_computed;
     c.tokens_reused = impl_->kv->tokens_reused();
@@ -470,6 +485,12 @@ Status Model::Impl::plan_states(const std::vector<BatchItem>& items, const std::
         for (const auto& [after, slot] : st.snapshots)
             p->snapshots.push_back({static_cast<int>(i), after, slot});
     }
+    // The prefix cache's states at page boundaries, once every live state has its slot.
+    for (size_t i = 0; i < seqs.size(); ++i) {
+        StateStep& st = (*steps)[i];
+        kv->keep_states(*seqs[i], p->q_start[i + 1] - p->q_start[i], items[i].tentative, &st);
+        for (const auto& [after, slot] : st.kept_in_step) p->snapshots.push_back({static_cast<int>(i), after, slot});
+    }
     return Status::ok();
 }
 
@@ -488,7 +509,7 @@ Status Model::Impl::run(const std::vector<BatchItem>& items, std::vector<float>*
     bool reused = false;
     for (size_t i = 0; i < items.size(); ++i) {
         if (items[i].all_logits) continue;  // the logits of every position are wanted: compute them all
-        skip[i] = kv->attach_prefix(*seqs[i], items[i].tokens, static_cast<int>(items[i].tokens.size()) - 1);
+        skip[i] = attach(*seqs[i], items[i].tokens, static_cast<int>(items[i].tokens.size()) - 1);
         reused |= skip[i] > 0;
     }
     auto undo_reuse = [&] {
@@ -511,6 +532,9 @@ Status Model::Impl::run(const std::vector<BatchItem>& items, std::vector<float>*
         if (logits) logits->resize(p.out_rows.size() * static_cast<size_t>(cfg.vocab_size));
         ran = true;
         s = exec->forward(p, seqs, logits ? logits->data() : nullptr);
+        std::vector<StateCopy> copies;  // states kept at the step's end, or where a rollback snapshot was taken
+        for (const StateStep& st : states) copies.insert(copies.end(), st.copies.begin(), st.copies.end());
+        if (s.is_ok()) s = exec->copy_states(copies);
         if (!s.is_ok()) kv->shrink(seqs, before);
     }
     for (size_t i = 0; i < states.size(); ++i) kv->finish_state(*seqs[i], states[i], s.is_ok(), ran);

@@ -108,6 +108,9 @@ public:
     // A hybrid model's recurrent state (hybrids run on one rank: the plan refuses more).
     int64_t state_bytes() const override { return rank0().state_bytes(); }
     int max_state_slots() const override { return rank0().max_state_slots(); }
+    Status copy_states(const std::vector<std::pair<int32_t, int32_t>>& copies) override {
+        return ranks_[0]->exec->copy_states(copies);
+    }
     bool prefers_uniform_steps() const override { return rank0().prefers_uniform_steps(); }
     int max_uniform_tokens() const override { return rank0().max_uniform_tokens(); }
 

@@ -3,8 +3,10 @@
 // so that a router near-tie in 16 bits cannot pick another expert than the CPU's): logits against the CPU reference
 // through prefill and graph-replayed decode steps; the state carried from step to step (a prompt in pieces, one token
 // at a time); rows of different lengths batched; a truncation back to a snapshot; graph replays equal to eager steps;
-// speculative decoding (n-gram and the model drafting for itself) giving plain decoding's tokens up to near-ties; state
-// slots back in the pool, and a step that needs more slots than there are refused cleanly.
+// speculative decoding (n-gram and the model drafting for itself) giving plain decoding's tokens up to near-ties; prefix
+// reuse restoring the recurrent state kept at a page boundary (the logits of the model without prefix caching, the
+// Generator's tokens up to near-ties); state slots back in the pool, and a step that needs more slots than there are
+// refused cleanly.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,8 +38,11 @@ test::HybridShape cuda_shape() {
     return s;
 }
 
-std::unique_ptr<Model> load(const std::string& dir, const char* device, bool invariant = false, bool graphs = true) {
+std::unique_ptr<Model> load(const std::string& dir, const char* device, bool invariant = false, bool graphs = true,
+                            int page_size = 0, bool prefix_cache = true) {
     LoadOptions o;
+    o.page_size = page_size;
+    o.prefix_cache = prefix_cache;
     o.device = device;
     o.threads = 2;
     o.cache_tokens = 4096;
@@ -164,6 +169,46 @@ TEST_P(HybridCuda, TruncateReturnsToASnapshot) {
     EXPECT_LT(rel_err(l.data(), plain.data() + 22 * V, 3 * V), 1e-2);
 }
 
+// Prefix reuse (pages of 16): a prompt whose start was computed before takes the cached pages and a copy of the state
+// kept at the last of them, then computes the rest; its logits (every position computed) against the same model
+// without prefix caching fed the whole prompt: the criterion of the pieces test above (the restored state is bits
+// of the chunked kernel's, the rest another split of the same rows).
+TEST_P(HybridCuda, PrefixReuseRestoresTheState) {
+    auto cached = load(dir_.path, "cuda", false, true, 16, true), plain = load(dir_.path, "cuda", false, true, 16, false);
+    ASSERT_TRUE(cached && plain);
+    const size_t V = static_cast<size_t>(plain->info().vocab_size);
+    const auto sys = ids(40, 21);
+    auto with = [&](std::vector<int32_t> t) {
+        t.insert(t.begin(), sys.begin(), sys.end());
+        return t;
+    };
+    // The positions reused, and the logits of the rest (all_logits: the reused prefix first, by reuse_prefix).
+    auto tail = [&](const Model& m, const std::vector<int32_t>& prompt, int* reused) {
+        auto seq = m.new_sequence();
+        *reused = m.reuse_prefix(**seq, prompt);
+        std::vector<float> l;
+        const Status s = m.forward(**seq, std::vector<int32_t>(prompt.begin() + *reused, prompt.end()), true, &l);
+        EXPECT_TRUE(s.is_ok()) << s.to_string();
+        return l;
+    };
+    const std::vector<std::vector<int32_t>> prompts = {with(ids(10, 22)), with(ids(12, 23)), with(ids(9, 24)),
+                                                       with(ids(10, 22))};
+    const int want_reused[] = {0, 0, 32, 48};  // the 2nd keeps the state at 32, where its match ended
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        int reused = -1, none = -1;
+        const auto got = tail(*cached, prompts[i], &reused);
+        EXPECT_EQ(reused, want_reused[i]) << "prompt " << i;
+        const auto all = tail(*plain, prompts[i], &none);
+        ASSERT_EQ(none, 0);
+        const std::vector<float> want(all.begin() + static_cast<long>(static_cast<size_t>(reused) * V), all.end());
+        by_position(got, want, V).expect(("prompt " + std::to_string(i) + " after " + std::to_string(reused) +
+                                          " reused positions").c_str(),
+                                         1e-2f, 0.9f, 0.1f);
+    }
+    EXPECT_EQ(cached->cache_stats().state_slots_in_use, 0);
+    EXPECT_GT(cached->cache_stats().state_snapshots, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridCuda,
                          ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
                                            HybridKind::kQwen35Wrapped),
@@ -245,6 +290,39 @@ TEST(HybridCudaModel, SpeculativeDecodingGivesThePlainTokens) {
     }
     EXPECT_EQ(m->cache_stats().state_slots_in_use, 0);
     EXPECT_EQ(m->cache_stats().pages_in_use, 0);
+}
+
+// The Generator over waves of prompts sharing their starts (tests/hybrid_jobs.h: run_waves), plainly and with n-gram
+// speculative decoding: the tokens of the model without prefix caching, up to near-ties (where they part, the plain
+// context's logits hold both tokens within 2 % of the largest); later waves reuse; nothing is left held.
+TEST(HybridCudaModel, PrefixReuseGivesThePlainTokens) {
+    EXL3_REQUIRE_GPU();
+    test::TempDir d;
+    test::write_hybrid_model(d.path, HybridKind::kQwen3Next, 7, {}, cuda_shape());
+    auto cached = load(d.path, "cuda", false, true, 16, true), plain = load(d.path, "cuda", false, true, 16, false);
+    ASSERT_TRUE(cached && plain);
+    test::compare_waves(*cached, *plain, 31,
+                        [&](size_t i, bool spec, const std::vector<int32_t>& prompt, const std::vector<int32_t>& got,
+                            const std::vector<int32_t>& want) {
+                            size_t t = 0;
+                            while (t < want.size() && want[t] == got[t]) ++t;
+                            if (t == want.size()) return;
+                            // Where they part: the plain run's context up to there, its logits.
+                            std::vector<int32_t> ctx = prompt;
+                            ctx.insert(ctx.end(), want.begin(), want.begin() + static_cast<long>(t));
+                            auto seq = plain->new_sequence();
+                            std::vector<float> l;
+                            ASSERT_TRUE(plain->forward(**seq, ctx, false, &l).is_ok());
+                            float top = 0;
+                            for (float v : l) top = std::max(top, std::fabs(v));
+                            const float gap = l[static_cast<size_t>(want[t])] - l[static_cast<size_t>(got[t])];
+                            std::printf("  job %zu%s: prefix reuse and plain part at token %zu (logit gap %.3g of "
+                                        "%.3g)\n",
+                                        i, spec ? " (speculative)" : "", t, gap, top);
+                            EXPECT_LE(std::fabs(gap), 2e-2f * top) << "job " << i << " token " << t;
+                        });
+    EXPECT_EQ(cached->cache_stats().state_slots_in_use, 0);
+    EXPECT_EQ(cached->cache_stats().pages_in_use, 0);
 }
 
 // A small cache buys the fewest state slots (8; the pages of 200 tokens in pages of 16 hold more sequences): a step

@@ -34,6 +34,10 @@ public:
     bool pages_preallocated() const override { return false; }
     int64_t kv_bytes_per_token() const override { return static_cast<int64_t>(kv_.bytes_per_token()); }
     int64_t state_bytes() const override { return static_cast<int64_t>(states_.bytes_per_slot()); }
+    Status copy_states(const std::vector<std::pair<int32_t, int32_t>>& copies) override {
+        for (const auto& [from, to] : copies) states_.copy(from, to);
+        return Status::ok();
+    }
 
     Status forward(const StepPlan& plan, const std::vector<Sequence::Impl*>& seqs, float* logits) override {
         // (Ranks of a sharded model other than 0 hand their logits to rank 0's.)

@@ -47,6 +47,7 @@ public:
     }
     int64_t state_bytes() const override { return s_.cfg.hybrid() ? s_.state_slot_bytes() : 0; }
     int max_state_slots() const override { return s_.state_slots; }
+    Status copy_states(const std::vector<std::pair<int32_t, int32_t>>& copies) override;
     // Also without graphs: a step then has the same shapes (the same kernels, the same bits) as with them.
     bool prefers_uniform_steps() const override { return true; }
     int max_uniform_tokens() const override { return kMaxGraphTokens; }
@@ -236,6 +237,26 @@ Status CudaExecutor::check_states(const StepPlan& plan) const {
         if (!in_range(sn.slot) || sn.after < 0 || sn.after >= n || taken[static_cast<size_t>(r0 + sn.after)]++)
             return internal_error(fmt::format("CUDA forward: snapshot into slot {} after {} of sequence {}'s tokens",
                                               sn.slot, sn.after, sn.seq));
+    }
+    return Status::ok();
+}
+
+// A slot's blocks lie together (StepState::delta_rows): one copy a slot, on the step's stream, so that the next
+// step reads it after the copy.
+Status CudaExecutor::copy_states(const std::vector<std::pair<int32_t, int32_t>>& copies) {
+    if (copies.empty()) return Status::ok();
+    EXL3_RETURN_IF_ERROR(check_cuda(cudaSetDevice(s_.ctx->device()), "cudaSetDevice"));
+    const size_t bytes = static_cast<size_t>(s_.state_slot_bytes());
+    char* base = static_cast<char*>(s_.states.get());
+    for (const auto& [from, to] : copies) {
+        if (from < 0 || from >= s_.state_slots || to < 0 || to >= s_.state_slots)
+            return internal_error(fmt::format("CUDA state copy from slot {} to slot {} outside the {} slots", from, to,
+                                              s_.state_slots));
+        if (from == to) continue;
+        EXL3_RETURN_IF_ERROR(check_cuda(cudaMemcpyAsync(base + static_cast<size_t>(to) * bytes,
+                                                        base + static_cast<size_t>(from) * bytes, bytes,
+                                                        cudaMemcpyDeviceToDevice, s_.ctx->stream()),
+                                        "state copy"));
     }
     return Status::ok();
 }
