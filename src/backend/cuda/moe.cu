@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "backend/cuda/act.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -164,6 +165,7 @@ __global__ void __launch_bounds__(1024) moe_route_sort_kernel(const float* logit
     int* tmp = pre + E;
     for (int t = tid >> 5; t < n; t += bd >> 5) route_token_warp(logits, t, r, scratch, o.ids, o.weights);
     for (int e = tid; e < E; e += bd) cnt[e] = 0;
+    for (int i = tid; i < o.done_count; i += bd) o.done[i] = 0;
     __syncthreads();  // the ids are written (global writes of the block are visible to it after the barrier)
     for (int i = tid; i < nk; i += bd) {
         const int e = min(max(o.ids[i], 0), E - 1);  // (the router's ids are in range)
@@ -219,20 +221,9 @@ __global__ void moe_combine_kernel(const float* y, int splits, int64_t split_str
                                    float* out, bool accumulate) {
     EXL3_PDL_PROLOGUE();
     const int t = blockIdx.x;
-    const float g = shared ? (shared_gate ? 1.0f / (1.0f + expf(-shared_gate[t])) : 1.0f) : 0.0f;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const int i = t * K + k;
-            const float* row = y + static_cast<int64_t>(slot_of[i]) * d + c;
-            float v = 0.0f;
-            for (int s = 0; s < splits; ++s) v += row[s * split_stride];
-            acc += w[i] * v;
-        }
-        if (shared) acc += g * shared[static_cast<int64_t>(t) * d + c];
-        float* o = out + static_cast<int64_t>(t) * d + c;
-        *o = accumulate ? *o + acc : acc;
-    }
+    const float g = moe_shared_factor(shared, shared_gate, t);
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        moe_combine_at(y, splits, split_stride, slot_of, w, t, K, d, c, shared, g, out, accumulate);
 }
 
 }  // namespace
@@ -265,12 +256,13 @@ cudaError_t moe_add_shared(const float* y, const float* gate, int n, int d, floa
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s) {
     if (n == 0) return cudaSuccess;
-    const int threads = 1024;
+    const int threads = n <= kMoeSortSmallTokens ? 256 : 1024;
     const int64_t nk = static_cast<int64_t>(n) * r.top_k;
     const size_t smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + threads) * sizeof(int);
     if (n < 0 || n > kMoeSortMaxTokens || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 ||
         r.top_k > r.experts || nk >= (1 << 15) || r.groups < 1 || r.groups > 32 || r.topk_groups < 1 ||
-        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024)
+        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024 || out.done_count < 0 ||
+        (out.done_count > 0 && !out.done))
         return cudaErrorInvalidValue;
     return launch_pdl(moe_route_sort_kernel, dim3(1), dim3(threads), smem, s, logits, n, r,
                       static_cast<float*>(scratch), out);

@@ -16,6 +16,7 @@
 #include "backend/cuda/exl3/exl3_moe.cuh"
 #include "backend/cuda/exl3/exl3_ptx.cuh"
 #include "backend/cuda/exl3/exl3_rotate.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda::exl3k {
@@ -32,6 +33,8 @@ struct MoeMmParams {
     int64_t split_stride;  // pairs * ldy
     float* h;              // atomic output [tokens][ldh]
     int ldh;
+    MoeCombine co;  // co.done set: the blocks completing a (token, group) write its output (one-part stages)
+    int groups;     // column groups of the stage (the counters' row)
     int per;        // stages (128 k) a split
     int xs_stride;  // halves a row of the activations in shared memory: per * 128 + 8
     uint32_t cb_mask, cb_flip, half_lo, half_hi;  // as FusedParams (kept out of the compiler's sight)
@@ -127,9 +130,15 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     __shared__ float xsum[ROWS];       // MUL1: a row's sum of the block's activations
     __shared__ float xpart[8][ROWS];   // MUL1: the same per warp
 
-    // Everything below reads what earlier kernels of the step wrote (the routing, the activations).
-    EXL3_GRID_DEPENDENCY_WAIT();
-    EXL3_LAUNCH_DEPENDENTS();
+    // The routing and the activations come from earlier kernels of the step: read after the grid-dependency wait --
+    // except where the routing was complete before the previous kernel began (in.routes_ready, the down stage):
+    // then the block reads its expert and starts its first weight stages before the wait, and only the activations
+    // wait.
+    const bool early = p.in.routes_ready;
+    if (!early) {
+        EXL3_GRID_DEPENDENCY_WAIT();
+        EXL3_LAUNCH_DEPENDENTS();
+    }
     const int a = static_cast<int>(blockIdx.z);
     if (a >= __ldcg(p.r.n_active)) return;
     const int e = __ldcg(p.r.active + a);
@@ -168,15 +177,23 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;  // MUL1 byte sums (mul1_sums)
     const uint32_t sel1 = ((gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
     const HalfSel hs{p.half_lo, p.half_hi};
-
-    for (int c0 = 0; c0 < nrows; c0 += ROWS) {
-        const int rc = min(ROWS, nrows - c0);  // rows of this pass
-        // The first P - 1 weight stages in flight (commit group s = stage s) while the activations are prepared.
+    // The first P - 1 weight stages of a pass in flight (commit group s = stage s) while its activations are prepared.
+    auto prologue = [&] {
 #pragma unroll
         for (int s = 0; s < P - 1; ++s) {
             if (s < nst) issue(s, s);
             cp_async_commit();
         }
+    };
+    prologue();  // the first pass's
+    if (early) {
+        EXL3_GRID_DEPENDENCY_WAIT();
+        EXL3_LAUNCH_DEPENDENTS();
+    }
+
+    for (int c0 = 0; c0 < nrows; c0 += ROWS) {
+        const int rc = min(ROWS, nrows - c0);  // rows of this pass
+        if (c0 > 0) prologue();
         // The pass's activations, rotated: a warp per (row, stage) of 128 values.
         for (int u = warp; u < rc * nst; u += kWarps) {
             const int r = u / nst, s = u - r * nst;
@@ -349,6 +366,34 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
                     atomicAdd(p.h + static_cast<int64_t>(t) * p.ldh + p.col0[pi] + c, w * o);
                 else
                     p.y[split * p.split_stride + static_cast<int64_t>(j) * p.ldy + p.col0[pi] + c] = o;
+            }
+        }
+        if (p.co.done) {
+            // The pass's partial rows are written: each row's (token, group) counter; a block that brings one to
+            // top_k x splits writes that token's columns of the group (a warp a token, 4 columns a lane).
+            __shared__ int last_t[ROWS];
+            __threadfence();  // this thread's partials, before the counters (with the barrier: every thread's)
+            __syncthreads();
+            if (tid < rc) {
+                const int t = __ldcg(p.r.pair_of + r0 + c0 + tid) / p.r.top_k;
+                __threadfence();
+                const int before = atomicAdd(p.co.done + static_cast<int64_t>(t) * p.groups + gl, 1);
+                const bool last = before == p.r.top_k * static_cast<int>(gridDim.y) - 1;
+                if (last) __threadfence();  // every block's partials of (t, gl), before this block reads them
+                last_t[tid] = last ? t : -1;
+            }
+            __syncthreads();
+            for (int r = warp; r < rc; r += kWarps) {
+                const int t = last_t[r];
+                if (t < 0) continue;  // warp-uniform
+                const float gs = moe_shared_factor(p.co.shared, p.co.shared_gate, t);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int c = gl * 128 + 4 * lane + i;
+                    if (c < p.n[0])
+                        moe_combine_at(p.y, static_cast<int>(gridDim.y), p.split_stride, p.r.slot_of, p.r.weights, t,
+                                       p.r.top_k, p.ldy, c, p.co.shared, gs, p.co.out, p.co.accumulate);
+                }
             }
         }
         __syncthreads();  // red (the ring) and xs are free for the next pass
