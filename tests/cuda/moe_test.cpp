@@ -236,7 +236,7 @@ struct MoeLayer : OpsFixture {
 
     // The layer on the GPU into out = base (+=), with the default plan of each chunk or `plan`.
     std::vector<float> run(const Experts& ex, const Inputs& in, const cuda::MoeLayerPlan* plan, bool with_shared,
-                           bool invariant = false, cudaGraph_t* graph = nullptr) {
+                           bool invariant = false, cudaGraph_t* graph = nullptr, bool accumulate = true) {
         const ExpertShape& sh = ex.sh;
         size_t wsb = cuda::moe_layer_workspace_bytes(ex.w, sh.top_k, in.n, invariant);
         if (plan)
@@ -253,7 +253,7 @@ struct MoeLayer : OpsFixture {
         io.act = t();
         io.glu.act = sh.act;
         io.out = out.as<float>();
-        io.accumulate = true;
+        io.accumulate = accumulate;
         io.shared = with_shared ? in.dshared.as<float>() : nullptr;
         io.shared_gate = with_shared ? in.dgate.as<float>() : nullptr;
         io.invariant = invariant;
@@ -414,6 +414,23 @@ TEST_P(MoeLayer, InvariantRowsAndGraphReplay) {
         const auto replay = run(*ex, g, nullptr, false, false, &graph);
         if (graph) cudaGraphDestroy(graph);
         EXPECT_EQ(replay, eager) << n << " tokens";
+    }
+}
+
+// A layer that writes its output instead of adding it (post-norm models, tensor parallelism): out = the layer, the
+// weighted sum in the down stage and by moe_combine alike, against the CPU from a zero base.
+TEST_P(MoeLayer, WritesWithoutAccumulating) {
+    const ExpertShape sh;
+    auto ex = make_experts(sh, 111);
+    for (int n : {1, 20}) {
+        auto in = inputs(*ex, n, 112u + static_cast<uint32_t>(n));
+        const std::vector<float> zero(in.base.size(), 0.0f);
+        const auto want = cpu_layer(*ex, in.x, in.logits, n, zero, &in.shared, &in.gate, t());
+        const auto got = run(*ex, in, nullptr, true, false, nullptr, false);
+        EXPECT_LT(layer_err(got, want, zero), layer_tol()) << n << " tokens";
+        cuda::MoeLayerPlan sep = cuda::moe_layer_plan(ex->w, sh.top_k, n, false);
+        sep.separate_combine = true;
+        EXPECT_EQ(run(*ex, in, &sep, true, false, nullptr, false), got) << n << " tokens, moe_combine";
     }
 }
 
