@@ -16,6 +16,7 @@
 #include "backend/cuda/exl3/exl3_moe.cuh"
 #include "backend/cuda/exl3/exl3_ptx.cuh"
 #include "backend/cuda/exl3/exl3_rotate.cuh"
+#include "backend/cuda/exl3/exl3_tile_mma.cuh"
 #include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -230,8 +231,9 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             xb[b] = (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
         }
         // The stage: the fused kernel's H = 1 stage (exl3_fused_kernel.cuh) with the activations in shared memory
-        // already. Written again rather than shared: fused_segment must stay one function (docs/kernels/exl3.md,
-        // "The split into files": moving its stages out changed its code and gave some builds spills).
+        // already: its 3INST / MCG tile multiply and its stage loop are the fused kernel's (exl3_tile_mma.cuh), the rest
+        // written again: fused_segment stays one function (docs/kernels/exl3.md, "The split into files": moving its
+        // stages out changed its code and gave some builds spills).
         auto stage = [&](int s, int slot) {
             // This lane's copies of stage s have landed; after the warp sync every lane's have, and every lane is
             // done with stage s - 1, whose slot the next copy reuses.
@@ -262,37 +264,16 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             } else {
                 // 3INST / MCG: {lo, hi} of a weight in one register, each activation twice (halves_of).
                 uint32_t bdup[BT][4];
-#pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    bdup[b][0] = __byte_perm(bf[b][0], 0u, 0x1010u);
-                    bdup[b][1] = __byte_perm(bf[b][1], 0u, 0x1010u);
-                    bdup[b][2] = __byte_perm(bf[b][0], 0u, 0x3232u);
-                    bdup[b][3] = __byte_perm(bf[b][1], 0u, 0x3232u);
-                }
+                dup_activations<BT>(bf, bdup);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    uint32_t st[8], v[8];
+                    uint32_t st[8];
                     tile_states<K, dp2a_states<CB, K>()>(rowp + i * 8 * K, lane, st, hs);
-#pragma unroll
-                    for (int x = 0; x < 8; ++x) v[x] = halves_of<CB>(st[x], p.cb_mask, p.cb_flip);
-                    const uint32_t ev[4] = {v[0], v[4], v[2], v[6]}, od[4] = {v[1], v[5], v[3], v[7]};
-#pragma unroll
-                    for (int b = 0; b < BT; ++b) {
-                        mma16816(acc[i][b], ev, bdup[b][0], bdup[b][1]);
-                        mma16816(acc[i][b], od, bdup[b][2], bdup[b][3]);
-                    }
+                    mma_tile_halves<CB, BT>(acc[i], st, bdup, p.cb_mask, p.cb_flip);
                 }
             }
         };
-        if constexpr (UNROLL_RING) {
-            for (int s0 = 0; s0 < nst; s0 += P) {
-#pragma unroll
-                for (int u = 0; u < P; ++u)
-                    if (s0 + u < nst) stage(s0 + u, u);
-            }
-        } else {
-            for (int s = 0; s < nst; ++s) stage(s, s % P);
-        }
+        ring_loop<P, UNROLL_RING>(nst, stage);
         cp_async_wait<0>();
 
         // MUL1's affine map needs each row's activation sum: D = ones . B holds row 8 b + 2 q (+ 1) in lane (0, q).
