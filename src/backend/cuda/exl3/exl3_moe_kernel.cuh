@@ -115,6 +115,39 @@ __global__ void __launch_bounds__(256) exl3_moe_rotate_kernel(const Exl3MoePart*
         rotate128_pack(v, lane);
 }
 
+// The down stage's weighted sum after a pass of rc rows from row j0 (MoeCombine): each row's (token, group)
+// counter; a block that brings one to top_k x splits writes that token's columns of the group (a warp a token, 4
+// columns a lane). A function of its own (not inlined): the registers of the main loop stay as they were.
+static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int groups, const float* y, int64_t split_stride,
+                                                     int ldy, int n, const MoeRoutes r, int j0, int rc, int gl) {
+    __shared__ int last_t[16];  // a pass has at most 16 rows (8 * BT, BT <= 2)
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int splits = static_cast<int>(gridDim.y);
+    __threadfence();  // this thread's partials, before the counters (with the barrier: every thread's)
+    __syncthreads();
+    if (tid < rc) {
+        const int t = __ldcg(r.pair_of + j0 + tid) / r.top_k;
+        __threadfence();
+        const int before = atomicAdd(co.done + static_cast<int64_t>(t) * groups + gl, 1);
+        const bool last = before == r.top_k * splits - 1;
+        if (last) __threadfence();  // every block's partials of (t, gl), before this block reads them
+        last_t[tid] = last ? t : -1;
+    }
+    __syncthreads();
+    for (int i = warp; i < rc; i += kWarps) {
+        const int t = last_t[i];
+        if (t < 0) continue;  // warp-uniform
+        const float gs = moe_shared_factor(co.shared, co.shared_gate, t);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int c = gl * 128 + 4 * lane + x;
+            if (c < n)
+                moe_combine_at(y, splits, split_stride, r.slot_of, r.weights, t, r.top_k, ldy, c, co.shared, gs,
+                               co.out, co.accumulate);
+        }
+    }
+}
+
 // The stage kernel: grid (column groups, splits, active slots), 8 warps. Block (g, s, a) runs column group g (of
 // part pi) of the a-th active expert over stages [s * per, s * per + nst) of k, for all of the expert's rows in
 // passes of ROWS = 8 * BT.
@@ -349,34 +382,8 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
                     p.y[split * p.split_stride + static_cast<int64_t>(j) * p.ldy + p.col0[pi] + c] = o;
             }
         }
-        if (p.co.done) {
-            // The pass's partial rows are written: each row's (token, group) counter; a block that brings one to
-            // top_k x splits writes that token's columns of the group (a warp a token, 4 columns a lane).
-            __shared__ int last_t[ROWS];
-            __threadfence();  // this thread's partials, before the counters (with the barrier: every thread's)
-            __syncthreads();
-            if (tid < rc) {
-                const int t = __ldcg(p.r.pair_of + r0 + c0 + tid) / p.r.top_k;
-                __threadfence();
-                const int before = atomicAdd(p.co.done + static_cast<int64_t>(t) * p.groups + gl, 1);
-                const bool last = before == p.r.top_k * static_cast<int>(gridDim.y) - 1;
-                if (last) __threadfence();  // every block's partials of (t, gl), before this block reads them
-                last_t[tid] = last ? t : -1;
-            }
-            __syncthreads();
-            for (int r = warp; r < rc; r += kWarps) {
-                const int t = last_t[r];
-                if (t < 0) continue;  // warp-uniform
-                const float gs = moe_shared_factor(p.co.shared, p.co.shared_gate, t);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int c = gl * 128 + 4 * lane + i;
-                    if (c < p.n[0])
-                        moe_combine_at(p.y, static_cast<int>(gridDim.y), p.split_stride, p.r.slot_of, p.r.weights, t,
-                                       p.r.top_k, p.ldy, c, p.co.shared, gs, p.co.out, p.co.accumulate);
-                }
-            }
-        }
+        if (p.co.done)
+            moe_down_combine(p.co, p.groups, p.y, p.split_stride, p.ldy, p.n[0], p.r, r0 + c0, rc, gl);
         __syncthreads();  // red (the ring) and xs are free for the next pass
     }
 }
