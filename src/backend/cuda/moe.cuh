@@ -36,7 +36,8 @@ struct MoeRouteBufs {
 // in another order, so weights may differ in the last bit), then the pairs sorted by expert (token order within an
 // expert: a stable counting sort), each expert's first row, the experts with rows; out.done zeroed. One block (1024
 // threads; 256 up to kMoeSortSmallTokens tokens: fewer warps at each barrier); n <= kMoeSortMaxTokens,
-// experts <= kMoeSortMaxExperts, n * top_k < 2^15, groups <= 32.
+// experts <= kMoeSortMaxExperts, n * top_k < 2^15, groups <= 32. The routing's scores go to shared memory where
+// they fit (few tokens), else to scratch.
 // scratch: moe_route_scratch_bytes(n, experts).
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s);

@@ -1,8 +1,9 @@
 // A mixture-of-experts layer on the device with no host round trip (docs/kernels/moe.md), from the router's logits
 // to the layer's output: moe_route_sort (the routing and the pairs sorted by expert), the gate|up stage of every
 // chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its input side and the weighted
-// sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes from the host-side token count, every size it reads
-// from device memory: the layer can be captured in a CUDA graph. Plain C++.
+// sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes
+// from the host-side token count, every size it reads from device memory: the layer can be captured in a CUDA graph.
+// Plain C++.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(256) exl3_moe_rotate_kernel(const Exl3MoePart*
 // The down stage's weighted sum after a pass of rc rows from row j0 (MoeCombine): each row's (token, group)
 // counter; a block that brings one to top_k x splits writes that token's columns of the group (a warp a token, 4
 // columns a lane). A function of its own (not inlined): the registers of the main loop stay as they were.
-static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int groups, const float* y, int64_t split_stride,
-                                                     int ldy, int n, const MoeRoutes r, int j0, int rc, int gl) {
+static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int groups, const float* y,
+                                                     int64_t split_stride, int ldy, int n, const MoeRoutes r, int j0,
+                                                     int rc, int gl) {
     __shared__ int last_t[16];  // a pass has at most 16 rows (8 * BT, BT <= 2)
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int splits = static_cast<int>(gridDim.y);
@@ -264,9 +265,9 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             xb[b] = (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
         }
         // The stage: the fused kernel's H = 1 stage (exl3_fused_kernel.cuh) with the activations in shared memory
-        // already: its 3INST / MCG tile multiply and its stage loop are the fused kernel's (exl3_tile_mma.cuh), the rest
-        // written again: fused_segment stays one function (docs/kernels/exl3.md, "The split into files": moving its
-        // stages out changed its code and gave some builds spills).
+        // already: its 3INST / MCG tile multiply and its stage loop are the fused kernel's (exl3_tile_mma.cuh), the
+        // rest written again: fused_segment stays one function (docs/kernels/exl3.md, "The split into files": moving
+        // its stages out changed its code and gave some builds spills).
         auto stage = [&](int s, int slot) {
             // This lane's copies of stage s have landed; after the warp sync every lane's have, and every lane is
             // done with stage s - 1, whose slot the next copy reuses.
