@@ -174,20 +174,26 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
         EXL3_GRID_DEPENDENCY_WAIT();
         EXL3_LAUNCH_DEPENDENTS();
     }
+    // Two round trips to L2 before the weights are requested, not four: the active count with the slot's expert
+    // (a < min(experts, pairs): active[a] lies in the buffer, unused past the count), then the expert's rows with its
+    // part's class and trellis.
     const int a = static_cast<int>(blockIdx.z);
-    if (a >= __ldcg(p.r.n_active)) return;
-    const int e = __ldcg(p.r.active + a);
+    const int n_active = __ldcg(p.r.n_active), e = __ldcg(p.r.active + a);
+    if (a >= n_active) return;
     const int g = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
     int pi = 0;
     if (p.nparts > 1 && g >= p.group0[1]) pi = 1;
     if (p.nparts > 2 && g >= p.group0[2]) pi = 2;
     // The expert's part: its fields are read where they are used (fewer registers live through the main loop).
     const Exl3MoePart* part = p.table + e * p.nparts + pi;
-    if (part->cls != p.cls) return;  // another launch runs this expert
+    const int r0 = __ldcg(p.r.offsets + e), r1 = __ldcg(p.r.offsets + e + 1);
+    const uint32_t* trellis = reinterpret_cast<const uint32_t*>(part->trellis);
+    // Another launch runs this expert. (The trellis is tested too: its load then goes out with the class's.)
+    if (part->cls != p.cls || !trellis) return;
+    const int nrows = r1 - r0;
     const int gl = g - p.group0[pi];  // the column group within the part
     const int st0 = split * p.per;
     const int nst = min(p.k_pad / 128 - st0, p.per);
-    const int r0 = __ldcg(p.r.offsets + e), nrows = __ldcg(p.r.offsets + e + 1) - r0;
 
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, q = lane & 3;
@@ -196,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     // ring slot. Each warp copies and reads only its own rows: no block barrier in the main loop.
     const int64_t row_words = static_cast<int64_t>(p.n_pad[pi] / 16) * 8 * K;
     const int64_t stage_step = 8 * row_words;
-    const uint32_t* wsrc = reinterpret_cast<const uint32_t*>(part->trellis) + static_cast<int64_t>(gl) * 64 * K +
+    const uint32_t* wsrc = trellis + static_cast<int64_t>(gl) * 64 * K +
                            static_cast<int64_t>(st0) * stage_step + warp * row_words;
     constexpr int kRowChunks = 16 * K;
     constexpr int kPerLane = (kRowChunks + 31) / 32;
