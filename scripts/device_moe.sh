@@ -11,10 +11,12 @@
 #      the EXL3 MoE model (CudaModel.Exl3Experts*: against the CPU, graph replay = eager), the batch-invariant
 #      generator on it; compute-sanitizer memcheck on the layer tests;
 #   3. bench_cuda_moe (once the models are written: nothing else on the GPU): one layer at both shapes, 1 to 2048
-#      tokens, each plan variant, beside its ideal;
+#      tokens, each plan variant, beside its ideal; at 1 and 8 tokens the launches one at a time, the first
+#      version's chain (moe_combine a launch of its own) beside the default's;
 #   4. exl3 bench on both models: prefill 2048, decode batch 1 and 32 at context 512, beside the roofline and the ideal
 #      step.
-# Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model.
+# Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model;
+# QUICK=1 runs only the MoE layer tests (with memcheck) and bench_cuda_moe at 1, 8 and 32 tokens (~2 minutes).
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -27,6 +29,32 @@ B=/tmp/b
 mkdir -p $B && xz -dc "$P/bins.tar.xz" | tar xf - -C $B
 export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+
+# compute-sanitizer memcheck on the layer and routing tests (where the tool is installed).
+memcheck() {
+  command -v compute-sanitizer > /dev/null || return 0
+  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests \
+    --gtest_filter='Act/MoeLayer.WritesWithoutAccumulating/bf16:Act/MoeLayer.InvariantRowsAndGraphReplay/bf16:MoeRouteSort*' \
+    > /tmp/sanitizer.log 2>&1
+  echo "== $(el) compute-sanitizer memcheck exit $? ($(grep -E 'ERROR SUMMARY' /tmp/sanitizer.log | tail -1))"
+  grep -E "Invalid|out of bounds|at 0x" /tmp/sanitizer.log | head -8
+  cp /tmp/sanitizer.log "$OUT/"
+}
+
+if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the one-layer bench at decode sizes
+  echo "== $(el) CUDA MoE layer tests"
+  timeout 300 $B/exl3_cuda_tests --gtest_filter='*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' > /tmp/moe_tests.log 2>&1
+  echo "exit $?"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|Expected|Which is|error" /tmp/moe_tests.log | head -40
+  cp /tmp/moe_tests.log "$OUT/tests.log"
+  memcheck
+  echo "== $(el) bench_cuda_moe (one layer, decode sizes)"
+  timeout 120 $B/bench_cuda_moe --shape qwen3-30b-a3b --tokens 1,8,32 > /tmp/bench_moe.log 2>&1
+  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -60
+  cp /tmp/bench_moe.log "$OUT/"
+  echo "== $(el) done"
+  exit 0
+fi
 
 echo "== $(el) random models"
 python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
@@ -49,19 +77,12 @@ cat /tmp/moe_tests.log >> "$OUT/tests.log"
 timeout 120 $B/exl3_cuda_generator_tests --gtest_filter='GeneratorCuda.BatchInvariant*' > /tmp/gen_tests.log 2>&1
 echo "generator tests exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure" /tmp/gen_tests.log | head -10
 cat /tmp/gen_tests.log >> "$OUT/tests.log"
-if command -v compute-sanitizer > /dev/null; then
-  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests \
-    --gtest_filter='Act/MoeLayer.MatchesCpuMul1/bf16:Act/MoeLayer.InvariantRowsAndGraphReplay/bf16:MoeRouteSort*' \
-    > /tmp/sanitizer.log 2>&1
-  echo "== $(el) compute-sanitizer memcheck exit $? ($(grep -E 'ERROR SUMMARY' /tmp/sanitizer.log | tail -1))"
-  grep -E "Invalid|out of bounds|at 0x" /tmp/sanitizer.log | head -8
-  cp /tmp/sanitizer.log "$OUT/"
-fi
+memcheck
 
 wait $models; echo "== $(el) models done"; cat /tmp/models.log
 echo "== $(el) bench_cuda_moe (one layer)"
 timeout 150 $B/bench_cuda_moe --tokens 1,8,32,256,2048 > /tmp/bench_moe.log 2>&1
-echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]" /tmp/bench_moe.log | head -64
+echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -100
 cp /tmp/bench_moe.log "$OUT/"
 
 for m in qwen3 mixtral; do

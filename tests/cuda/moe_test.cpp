@@ -3,8 +3,9 @@
 // trellis) against cpu::route_experts + quant::exl3_matmul, with ragged loads (an expert no token chose, one every
 // token chose), 1 to 300 tokens (two chunks), every codebook, mixed bits across experts, a fused gate|up, biases
 // and gpt-oss's clamped SwiGLU, a shared expert; plans that keep the k split give the same bits whatever their pass
-// height and rotation; the batch-invariant plan gives a token the same bits alone and in a batch; graph replay
-// equals eager.
+// height and rotation, and whether the down stage's blocks or moe_combine make the weighted sum; the batch-invariant
+// plan gives a token the same bits alone and in a batch; graph replay (twice: the down stage's counters start from
+// zero again) equals eager.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -235,7 +236,7 @@ struct MoeLayer : OpsFixture {
 
     // The layer on the GPU into out = base (+=), with the default plan of each chunk or `plan`.
     std::vector<float> run(const Experts& ex, const Inputs& in, const cuda::MoeLayerPlan* plan, bool with_shared,
-                           bool invariant = false, cudaGraph_t* graph = nullptr) {
+                           bool invariant = false, cudaGraph_t* graph = nullptr, bool accumulate = true) {
         const ExpertShape& sh = ex.sh;
         size_t wsb = cuda::moe_layer_workspace_bytes(ex.w, sh.top_k, in.n, invariant);
         if (plan)
@@ -252,7 +253,7 @@ struct MoeLayer : OpsFixture {
         io.act = t();
         io.glu.act = sh.act;
         io.out = out.as<float>();
-        io.accumulate = true;
+        io.accumulate = accumulate;
         io.shared = with_shared ? in.dshared.as<float>() : nullptr;
         io.shared_gate = with_shared ? in.dgate.as<float>() : nullptr;
         io.invariant = invariant;
@@ -264,6 +265,10 @@ struct MoeLayer : OpsFixture {
             EXPECT_TRUE(s.is_ok()) << s.to_string();
             cudaGraphExec_t exec = nullptr;
             EXPECT_EQ(cudaGraphInstantiate(&exec, *graph, 0), cudaSuccess);
+            EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
+            EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+            // Again from the same base: what the first replay left in the workspace must not matter.
+            EXPECT_EQ(cudaMemcpy(out.get(), in.base.data(), in.base.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
             EXPECT_EQ(cudaGraphLaunch(exec, st), cudaSuccess);
             EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
             cudaGraphExecDestroy(exec);
@@ -291,7 +296,8 @@ struct MoeLayer : OpsFixture {
 
 // The default plan at 1, 3, 8 (a block rotates its rows), 20 and 300 tokens (the rotation kernel; 300: two chunks, an
 // expert with every token of a chunk), against the CPU; then the same step with every other plan: those of the same
-// k split give the same bits, the others (and atomics) agree with the CPU.
+// k split give the same bits (the weighted sum in the down stage or by moe_combine alike), the others (and atomics)
+// agree with the CPU.
 void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> tokens, uint32_t seed,
                  bool variants = true) {
     auto ex = make_experts(sh, seed);
@@ -301,21 +307,31 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
         const auto want = cpu_layer(*ex, in.x, in.logits, n, in.base, shared ? &in.shared : nullptr, &in.gate, f.t());
         const auto got = f.run(*ex, in, nullptr, shared);
         EXPECT_LT(MoeLayer::layer_err(got, want, in.base), f.layer_tol()) << n << " tokens, default plan";
-        if (!variants) continue;
         const cuda::MoeLayerPlan def = cuda::moe_layer_plan(ex->w, sh.top_k, std::min(n, cuda::kMoeChunkTokens), false);
+        ASSERT_FALSE(def.separate_combine || def.atomic);
+        cuda::MoeLayerPlan sep = def;
+        sep.separate_combine = true;
+        EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, moe_combine";
+        if (!variants) continue;
         for (int bt : {1, 2})
             for (bool rot : {false, true}) {
                 cuda::MoeLayerPlan p = def;
                 p.gate_up.bt = p.down.bt = bt;
                 p.gate_up.prerotate = p.down.prerotate = rot;
                 EXPECT_EQ(f.run(*ex, in, &p, shared), got) << n << " tokens, bt " << bt << " prerotate " << rot;
+                p.separate_combine = true;
+                EXPECT_EQ(f.run(*ex, in, &p, shared), got)
+                    << n << " tokens, bt " << bt << " prerotate " << rot << ", moe_combine";
             }
         const int sg = quant::pad128(sh.hidden) / 128, sd = quant::pad128(sh.inter) / 128;
         cuda::MoeLayerPlan p = def;
         p.gate_up.splits = sg;  // a stage a split
         p.down.splits = sd;
-        EXPECT_LT(MoeLayer::layer_err(f.run(*ex, in, &p, shared), want, in.base), f.layer_tol())
+        const auto many = f.run(*ex, in, &p, shared);
+        EXPECT_LT(MoeLayer::layer_err(many, want, in.base), f.layer_tol())
             << n << " tokens, " << sg << " / " << sd << " splits";
+        p.separate_combine = true;
+        EXPECT_EQ(f.run(*ex, in, &p, shared), many) << n << " tokens, " << sg << " / " << sd << " splits, moe_combine";
         p = def;
         p.atomic = true;
         EXPECT_LT(MoeLayer::layer_err(f.run(*ex, in, &p, shared), want, in.base), f.layer_tol())
@@ -401,12 +417,30 @@ TEST_P(MoeLayer, InvariantRowsAndGraphReplay) {
     }
 }
 
+// A layer that writes its output instead of adding it (post-norm models, tensor parallelism): out = the layer, the
+// weighted sum in the down stage and by moe_combine alike, against the CPU from a zero base.
+TEST_P(MoeLayer, WritesWithoutAccumulating) {
+    const ExpertShape sh;
+    auto ex = make_experts(sh, 111);
+    for (int n : {1, 20}) {
+        auto in = inputs(*ex, n, 112u + static_cast<uint32_t>(n));
+        const std::vector<float> zero(in.base.size(), 0.0f);
+        const auto want = cpu_layer(*ex, in.x, in.logits, n, zero, &in.shared, &in.gate, t());
+        const auto got = run(*ex, in, nullptr, true, false, nullptr, false);
+        EXPECT_LT(layer_err(got, want, zero), layer_tol()) << n << " tokens";
+        cuda::MoeLayerPlan sep = cuda::moe_layer_plan(ex->w, sh.top_k, n, false);
+        sep.separate_combine = true;
+        EXPECT_EQ(run(*ex, in, &sep, true, false, nullptr, false), got) << n << " tokens, moe_combine";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(Act, MoeLayer, ::testing::Values(cuda::ActType::kBF16, cuda::ActType::kF16),
                          [](const auto& i) { return i.param == cuda::ActType::kBF16 ? "bf16" : "f16"; });
 
 // The routing sort against cpu::route_experts and a stable host counting sort: ids exact, weights to 1e-6, every
 // expert's first row, the active list, the rows' pairs and their inverse; experts nobody chose, one everybody chose;
-// softmax (Qwen3, Mixtral) and GLM-4.5's sigmoid with its correction bias, with and without groups.
+// softmax (Qwen3, Mixtral) and GLM-4.5's sigmoid with its correction bias, with and without groups; 1 to 256 tokens
+// (the small block up to kMoeSortSmallTokens, 300 experts: its scan in two chunks); the down stage's counters zeroed.
 TEST(MoeRouteSort, MatchesHostCountingSort) {
     EXL3_REQUIRE_GPU();
     auto c = cuda::CudaContext::create(0);
@@ -451,7 +485,7 @@ TEST(MoeRouteSort, MatchesHostCountingSort) {
             slot_of[static_cast<size_t>(i)] = at;
         }
 
-        cuda::DeviceBuffer dl, db, scratch, b_ids, b_w, b_off, b_act, b_na, b_pair, b_slot;
+        cuda::DeviceBuffer dl, db, scratch, b_ids, b_w, b_off, b_act, b_na, b_pair, b_slot, b_done;
         ASSERT_TRUE(dl.upload(logits.data(), logits.size() * 4).is_ok());
         ASSERT_TRUE(db.upload(bias.data(), bias.size() * 4).is_ok());
         ASSERT_TRUE(scratch.reserve(cuda::moe_route_scratch_bytes(cs.n, E)).is_ok());
@@ -459,6 +493,9 @@ TEST(MoeRouteSort, MatchesHostCountingSort) {
         ASSERT_TRUE(b_off.reserve((static_cast<size_t>(E) + 1) * 4).is_ok());
         ASSERT_TRUE(b_act.reserve(static_cast<size_t>(E) * 4).is_ok());
         ASSERT_TRUE(b_na.reserve(4).is_ok());
+        const int done_count = cs.n * 5 + 3;
+        const std::vector<int32_t> garbage(static_cast<size_t>(done_count), 77);
+        ASSERT_TRUE(b_done.upload(garbage.data(), garbage.size() * 4).is_ok());
         cuda::MoeRouting g;
         g.experts = E;
         g.top_k = K;
@@ -475,6 +512,8 @@ TEST(MoeRouteSort, MatchesHostCountingSort) {
         o.n_active = b_na.as<int32_t>();
         o.pair_of = b_pair.as<int32_t>();
         o.slot_of = b_slot.as<int32_t>();
+        o.done = b_done.as<int32_t>();
+        o.done_count = done_count;
         EXL3_CUDA_OK(cuda::moe_route_sort(dl.as<float>(), cs.n, g, scratch.get(), o, st));
         EXL3_CUDA_OK(cudaStreamSynchronize(st));
         auto down_i = [](const cuda::DeviceBuffer& b, size_t n) {
@@ -493,6 +532,7 @@ TEST(MoeRouteSort, MatchesHostCountingSort) {
         EXPECT_EQ(down_i(b_act, static_cast<size_t>(std::max(na, 0))), active) << what;
         EXPECT_EQ(down_i(b_pair, pair_of.size()), pair_of) << what;
         EXPECT_EQ(down_i(b_slot, slot_of.size()), slot_of) << what;
+        EXPECT_EQ(down_i(b_done, garbage.size()), std::vector<int32_t>(garbage.size(), 0)) << what;
     }
     cuda::MoeRouting bad;
     bad.experts = 8;

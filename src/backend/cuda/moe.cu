@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "backend/cuda/act.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -152,7 +153,8 @@ __global__ void moe_route_kernel(const float* logits, int n, MoeRouting r, float
 
 // One block: a warp a token routes it, then the (token, choice) pairs are sorted by expert in shared memory.
 // Shared: the pairs' experts [nk], counts [E], packed prefix sums [E] (count << 16 | 1 where the expert has rows:
-// one scan gives each expert's first row and its place in the active list), scan scratch [blockDim].
+// one scan gives each expert's first row and its place in the active list), scan scratch [blockDim], then, with
+// scratch null (few tokens), the routing's scores [n, 2 E] (no global round trip in each top-k round).
 __global__ void __launch_bounds__(1024) moe_route_sort_kernel(const float* logits, int n, MoeRouting r, float* scratch,
                                                               MoeRouteBufs o) {
     EXL3_PDL_PROLOGUE();
@@ -162,8 +164,10 @@ __global__ void __launch_bounds__(1024) moe_route_sort_kernel(const float* logit
     int* cnt = sids + nk;
     int* pre = cnt + E;
     int* tmp = pre + E;
-    for (int t = tid >> 5; t < n; t += bd >> 5) route_token_warp(logits, t, r, scratch, o.ids, o.weights);
+    float* sc = scratch ? scratch : reinterpret_cast<float*>(tmp + bd);
+    for (int t = tid >> 5; t < n; t += bd >> 5) route_token_warp(logits, t, r, sc, o.ids, o.weights);
     for (int e = tid; e < E; e += bd) cnt[e] = 0;
+    for (int i = tid; i < o.done_count; i += bd) o.done[i] = 0;
     __syncthreads();  // the ids are written (global writes of the block are visible to it after the barrier)
     for (int i = tid; i < nk; i += bd) {
         const int e = min(max(o.ids[i], 0), E - 1);  // (the router's ids are in range)
@@ -219,20 +223,9 @@ __global__ void moe_combine_kernel(const float* y, int splits, int64_t split_str
                                    float* out, bool accumulate) {
     EXL3_PDL_PROLOGUE();
     const int t = blockIdx.x;
-    const float g = shared ? (shared_gate ? 1.0f / (1.0f + expf(-shared_gate[t])) : 1.0f) : 0.0f;
-    for (int c = threadIdx.x; c < d; c += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; ++k) {
-            const int i = t * K + k;
-            const float* row = y + static_cast<int64_t>(slot_of[i]) * d + c;
-            float v = 0.0f;
-            for (int s = 0; s < splits; ++s) v += row[s * split_stride];
-            acc += w[i] * v;
-        }
-        if (shared) acc += g * shared[static_cast<int64_t>(t) * d + c];
-        float* o = out + static_cast<int64_t>(t) * d + c;
-        *o = accumulate ? *o + acc : acc;
-    }
+    const float g = moe_shared_factor(shared, shared_gate, t);
+    for (int c = threadIdx.x; c < d; c += blockDim.x)
+        moe_combine_at(y, splits, split_stride, slot_of, w, t, K, d, c, shared, g, out, accumulate);
 }
 
 }  // namespace
@@ -265,15 +258,20 @@ cudaError_t moe_add_shared(const float* y, const float* gate, int n, int d, floa
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s) {
     if (n == 0) return cudaSuccess;
-    const int threads = 1024;
+    const int threads = n <= kMoeSortSmallTokens ? 256 : 1024;
     const int64_t nk = static_cast<int64_t>(n) * r.top_k;
-    const size_t smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + threads) * sizeof(int);
+    size_t smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + threads) * sizeof(int);
     if (n < 0 || n > kMoeSortMaxTokens || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 ||
         r.top_k > r.experts || nk >= (1 << 15) || r.groups < 1 || r.groups > 32 || r.topk_groups < 1 ||
-        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024)
+        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024 || out.done_count < 0 ||
+        (out.done_count > 0 && !out.done))
         return cudaErrorInvalidValue;
+    // The routing's scores in shared memory where they fit beside the sort's arrays (decode: n x 2 E floats).
+    const size_t scores = moe_route_scratch_bytes(n, r.experts);
+    const bool in_smem = smem + scores <= 48 * 1024;
+    if (in_smem) smem += scores;
     return launch_pdl(moe_route_sort_kernel, dim3(1), dim3(threads), smem, s, logits, n, r,
-                      static_cast<float*>(scratch), out);
+                      in_smem ? nullptr : static_cast<float*>(scratch), out);
 }
 
 cudaError_t moe_combine(const float* y, int splits, const int32_t* slot_of, const float* weights, int n, int top_k,

@@ -15,6 +15,7 @@ namespace exl3::cuda {
 // Most tokens one moe_route_sort call routes (one block: a thread a token), and most experts.
 inline constexpr int kMoeSortMaxTokens = 256;
 inline constexpr int kMoeSortMaxExperts = 1024;
+inline constexpr int kMoeSortSmallTokens = 8;
 
 // What moe_route_sort writes (device memory; see MoeRoutes, exl3/exl3_moe.cuh, for the meaning).
 struct MoeRouteBufs {
@@ -25,12 +26,18 @@ struct MoeRouteBufs {
     int32_t* n_active = nullptr; // [1]
     int32_t* pair_of = nullptr;  // [n * top_k]
     int32_t* slot_of = nullptr;  // [n * top_k]
+    // The down stage's completion counters (MoeStageOut::combine, exl3/exl3_moe.cuh): zeroed by moe_route_sort, or
+    // null (done_count 0) where the layer combines by moe_combine.
+    int32_t* done = nullptr;  // [done_count]
+    int done_count = 0;
 };
 
 // logits [n, experts] (fp32) -> the chosen experts and weights as cpu::route_experts (a warp a token; the softmax's sum
 // in another order, so weights may differ in the last bit), then the pairs sorted by expert (token order within an
-// expert: a stable counting sort), each expert's first row, the experts with rows. One block of 1024 threads;
-// n <= kMoeSortMaxTokens, experts <= kMoeSortMaxExperts, n * top_k < 2^15, groups <= 32.
+// expert: a stable counting sort), each expert's first row, the experts with rows; out.done zeroed. One block (1024
+// threads; 256 up to kMoeSortSmallTokens tokens: fewer warps at each barrier); n <= kMoeSortMaxTokens,
+// experts <= kMoeSortMaxExperts, n * top_k < 2^15, groups <= 32. The routing's scores go to shared memory where
+// they fit (few tokens), else to scratch.
 // scratch: moe_route_scratch_bytes(n, experts).
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s);

@@ -10,10 +10,11 @@ namespace exl3::cuda {
 
 namespace {
 
-// The workspace of one chunk of n tokens: the routing scratch and its results, the rotated activations (large
-// batches), the gate|up stage's split partials and (without atomics) the down stage's. 256-byte aligned regions.
+// The workspace of one chunk of n tokens: the routing scratch and its results, the down stage's completion counters
+// (MoeCombine), the rotated activations (large batches), the gate|up stage's split partials and (without atomics)
+// the down stage's. 256-byte aligned regions.
 struct MoeWsLayout {
-    size_t scratch = 0, ids = 0, weights = 0, offsets = 0, active = 0, n_active = 0, pair_of = 0, slot_of = 0;
+    size_t scratch = 0, ids = 0, weights = 0, offsets = 0, active = 0, n_active = 0, pair_of = 0, slot_of = 0, done = 0;
     size_t xh = 0, ygu = 0, yd = 0, total = 0;
 };
 
@@ -36,6 +37,7 @@ MoeWsLayout ws_layout(const MoeLayerWeights& w, int top_k, int n, const MoeLayer
     l.n_active = take(4);
     l.pair_of = take(nk * 4);
     l.slot_of = take(nk * 4);
+    l.done = take(p.separate_combine ? 0 : static_cast<size_t>(n) * dn.groups() * 4);
     const bool rot = p.gate_up.prerotate || p.down.prerotate;
     l.xh = take(rot ? std::max(static_cast<size_t>(gu.nparts) * gu.k_pad, static_cast<size_t>(dn.k_pad)) * nk * 2 : 0);
     l.ygu = take(static_cast<size_t>(p.gate_up.splits) * nk * gu.ldy * 4);
@@ -100,6 +102,11 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         b.n_active = reinterpret_cast<int32_t*>(base + l.n_active);
         b.pair_of = reinterpret_cast<int32_t*>(base + l.pair_of);
         b.slot_of = reinterpret_cast<int32_t*>(base + l.slot_of);
+        const bool combine = !p.atomic && !p.separate_combine;  // in the down stage
+        if (combine) {
+            b.done = reinterpret_cast<int32_t*>(base + l.done);
+            b.done_count = n * w.down.shape.groups();
+        }
         EXL3_RETURN_IF_ERROR(check_cuda(moe_route_sort(io.logits + static_cast<size_t>(c0) * E, n, io.routing,
                                                        base + l.scratch, b, s),
                                         "moe_route_sort"));
@@ -108,6 +115,8 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         auto* ygu = reinterpret_cast<float*>(base + l.ygu);
         auto* yd = reinterpret_cast<float*>(base + l.yd);
         float* out = io.out + static_cast<size_t>(c0) * H;
+        const float* shared = io.shared ? io.shared + static_cast<size_t>(c0) * H : nullptr;
+        const float* gate = io.shared_gate ? io.shared_gate + c0 : nullptr;
 
         MoeStageIn gin;
         gin.kind = MoeIn::kX;
@@ -126,6 +135,7 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         din.gu_ld = w.gate_up.shape.ldy;
         din.inter = w.down.shape.k;
         din.glu = io.glu;
+        din.routes_ready = true;  // the gate|up stage's blocks waited for moe_route_sort before letting it start
         MoeStageOut dout;
         if (p.atomic) {
             dout.h = out;
@@ -133,13 +143,18 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         } else {
             dout.y = yd;
         }
+        if (combine) {
+            dout.combine.done = b.done;
+            dout.combine.out = out;
+            dout.combine.shared = shared;
+            dout.combine.shared_gate = gate;
+            dout.combine.accumulate = io.accumulate;
+        }
         EXL3_RETURN_IF_ERROR(run_stage(w.down, din, r, dout, p.down, xh, s));
 
-        const float* shared = io.shared ? io.shared + static_cast<size_t>(c0) * H : nullptr;
-        const float* gate = io.shared_gate ? io.shared_gate + c0 : nullptr;
         if (p.atomic) {
             if (shared) EXL3_RETURN_IF_ERROR(check_cuda(moe_add_shared(shared, gate, n, H, out, s), "moe shared"));
-        } else {
+        } else if (!combine) {
             EXL3_RETURN_IF_ERROR(check_cuda(
                 moe_combine(yd, p.down.splits, b.slot_of, b.weights, n, K, H, shared, gate, out, io.accumulate, s),
                 "moe_combine"));

@@ -1,8 +1,9 @@
 // A mixture-of-experts layer on the device with no host round trip (docs/kernels/moe.md), from the router's logits
 // to the layer's output: moe_route_sort (the routing and the pairs sorted by expert), the gate|up stage of every
-// chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its input side, and the weighted
-// sum (moe_combine, or atomic adds). Every launch's grid comes from the host-side token count, every size it reads
-// from device memory: the layer can be captured in a CUDA graph. Plain C++.
+// chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its input side and the weighted
+// sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes
+// from the host-side token count, every size it reads from device memory: the layer can be captured in a CUDA graph.
+// Plain C++.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -51,12 +52,15 @@ struct MoeLayerWeights {
     bool ok() const { return gate_up.table != nullptr && down.table != nullptr; }
 };
 
-// How a layer runs a chunk of tokens. atomic: the down stage adds weight x result into the output by atomics
-// (no moe_combine launch; the order of the adds, hence the last bits, varies from run to run): only for a layer
-// that accumulates into its output, never in the default plan.
+// How a layer runs a chunk of tokens. The weighted sum: by the down stage's blocks that complete a token's column
+// group (MoeCombine: deterministic, no launch of its own); separate_combine: by moe_combine after the down stage
+// (the first version; the same bits, one launch more); atomic: the down stage adds weight x result into the output
+// by atomics (the order of the adds, hence the last bits, varies from run to run): only for a layer that
+// accumulates into its output. The last two never in the default plan (bench_cuda_moe compares them).
 struct MoeLayerPlan {
     Exl3MoePlan gate_up, down;
     bool atomic = false;
+    bool separate_combine = false;
 };
 MoeLayerPlan moe_layer_plan(const MoeLayerWeights& w, int top_k, int tokens, bool invariant);
 

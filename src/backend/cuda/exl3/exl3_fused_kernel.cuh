@@ -31,6 +31,7 @@
 #include "backend/cuda/exl3/exl3_layout.h"
 #include "backend/cuda/exl3/exl3_ptx.cuh"
 #include "backend/cuda/exl3/exl3_rotate.cuh"
+#include "backend/cuda/exl3/exl3_tile_mma.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda::exl3k {
@@ -326,15 +327,7 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
         // 3INST / MCG (H = 1): each activation twice -- {x[2q], x[2q]}, {x[2q + 8], x[2q + 8]}, then the odd k alike --
         // so that the mma adds a weight's two halves (halves_of).
         uint32_t bdup[BT][4] = {};
-        if constexpr (CB != 2 && H == 1) {
-#pragma unroll
-            for (int b = 0; b < BT; ++b) {
-                bdup[b][0] = __byte_perm(bf[b][0], 0u, 0x1010u);
-                bdup[b][1] = __byte_perm(bf[b][1], 0u, 0x1010u);
-                bdup[b][2] = __byte_perm(bf[b][0], 0u, 0x3232u);
-                bdup[b][3] = __byte_perm(bf[b][1], 0u, 0x3232u);
-            }
-        }
+        if constexpr (CB != 2 && H == 1) dup_activations<BT>(bf, bdup);
         if constexpr (CB == 2) {  // this warp's row sums of the stage's activations, for MUL1's affine map
             const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 #pragma unroll
@@ -385,29 +378,13 @@ __device__ __forceinline__ void fused_segment(const FusedParams& p, const int g,
 #pragma unroll
                 for (int b = 0; b < BT; ++b) mma16816(acc[i][b], a, bf[b][0], bf[b][1]);
             } else {  // 3INST / MCG: {lo, hi} a weight; the even k of the tile, then the odd (halves_of)
-                uint32_t v[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j) v[j] = halves_of<CB>(st[j], p.cb_mask, p.cb_flip);
-                const uint32_t ev[4] = {v[0], v[4], v[2], v[6]}, od[4] = {v[1], v[5], v[3], v[7]};
-#pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    mma16816(acc[i][b], ev, bdup[b][0], bdup[b][1]);
-                    mma16816(acc[i][b], od, bdup[b][2], bdup[b][3]);
-                }
+                mma_tile_halves<CB, BT>(acc[i], st, bdup, p.cb_mask, p.cb_flip);
             }
         }
     };
     // Unrolled by the ring depth so that every ring slot is a constant -- except where the unrolled loop spills
     // registers (MUL1 at K = 5 and 8: ptxas -v).
-    if constexpr (UNROLL_RING) {
-        for (int s0 = 0; s0 < nst; s0 += P) {
-#pragma unroll
-            for (int u = 0; u < P; ++u)
-                if (s0 + u < nst) stage(s0 + u, u);
-        }
-    } else {
-        for (int s = 0; s < nst; ++s) stage(s, s % P);
-    }
+    ring_loop<P, UNROLL_RING>(nst, stage);
     cp_async_wait<0>();
     EXL3_LAUNCH_DEPENDENTS();
     if (unsigned long long* t = trace_slot(p)) t[5] = clock64();

@@ -164,6 +164,12 @@ cudaError_t exl3_moe_matmul(const Exl3MoePart* table, const Exl3MoeShape& s, int
     p.split_stride = static_cast<int64_t>(r.pairs()) * s.ldy;
     p.h = out.y ? nullptr : out.h;
     p.ldh = out.ldh;
+    if (out.combine.done) {  // the layer's output from a one-part stage's partials (MoeCombine)
+        if (!out.y || !out.combine.out || s.nparts != 1 || s.col0[0] != 0 || s.n[0] != s.ldy)
+            return cudaErrorInvalidValue;
+        p.co = out.combine;
+    }
+    p.groups = groups;
     p.per = per;
     p.xs_stride = per * 128 + 8;
     p.cb_mask = quant::kHalfPairMask;

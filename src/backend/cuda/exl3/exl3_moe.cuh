@@ -94,15 +94,33 @@ struct MoeStageIn {
     int gu_splits = 1, gu_ld = 0, inter = 0;
     MoeGlu glu;
     const uint16_t* xh = nullptr;
+    // The routing was complete before the previous launch on the stream began its work (the down stage: its
+    // predecessors waited for the routing before letting it start). The blocks then read their expert and start its
+    // weights' copies before the grid-dependency wait; never for the first stage after moe_route_sort.
+    bool routes_ready = false;
+};
+
+// The layer's weighted sum done by the down stage itself (MoeStageOut::combine): the block that writes the last of
+// the top_k x splits partial rows of a (token, column group) -- by a counter for each, done[t * groups + g], zeroed by
+// moe_route_sort (MoeRouteBufs::done) -- then writes that token's 128 columns of out as moe_combine does (the same
+// function, moe_combine.cuh: the same bits). Deterministic: the sums' order does not depend on which block is last.
+struct MoeCombine {
+    int32_t* done = nullptr;  // [tokens][column groups of the stage]
+    float* out = nullptr;     // [tokens][ldy]
+    const float* shared = nullptr;       // [tokens][ldy] or null
+    const float* shared_gate = nullptr;  // [tokens] or null
+    bool accumulate = false;
 };
 
 // Where a stage writes (fp32): y [splits][pairs][ldy], each split's rotated and scaled partial sums (the bias on
-// split 0); or, with h set, h[t * ldh + c] += weight * value by atomic adds (the down stage into the residual
-// stream; the order of the adds varies from run to run).
+// split 0), and with combine.done set (a one-part stage) the layer's output as well; or, with h set (and no y),
+// h[t * ldh + c] += weight * value by atomic adds (the down stage into the residual stream; the order of the adds
+// varies from run to run).
 struct MoeStageOut {
     float* y = nullptr;
     float* h = nullptr;
     int ldh = 0;
+    MoeCombine combine;
 };
 
 // How a stage runs for a step of `tokens` tokens (exl3_moe_plan).

@@ -16,6 +16,8 @@
 #include "backend/cuda/exl3/exl3_moe.cuh"
 #include "backend/cuda/exl3/exl3_ptx.cuh"
 #include "backend/cuda/exl3/exl3_rotate.cuh"
+#include "backend/cuda/exl3/exl3_tile_mma.cuh"
+#include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda::exl3k {
@@ -32,6 +34,8 @@ struct MoeMmParams {
     int64_t split_stride;  // pairs * ldy
     float* h;              // atomic output [tokens][ldh]
     int ldh;
+    MoeCombine co;  // co.done set: the blocks completing a (token, group) write its output (one-part stages)
+    int groups;     // column groups of the stage (the counters' row)
     int per;        // stages (128 k) a split
     int xs_stride;  // halves a row of the activations in shared memory: per * 128 + 8
     uint32_t cb_mask, cb_flip, half_lo, half_hi;  // as FusedParams (kept out of the compiler's sight)
@@ -111,6 +115,40 @@ __global__ void __launch_bounds__(256) exl3_moe_rotate_kernel(const Exl3MoePart*
         rotate128_pack(v, lane);
 }
 
+// The down stage's weighted sum after a pass of rc rows from row j0 (MoeCombine): each row's (token, group)
+// counter; a block that brings one to top_k x splits writes that token's columns of the group (a warp a token, 4
+// columns a lane). A function of its own (not inlined): the registers of the main loop stay as they were.
+static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int groups, const float* y,
+                                                     int64_t split_stride, int ldy, int n, const MoeRoutes r, int j0,
+                                                     int rc, int gl) {
+    __shared__ int last_t[16];  // a pass has at most 16 rows (8 * BT, BT <= 2)
+    const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+    const int splits = static_cast<int>(gridDim.y);
+    __threadfence();  // this thread's partials, before the counters (with the barrier: every thread's)
+    __syncthreads();
+    if (tid < rc) {
+        const int t = __ldcg(r.pair_of + j0 + tid) / r.top_k;
+        __threadfence();
+        const int before = atomicAdd(co.done + static_cast<int64_t>(t) * groups + gl, 1);
+        const bool last = before == r.top_k * splits - 1;
+        if (last) __threadfence();  // every block's partials of (t, gl), before this block reads them
+        last_t[tid] = last ? t : -1;
+    }
+    __syncthreads();
+    for (int i = warp; i < rc; i += kWarps) {
+        const int t = last_t[i];
+        if (t < 0) continue;  // warp-uniform
+        const float gs = moe_shared_factor(co.shared, co.shared_gate, t);
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+            const int c = gl * 128 + 4 * lane + x;
+            if (c < n)
+                moe_combine_at(y, splits, split_stride, r.slot_of, r.weights, t, r.top_k, ldy, c, co.shared, gs,
+                               co.out, co.accumulate);
+        }
+    }
+}
+
 // The stage kernel: grid (column groups, splits, active slots), 8 warps. Block (g, s, a) runs column group g (of
 // part pi) of the a-th active expert over stages [s * per, s * per + nst) of k, for all of the expert's rows in
 // passes of ROWS = 8 * BT.
@@ -127,23 +165,35 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     __shared__ float xsum[ROWS];       // MUL1: a row's sum of the block's activations
     __shared__ float xpart[8][ROWS];   // MUL1: the same per warp
 
-    // Everything below reads what earlier kernels of the step wrote (the routing, the activations).
-    EXL3_GRID_DEPENDENCY_WAIT();
-    EXL3_LAUNCH_DEPENDENTS();
+    // The routing and the activations come from earlier kernels of the step: read after the grid-dependency wait --
+    // except where the routing was complete before the previous kernel began (in.routes_ready, the down stage):
+    // then the block reads its expert and starts its first weight stages before the wait, and only the activations
+    // wait.
+    const bool early = p.in.routes_ready;
+    if (!early) {
+        EXL3_GRID_DEPENDENCY_WAIT();
+        EXL3_LAUNCH_DEPENDENTS();
+    }
+    // Two round trips to L2 before the weights are requested, not four: the active count with the slot's expert
+    // (a < min(experts, pairs): active[a] lies in the buffer, unused past the count), then the expert's rows with its
+    // part's class and trellis.
     const int a = static_cast<int>(blockIdx.z);
-    if (a >= __ldcg(p.r.n_active)) return;
-    const int e = __ldcg(p.r.active + a);
+    const int n_active = __ldcg(p.r.n_active), e = __ldcg(p.r.active + a);
+    if (a >= n_active) return;
     const int g = static_cast<int>(blockIdx.x), split = static_cast<int>(blockIdx.y);
     int pi = 0;
     if (p.nparts > 1 && g >= p.group0[1]) pi = 1;
     if (p.nparts > 2 && g >= p.group0[2]) pi = 2;
     // The expert's part: its fields are read where they are used (fewer registers live through the main loop).
     const Exl3MoePart* part = p.table + e * p.nparts + pi;
-    if (part->cls != p.cls) return;  // another launch runs this expert
+    const int r0 = __ldcg(p.r.offsets + e), r1 = __ldcg(p.r.offsets + e + 1);
+    const uint32_t* trellis = reinterpret_cast<const uint32_t*>(part->trellis);
+    // Another launch runs this expert. (The trellis is tested too: its load then goes out with the class's.)
+    if (part->cls != p.cls || !trellis) return;
+    const int nrows = r1 - r0;
     const int gl = g - p.group0[pi];  // the column group within the part
     const int st0 = split * p.per;
     const int nst = min(p.k_pad / 128 - st0, p.per);
-    const int r0 = __ldcg(p.r.offsets + e), nrows = __ldcg(p.r.offsets + e + 1) - r0;
 
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, q = lane & 3;
@@ -152,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     // ring slot. Each warp copies and reads only its own rows: no block barrier in the main loop.
     const int64_t row_words = static_cast<int64_t>(p.n_pad[pi] / 16) * 8 * K;
     const int64_t stage_step = 8 * row_words;
-    const uint32_t* wsrc = reinterpret_cast<const uint32_t*>(part->trellis) + static_cast<int64_t>(gl) * 64 * K +
+    const uint32_t* wsrc = trellis + static_cast<int64_t>(gl) * 64 * K +
                            static_cast<int64_t>(st0) * stage_step + warp * row_words;
     constexpr int kRowChunks = 16 * K;
     constexpr int kPerLane = (kRowChunks + 31) / 32;
@@ -168,15 +218,23 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;  // MUL1 byte sums (mul1_sums)
     const uint32_t sel1 = ((gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;
     const HalfSel hs{p.half_lo, p.half_hi};
-
-    for (int c0 = 0; c0 < nrows; c0 += ROWS) {
-        const int rc = min(ROWS, nrows - c0);  // rows of this pass
-        // The first P - 1 weight stages in flight (commit group s = stage s) while the activations are prepared.
+    // The first P - 1 weight stages of a pass in flight (commit group s = stage s) while its activations are prepared.
+    auto prologue = [&] {
 #pragma unroll
         for (int s = 0; s < P - 1; ++s) {
             if (s < nst) issue(s, s);
             cp_async_commit();
         }
+    };
+    prologue();  // the first pass's
+    if (early) {
+        EXL3_GRID_DEPENDENCY_WAIT();
+        EXL3_LAUNCH_DEPENDENTS();
+    }
+
+    for (int c0 = 0; c0 < nrows; c0 += ROWS) {
+        const int rc = min(ROWS, nrows - c0);  // rows of this pass
+        if (c0 > 0) prologue();
         // The pass's activations, rotated: a warp per (row, stage) of 128 values.
         for (int u = warp; u < rc * nst; u += kWarps) {
             const int r = u / nst, s = u - r * nst;
@@ -213,8 +271,9 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             xb[b] = (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
         }
         // The stage: the fused kernel's H = 1 stage (exl3_fused_kernel.cuh) with the activations in shared memory
-        // already. Written again rather than shared: fused_segment must stay one function (docs/kernels/exl3.md,
-        // "The split into files": moving its stages out changed its code and gave some builds spills).
+        // already: its 3INST / MCG tile multiply and its stage loop are the fused kernel's (exl3_tile_mma.cuh), the
+        // rest written again: fused_segment stays one function (docs/kernels/exl3.md, "The split into files": moving
+        // its stages out changed its code and gave some builds spills).
         auto stage = [&](int s, int slot) {
             // This lane's copies of stage s have landed; after the warp sync every lane's have, and every lane is
             // done with stage s - 1, whose slot the next copy reuses.
@@ -245,37 +304,16 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             } else {
                 // 3INST / MCG: {lo, hi} of a weight in one register, each activation twice (halves_of).
                 uint32_t bdup[BT][4];
-#pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    bdup[b][0] = __byte_perm(bf[b][0], 0u, 0x1010u);
-                    bdup[b][1] = __byte_perm(bf[b][1], 0u, 0x1010u);
-                    bdup[b][2] = __byte_perm(bf[b][0], 0u, 0x3232u);
-                    bdup[b][3] = __byte_perm(bf[b][1], 0u, 0x3232u);
-                }
+                dup_activations<BT>(bf, bdup);
 #pragma unroll
                 for (int i = 0; i < 8; ++i) {
-                    uint32_t st[8], v[8];
+                    uint32_t st[8];
                     tile_states<K, dp2a_states<CB, K>()>(rowp + i * 8 * K, lane, st, hs);
-#pragma unroll
-                    for (int x = 0; x < 8; ++x) v[x] = halves_of<CB>(st[x], p.cb_mask, p.cb_flip);
-                    const uint32_t ev[4] = {v[0], v[4], v[2], v[6]}, od[4] = {v[1], v[5], v[3], v[7]};
-#pragma unroll
-                    for (int b = 0; b < BT; ++b) {
-                        mma16816(acc[i][b], ev, bdup[b][0], bdup[b][1]);
-                        mma16816(acc[i][b], od, bdup[b][2], bdup[b][3]);
-                    }
+                    mma_tile_halves<CB, BT>(acc[i], st, bdup, p.cb_mask, p.cb_flip);
                 }
             }
         };
-        if constexpr (UNROLL_RING) {
-            for (int s0 = 0; s0 < nst; s0 += P) {
-#pragma unroll
-                for (int u = 0; u < P; ++u)
-                    if (s0 + u < nst) stage(s0 + u, u);
-            }
-        } else {
-            for (int s = 0; s < nst; ++s) stage(s, s % P);
-        }
+        ring_loop<P, UNROLL_RING>(nst, stage);
         cp_async_wait<0>();
 
         // MUL1's affine map needs each row's activation sum: D = ones . B holds row 8 b + 2 q (+ 1) in lane (0, q).
@@ -351,6 +389,8 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
                     p.y[split * p.split_stride + static_cast<int64_t>(j) * p.ldy + p.col0[pi] + c] = o;
             }
         }
+        if (p.co.done)
+            moe_down_combine(p.co, p.groups, p.y, p.split_stride, p.ldy, p.n[0], p.r, r0 + c0, rc, gl);
         __syncthreads();  // red (the ring) and xs are free for the next pass
     }
 }
