@@ -3,10 +3,10 @@
 // copy bandwidth or their weights over the decode's instruction rate (25.3 weights/clk/SM, anchors.md), whichever is
 // larger. Layer copies totalling >= 1 GiB and a fresh routing for each call (random logits), so that the experts a
 // call reads are not in the L2 from the call before; calls of the small steps are timed as CUDA-graph replays (as a
-// decode step runs them), the large ones eagerly. Each plan variant beside the default (the weighted sum by a
-// moe_combine launch instead of the down stage's blocks, atomic adds, twice the k split, the other pass height, the
+// decode step runs them), the large ones eagerly. Each plan variant beside the default (the weighted sum by the
+// down stage's blocks instead of a moe_combine launch, atomic adds, twice the k split, the other pass height, the
 // other rotation) shows what the planner's choices are worth; at 1 and 8 tokens the launches one at a time, the
-// first version's chain beside the default's.
+// default's chain beside the fused weighted sum's.
 //
 // Usage: bench_cuda_moe [--shape qwen3-30b-a3b|mixtral-8x7b|all] [--tokens 1,8,32,256,2048] [--reps 20]
 #include <cuda_runtime.h>
@@ -197,10 +197,10 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
 // The default plan's launches one at a time at n tokens (n <= 32): graphs of each prefix of the layer's launches
 // (routing sort, [rotation,] gate|up, [rotation,] down with the weighted sum in its blocks) over the layer copies,
 // replayed; a launch's time is its prefix's minus the one before (what it adds to a captured decode step, its launch
-// gap included). first_version: the chain before issue 42's fusions (moe_combine a launch of its own, the down
-// stage's blocks reading the routing after the grid-dependency wait). ideal_us: the layer's ideal, printed beside.
+// gap included). fused: the weighted sum in the down stage's blocks (MoeLayerPlan::fused_combine) instead of the
+// default's moe_combine launch. ideal_us: the layer's ideal, printed beside.
 void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
-               const std::vector<DeviceBuffer>& logits, int reps, cudaStream_t st, bool first_version,
+               const std::vector<DeviceBuffer>& logits, int reps, cudaStream_t st, bool fused,
                double ideal_us) {
     const MoeLayerWeights& w0 = layers[0].w;
     const MoeLayerPlan p = moe_layer_plan(w0, s.top_k, n, false);
@@ -224,7 +224,7 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
     b.n_active = nact.as<int32_t>();
     b.pair_of = pair_of.as<int32_t>();
     b.slot_of = slot_of.as<int32_t>();
-    if (!first_version) {
+    if (fused) {
         b.done = done.as<int32_t>();
         b.done_count = static_cast<int>(counters);
     }
@@ -237,7 +237,7 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
     if (p.gate_up.prerotate) names.push_back("exl3_moe_rotate (gate|up input)");
     names.push_back("exl3_moe_kernel gate|up");
     if (p.down.prerotate) names.push_back("exl3_moe_rotate (GLU, down input)");
-    if (first_version) {
+    if (!fused) {
         names.push_back("exl3_moe_kernel down");
         names.push_back("moe_combine");
     } else {
@@ -271,7 +271,7 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
         din.gu_splits = p.gate_up.splits;
         din.gu_ld = w.gate_up.shape.ldy;
         din.inter = w.down.shape.k;
-        din.routes_ready = !first_version;
+        din.routes_ready = true;
         if (p.down.prerotate) {
             if (!next(exl3_moe_rotate(w.down.table, w.down.shape, din, r, xh.as<uint16_t>(), st))) return;
             din.kind = MoeIn::kRotated;
@@ -279,20 +279,20 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
         }
         MoeStageOut dout;
         dout.y = yd.as<float>();
-        if (!first_version) {
+        if (fused) {
             dout.combine.done = b.done;
             dout.combine.out = out.as<float>();
             dout.combine.accumulate = true;
         }
         if (!next(exl3_moe_matmul(w.down.table, w.down.shape, w.down.classes[0], din, r, dout, p.down, st))) return;
-        if (!first_version) return;
+        if (fused) return;
         next(moe_combine(yd.as<float>(), p.down.splits, b.slot_of, b.weights, n, s.top_k, s.hidden, nullptr, nullptr,
                          out.as<float>(), true, st));
     };
     const size_t per = std::max(layers.size(), logits.size());
     double before = 0.0;
     std::printf("launches of one layer at %d token%s, %s (graph replays; each launch's added time):\n", n,
-                n == 1 ? "" : "s", first_version ? "the first version's chain" : "the chain of the default plan");
+                n == 1 ? "" : "s", fused ? "the weighted sum in the down stage" : "the chain of the default plan");
     for (size_t k = 1; k <= names.size(); ++k) {
         cudaGraph_t g = nullptr;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -366,8 +366,8 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
         const MoeLayerPlan def = moe_layer_plan(layers[0].w, s.top_k, chunk, false);
         std::vector<Variant> vars = {{"default", def}};
         MoeLayerPlan p = def;
-        p.separate_combine = true;
-        vars.push_back({"moe_combine launch", p});
+        p.fused_combine = true;
+        vars.push_back({"weighted sum in the down stage", p});
         p = def;
         p.atomic = true;
         vars.push_back({"atomic", p});
@@ -414,7 +414,7 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
                         100.0 * ideal / us);
         }
         if (n <= 8)
-            for (bool first : {true, false}) breakdown(layers, s, n, x, logits, reps, st, first, ideal);
+            for (bool fused : {false, true}) breakdown(layers, s, n, x, logits, reps, st, fused, ideal);
     }
 }
 

@@ -18,8 +18,11 @@ enum class OffloadMode {
 
 // The default budget leaves this much of what the device has free (other processes, the driver, fragmentation).
 constexpr int64_t kGpuMemoryMargin = int64_t{512} << 20;
-// LoadOptions::max_step_tokens when 0.
+// LoadOptions::max_step_tokens when 0: kLargeMaxStepTokens where memory is plentiful (the plan keeps the same
+// context with them and they take at most a sixteenth of the budget: a 2048-token prompt is one step, where prefill
+// runs at its best), else kDefaultMaxStepTokens.
 constexpr int kDefaultMaxStepTokens = 512;
+constexpr int kLargeMaxStepTokens = 2048;
 // With cache_tokens 0 the KV cache takes what the budget leaves, up to this many full-length sequences.
 constexpr int kMaxCacheSequences = 64;
 // The smallest context an automatically shortened context may have.

@@ -104,7 +104,8 @@ struct LoadOptions {
     // refused (kOutOfRange) with the bytes it is short and what would make it fit.
     int64_t gpu_memory = 0;     // bytes this model may take on its GPU, CUDA context included; 0: what the device
                                 // has free minus a safety margin (kGpuMemoryMargin)
-    // Tokens one step's buffers are sized for (0: kDefaultMaxStepTokens). A longer step whose logits go to the host
+    // Tokens one step's buffers are sized for (0: 2048 where memory is plentiful, else 512; exl3/memory.h). A longer
+    // step whose logits go to the host
     // runs in chunks of this many tokens (same results); one with logits kept on the device grows the buffers.
     int max_step_tokens = 0;
     // The KV cache: with cache_tokens 0 it takes what the budget leaves (up to kMaxCacheSequences full contexts);

@@ -361,6 +361,17 @@ Result<MemoryPlan> plan_memory(const ModelConfig& cfg, const DeviceCosts& costs,
     // Short of memory, the sampler draws fewer rows at a time first: only large batches notice (more chunks).
     if (costs.min_sampler_rows > 0 && costs.min_sampler_rows < c.sampler_rows && !planner.build(c).fits)
         c.sampler_rows = costs.min_sampler_rows;
+    // Steps of 2048 tokens where memory is plentiful: the same context as with 512 and a sixteenth of the budget at
+    // most (on the H100 a 2048-token MoE prefill ran at 9,844 tok/s in steps of 512, 16,327 in one step).
+    if (o.max_step_tokens <= 0 && o.offload_layers == 0) {
+        Choice big = c;
+        big.step_tokens = kLargeMaxStepTokens;
+        const MemoryPlan pb = planner.fit(big), ps = planner.fit(c);
+        int64_t steps = 0;
+        for (const auto& i : pb.gpu)
+            if (i.name == "step buffers and workspaces") steps = i.bytes;
+        if (pb.fits && pb.context_length >= ps.context_length && steps * 16 <= budget) c.step_tokens = big.step_tokens;
+    }
     MemoryPlan p;
     if (o.offload_layers < 0) {  // as few offloaded layers as make the context fit
         for (int n = 0; n <= cfg.num_layers; ++n) {

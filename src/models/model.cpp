@@ -49,8 +49,8 @@ Status check_options(const LoadOptions& o) {
     if (o.cache_tokens < 0) return invalid_argument("cache_tokens must not be negative");
     if (o.gpu_memory < 0) return invalid_argument("gpu_memory must not be negative (0: what the device has free)");
     if (o.max_step_tokens < 0 || o.max_step_tokens > (1 << 20))
-        return invalid_argument(fmt::format("max_step_tokens must be in [0, {}] (0: {}), got {}", 1 << 20,
-                                            kDefaultMaxStepTokens, o.max_step_tokens));
+        return invalid_argument(fmt::format("max_step_tokens must be in [0, {}] (0: {} or {} as memory allows), got {}",
+                                            1 << 20, kLargeMaxStepTokens, kDefaultMaxStepTokens, o.max_step_tokens));
     if (o.offload_layers < -1)
         return invalid_argument("offload_layers must be -1 (as many as needed), 0 (none) or a number of layers");
     if (o.offload_experts < -1)

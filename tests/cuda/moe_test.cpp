@@ -308,10 +308,10 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
         const auto got = f.run(*ex, in, nullptr, shared);
         EXPECT_LT(MoeLayer::layer_err(got, want, in.base), f.layer_tol()) << n << " tokens, default plan";
         const cuda::MoeLayerPlan def = cuda::moe_layer_plan(ex->w, sh.top_k, std::min(n, cuda::kMoeChunkTokens), false);
-        ASSERT_FALSE(def.separate_combine || def.atomic);
+        ASSERT_FALSE(def.fused_combine || def.atomic);
         cuda::MoeLayerPlan sep = def;
-        sep.separate_combine = true;
-        EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, moe_combine";
+        sep.fused_combine = true;
+        EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, weighted sum in the down stage";
         if (!variants) continue;
         for (int bt : {1, 2})
             for (bool rot : {false, true}) {
@@ -319,9 +319,9 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
                 p.gate_up.bt = p.down.bt = bt;
                 p.gate_up.prerotate = p.down.prerotate = rot;
                 EXPECT_EQ(f.run(*ex, in, &p, shared), got) << n << " tokens, bt " << bt << " prerotate " << rot;
-                p.separate_combine = true;
+                p.fused_combine = true;
                 EXPECT_EQ(f.run(*ex, in, &p, shared), got)
-                    << n << " tokens, bt " << bt << " prerotate " << rot << ", moe_combine";
+                    << n << " tokens, bt " << bt << " prerotate " << rot << ", weighted sum in the down stage";
             }
         const int sg = quant::pad128(sh.hidden) / 128, sd = quant::pad128(sh.inter) / 128;
         cuda::MoeLayerPlan p = def;
@@ -330,8 +330,8 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
         const auto many = f.run(*ex, in, &p, shared);
         EXPECT_LT(MoeLayer::layer_err(many, want, in.base), f.layer_tol())
             << n << " tokens, " << sg << " / " << sd << " splits";
-        p.separate_combine = true;
-        EXPECT_EQ(f.run(*ex, in, &p, shared), many) << n << " tokens, " << sg << " / " << sd << " splits, moe_combine";
+        p.fused_combine = true;
+        EXPECT_EQ(f.run(*ex, in, &p, shared), many) << n << " tokens, " << sg << " / " << sd << " splits, weighted sum in the down stage";
         p = def;
         p.atomic = true;
         EXPECT_LT(MoeLayer::layer_err(f.run(*ex, in, &p, shared), want, in.base), f.layer_tol())
@@ -429,8 +429,8 @@ TEST_P(MoeLayer, WritesWithoutAccumulating) {
         const auto got = run(*ex, in, nullptr, true, false, nullptr, false);
         EXPECT_LT(layer_err(got, want, zero), layer_tol()) << n << " tokens";
         cuda::MoeLayerPlan sep = cuda::moe_layer_plan(ex->w, sh.top_k, n, false);
-        sep.separate_combine = true;
-        EXPECT_EQ(run(*ex, in, &sep, true, false, nullptr, false), got) << n << " tokens, moe_combine";
+        sep.fused_combine = true;
+        EXPECT_EQ(run(*ex, in, &sep, true, false, nullptr, false), got) << n << " tokens, weighted sum in the down stage";
     }
 }
 

@@ -272,8 +272,9 @@ protected:
     }
     static void TearDownTestSuite() { fs::remove_all(dir_); }
 
-    static Result<MemoryPlan> plan70(double gib, int context, int bits, int offload = 0) {
+    static Result<MemoryPlan> plan70(double gib, int context, int bits, int offload = 0, int step_tokens = 0) {
         LoadOptions o;
+        o.max_step_tokens = step_tokens;
         o.device = "cuda";
         o.gpu_memory = static_cast<int64_t>(gib * static_cast<double>(kGiB));
         o.context_length = context;
@@ -318,16 +319,41 @@ TEST_F(Llama70B, WeightsByHand) {
 // --gpu-memory 23 once the 32-row sampler was counted.)
 TEST_F(Llama70B, SamplerShrinksBeforeTheContextIsRefused) {
     SKIP_WITHOUT_CUDA();
-    auto roomy = plan70(23, 16384, 4);
+    auto roomy = plan70(23, 16384, 4, 0, 512);
     ASSERT_TRUE(roomy.is_ok() && roomy->fits);
     EXPECT_EQ(roomy->sampler_rows, 32);
     // A context 512 tokens longer than the 32-row plan's whole cache: about 50 MiB short with 32 rows.
-    auto tight = plan70(23, roomy->cache_tokens + 512, 4);
+    auto tight = plan70(23, roomy->cache_tokens + 512, 4, 0, 512);
     ASSERT_TRUE(tight.is_ok()) << tight.status().to_string();
     EXPECT_TRUE(tight->fits) << tight->table();
     EXPECT_EQ(tight->sampler_rows, 8);
     EXPECT_LT(item(tight->gpu, "sampler"), int64_t{50} << 20) << tight->table();
     EXPECT_GE(tight->cache_tokens, roomy->cache_tokens + 512);
+}
+
+// Steps of 2048 tokens by default where memory is plentiful, of 512 where the larger buffers would cost context or
+// more than a sixteenth of the budget.
+TEST_F(Llama70B, StepTokensFollowTheRoom) {
+    SKIP_WITHOUT_CUDA();
+    auto roomy = plan70(80, 16384, 4);
+    ASSERT_TRUE(roomy.is_ok() && roomy->fits) << roomy->table();
+    EXPECT_EQ(roomy->max_step_tokens, 2048) << roomy->table();
+    auto tight = plan70(23, 16384, 4);
+    ASSERT_TRUE(tight.is_ok() && tight->fits) << tight->table();
+    auto at512 = plan70(23, 16384, 4, 0, 512);
+    ASSERT_TRUE(at512.is_ok());
+    // Either the large steps fit in a sixteenth of 23 GiB beside the same context, or the plan keeps 512.
+    int64_t steps = 0;
+    for (const auto& i : tight->gpu)
+        if (i.name == "step buffers and workspaces") steps = i.bytes;
+    if (tight->max_step_tokens == 2048) {
+        EXPECT_LE(steps * 16, int64_t{23} * kGiB);
+    } else {
+        EXPECT_EQ(tight->max_step_tokens, 512);
+    }
+    auto given = plan70(80, 16384, 4, 0, 256);
+    ASSERT_TRUE(given.is_ok());
+    EXPECT_EQ(given->max_step_tokens, 256);  // a given size is kept
 }
 
 // Bad input: a budget smaller than the smallest plan, a context larger than fits -- one clear error each.

@@ -57,7 +57,8 @@ inline void add_memory_options(CLI::App& app, MemoryFlags& f) {
                    "less 0.5 GiB); the KV cache gets what the plan leaves")
         ->check(CLI::PositiveNumber);
     app.add_option("--max-step-tokens", f.max_step_tokens,
-                   "tokens one step's buffers hold (0 = 512); longer prompts run in chunks")
+                   "tokens one step's buffers hold (0 = 2048 where memory is plentiful, else 512); longer prompts run "
+                   "in chunks")
         ->check(CLI::Range(0, 1 << 20));
     app.add_option("--offload-layers", f.offload_layers,
                    "keep the last N layers' weights in host memory (auto = as few as make the context fit)")

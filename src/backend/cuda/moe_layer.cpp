@@ -37,7 +37,7 @@ MoeWsLayout ws_layout(const MoeLayerWeights& w, int top_k, int n, const MoeLayer
     l.n_active = take(4);
     l.pair_of = take(nk * 4);
     l.slot_of = take(nk * 4);
-    l.done = take(p.separate_combine ? 0 : static_cast<size_t>(n) * dn.groups() * 4);
+    l.done = take(!p.fused_combine ? 0 : static_cast<size_t>(n) * dn.groups() * 4);
     const bool rot = p.gate_up.prerotate || p.down.prerotate;
     l.xh = take(rot ? std::max(static_cast<size_t>(gu.nparts) * gu.k_pad, static_cast<size_t>(dn.k_pad)) * nk * 2 : 0);
     l.ygu = take(static_cast<size_t>(p.gate_up.splits) * nk * gu.ldy * 4);
@@ -102,7 +102,7 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         b.n_active = reinterpret_cast<int32_t*>(base + l.n_active);
         b.pair_of = reinterpret_cast<int32_t*>(base + l.pair_of);
         b.slot_of = reinterpret_cast<int32_t*>(base + l.slot_of);
-        const bool combine = !p.atomic && !p.separate_combine;  // in the down stage
+        const bool combine = !p.atomic && p.fused_combine;  // in the down stage
         if (combine) {
             b.done = reinterpret_cast<int32_t*>(base + l.done);
             b.done_count = n * w.down.shape.groups();

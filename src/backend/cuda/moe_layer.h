@@ -52,15 +52,17 @@ struct MoeLayerWeights {
     bool ok() const { return gate_up.table != nullptr && down.table != nullptr; }
 };
 
-// How a layer runs a chunk of tokens. The weighted sum: by the down stage's blocks that complete a token's column
-// group (MoeCombine: deterministic, no launch of its own); separate_combine: by moe_combine after the down stage
-// (the first version; the same bits, one launch more); atomic: the down stage adds weight x result into the output
-// by atomics (the order of the adds, hence the last bits, varies from run to run): only for a layer that
-// accumulates into its output. The last two never in the default plan (bench_cuda_moe compares them).
+// How a layer runs a chunk of tokens. The weighted sum: by moe_combine after the down stage (the default);
+// fused_combine: by the down stage's blocks that complete a token's column group (MoeCombine: the same bits, one
+// launch less, but measured slower on the H100 -- 56.5 against 47.1 us a Qwen3-30B-A3B layer at 1 token, 250.6
+// against 218.2 at 32: the counters and the last block's sum cost more than the launch; docs/kernels/moe.md); atomic:
+// the down stage adds weight x result into the output by atomics (the order of the adds, hence the last bits, varies
+// from run to run): only for a layer that accumulates into its output. The last two never in the default plan
+// (bench_cuda_moe compares them).
 struct MoeLayerPlan {
     Exl3MoePlan gate_up, down;
     bool atomic = false;
-    bool separate_combine = false;
+    bool fused_combine = false;
 };
 MoeLayerPlan moe_layer_plan(const MoeLayerWeights& w, int top_k, int tokens, bool invariant);
 
