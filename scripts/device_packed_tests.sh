@@ -26,7 +26,7 @@ for r in "${runs[@]}"; do
   echo "== [$(($(date +%s) - t0)) s] $bin --gtest_filter='$filter' (limit ${secs} s)"
   timeout "$secs" "$B/$bin" --gtest_filter="$filter" > "$OUT/$bin.log" 2>&1
   echo "exit $?"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]|worst|within|Failure|Expected|actual|error" "$OUT/$bin.log" \
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \] [0-9]|worst|within|tiles/s|Failure|Expected|actual|error" "$OUT/$bin.log" \
     | grep -v "^\[  FAILED  \] .*, listed below" | head -40
 done
 echo "== done in $(($(date +%s) - t0)) s"

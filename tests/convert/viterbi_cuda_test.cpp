@@ -2,6 +2,7 @@
 // random tiles for every K and codebook, including inputs built to produce ties; prints tiles/s of both.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -122,27 +123,63 @@ TEST(ViterbiCuda, SmallerGpusEncodeTheKernelsTheyCannotHoldOnTheCpu) {
     }
 }
 
+// K = 2..5 run on the register layout; the earlier layout (set_register_layout(false)) must give the same codes.
+TEST(ViterbiCuda, RegisterLayoutMatchesTheEarlierLayout) {
+    EXL3_REQUIRE_GPU();
+    auto enc = ViterbiEncoder::create(0);
+    ASSERT_TRUE(enc.is_ok()) << enc.status().message();
+    const int n = 300;  // more tiles than SMs: blocks loop over tiles
+    for (Codebook cb : {Codebook::k3Inst, Codebook::kMul1}) {
+        for (int K = 2; K <= 6; ++K) {
+            const std::vector<float> t = make_tiles(n, K, cb, 900u + K);
+            std::vector<uint16_t> a(static_cast<size_t>(n) * 256), b(a.size());
+            std::vector<float> ca(n), cbv(n);
+            (*enc)->set_register_layout(true);
+            ASSERT_TRUE((*enc)->encode(t.data(), n, K, cb, a.data(), ca.data()).is_ok());
+            (*enc)->set_register_layout(false);
+            ASSERT_TRUE((*enc)->encode(t.data(), n, K, cb, b.data(), cbv.data()).is_ok());
+            EXPECT_EQ(a, b) << quant::codebook_name(cb) << " K=" << K;
+            EXPECT_EQ(ca, cbv) << quant::codebook_name(cb) << " K=" << K;
+        }
+    }
+    (*enc)->set_register_layout(true);
+}
+
+// tiles/s with full waves (4096 tiles), and the time of one launch of 128 tiles (less than a wave: what LDLQ
+// launches per 16-row block of a 2048-wide tensor), for the register layout (K = 2..5) and the earlier one.
 TEST(ViterbiCuda, Throughput) {
     EXL3_REQUIRE_GPU();
     auto enc = ViterbiEncoder::create(0);
     ASSERT_TRUE(enc.is_ok()) << enc.status().message();
     const Codebook cb = Codebook::kMul1;
     quant::TileEncoderScratch sc;
+    auto secs = [&](const std::vector<float>& t, int n, int K, std::vector<uint16_t>& st) {
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_TRUE((*enc)->encode(t.data(), n, K, cb, st.data()).is_ok());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
     for (int K : {1, 2, 3, 4, 5, 6, 8}) {
         const int n = 4096;
         const std::vector<float> t = make_tiles(n, K, cb, 7u + K);
         std::vector<uint16_t> st(static_cast<size_t>(n) * 256);
-        ASSERT_TRUE((*enc)->encode(t.data(), 264, K, cb, st.data()).is_ok());  // warm-up (allocation, module load)
-        const auto t0 = std::chrono::steady_clock::now();
-        ASSERT_TRUE((*enc)->encode(t.data(), n, K, cb, st.data()).is_ok());
-        const double gs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (bool reg : {true, false}) {
+            if (!reg && (K < 2 || K > 5)) continue;  // one layout only
+            (*enc)->set_register_layout(reg);
+            ASSERT_TRUE((*enc)->encode(t.data(), 264, K, cb, st.data()).is_ok());  // warm-up (allocation, module load)
+            const double gs = secs(t, n, K, st);
+            double wave = 1e30;
+            for (int i = 0; i < 3; ++i) wave = std::min(wave, secs(t, 128, K, st));
+            // (128 + 256) steps x 65536 state updates per tile (the seam window, then the tail-biting pass).
+            std::printf("K=%d  %-9s GPU %8.0f tiles/s (%.1f G state-updates/s), 128 tiles in %.2f ms\n", K,
+                        reg && K >= 2 && K <= 5 ? "registers" : "earlier", n / gs,
+                        n / gs * (quant::kSeamWindow + 256) * 65536 / 1e9, wave * 1e3);
+        }
+        (*enc)->set_register_layout(true);
         const auto t1 = std::chrono::steady_clock::now();
         const int nc = 2;
         for (int i = 0; i < nc; ++i) quant::encode_tile(t.data() + i * 256, K, quant::codebook_lut(cb), st.data(), sc);
         const double cs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
-        // (128 + 256) steps x 65536 state updates per tile (the seam window, then the tail-biting pass).
-        std::printf("K=%d  GPU %8.0f tiles/s (%.1f G state-updates/s)   CPU %6.1f tiles/s (one thread)\n", K, n / gs,
-                    n / gs * (quant::kSeamWindow + 256) * 65536 / 1e9, nc / cs);
+        std::printf("K=%d  CPU %6.1f tiles/s (one thread)\n", K, nc / cs);
     }
 }
 

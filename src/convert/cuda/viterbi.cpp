@@ -132,7 +132,8 @@ Status ViterbiEncoder::encode(const float* targets, int n, int K, quant::Codeboo
     EXL3_RETURN_IF_ERROR(cuda_status(
         cudaMemcpyAsync(d_targets_, targets, m * 256 * sizeof(float), cudaMemcpyHostToDevice, st), "copy targets"));
     EXL3_RETURN_IF_ERROR(cuda_status(
-        viterbi_encode_tiles(d_targets_, n, K, static_cast<int>(cb), d_states_, d_cost_, d_back_, slots, st),
+        viterbi_encode_tiles(d_targets_, n, K, static_cast<int>(cb), d_states_, d_cost_, d_back_, slots, st,
+                             register_layout_),
         "kernel launch"));
     EXL3_RETURN_IF_ERROR(cuda_status(
         cudaMemcpyAsync(states, d_states_, m * 256 * sizeof(uint16_t), cudaMemcpyDeviceToHost, st), "copy states"));
@@ -163,7 +164,8 @@ Status ViterbiEncoder::encode_device(const float* d_targets, int n, int K, quant
     EXL3_RETURN_IF_ERROR(reserve_scratch(K));
     const int resident = viterbi_resident_blocks(K, device_);
     const int slots = static_cast<int>(std::min<size_t>(resident, back_bytes_ / viterbi_slot_bytes(K)));
-    return cuda_status(viterbi_encode_tiles(d_targets, n, K, static_cast<int>(cb), d_states, nullptr, d_back_, slots, st),
+    return cuda_status(viterbi_encode_tiles(d_targets, n, K, static_cast<int>(cb), d_states, nullptr, d_back_, slots, st,
+                                            register_layout_),
                        "kernel launch");
 }
 

@@ -23,8 +23,11 @@ size_t viterbi_slot_bytes(int K);
 
 // Encodes n tiles. d_targets [n, 256] (sequence order), d_states [n, 256] out, d_cost [n] out (path cost, fp32, may
 // be null). d_back: slots x viterbi_slot_bytes(K) of scratch; the grid is min(n, slots) persistent blocks.
+// registers = false: K = 2..5 take the earlier layout (a thread per group, costs and codebook read from shared
+// memory) instead of the register layout, the same codes slower; kept for A/B measurements from tests and benches.
 cudaError_t viterbi_encode_tiles(const float* d_targets, int n, int K, int codebook, uint16_t* d_states,
-                                 float* d_cost, uint8_t* d_back, int slots, cudaStream_t stream);
+                                 float* d_cost, uint8_t* d_back, int slots, cudaStream_t stream,
+                                 bool registers = true);
 
 // d_out [65536]: the codebook value of every state as the kernel computes it (for tests against the host table).
 cudaError_t viterbi_codebook_values(int codebook, float* d_out, cudaStream_t stream);

@@ -39,6 +39,8 @@ public:
     // Tests: decide on_gpu as on a GPU whose blocks allow at most `bytes` of shared memory (e.g. 101376 for sm_86 /
     // sm_89); <= 0: the device's own limit.
     void set_smem_limit(long long bytes) { smem_limit_ = bytes; }
+    // Tests and benches: false runs K = 2..5 on the earlier kernel layout (viterbi.cuh), for A/B timings.
+    void set_register_layout(bool on) { register_layout_ = on; }
 
     // The codebook as the kernel computes it, [65536] (tests compare it with quant::codebook_lut).
     Status codebook_values(quant::Codebook cb, float* out);
@@ -61,6 +63,7 @@ private:
     size_t back_bytes_ = 0;
     ThreadPool* cpu_pool_ = nullptr;
     long long smem_limit_ = 0;
+    bool register_layout_ = true;
 };
 
 }  // namespace exl3::convert::cuda
