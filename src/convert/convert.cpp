@@ -95,7 +95,15 @@ Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const
         sc.device = opt.device == ConvertDevice::kCuda ? "cuda" : "cpu";
         sc.progress = opt.progress;
         sc.pool = &pool;
-        EXL3_ASSIGN_OR_RETURN(toks, sample_calibration_tokens(opt.input_dir, sc));
+        auto sampled = sample_calibration_tokens(opt.input_dir, sc);
+        if (!sampled.is_ok() && sc.device == "cuda" && sampled.status().code() == StatusCode::kUnsupported) {
+            // A model CUDA does not run (a head size its attention lacks) writes its text on the CPU threads.
+            if (opt.progress)
+                fmt::print(stderr, "exl3 convert: calibration text on the CPU ({})\n", sampled.status().message());
+            sc.device = "cpu";
+            sampled = sample_calibration_tokens(opt.input_dir, sc);
+        }
+        EXL3_ASSIGN_OR_RETURN(toks, std::move(sampled));
     }
     for (int32_t t : toks)
         if (t < 0 || t >= c.vocab_size) return invalid_argument(fmt::format("calibration token {} out of range", t));

@@ -86,9 +86,12 @@ TEST_P(FamilyOps, NormColumnsOfQkv) {
     EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, qd, 1, ld, dkw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
                                  ctx->stream()),
               cudaErrorInvalidValue);
-    EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, 0, 5, 128, dqw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
+    EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, 0, 7, 128, dqw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
                                  ctx->stream()),
-              cudaErrorInvalidValue);
+              cudaErrorInvalidValue);  // 7 groups of 128 columns overrun the 768-column row
+    EXPECT_EQ(cuda::norm_columns(dx.get(), t(), ld, 0, 4, 0, dqw.as<float>(), 1e-6f, cuda::RowNorm::kRms, n,
+                                 ctx->stream()),
+              cudaErrorInvalidValue);  // groups of no columns
 }
 
 // GeGLU with the tanh GELU, the logit soft-cap, the fp32 residual add.
