@@ -142,10 +142,13 @@ int paths(const std::string& dir, std::vector<int> batches) {
     for (int B : batches) std::printf(" decode B=%d ms/step | tok/s |", B);
     std::printf("\n|---|---|%s\n", std::string(2 * batches.size(), '-').c_str());
     std::vector<double> plain_row;
+    ParallelOptions one_rank;
+    one_rank.devices = {0};
+    one_rank.shard.ranks = 1;
     for (int which = 0; which < 2; ++which) {
         Result<std::unique_ptr<Executor>> e =
             which == 0 ? make_cuda_executor(*cfg, w, eo)
-                       : make_sharded_executor(*cfg, w, ThreadPool::global(), eo, ParallelOptions{{0}, {1, {}, false}});
+                       : make_sharded_executor(*cfg, w, ThreadPool::global(), eo, one_rank);
         if (!e.is_ok()) {
             std::fprintf(stderr, "%s\n", e.status().to_string().c_str());
             return 1;
