@@ -90,8 +90,8 @@ struct DeviceCosts {
     int64_t state_slot_bytes = 0;
     std::function<int(int cache_tokens, int context, int bits_k, int bits_v)> state_slots;
     // Step buffers and workspaces (activations, logits, plan arrays, EXL3 / attention / MoE scratch) for steps of up
-    // to `tokens` tokens in sequences of up to `context` tokens; host_embed: the step's embedding rows come up too.
-    std::function<int64_t(int tokens, int context, bool host_embed)> step_bytes;
+    // to `tokens` tokens in sequences of up to `context` tokens.
+    std::function<int64_t(int tokens, int context)> step_bytes;
 };
 // The CUDA backend's costs for `cfg` / `w` with the page size and batch invariance of `opts`; kUnsupported without
 // CUDA.

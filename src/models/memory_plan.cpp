@@ -117,7 +117,7 @@ MemoryPlan Planner::build(const Choice& c) const {
         if (c.embed_gpu)
             p.gpu.push_back({"embeddings", "the table on the GPU (--embed-on-gpu)", costs_.embed});
         else
-            p.host.push_back({"embeddings", "pinned; each step's rows are copied up", costs_.embed});
+            p.host.push_back({"embeddings", "pinned; the lookup reads each step's rows over PCIe", costs_.embed});
     }
     const bool stream = c.offload > 0 && c.mode == OffloadMode::kStream;
     if (stream) {
@@ -135,11 +135,10 @@ MemoryPlan Planner::build(const Choice& c) const {
     }
     if (host_moe)
         p.host.push_back({"MoE blocks on the CPU", fmt::format("{} layers, read in place", c.expert_layers), host_moe});
-    const bool host_embed = !costs_.head_tied && !c.embed_gpu;
     const int rows = std::min(c.step_tokens, costs_.max_logit_rows);
     p.gpu.push_back({"step buffers and workspaces",
                      fmt::format("steps of up to {} tokens, {} logit rows", c.step_tokens, rows),
-                     costs_.step_bytes(c.step_tokens, c.context, host_embed)});
+                     costs_.step_bytes(c.step_tokens, c.context)});
     if (costs_.sampler_bytes && c.sampler_rows > 0)
         p.gpu.push_back({"sampler", fmt::format("{} rows at a time, reserved at load", c.sampler_rows),
                          costs_.sampler_bytes(c.sampler_rows)});

@@ -76,7 +76,7 @@ inline void add_memory_options(CLI::App& app, MemoryFlags& f) {
         ->check(CLI::NonNegativeNumber);
     app.add_flag("--cpu-moe", f.cpu_moe, "mixtures of experts: every MoE block in host memory, run by the CPU");
     app.add_flag("--embed-on-gpu", f.embed_on_gpu,
-                 "keep the embedding table on the GPU (default: pinned host memory, the step's rows copied up)");
+                 "keep the embedding table on the GPU (default: pinned host memory, the step's rows read over PCIe)");
 }
 
 // KV-cache and batching flags shared by run, chat, ppl, bench and serve: --kv-bits N sets keys and values,

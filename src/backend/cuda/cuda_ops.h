@@ -59,11 +59,10 @@ public:
         entered_ = -1;
         return s_.wstream ? s_.wstream->begin_step(st()) : Status::ok();
     }
-    // The table on the device, or the step's rows that upload_plan brought up from the host table (row t for token t).
+    // From the table on the device or in pinned host memory (read over PCIe: DeviceWeights::embed_table).
     Status embed() {
-        const void* table = s_.w.embed_table();
-        return ck(cuda::embed(table ? table : s_.embed_rows.get(), s_.act, table ? tokens() : s_.embed_iota.as<int32_t>(),
-                              T(), s_.cfg.hidden_size, s_.h.as<float>(), st(), s_.cfg.embed_scale),
+        return ck(cuda::embed(s_.w.embed_table(), s_.act, tokens(), T(), s_.cfg.hidden_size, s_.h.as<float>(), st(),
+                              s_.cfg.embed_scale),
                   "embed");
     }
     Status add_norm(Slot delta, const DeviceBuffer& w, float eps, Slot out) {

@@ -88,8 +88,8 @@ public:
 };
 
 struct UploadOptions {
-    // false: the embedding table stays in pinned host memory (embed_host) and each step gathers its rows there; a
-    // tied head still puts the table on the GPU once, as the head, and the lookup reads that.
+    // false: the embedding table stays in pinned host memory (embed_host), which the lookup reads over PCIe; a tied
+    // head still puts the table on the GPU once, as the head, and the lookup reads that.
     bool embed_on_gpu = true;
     std::vector<bool> moe_on_host;  // per layer (empty: none): the MoE block stays in host memory (DevMoe::on_host)
 };
@@ -101,10 +101,12 @@ struct DeviceWeights {
     DevLinear head_exl3;         // an EXL3 lm_head (then `head` is null)
     std::vector<DevLayer> layers;
 
-    // The table the embedding lookup reads on the device, or null when it is in host memory (embed_host).
+    // The table the embedding lookup reads: on the device, or in pinned host memory (embed_host), which unified
+    // addressing maps into the device's address space under the same pointer: the lookup then reads the step's rows
+    // over PCIe itself (no host gather, nothing on the step's critical path but those rows' bytes).
     const void* embed_table() const {
         if (embed.get()) return embed.get();
-        return embed_host.get() ? nullptr : head;
+        return embed_host.get() ? embed_host.get() : head;
     }
 
     // Places every tensor through `placer`. A linear that mixes EXL3 and dense parts is dequantized on the host and

@@ -59,13 +59,12 @@ Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights&
     const int gathered = opts.link.gathered_vocab();  // tensor parallelism's rank 0: the gathered logits
     // The EXL3 scratch walks every linear: counted once per step size (the planner asks many times).
     auto exl3_scratch = std::make_shared<std::map<int, int64_t>>();
-    c.step_bytes = [cfg, shapes, exl3_scratch, ps, invariant, bits_k, bits_v, gathered](int tokens, int context,
-                                                                                      bool host_embed) {
+    c.step_bytes = [cfg, shapes, exl3_scratch, ps, invariant, bits_k, bits_v, gathered](int tokens, int context) {
         const int rows = std::min(tokens, cuda::kPlannedLogitRows);
         const int batch = std::min(tokens, cuda::kPlannedBatch);
         const int max_pages = (context + ps - 1) / ps;
         int64_t n = static_cast<int64_t>(
-            cuda::step_buffer_sizes(cfg, tokens, batch, rows, max_pages, host_embed, gathered).device_total());
+            cuda::step_buffer_sizes(cfg, tokens, batch, rows, max_pages, gathered).device_total());
         auto it = exl3_scratch->find(tokens);
         if (it == exl3_scratch->end())
             it = exl3_scratch

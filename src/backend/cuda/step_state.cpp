@@ -36,7 +36,7 @@ size_t sampler_device_bytes(int rows, int vocab) {
     return n;
 }
 
-StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows,
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages,
                                   int gathered_vocab) {
     StepBufferSizes z;
     const size_t T_ = static_cast<size_t>(T);
@@ -51,10 +51,6 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
     z.plan_ints = 3 * T_ + 4 * static_cast<size_t>(B) + 1 + static_cast<size_t>(B) * max_pages + n_out;
     z.plan = z.plan_ints * sizeof(int32_t);
     z.inv_freq = static_cast<size_t>(2 * cfg.head_dim) * sizeof(float);
-    if (embed_rows) {
-        z.embed_rows = T_ * cfg.hidden_size * 2;
-        z.embed_iota = T_ * sizeof(int32_t);
-    }
     if (cfg.hybrid()) {  // the linear layers' scratch: the conv's output, beta | g, the delta rule's output (fp32)
         z.lin_y = T_ * cfg.lin_conv_dim() * sizeof(float);
         z.lin_gates = T_ * 2 * cfg.lin_v_heads * sizeof(float);
@@ -66,8 +62,7 @@ StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_ou
 size_t StepBufferSizes::device_total() const {
     size_t n = 0;
     for (size_t s : slots) n += allocation_footprint(s);
-    for (size_t b : {h, logits, xout, plan, inv_freq, embed_rows, embed_iota, logits_full, gather_ws, lin_y, lin_gates,
-                     lin_o})
+    for (size_t b : {h, logits, xout, plan, inv_freq, logits_full, gather_ws, lin_y, lin_gates, lin_o})
         n += allocation_footprint(b);
     return n;
 }
@@ -184,10 +179,8 @@ Status StepState::reserve(int T, int B, int n_out) {
     batch_capacity = std::max(batch_capacity, B);
     out_capacity = std::max(out_capacity, n_out);
     drop_graphs();
-    const bool host_embed = w.embed_host.get() != nullptr;  // (the converter's layers have no table at all)
-    const StepBufferSizes z =
-        step_buffer_sizes(cfg, capacity, batch_capacity, out_capacity, kv.max_pages_per_seq(), host_embed,
-                          opts.link.sharded() ? opts.link.gathered_vocab() : 0);
+    const StepBufferSizes z = step_buffer_sizes(cfg, capacity, batch_capacity, out_capacity, kv.max_pages_per_seq(),
+                                                opts.link.sharded() ? opts.link.gathered_vocab() : 0);
     for (int s = 0; s < kNumSlots; ++s) EXL3_RETURN_IF_ERROR(slots[static_cast<size_t>(s)].reserve(z.slots[static_cast<size_t>(s)]));
     EXL3_RETURN_IF_ERROR(h.reserve(z.h));
     EXL3_RETURN_IF_ERROR(logits.reserve(z.logits));
@@ -217,13 +210,6 @@ Status StepState::reserve(int T, int B, int n_out) {
     EXL3_RETURN_IF_ERROR(plan_dev.reserve(z.plan));
     EXL3_RETURN_IF_ERROR(inv_freq.reserve(z.inv_freq));
     inv_freq_uploaded.clear();
-    if (host_embed && z.embed_rows > embed_rows.bytes()) {
-        EXL3_RETURN_IF_ERROR(embed_rows.reserve(z.embed_rows));
-        EXL3_RETURN_IF_ERROR(embed_rows_host.allocate(z.embed_rows));
-        std::vector<int32_t> iota(T_);
-        std::iota(iota.begin(), iota.end(), 0);
-        EXL3_RETURN_IF_ERROR(embed_iota.upload(iota.data(), z.embed_iota));
-    }
     EXL3_RETURN_IF_ERROR(lin_y.reserve(z.lin_y));
     EXL3_RETURN_IF_ERROR(lin_gates.reserve(z.lin_gates));
     EXL3_RETURN_IF_ERROR(lin_o.reserve(z.lin_o));
@@ -356,16 +342,6 @@ Status StepState::upload_plan(const StepPlan& plan, const std::vector<const std:
                                                     static_cast<size_t>(n_out) * sizeof(int32_t),
                                                     cudaMemcpyHostToDevice, st),
                                     "plan upload"));
-    if (s.w.embed_host.get()) {  // the embedding table is in host memory: the step's rows go up
-        const size_t row = static_cast<size_t>(s.cfg.hidden_size) * 2;
-        auto* dst = static_cast<uint8_t*>(s.embed_rows_host.get());
-        const auto* table = static_cast<const uint8_t*>(s.w.embed_host.get());
-        for (size_t t = 0; t < plan.tokens.size(); ++t)
-            std::memcpy(dst + t * row, table + static_cast<size_t>(plan.tokens[t]) * row, row);
-        EXL3_RETURN_IF_ERROR(check_cuda(
-            cudaMemcpyAsync(s.embed_rows.get(), dst, plan.tokens.size() * row, cudaMemcpyHostToDevice, st),
-            "embedding rows upload"));
-    }
     EXL3_RETURN_IF_ERROR(check_cuda(cudaEventRecord(s.plan_copied, st), "plan upload"));
     // A copy from pageable memory is staged before cudaMemcpyAsync returns: the vector may change after it.
     std::vector<float> freqs = s.rope.inv_freq;

@@ -47,11 +47,10 @@ constexpr int64_t kCudaGraphBytes = int64_t{64} << 20;
 constexpr int64_t kPinnedMapBytesPerGiB = int64_t{4} << 20;
 
 // The step buffers' sizes for T tokens, B sequences and n_out logit rows: what StepState::reserve allocates besides
-// the workspaces, and what the memory plan counts. embed_rows: the embedding table is in host memory (each step's
-// rows come up through a buffer of their own).
+// the workspaces, and what the memory plan counts.
 struct StepBufferSizes {
     std::array<size_t, kNumSlots> slots{};
-    size_t h = 0, logits = 0, xout = 0, plan = 0, inv_freq = 0, embed_rows = 0, embed_iota = 0;
+    size_t h = 0, logits = 0, xout = 0, plan = 0, inv_freq = 0;
     size_t logits_full = 0, gather_ws = 0;  // tensor parallelism's rank 0: every rank's logit columns gathered
     size_t lin_y = 0, lin_gates = 0, lin_o = 0;  // hybrid models' linear-attention scratch
     size_t plan_ints = 0;  // the plan's arrays (plan_dev, and the pinned host copy)
@@ -59,7 +58,7 @@ struct StepBufferSizes {
     size_t device_total() const;
 };
 // gathered_vocab: tensor parallelism's rank 0 gathers every rank's logit columns, this many (0: no gather).
-StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages, bool embed_rows,
+StepBufferSizes step_buffer_sizes(const ModelConfig& cfg, int T, int B, int n_out, int max_pages,
                                   int gathered_vocab = 0);
 // The MoE buffers of StepState::reserve_moe for T tokens, in its order (moe_logits, moe_scratch, moe_ids, moe_wts,
 // moe_sorted, moe_x, moe_gu, moe_g, moe_y, moe_gate, and moe_ws: the largest workspace of a layer whose experts take
@@ -114,10 +113,6 @@ struct StepState {
     DeviceBuffer logits_full, gather_ws;
     DeviceBuffer exl3_ws;  // scratch of the EXL3 matmuls (split-K counters stay zero between calls)
     DeviceBuffer inv_ws;   // scratch of the batch-invariant dense GEMM (opts.batch_invariant)
-    // The embedding table in host memory: the step's rows gathered into embed_rows_host (pinned) and copied to
-    // embed_rows [capacity, hidden]; embed_iota [capacity] = 0, 1, ... for the lookup kernel.
-    DeviceBuffer embed_rows, embed_iota;
-    PinnedBuffer embed_rows_host;
     // Mixtures of experts (CudaOps::moe): router logits and routing scratch, the chosen ids and weights, the chosen
     // (token, weight) pairs sorted by expert, an expert's gathered rows, intermediates and output, the shared gate;
     // moe_host (pinned) takes the ids and weights down and the sorted pairs up.
