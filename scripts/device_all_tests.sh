@@ -35,15 +35,7 @@ done
 cp /tmp/g/golden/*.safetensors tests/fixtures/golden/ 2>/dev/null
 echo "  $(ls /tmp/g/models | wc -l) models: $same as committed, $differ differ, $new not carried (made here)"
 
-B=/tmp/bins; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
-export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
-src=$(cat "$P/source_dir" 2>/dev/null)
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
-bd=$(cat "$P/build_dir" 2>/dev/null)
-if [ -n "$bd" ]; then
-  mkdir -p "$bd/tests/shared_extract"
-  for x in tests/fixtures/shared_extract/*.tar.xz; do [ -f "$x" ] && tar xJf "$x" -C "$bd/tests/shared_extract"; done
-fi
+B=/tmp/bins; . scripts/device_unpack.sh
 
 echo "== $(el) random EXL3 MoE models"
 python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \

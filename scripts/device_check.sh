@@ -6,8 +6,11 @@
 #   proof   a random Llama-3-8B-shaped EXL3 4.0 bpw model and `exl3 bench -p 512,2048 -b 1,8,32 -c 512 -g 128` and
 #           `--jobs 1,32` by this build and by $P/base/exl3 (a build of an earlier commit), interleaved: the speed
 #           before and after a change on the same card;
-#   1b      `bash scripts/device_convert.sh 1b` (a Llama-3.2-1B conversion, timed by stage).
-# Carried: $P/bins.tar.xz (pack_device.sh: exl3 and the test binaries), optionally $P/base.tar.xz (base/exl3).
+#   1b      `bash scripts/device_convert.sh 1b` (a Llama-3.2-1B conversion, timed by stage);
+#   spec    a random Qwen3.5-27B-shaped EXL3 4.0 bpw model (a hybrid) and `exl3 bench --check-rows 1,2,5`: speculative
+#           decoding's check steps, whose tentative tokens each take a snapshot of the recurrent state (a rejection
+#           restores one), beside the one-token decode step that recomputing instead would add.
+# Carried: $P/bins.tar.xz (pack_device.sh: exl3 and the test binaries; base/exl3 inside it or in $P/base.tar.xz).
 # Usage (device tool): PARTS=tests,moe,proof,1b TESTS="exl3_cuda_tests:Act/FamilyOps.*" bash scripts/device_check.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -18,11 +21,8 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 t0=$(date +%s)
 el() { echo "[$(($(date +%s) - t0)) s]"; }
 has() { case ",$PARTS," in *",$1,"*) return 0 ;; esac; return 1; }
-B=/tmp/bins; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
+B=/tmp/bins; . scripts/device_unpack.sh
 [ -f "$P/base.tar.xz" ] && mkdir -p "$B/base" && xz -dc "$P/base.tar.xz" | tar xf - -C "$B/base"
-export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
-src=$(cat "$P/source_dir" 2>/dev/null)
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 
 if has tests; then
@@ -61,6 +61,14 @@ if has proof; then
     timeout 150 "$x" bench -m /tmp/models/l8b -d cuda --jobs 1,32 > /tmp/j.log 2>&1
     echo "exit $?"; grep -E "^\| (1|32) \| " /tmp/j.log
   done
+fi
+if has spec; then
+  echo "== $(el) Qwen3.5-27B shape, EXL3 4.0 bpw: check steps"
+  python3 tools/bench/make_random_model.py --shape qwen3.5-27b --exl3-bits 4 --head-bits 6 --out /tmp/models/q35 \
+    > /tmp/m.log 2>&1 || tail -3 /tmp/m.log
+  timeout 150 "$B/exl3" bench -m /tmp/models/q35 -d cuda -p 16 -b 1 -c 512 -g 32 --check-rows 1,2,5 > /tmp/b.log 2>&1
+  echo "exit $?"; grep -E "^memory plan|^\| [0-9]+ \||check|rror" /tmp/b.log | head -20
+  rm -rf /tmp/models/q35
 fi
 if has 1b; then
   echo "== $(el) Llama-3.2-1B conversion"

@@ -10,15 +10,7 @@ P=.device/r1
 runs=()
 for a in "$@"; do case "$a" in P=*) P=${a#P=} ;; *) runs+=("$a") ;; esac; done
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-B=/tmp/bins; mkdir -p "$B" && xz -dc "$P/bins.tar.xz" | tar xf - -C "$B"
-export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
-src=$(cat "$P/source_dir" 2>/dev/null)
-if [ -n "$src" ] && [ "$src" != "$PWD" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$PWD" "$src"; fi
-bd=$(cat "$P/build_dir" 2>/dev/null)
-if [ -n "$bd" ]; then
-  mkdir -p "$bd/tests/shared_extract"
-  for x in tests/fixtures/shared_extract/*.tar.xz; do tar xJf "$x" -C "$bd/tests/shared_extract"; done
-fi
+B=/tmp/bins; . scripts/device_unpack.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 t0=$(date +%s)
 for r in "${runs[@]}"; do
