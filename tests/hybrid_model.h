@@ -23,6 +23,9 @@
 namespace exl3::test {
 
 enum class HybridKind { kQwen3Next, kQwen35, kQwen35MoeStacked, kQwen35Wrapped };
+// Every layout, for the tests parameterised over them (::testing::ValuesIn).
+inline constexpr HybridKind kHybridKinds[] = {HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
+                                             HybridKind::kQwen35Wrapped};
 
 struct HybridShape {
     int vocab = 96, hidden = 64, inter = 96, layers = 4, heads = 2, kv_heads = 1, head_dim = 32;

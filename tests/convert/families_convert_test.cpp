@@ -115,10 +115,11 @@ TEST_P(FamilyConvert, ConvertsLoadsAndMatches) {
     const double rel = test::relative_rms(a, b);
     std::printf("  %s: 4.0 bpw (%s encoder) in %.1f s, logits relative error vs bf16 %.4f\n", name.c_str(),
                 gpu ? "cuda" : "cpu", r->seconds, rel);
-    // These random models amplify (weights at 1.5/sqrt(fan_in)): per-tensor K=4 error ~0.08 compounds over 3-4 layers,
-    // more through the experts' few calibration rows and the hybrids' recurrent state: 0.20-0.36 for the dense
-    // families and Qwen3-MoE, 0.52-0.70 for gpt-oss, Qwen3-Next and Qwen3.5-MoE (H100, 2026-12-06).
-    EXPECT_LT(rel, 0.8);
+    // These random models amplify (weights at 1.5/sqrt(fan_in)): per-tensor K=4 error ~0.08 compounds over 3-4 layers:
+    // 0.20-0.36 for the dense families (Qwen3.5's hybrid included). A mixture of experts as it routes also flips
+    // near-tied experts, a jump more bits do not shrink: gpt-oss 0.67, its MXFP4 twin 0.52, Qwen3-Next 0.68, Qwen3.5-MoE
+    // 0.70, Qwen3-MoE 0.32 (H100, 2026-12-06); its every-expert copy, below, is what shows the conversion is right.
+    EXPECT_LT(rel, cfg->num_experts > 0 ? 0.8 : 0.5);
     // What tells a conversion that lost or misplaced a tensor from a hard model: the error falls with the bits, about
     // halving with each (on the GPU, where a conversion takes a second or two). Not for a mixture of experts as it
     // routes: quantization noise flips the choice of near-tied experts, a jump that more bits do not shrink (H100:

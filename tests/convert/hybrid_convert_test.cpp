@@ -140,8 +140,7 @@ TEST_P(HybridConvert, ConvertsToTheReferenceLayoutAndMatches) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridConvert,
-                         ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
-                                           HybridKind::kQwen35Wrapped));
+                         ::testing::ValuesIn(test::kHybridKinds));
 
 }  // namespace
 }  // namespace exl3::convert

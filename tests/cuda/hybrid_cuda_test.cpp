@@ -210,8 +210,7 @@ TEST_P(HybridCuda, PrefixReuseRestoresTheState) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridCuda,
-                         ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
-                                           HybridKind::kQwen35Wrapped),
+                         ::testing::ValuesIn(test::kHybridKinds),
                          [](const auto& info) { return std::string(test::kind_name(info.param)); });
 
 // Decode steps replayed from captured graphs (the slots and snapshots read from the plan's device arrays) give the

@@ -171,15 +171,13 @@ protected:
     }
 };
 
-// Every expert chosen: these random models sum up to nine amplifying MLPs a layer, and their 16-bit rounding (CUDA's
-// activations bf16, the CPU's fp32) spreads over every position rather than a few (position_errors.h). Measured on the
-// H100, 2026-12-06 (200 prefill positions and 20 decode steps): share within 3e-2 / median / worst -- Qwen3-MoE 100 % /
-// 7.2e-3 / 1.5e-2, Qwen2-MoE 90 % / 1.7e-2 / 6.6e-2, Mixtral 92 % / 1.6e-2 / 4.5e-2, GLM-4.5 100 % / 8.5e-3 / 1.9e-2,
-// gpt-oss 73 % / 2.3e-2 / 6.8e-2 (its MXFP4 twin, dequantized at load to the same kind of bf16 values: 72 % / 2.2e-2 /
-// 9.7e-2), Qwen3-Next 84 % / 1.9e-2 / 7.3e-2, Qwen3.5-MoE 80 % / 1.8e-2 / 1.1e-1. A wrong bias, sink, clamp or routing
-// weight moves every position by far more (the converter's 4.0 bpw files: 0.3-0.7). So: 60 % within 3e-2, none above
-// 0.2. gpt-oss takes the host-routed path: its biases through the experts' linears, its clamped SwiGLU in
-// swiglu_clamp_mul, its sinks in the attention kernels.
+// 8e-2 at every position: with every expert chosen these random models sum up to nine amplifying MLPs a layer.
+// Worst position measured (H200 / H100; share within 3e-2 and median printed beside it since 2026-12-06):
+// Qwen3-MoE 1.5e-2 (100 %, median 7.2e-3), Qwen2-MoE 6.6e-2 (90 %, 1.7e-2), Mixtral 4.5e-2 (92 %, 1.6e-2), GLM-4.5
+// 1.9e-2 (100 %, 8.5e-3), gpt-oss 6.8e-2 (73 %, 2.3e-2), Qwen3-Next 7.3e-2 (84 %, 1.9e-2). Failing, cause not found
+// (H100, 2026-12-06): gpt-oss MXFP4 9.7e-2 (72 %, 2.2e-2) and Qwen3.5-MoE 1.1e-1 (80 %, 1.8e-2) -- gpt-oss's and the
+// hybrids' medians are 2-3x the other families', a lead to follow. gpt-oss takes the host-routed path: its biases
+// through the experts' linears, its clamped SwiGLU in swiglu_clamp_mul, its sinks in the attention kernels.
 TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
     EXL3_REQUIRE_GPU();
     const std::string dir = golden_dir();
@@ -202,7 +200,7 @@ TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
         ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
         err.add(rel_err(lg.data(), lc.data(), static_cast<int>(V)));
     }
-    err.expect(GetParam(), 3e-2f, 0.6f, 0.2f);
+    err.expect(GetParam(), 8e-2f, 1.0f, 8e-2f);  // every position within 8e-2
 }
 
 TEST_P(CudaExperts, RoutedMostlyMatchesCpu) {

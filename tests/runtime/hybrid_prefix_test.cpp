@@ -164,8 +164,7 @@ TEST_P(HybridPrefix, GeneratorWavesGiveThePlainTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, HybridPrefix,
-                         ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
-                                           HybridKind::kQwen35Wrapped),
+                         ::testing::ValuesIn(test::kHybridKinds),
                          [](const auto& info) { return std::string(test::kind_name(info.param)); });
 
 }  // namespace

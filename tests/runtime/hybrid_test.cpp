@@ -183,8 +183,7 @@ TEST_P(Hybrid, SpeculativeDecodingGivesThePlainTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, Hybrid,
-                         ::testing::Values(HybridKind::kQwen3Next, HybridKind::kQwen35, HybridKind::kQwen35MoeStacked,
-                                           HybridKind::kQwen35Wrapped),
+                         ::testing::ValuesIn(test::kHybridKinds),
                          [](const auto& info) { return std::string(test::kind_name(info.param)); });
 
 // A checkpoint without one of a linear-attention layer's tensors: one error, naming it.
