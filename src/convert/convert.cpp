@@ -756,7 +756,7 @@ Result<ConvertReport> Converter::run() {
 }  // namespace
 
 CalibrationSize default_calibration(int max_in) {
-    const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, 4096, 131072);
+    const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, kCalibMinTokens, 131072);
     CalibrationSize c;
     c.cols = tokens < 8192 ? 256 : 512;
     c.rows = static_cast<int>((tokens + c.cols - 1) / c.cols);
