@@ -5,7 +5,8 @@
 #   moe     a random Qwen3-30B-A3B-shaped EXL3 4.0 bpw model (6-bit head) and `exl3 bench -p 2048 -b 1,32 -c 512`;
 #   proof   a random Llama-3-8B-shaped EXL3 4.0 bpw model and `exl3 bench -p 512,2048 -b 1,8,32 -c 512 -g 128` and
 #           `--jobs 1,32` by this build and by $P/base/exl3 (a build of an earlier commit), interleaved: the speed
-#           before and after a change on the same card;
+#           before and after a change on the same card (ROUNDS=N repeats them; NEW_ARGS="--opt ..." adds a run of
+#           this build with those options);
 #   1b      `bash scripts/device_convert.sh 1b` (a Llama-3.2-1B conversion, timed by stage);
 #   spec    a random Qwen3.5-27B-shaped EXL3 4.0 bpw model (a hybrid) and `exl3 bench --check-rows 1,2,5`: speculative
 #           decoding's check steps, whose tentative tokens each take a snapshot of the recurrent state (a rejection
@@ -51,15 +52,19 @@ if has proof; then
   echo "== $(el) Llama-3-8B shape, EXL3 4.0 bpw"
   python3 tools/bench/make_random_model.py --shape llama3-8b --exl3-bits 4 --head-bits 6 --out /tmp/models/l8b \
     > /tmp/m.log 2>&1 || tail -3 /tmp/m.log
-  for v in base new; do
+  # ROUNDS rounds of base, new and (with NEW_ARGS) new with those options, interleaved.
+  for round in $(seq "${ROUNDS:-1}"); do
+  for v in base new ${NEW_ARGS:+new+}; do
     x="$B/exl3"; [ $v = base ] && x="$B/base/exl3"
+    a=(); [ $v = new+ ] && read -ra a <<< "$NEW_ARGS"
     [ -x "$x" ] || continue
-    echo "== $(el) $v: exl3 bench -p 512,2048 -b 1,8,32 -c 512 -g 128"
-    timeout 120 "$x" bench -m /tmp/models/l8b -d cuda -p 512,2048 -b 1,8,32 -c 512 -g 128 > /tmp/b.log 2>&1
+    echo "== $(el) $v ${a[*]}: exl3 bench -p 512,2048 -b 1,8,32 -c 512 -g 128"
+    timeout 120 "$x" bench -m /tmp/models/l8b -d cuda -p 512,2048 -b 1,8,32 -c 512 -g 128 "${a[@]}" > /tmp/b.log 2>&1
     echo "exit $?"; grep -E "^memory plan|^\| [0-9]+ \|" /tmp/b.log
-    echo "== $(el) $v: exl3 bench --jobs 1,32"
-    timeout 150 "$x" bench -m /tmp/models/l8b -d cuda --jobs 1,32 > /tmp/j.log 2>&1
+    echo "== $(el) $v ${a[*]}: exl3 bench --jobs 1,32"
+    timeout 150 "$x" bench -m /tmp/models/l8b -d cuda --jobs 1,32 "${a[@]}" > /tmp/j.log 2>&1
     echo "exit $?"; grep -E "^\| (1|32) \| " /tmp/j.log
+  done
   done
 fi
 if has spec; then

@@ -7,6 +7,7 @@
 #          with defaults (--device cuda), wall time, the stage breakdown and peak memory `exl3 convert` prints, and
 #          `exl3 inspect` of the output (loadable);
 #   8b     the same for Llama-3-8B (--shape llama3-8b);
+#   8b-est Llama-3-8B's first 2 and 4 layers, the whole extrapolated as for 70b (when a full run would not fit a call);
 #   ablate tiny-target converted on the GPU at 2.0 and 3.0 bpw with each of the recipe's steps left out (--recipe) and
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw with the defaults, perplexity on eval.txt and on wikitext-2 test
@@ -69,6 +70,17 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
   return $rc
 }
 
+estimate() {  # estimate SHAPE LAYERS -> its first 2 and 4 layers converted, the whole model extrapolated
+  local shape=$1 n=$2
+  convert "$shape" 2 && convert "$shape" 4
+  if [ -f "$OUT/wall-$shape-2" ] && [ -f "$OUT/wall-$shape-4" ]; then
+    t2=$(cat "$OUT/wall-$shape-2"); t4=$(cat "$OUT/wall-$shape-4")
+    awk -v a="$t2" -v b="$t4" -v n="$n" -v s="$shape" 'BEGIN { printf "%s EXTRAPOLATED (not measured): a layer %.1f s; %d " \
+      "layers ~ %.1f min (the 2-layer run'"'"'s fixed costs -- calibration text, embedding, head -- plus %d more layers)\n", \
+      s, (b - a) / 2, n, (a + (n - 2) * (b - a) / 2) / 60, n - 2 }'
+  fi
+}
+
 ppl() {  # ppl MODEL TEXT -> perplexity (CUDA engine, ctx 512)
   "$B/exl3" ppl -m "$1" -f "$2" --device cuda --ctx 512 --json 2>/dev/null | grep -oE '"perplexity": *[0-9.]+' | grep -oE '[0-9.]+$'
 }
@@ -94,13 +106,8 @@ for m in "${modes[@]}"; do
       done ;;
     1b) convert llama3-1b "" ;;
     8b) convert llama3-8b "" ;;
-    70b)
-      convert llama3-70b 2 && convert llama3-70b 4
-      if [ -f "$OUT/wall-llama3-70b-2" ] && [ -f "$OUT/wall-llama3-70b-4" ]; then
-        t2=$(cat "$OUT/wall-llama3-70b-2"); t4=$(cat "$OUT/wall-llama3-70b-4")
-        awk -v a="$t2" -v b="$t4" 'BEGIN { printf "70B EXTRAPOLATED (not measured): a layer %.1f s; 80 layers ~ %.1f min " \
-          "(the 2-layer run'"'"'s fixed costs -- calibration text, embedding, head -- plus 78 more layers)\n", (b - a) / 2, (a + 78 * (b - a) / 2) / 60 }'
-      fi ;;
+    70b) estimate llama3-70b 80 ;;
+    8b-est) estimate llama3-8b 32 ;;
     ablate)
       echo "| tiny-target | bpw | eval.txt | convert |"
       echo "| bf16 | 16 | $(ppl "$S/models/tiny-target" "$S/data/eval.txt") | |"
@@ -133,6 +140,6 @@ for m in "${modes[@]}"; do
         echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
       done
       for b in 2.0 2.5 3.0 3.5 4.0 5.0; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
-    *) echo "unknown mode $m (tests, 1b, 8b, 70b, ablate, table, calib)" ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, calib)" ;;
   esac
 done

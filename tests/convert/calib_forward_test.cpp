@@ -24,17 +24,16 @@ struct Loaded {
     HostWeights w;
 };
 
-Loaded load_tiny_draft() {
-    Loaded l;
+// tiny-draft's config and weights, or a failed test (the caller stops: ASSERT_NO_FATAL_FAILURE).
+void load_tiny_draft(Loaded* l) {
     const std::string dir = test::repo_path("tests/models/tiny-draft");
     auto cfg = load_model_config(dir);
-    EXPECT_TRUE(cfg.is_ok()) << cfg.status().to_string();
-    l.cfg = *cfg;
+    ASSERT_TRUE(cfg.is_ok()) << cfg.status().to_string();
+    l->cfg = *cfg;
     auto st = TensorStore::open_dir(dir);
-    EXPECT_TRUE(st.is_ok()) << st.status().to_string();
-    l.store = std::move(*st);
-    EXPECT_TRUE(load_host_weights(l.store, l.cfg, &l.w).is_ok());
-    return l;
+    ASSERT_TRUE(st.is_ok()) << st.status().to_string();
+    l->store = std::move(*st);
+    ASSERT_TRUE(load_host_weights(l->store, l->cfg, &l->w).is_ok());
 }
 
 std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
@@ -46,7 +45,8 @@ std::vector<int32_t> random_tokens(int n, int vocab, uint64_t seed) {
 }
 
 TEST(CalibForward, LayerByLayerEqualsTheModel) {
-    Loaded l = load_tiny_draft();
+    Loaded l;
+    ASSERT_NO_FATAL_FAILURE(load_tiny_draft(&l));
     const ModelConfig& c = l.cfg;
     const int rows = 3, cols = 40, D = c.hidden_size;
     std::vector<std::vector<int32_t>> toks;
@@ -86,7 +86,8 @@ TEST(CalibForward, LayerByLayerEqualsTheModel) {
 }
 
 TEST(CalibForward, CapturesEveryLinearInput) {
-    Loaded l = load_tiny_draft();
+    Loaded l;
+    ASSERT_NO_FATAL_FAILURE(load_tiny_draft(&l));
     const ModelConfig& c = l.cfg;
     const int rows = 2, cols = 24, D = c.hidden_size;
     Calib cs;

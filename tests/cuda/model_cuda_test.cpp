@@ -171,13 +171,25 @@ protected:
     }
 };
 
-// 8e-2 at every position: with every expert chosen these random models sum up to nine amplifying MLPs a layer.
-// Worst position measured (H200 / H100; share within 3e-2 and median printed beside it since 2026-12-06):
-// Qwen3-MoE 1.5e-2 (100 %, median 7.2e-3), Qwen2-MoE 6.6e-2 (90 %, 1.7e-2), Mixtral 4.5e-2 (92 %, 1.6e-2), GLM-4.5
-// 1.9e-2 (100 %, 8.5e-3), gpt-oss 6.8e-2 (73 %, 2.3e-2), Qwen3-Next 7.3e-2 (84 %, 1.9e-2). Failing, cause not found
-// (H100, 2026-12-06): gpt-oss MXFP4 9.7e-2 (72 %, 2.2e-2) and Qwen3.5-MoE 1.1e-1 (80 %, 1.8e-2) -- gpt-oss's and the
-// hybrids' medians are 2-3x the other families', a lead to follow. gpt-oss takes the host-routed path: its biases
-// through the experts' linears, its clamped SwiGLU in swiglu_clamp_mul, its sinks in the attention kernels.
+// What CUDA's 16-bit activations alone do to these tiny random models, measured on the CPU (bench/lab/bf16_rounding:
+// the CPU reference rounding to bf16 exactly where the CUDA backend stores 16 bits -- norm outputs, q|k|v, the
+// attention's P and output, gate|up and the GLU product -- reproduces CUDA's worst, median and share of each model
+// to two digits; 30 runs with random errors of the same size at the same places give the spread). Two classes:
+// - well conditioned (Qwen3-MoE, Qwen2-MoE, Mixtral, GLM-4.5): over the 30 runs the worst position reached 8.4e-2
+//   and 86-100 % of positions stayed within 3e-2 (CUDA: worst 1.5e-2 to 6.6e-2, 90-100 %). Bound: 1e-1, 80 %.
+// - ill conditioned (gpt-oss in both weight formats, Qwen3-Next, Qwen3.5-MoE): the runs' worst positions span
+//   6.0e-2 to 1.74e-1 and 69-89 % stay within 3e-2, with medians 2-3x the others' (CUDA: worst 6.8e-2 to 1.1e-1,
+//   72-84 %; rounding alone gives the same). Bound: 2e-1, 65 %. A real defect moves the median and the share: a
+//   wrong bias, clamp, sink or expert moves every position, not a few.
+struct ExpertBound {
+    float cap, share;
+};
+ExpertBound expert_bound(const std::string& name) {
+    for (const char* ill : {"gpt_oss", "qwen3_next", "qwen3_5_moe"})
+        if (name.rfind(ill, 0) == 0) return {2e-1f, 0.65f};
+    return {1e-1f, 0.8f};
+}
+
 TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
     EXL3_REQUIRE_GPU();
     const std::string dir = golden_dir();
@@ -200,7 +212,8 @@ TEST_P(CudaExperts, EveryExpertChosenMatchesCpu) {
         ASSERT_TRUE(gpu->forward(**sg, t, false, &lg).is_ok());
         err.add(rel_err(lg.data(), lc.data(), static_cast<int>(V)));
     }
-    err.expect(GetParam(), 8e-2f, 1.0f, 8e-2f);  // every position within 8e-2
+    const ExpertBound b = expert_bound(GetParam());
+    err.expect(GetParam(), 3e-2f, b.share, b.cap);
 }
 
 TEST_P(CudaExperts, RoutedMostlyMatchesCpu) {

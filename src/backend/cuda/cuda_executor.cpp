@@ -356,7 +356,9 @@ Status CudaExecutor::forward(const StepPlan& plan, const std::vector<Sequence::I
     }
     // (+1: a chunk without a wanted row computes one and drops it)
     if (!from_row0) EXL3_RETURN_IF_ERROR(s_.reserve(M, std::min(M, kPlannedBatch), n_out + 1));
-    const size_t vocab = static_cast<size_t>(s_.cfg.vocab_size);
+    // A logit row as the host receives it: the whole vocabulary, also on rank 0 of a sharded model, whose own
+    // cfg.vocab_size is its share of the head's columns.
+    const size_t vocab = static_cast<size_t>(s_.vocab_out());
     size_t out = 0;  // plan.out_rows are ascending: a chunk's rows follow the previous chunk's
     for (int a = 0; a < plan.total();) {
         int b = a, rows = 0;  // [a, b): at most M tokens (and R logit rows when they go to the host)

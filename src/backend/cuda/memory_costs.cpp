@@ -32,7 +32,8 @@ Result<DeviceCosts> cuda_device_costs(const ModelConfig& cfg, const HostWeights&
     c.pinned_map_per_gib = cuda::kPinnedMapBytesPerGiB;
     c.sampler_rows = cuda::kPlannedSamplerRows;
     c.min_sampler_rows = cuda::kMinSamplerRows;
-    c.sampler_bytes = [vocab = cfg.vocab_size](int rows) {
+    // Every rank's sampler spans the whole vocabulary (under tensor parallelism cfg.vocab_size is the rank's share).
+    c.sampler_bytes = [vocab = opts.link.vocab() > 0 ? opts.link.vocab() : cfg.vocab_size](int rows) {
         return static_cast<int64_t>(cuda::sampler_device_bytes(rows, vocab));
     };
     for (const cuda::DevLayer& l : shapes->layers)

@@ -1,5 +1,6 @@
 // The mixture-of-experts ops around the experts' own linears (CudaOps::moe): routing, and the weighted sums of the
 // experts' outputs into the MLP's output. Arithmetic as cpu::route_experts (backend/cpu/ops.h).
+#include <algorithm>
 #include <cstdint>
 
 #include "backend/cuda/act.cuh"
@@ -217,15 +218,19 @@ __global__ void moe_add_shared_kernel(const float* y, const float* gate, int d, 
     for (int i = threadIdx.x; i < d; i += blockDim.x) out[base + i] += g * y[base + i];
 }
 
-// out[t, c] (+)= sum_k w[t, k] * (sum_s y[s][slot_of[t, k]][c]) + g * shared[t, c]: a block a token.
+// out[t, c] (+)= sum_k w[t, k] * (sum_s y[s][slot_of[t, k]][c]) + g * shared[t, c]: blockIdx.x the token,
+// blockIdx.y a span of kMoeCombineColumns columns, a thread a column (a decode step's one token spreads over d / 256
+// SMs instead of waiting on one).
+constexpr int kMoeCombineColumns = 256;
 __global__ void moe_combine_kernel(const float* y, int splits, int64_t split_stride, const int32_t* slot_of,
                                    const float* w, int K, int d, const float* shared, const float* shared_gate,
                                    float* out, bool accumulate) {
     EXL3_PDL_PROLOGUE();
     const int t = blockIdx.x;
+    const int c = static_cast<int>(blockIdx.y) * kMoeCombineColumns + static_cast<int>(threadIdx.x);
+    if (c >= d) return;
     const float g = moe_shared_factor(shared, shared_gate, t);
-    for (int c = threadIdx.x; c < d; c += blockDim.x)
-        moe_combine_at(y, splits, split_stride, slot_of, w, t, K, d, c, shared, g, out, accumulate);
+    moe_combine_at(y, splits, split_stride, slot_of, w, t, K, d, c, shared, g, out, accumulate);
 }
 
 }  // namespace
@@ -280,8 +285,9 @@ cudaError_t moe_combine(const float* y, int splits, const int32_t* slot_of, cons
     if (n == 0) return cudaSuccess;
     if (n < 0 || splits < 1 || top_k < 1 || d < 1) return cudaErrorInvalidValue;
     const int64_t split_stride = static_cast<int64_t>(n) * top_k * d;
-    return launch_pdl(moe_combine_kernel, dim3(n), dim3(threads_for(d)), 0, s, y, splits, split_stride, slot_of,
-                      weights, top_k, d, shared, shared_gate, out, accumulate);
+    const unsigned spans = static_cast<unsigned>((d + kMoeCombineColumns - 1) / kMoeCombineColumns);
+    return launch_pdl(moe_combine_kernel, dim3(static_cast<unsigned>(n), spans), dim3(std::min(d, kMoeCombineColumns)),
+                      0, s, y, splits, split_stride, slot_of, weights, top_k, d, shared, shared_gate, out, accumulate);
 }
 
 }  // namespace exl3::cuda
