@@ -12,11 +12,11 @@
 //   recipes (comma list): all (the converter's), norefit, nosearch, noin, sigma0.1 (damping 0.1)
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <algorithm>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -65,7 +65,8 @@ double heldout_proxy(const std::vector<float>& w, const std::vector<float>& weff
     double num = 0, den = 0;
     std::vector<double> e(static_cast<size_t>(in)), he(static_cast<size_t>(in)), hw(static_cast<size_t>(in));
     for (int o = 0; o < out; ++o) {
-        for (int i = 0; i < in; ++i) e[i] = static_cast<double>(w[static_cast<size_t>(o) * in + i]) - weff[static_cast<size_t>(o) * in + i];
+        for (int i = 0; i < in; ++i)
+            e[i] = static_cast<double>(w[static_cast<size_t>(o) * in + i]) - weff[static_cast<size_t>(o) * in + i];
         for (int i = 0; i < in; ++i) {
             double a = 0, b = 0;
             const double* hr = H.h.data() + static_cast<size_t>(i) * in;
@@ -85,16 +86,7 @@ double heldout_proxy(const std::vector<float>& w, const std::vector<float>& weff
 }
 
 std::vector<float> dequant(const quant::QuantizedLinear& q, int out, int in) {
-    quant::Exl3Linear e;
-    e.in_features = in;
-    e.out_features = out;
-    e.k_pad = q.k_pad;
-    e.n_pad = q.n_pad;
-    e.K = q.K;
-    e.codebook = q.codebook;
-    e.trellis = q.trellis.data();
-    for (uint16_t v : q.suh) e.suh.push_back(f16_to_f32(v));
-    for (uint16_t v : q.svh) e.svh.push_back(f16_to_f32(v));
+    const quant::Exl3Linear e = quant::as_exl3_linear(q);
     std::vector<float> w(static_cast<size_t>(out) * in);
     quant::exl3_dequantize(e, w.data());
     return w;
@@ -115,7 +107,8 @@ Calib embed(const ModelConfig& c, const HostWeights& hf, const std::vector<int32
     const size_t row_bytes = static_cast<size_t>(D) * dtype_size(hf.embed.dtype);
     for (size_t t = 0; t < static_cast<size_t>(cs.rows) * cols; ++t) {
         const TensorView row{static_cast<const uint8_t*>(hf.embed.data) + static_cast<size_t>(toks[t]) * row_bytes,
-                             hf.embed.dtype, {1, D}};
+                             hf.embed.dtype,
+                             {1, D}};
         cpu::to_f32(row, cs.h.data() + t * D);
     }
     return cs;
@@ -125,8 +118,10 @@ Calib embed(const ModelConfig& c, const HostWeights& hf, const std::vector<int32
 
 int main(int argc, char** argv) {
     if (argc < 3) {
-        std::fprintf(stderr, "usage: quant_layer_lab MODEL_DIR CALIB_TXT [--ref DIR] [--layers 0,3] [--k 2] "
-                             "[--sets default:4096,file:4096] [--heldout-text TXT] [--heldout 32768] [--recipes all] [--threads N]\n");
+        std::fprintf(
+            stderr,
+            "usage: quant_layer_lab MODEL_DIR CALIB_TXT [--ref DIR] [--layers 0,3] [--k 2] "
+            "[--sets default:4096,file:4096] [--heldout-text TXT] [--heldout 32768] [--recipes all] [--threads N]\n");
         return 2;
     }
     const std::string model = argv[1], text = argv[2];
@@ -135,15 +130,24 @@ int main(int argc, char** argv) {
     int heldout = 32768, threads = 0;
     for (int i = 3; i + 1 < argc; i += 2) {
         const std::string a = argv[i], v = argv[i + 1];
-        if (a == "--ref") ref = v;
-        else if (a == "--layers") layers_s = v;
-        else if (a == "--k") ks_s = v;
-        else if (a == "--sets") sets_s = v;
-        else if (a == "--heldout-text") htext = v;
-        else if (a == "--only") only = v;
-        else if (a == "--heldout") heldout = std::atoi(v.c_str());
-        else if (a == "--recipes") recipes_s = v;
-        else if (a == "--threads") threads = std::atoi(v.c_str());
+        if (a == "--ref")
+            ref = v;
+        else if (a == "--layers")
+            layers_s = v;
+        else if (a == "--k")
+            ks_s = v;
+        else if (a == "--sets")
+            sets_s = v;
+        else if (a == "--heldout-text")
+            htext = v;
+        else if (a == "--only")
+            only = v;
+        else if (a == "--heldout")
+            heldout = std::atoi(v.c_str());
+        else if (a == "--recipes")
+            recipes_s = v;
+        else if (a == "--threads")
+            threads = std::atoi(v.c_str());
     }
     ThreadPool pool(threads);
     const ModelConfig c = take(load_model_config(model));
@@ -179,8 +183,7 @@ int main(int argc, char** argv) {
         const int tokens = colon == std::string::npos ? 4096 : std::atoi(spec.c_str() + colon + 1);
         std::vector<int32_t> t;
         if (name == "file") {
-            if (all.size() < static_cast<size_t>(tokens + heldout))
-                die(invalid_argument("text too short"));
+            if (all.size() < static_cast<size_t>(tokens + heldout)) die(invalid_argument("text too short"));
             t.assign(all.begin(), all.begin() + tokens);
         } else if (name == "default" || name == "nornd" || name == "wide") {
             SampledCalibration sc;
@@ -231,7 +234,8 @@ int main(int argc, char** argv) {
             }
             auto scores = [&](const std::vector<float>& weff) {
                 std::string r;
-                for (size_t k = 0; k < nh; ++k) r += fmt::format(" {:.5f}", heldout_proxy(l.w, weff, Hn[k], l.out, l.in));
+                for (size_t k = 0; k < nh; ++k)
+                    r += fmt::format(" {:.5f}", heldout_proxy(l.w, weff, Hn[k], l.out, l.in));
                 return r;
             };
             std::printf("%-34s %4dx%-4d", l.prefix.c_str(), l.out, l.in);
