@@ -12,15 +12,15 @@
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
-#   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled 16x256, the old size;
-#          64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt at 256x512 and
-#          1024x512 (real text; the latter the reference's token count), perplexity on eval.txt (tuning) and wikitext-2
-#          test (held out);
+#   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
+#          16x256, the old size; 64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt
+#          at 256x512 and 1024x512 (real text; the latter the reference's token count), perplexity on eval.txt (tuning)
+#          and wikitext-2 test (held out);
 #   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
 #          time is the difference over two layers, and 80 layers are extrapolated as T(2) + 78 x that -- an
 #          extrapolation, said so in the output.
 # Carried (git-ignored), by scripts/pack_convert.sh: $P/bins.tar.xz (exl3, and for `tests` the three test
-# binaries), libcpp-httplib, and for `ablate` / `table` $P/shared.tar.xz (models/tiny-target,
+# binaries), libcpp-httplib, and for `ablate` / `table` / `calib` $P/shared.tar.xz (models/tiny-target,
 # models/tiny-target-exl3-4.0bpw, data/*.txt, laid out like ../shared). Keep a call under 64 MiB: pack_convert.sh
 # speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
