@@ -12,16 +12,21 @@
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
+#   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
+#          16x256, the old size; 64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt
+#          at 256x512 and 1024x512 (real text; the latter the reference's token count), perplexity on eval.txt (tuning)
+#          and wikitext-2 test (held out);
 #   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
 #          time is the difference over two layers, and 80 layers are extrapolated as T(2) + 78 x that -- an
 #          extrapolation, said so in the output.
 # Carried (git-ignored), by scripts/pack_convert.sh: $P/bins.tar.xz (exl3, and for `tests` the three test
-# binaries), libcpp-httplib, and for `ablate` / `table` $P/shared.tar.xz (models/tiny-target,
+# binaries), libcpp-httplib, and for `ablate` / `table` / `calib` $P/shared.tar.xz (models/tiny-target,
 # models/tiny-target-exl3-4.0bpw, data/*.txt, laid out like ../shared). Keep a call under 64 MiB: pack_convert.sh
 # speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
 # <= 8 min: run it alone, timeout_s 600); 70b ~5 min (models ~1.5 min, two converts).
-# ablate ~9 min, table ~4 min (each conversion of tiny-target some 10-30 s on the H200, each perplexity a few s).
+# ablate ~9 min, table ~4 min, calib ~7 min (each conversion of tiny-target some 10-40 s on the H200, each perplexity
+# a few s).
 # Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/c43] [BITS=4.0]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -118,12 +123,23 @@ for m in "${modes[@]}"; do
         tiny "damping 0.1" "$b" --damping 0.1
         tiny "calibration 256x512, damping 0.1" "$b" --calibration-rows 256 --calibration-cols 512 --damping 0.1
       done ;;
+    calib)
+      echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
+      echo "| bf16 | 16 | $(ppl "$S/models/tiny-target" "$S/data/eval.txt") | $(ppl "$S/models/tiny-target" "$S/data/wikitext-2-test.txt") | |"
+      WIKI=1 tiny "default (sampled 64x512)" 3.0
+      WIKI=1 tiny "default (sampled 64x512)" 2.0
+      WIKI=1 tiny "sampled 16x256" 2.0 --calibration-rows 16 --calibration-cols 256
+      WIKI=1 tiny "sampled 128x512" 2.0 --calibration-rows 128 --calibration-cols 512
+      WIKI=1 tiny "sampled 256x512" 2.0 --calibration-rows 256 --calibration-cols 512
+      WIKI=1 tiny "sampled 64x512, damping 0.1" 2.0 --damping 0.1
+      WIKI=1 tiny "calibration.txt 256x512" 2.0 --calibration "$S/data/calibration.txt" --calibration-rows 256 --calibration-cols 512
+      WIKI=1 tiny "calibration.txt 1024x512" 2.0 --calibration "$S/data/calibration.txt" --calibration-rows 1024 --calibration-cols 512 ;;
     table)
       echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
       for ref in tiny-target tiny-target-exl3-4.0bpw; do
         echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
       done
       for b in 2.0 2.5 3.0 3.5 4.0 5.0; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
-    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table)" ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, calib)" ;;
   esac
 done

@@ -15,13 +15,15 @@ namespace exl3::convert {
 
 namespace {
 
-// Samples from softmax(logits / temperature) restricted to tokens with p >= min_p * p_max. w: scratch of vocab doubles.
+// Samples from softmax(logits / temperature) restricted to tokens with p >= min_p * p_max (min_p 0: all). w: scratch
+// of vocab doubles.
 int32_t sample_token(const float* logits, int vocab, float temperature, float min_p, std::mt19937_64& rng,
                      std::vector<double>& w) {
     float mx = -INFINITY;
     for (int i = 0; i < vocab; ++i) mx = std::max(mx, logits[i]);
     if (!std::isfinite(mx)) return static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab));
-    const double cut = std::log(static_cast<double>(min_p)) * temperature;  // logit - mx >= cut
+    // logit - mx >= cut
+    const double cut = min_p > 0 ? std::log(static_cast<double>(min_p)) * temperature : -INFINITY;
     double total = 0;
     w.assign(static_cast<size_t>(vocab), 0.0);
     for (int i = 0; i < vocab; ++i) {

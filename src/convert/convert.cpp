@@ -117,19 +117,8 @@ Status copy_raw(const TensorStore& st, const std::string& name, SafetensorsWrite
 
 // Replaces a linear's weight with its EXL3 reconstruction (what the reader will compute), for propagation.
 Status dequantize_into(const quant::QuantizedLinear& q, Lin* l) {
-    quant::Exl3Linear e;
+    quant::Exl3Linear e = quant::as_exl3_linear(q);
     e.name = l->prefix;
-    e.in_features = l->in;
-    e.out_features = l->out;
-    e.k_pad = q.k_pad;
-    e.n_pad = q.n_pad;
-    e.K = q.K;
-    e.codebook = q.codebook;
-    e.trellis = q.trellis.data();
-    e.suh.resize(q.suh.size());
-    e.svh.resize(q.svh.size());
-    for (size_t i = 0; i < q.suh.size(); ++i) e.suh[i] = f16_to_f32(q.suh[i]);
-    for (size_t i = 0; i < q.svh.size(); ++i) e.svh[i] = f16_to_f32(q.svh[i]);
     quant::exl3_dequantize(e, l->w.data());
     return Status::ok();
 }
@@ -756,7 +745,7 @@ Result<ConvertReport> Converter::run() {
 }  // namespace
 
 CalibrationSize default_calibration(int max_in) {
-    const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, 4096, 131072);
+    const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, kCalibMinTokens, 131072);
     CalibrationSize c;
     c.cols = tokens < 8192 ? 256 : 512;
     c.rows = static_cast<int>((tokens + c.cols - 1) / c.cols);

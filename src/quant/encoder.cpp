@@ -140,6 +140,20 @@ bool block_ldl(const std::vector<double>& h, int n, std::vector<double>* l) {
     return true;
 }
 
+Exl3Linear as_exl3_linear(const QuantizedLinear& q) {
+    Exl3Linear e;
+    e.in_features = q.in_features;
+    e.out_features = q.out_features;
+    e.k_pad = q.k_pad;
+    e.n_pad = q.n_pad;
+    e.K = q.K;
+    e.codebook = q.codebook;
+    e.trellis = q.trellis.data();
+    for (uint16_t v : q.suh) e.suh.push_back(f16_to_f32(v));
+    for (uint16_t v : q.svh) e.svh.push_back(f16_to_f32(v));
+    return e;
+}
+
 Status write_quantized_linear(SafetensorsWriter& out, const std::string& prefix, const QuantizedLinear& q,
                               const float* bias) {
     EXL3_RETURN_IF_ERROR(out.add(prefix + ".trellis", DType::kI16, {q.k_pad / 16, q.n_pad / 16, 16 * q.K},

@@ -103,6 +103,10 @@ struct QuantizedLinear {
     double sigma_used = 0.0;
 };
 
+struct Exl3Linear;
+// q as the loader's Exl3Linear (its trellis borrowed from q, the scales widened from fp16): to decode or dequantize it.
+Exl3Linear as_exl3_linear(const QuantizedLinear& q);
+
 // Quantizes the HF weight w [out, in] (fp32) against the input Hessian h [in, in] (sum of x^T x over `count`
 // rows; unnormalised). h may be nullptr (identity). Fails with a clear message on non-finite weights or a Hessian
 // that stays non positive definite after the damping retries.

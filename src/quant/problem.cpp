@@ -426,14 +426,7 @@ OriginalProblem original_problem(const float* w, int out, int in, const double* 
     o.den = 0;
     for (size_t i = 0; i < I * O; ++i) o.den += o.wt[i] * o.hw[i];
     // Q0 = Hk W^ Hn from the codes.
-    Exl3Linear e;
-    e.in_features = in;
-    e.out_features = out;
-    e.k_pad = q.k_pad;
-    e.n_pad = q.n_pad;
-    e.K = q.K;
-    e.codebook = q.codebook;
-    e.trellis = q.trellis.data();
+    const Exl3Linear e = as_exl3_linear(q);
     const size_t kp = static_cast<size_t>(q.k_pad), np = static_cast<size_t>(q.n_pad);
     std::vector<float> wh(kp * np);
     exl3_decode_weights(e, wh.data());

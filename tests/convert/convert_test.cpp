@@ -152,6 +152,26 @@ void expect_same_layout(const std::string& ours, const std::string& ref) {
     std::printf("layout: %d quantized modules match the reference file's tensor_storage entries\n", compared);
 }
 
+// The default calibration's size (convert.h): at least kCalibMinTokens (a Hessian has to generalise to text it was not
+// computed on: issue 43), 4 tokens per input of the widest linear above that, at most 131072, rows of 512 tokens.
+TEST(Convert, DefaultCalibrationSizes) {
+    auto size = [](int max_in) {
+        const CalibrationSize c = default_calibration(max_in);
+        return std::make_pair(c.rows, c.cols);
+    };
+    EXPECT_EQ(size(64), std::make_pair(64, 512));        // tiny shapes: the floor
+    EXPECT_EQ(size(1024), std::make_pair(64, 512));      // tiny-target
+    EXPECT_EQ(size(8192), std::make_pair(64, 512));      // Llama-3.2-1B
+    EXPECT_EQ(size(14336), std::make_pair(112, 512));    // Llama-3-8B
+    EXPECT_EQ(size(28672), std::make_pair(224, 512));    // Llama-3-70B
+    EXPECT_EQ(size(1 << 20), std::make_pair(256, 512));  // the cap
+    for (int in : {1, 100, 5000, 20000, 50000}) {
+        const CalibrationSize c = default_calibration(in);
+        EXPECT_GE(c.rows * c.cols, kCalibMinTokens) << in;
+        EXPECT_LE(c.rows * c.cols, 131072) << in;
+    }
+}
+
 TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     const std::string base = fs::temp_directory_path() / ("exl3_convert_test_" + std::to_string(::getpid()));
     fs::remove_all(base);

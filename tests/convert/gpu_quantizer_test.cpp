@@ -276,17 +276,7 @@ TEST(GpuQuantizer, QuantizeIsStatisticallyTheCpuQuantizer) {
         EXPECT_GT(same, tiles / 4);  // the last blocks agree until rounding tips a decision
         // The reconstruction it returns is the one its stored tensors decode to.
         std::vector<float> dq(w.size());
-        quant::Exl3Linear e;
-        e.in_features = in;
-        e.out_features = out;
-        e.k_pad = gpu->k_pad;
-        e.n_pad = gpu->n_pad;
-        e.K = K;
-        e.codebook = gpu->codebook;
-        e.trellis = gpu->trellis.data();
-        for (uint16_t v : gpu->suh) e.suh.push_back(f16_to_f32(v));
-        for (uint16_t v : gpu->svh) e.svh.push_back(f16_to_f32(v));
-        quant::exl3_dequantize(e, dq.data());
+        quant::exl3_dequantize(quant::as_exl3_linear(*gpu), dq.data());
         double num = 0, den = 0;
         for (size_t i = 0; i < dq.size(); ++i) {
             num += (dq[i] - weff[i]) * (dq[i] - weff[i]);
