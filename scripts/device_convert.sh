@@ -10,7 +10,7 @@
 #   8b-est Llama-3-8B's first 2 and 4 layers, the whole extrapolated as for 70b (when a full run would not fit a call);
 #   ablate tiny-target converted on the GPU at 2.0 and 3.0 bpw with each of the recipe's steps left out (--recipe) and
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
-#   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw with the defaults, perplexity on eval.txt and on wikitext-2 test
+#   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw (TABLE_BITS="2.0 3.0": some of them) with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
 #   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
 #          16x256, the old size; 64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt
@@ -139,7 +139,7 @@ for m in "${modes[@]}"; do
       for ref in tiny-target tiny-target-exl3-4.0bpw; do
         echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
       done
-      for b in 2.0 2.5 3.0 3.5 4.0 5.0; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
+      for b in ${TABLE_BITS:-2.0 2.5 3.0 3.5 4.0 5.0}; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
     *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, calib)" ;;
   esac
 done
