@@ -12,6 +12,8 @@
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw (TABLE_BITS="2.0 3.0": some of them) with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
+#   real   tiny-target at TABLE_BITS (default 2.0 3.0) calibrated on calibration.txt, 1024x512 (real text, the
+#          reference's token count), eval.txt and wikitext-2 test
 #   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
 #          16x256, the old size; 64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt
 #          at 256x512 and 1024x512 (real text; the latter the reference's token count), perplexity on eval.txt (tuning)
@@ -86,10 +88,11 @@ ppl() {  # ppl MODEL TEXT -> perplexity (CUDA engine, ctx 512)
 }
 tiny() {  # tiny NAME BPW [convert flags] -> one table row: eval (and wikitext with WIKI=1)
   local name=$1 bpw=$2 dst=/tmp/tt; shift 2
+  local log="$OUT/tiny-$(echo "$name" | tr -c 'A-Za-z0-9.\n' '-')-$bpw.log"
   rm -rf "$dst"
   local t0=$(date +%s.%N)
-  "$B/exl3" convert -i "$S/models/tiny-target" -o "$dst" -b "$bpw" --device cuda --no-progress "$@" > "$OUT/tiny-$name-$bpw.log" 2>&1 \
-    || { echo "| $name | $bpw | failed: $(tail -1 "$OUT/tiny-$name-$bpw.log") |"; return; }
+  "$B/exl3" convert -i "$S/models/tiny-target" -o "$dst" -b "$bpw" --device cuda --no-progress "$@" > "$log" 2>&1 \
+    || { echo "| $name | $bpw | failed: $(tail -1 "$log") |"; return; }
   local wall=$(since "$t0")
   echo "| $name | $bpw | $(ppl "$dst" "$S/data/eval.txt") | ${WIKI:+$(ppl "$dst" "$S/data/wikitext-2-test.txt") | }$wall s |"
 }
@@ -97,7 +100,7 @@ tiny() {  # tiny NAME BPW [convert flags] -> one table row: eval (and wikitext w
 for m in "${modes[@]}"; do
   case "$m" in
     tests)
-      for t in exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests; do
+      for t in ${TESTS:-exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests}; do
         [ -x "$B/$t" ] || { echo "$t not carried"; continue; }
         echo "== $t"
         timeout 300 "$B/$t" > "$OUT/$t.log" 2>&1; rc=$?; echo "exit $rc"
@@ -140,6 +143,10 @@ for m in "${modes[@]}"; do
         echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
       done
       for b in ${TABLE_BITS:-2.0 2.5 3.0 3.5 4.0 5.0}; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
-    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, calib)" ;;
+    real)
+      for b in ${TABLE_BITS:-2.0 3.0}; do
+        WIKI=1 tiny "calibration.txt 1024x512" "$b" --calibration "$S/data/calibration.txt" --calibration-rows 1024 --calibration-cols 512
+      done ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, real, calib)" ;;
   esac
 done
