@@ -1,5 +1,7 @@
 #include "runtime/ppl.h"
 
+#include "core/thread_pool.h"
+
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -75,6 +77,8 @@ Result<PerplexityResult> compute_perplexity(const Model& model, std::span<const 
     std::vector<int32_t> fed;
     std::vector<int32_t> step;
     std::vector<float> logits;
+    std::vector<double> row_nll;
+    ThreadPool pool(options.threads);
     for (size_t w = 0; w < plan.size(); ++w) {
         const PerplexityWindow& win = plan[w];
         fed.clear();
@@ -93,9 +97,19 @@ Result<PerplexityResult> compute_perplexity(const Model& model, std::span<const 
             Status s = model.forward(*seq, step, need, &logits);
             if (!s.is_ok()) return s.with_context(fmt::format("window {} (tokens {}..{})", w, win.begin, win.end));
             if (!need) continue;
-            for (int64_t p = std::max(c0, row_lo); p <= std::min(c1 - 1, row_hi); ++p) {
-                const int32_t target = fed[static_cast<size_t>(p + 1)];
-                const double nll = token_nll(logits.data() + static_cast<size_t>(p - c0) * vocab, vocab, target);
+            // Each row's NLL on the pool's threads (a row is a pass over the vocabulary: at 128k entries and
+            // hundreds of thousands of tokens, one thread is minutes), then summed in order: the same bits.
+            const int64_t p_lo = std::max(c0, row_lo), p_hi = std::min(c1 - 1, row_hi);
+            row_nll.assign(static_cast<size_t>(p_hi - p_lo + 1), 0.0);
+            pool.parallel_for(row_nll.size(), 8, [&](size_t i0, size_t i1) {
+                for (size_t i = i0; i < i1; ++i) {
+                    const int64_t p = p_lo + static_cast<int64_t>(i);
+                    row_nll[i] = token_nll(logits.data() + static_cast<size_t>(p - c0) * vocab, vocab,
+                                           fed[static_cast<size_t>(p + 1)]);
+                }
+            });
+            for (int64_t p = p_lo; p <= p_hi; ++p) {
+                const double nll = row_nll[static_cast<size_t>(p - p_lo)];
                 if (std::isnan(nll))
                     return internal_error(fmt::format("non-finite logits in window {} at position {} (text token {})",
                                                       w, p, win.begin + p + 1 - b));

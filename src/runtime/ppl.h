@@ -30,6 +30,7 @@ struct PerplexityOptions {
     int stride = 0;       // text tokens between window starts; 0: ctx. Must be in [1, ctx]
     int32_t bos_id = -1;  // prepended to every window when >= 0
     int chunk = 512;      // positions per forward call: bounds the logits buffer to chunk * vocab floats
+    int threads = 0;      // threads computing the rows' NLL (0: EXL3_THREADS or all hardware threads)
 };
 
 // One window of the plan, in text-token indices.

@@ -105,6 +105,26 @@ TEST(Perplexity, ChunkingDoesNotChangeTheResult) {
     EXPECT_NEAR(ra->nll, rb->nll, 1e-5);
 }
 
+// The rows' NLL run on several threads and are summed in order: the same bits as one thread.
+TEST(Perplexity, ThreadsDoNotChangeTheBits) {
+    auto m = load(test::repo_path("tests/models/tiny-draft"));
+    ASSERT_TRUE(m);
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 700; ++i) ids.push_back((i * 104729 + 7) % 8000 + 10);
+    PerplexityOptions one;
+    one.ctx = 256;
+    one.bos_id = 0;
+    one.threads = 1;
+    PerplexityOptions four = one;
+    four.threads = 4;
+    auto r1 = compute_perplexity(*m, ids, one), r4 = compute_perplexity(*m, ids, four);
+    ASSERT_TRUE(r1.is_ok()) << r1.status().to_string();
+    ASSERT_TRUE(r4.is_ok()) << r4.status().to_string();
+    EXPECT_EQ(r1->tokens, 700);
+    EXPECT_EQ(r1->nll, r4->nll);
+    EXPECT_EQ(r1->perplexity, r4->perplexity);
+}
+
 TEST(Perplexity, RejectsWhatItCannotScore) {
     auto m = load(test::repo_path("tests/models/tiny-draft"));
     ASSERT_TRUE(m);

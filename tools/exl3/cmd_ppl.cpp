@@ -103,6 +103,7 @@ int ppl(const PplOptions& o) {
     po.ctx = o.ctx;
     po.stride = stride;
     po.bos_id = bos;
+    po.threads = o.threads;
     const bool tty = ::isatty(STDERR_FILENO) != 0;
     const bool show = log_level() <= LogLevel::kInfo;
     const auto t0 = clock::now();
