@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -148,10 +149,6 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"seed", opt.seed}};
 }
 
-// The CUDA calibration forward's rows at a time: its step buffers take ~100-250 KB a token at 8B-70B shapes.
-constexpr int kCalibChunkTokens = 8192;
-// GPU quantizers working side by side on a layer's linears (check_budgets takes fewer where memory is short).
-constexpr int kGpuWorkers = 2;
 
 // One conversion, pass by pass (convert.h).
 class Converter {
@@ -225,8 +222,8 @@ private:
     quant::QuantTimes qt_;  // quantize_linear's own stages, folded into times_ at the end
     std::optional<Progress> bar_;
     int64_t host_peak_ = 0;
-    int calib_chunk_tokens_ = kCalibChunkTokens;
-    int gpu_workers_ = kGpuWorkers;
+    int calib_chunk_tokens_ = MemoryPlan{}.calib_chunk_tokens;  // check_budgets: plan_memory's
+    int gpu_workers_ = MemoryPlan{}.gpu_workers;
 };
 
 // Every tensor through the shared loader (models/weights.h: names from the architecture's table, shapes, dtypes,
@@ -249,49 +246,29 @@ Status Converter::load() {
 }
 
 Status Converter::check_budgets() {
-    const double gib = 1073741824.0;
-    const int64_t T = static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols, D = c_.hidden_size;
-    // Per layer: its fp32 copies, its Hessians (one per input: x^T x of q/k/v's, o's, gate/up's, each down's), the
-    // largest linear's GPU quantizer at its peak, the refit (Hd and A: 2 x in^2; W, E, Q0, W^T, Hd W^T, Q and a
-    // product: 7 x in x out, fp32).
-    int64_t layer_w = 0, layer_h = 0, quant_gpu = 0;
+    MemoryShape ms;
     for (int li = 0; li < c_.num_layers; ++li) {
-        int64_t w = 0, h = 0;
-        int prev_in = -1;
-        for (const Lin& l : lin_.layer(li)) {
-            w += static_cast<int64_t>(l.in) * l.out;
-            if (l.in != prev_in) h += static_cast<int64_t>(l.in) * l.in;  // inputs shared by neighbours count once
-            prev_in = l.in;
-            quant_gpu = std::max(quant_gpu, (2 * static_cast<int64_t>(l.in) * l.in + 7 * static_cast<int64_t>(l.in) * l.out) * 4);
-        }
-        layer_w = std::max(layer_w, w);
-        layer_h = std::max(layer_h, h);
+        auto& shapes = ms.layers.emplace_back();
+        for (const Lin& l : lin_.layer(li))
+            shapes.push_back({l.in, l.out, static_cast<int>(l.hess) * 65536 + l.expert});
     }
-    const int64_t head = static_cast<int64_t>(lin_.head().in) * lin_.head().out;
+    ms.head = {lin_.head().in, lin_.head().out, 0};
+    ms.hidden = c_.hidden_size;
+    ms.intermediate = c_.intermediate_size;
+    ms.calibration_tokens = static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols;
+    ms.calibration_cols = opt_.calibration_cols;
     const bool gpu = opt_.device == ConvertDevice::kCuda;
-    const int64_t host = 2 * T * D * 4 + std::max(layer_w, head) * 4 + (gpu ? 0 : layer_h * 8) + T * D * 4;
-    if (opt_.host_memory_gb > 0 && host > opt_.host_memory_gb * gib)
-        return invalid_argument(fmt::format(
-            "the conversion needs about {:.1f} GiB of host memory ({} x {} calibration tokens of width {}, a layer's "
-            "fp32 weights{}), over --host-memory {:.1f}: ask for fewer calibration rows (--calibration-rows)",
-            host / gib, opt_.calibration_rows, opt_.calibration_cols, D, gpu ? "" : " and Hessians", opt_.host_memory_gb));
-    if (!gpu || opt_.gpu_memory_gb <= 0) return Status::ok();
-    // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
-    const int64_t per_token = 12 * D + 8 * static_cast<int64_t>(c_.intermediate_size) + 2 * lin_.max_in();
-    const int64_t budget = static_cast<int64_t>(opt_.gpu_memory_gb * gib);
-    while (gpu_workers_ > 1 && layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_ > budget / 2) --gpu_workers_;
-    const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu * gpu_workers_;
-    while (calib_chunk_tokens_ > opt_.calibration_cols && fixed + per_token * calib_chunk_tokens_ > budget)
-        calib_chunk_tokens_ /= 2;
-    const int64_t need = fixed + per_token * std::max(calib_chunk_tokens_, opt_.calibration_cols);
-    if (need > budget)
-        return invalid_argument(fmt::format("the conversion needs about {:.1f} GiB of GPU memory (a layer's weights and "
-                                            "Hessians, the largest linear's quantizer), over --gpu-memory {:.1f}",
-                                            need / gib, opt_.gpu_memory_gb));
-    if (opt_.progress)
-        fmt::print(stderr, "exl3 convert: estimated peaks: host {:.1f} GiB, GPU {:.1f} GiB ({} calibration tokens at a time, "
-                   "{} quantizer{})\n",
-                   host / gib, need / gib, calib_chunk_tokens_, gpu_workers_, gpu_workers_ > 1 ? "s" : "");
+    EXL3_ASSIGN_OR_RETURN(const MemoryPlan plan, plan_memory(ms, gpu, opt_.host_memory_gb, opt_.gpu_memory_gb));
+    calib_chunk_tokens_ = plan.calib_chunk_tokens;
+    gpu_workers_ = plan.gpu_workers;
+    const double gib = 1073741824.0;
+    if (opt_.progress && (gpu || opt_.host_memory_gb > 0))
+        fmt::print(stderr, "exl3 convert: estimated peaks: host {:.1f} GiB{}\n", plan.host_bytes / gib,
+                   gpu ? fmt::format(", GPU {:.1f} GiB (the layers {:.1f} with {} calibration tokens at a time and {} "
+                                     "quantizer{}, lm_head {:.1f})",
+                                     plan.gpu_bytes() / gib, plan.gpu_layer_bytes / gib, plan.calib_chunk_tokens,
+                                     plan.gpu_workers, plan.gpu_workers > 1 ? "s" : "", plan.gpu_head_bytes / gib)
+                       : std::string());
     return Status::ok();
 }
 
@@ -750,6 +727,61 @@ CalibrationSize default_calibration(int max_in) {
     c.cols = tokens < 8192 ? 256 : 512;
     c.rows = static_cast<int>((tokens + c.cols - 1) / c.cols);
     return c;
+}
+
+Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, double gpu_gb) {
+    const double gib = 1073741824.0;
+    const int64_t T = s.calibration_tokens, D = s.hidden;
+    // Per layer: its weights, its Hessians (in x in each, one per distinct Hessian id), and the largest linear's
+    // GPU quantizer at its peak: the refit's Hd and A (2 x in^2) and W, E, Q0, W^T, Hd W^T, Q and a product
+    // (7 x in x out), fp32.
+    auto quantizer = [](const LinearShape& l) {
+        return (2 * static_cast<int64_t>(l.in) * l.in + 7 * static_cast<int64_t>(l.in) * l.out) * 4;
+    };
+    int64_t layer_w = 0, layer_h = 0, quant_gpu = 0, max_in = s.head.in;
+    for (const auto& layer : s.layers) {
+        int64_t w = 0, h = 0;
+        std::vector<int> seen;
+        for (const LinearShape& l : layer) {
+            w += static_cast<int64_t>(l.in) * l.out;
+            if (std::find(seen.begin(), seen.end(), l.hessian) == seen.end()) {
+                seen.push_back(l.hessian);
+                h += static_cast<int64_t>(l.in) * l.in;
+            }
+            quant_gpu = std::max(quant_gpu, quantizer(l));
+            max_in = std::max<int64_t>(max_in, l.in);
+        }
+        layer_w = std::max(layer_w, w);
+        layer_h = std::max(layer_h, h);
+    }
+    const int64_t head = static_cast<int64_t>(s.head.in) * s.head.out;
+    MemoryPlan p;
+    p.host_bytes = 3 * T * D * 4 + std::max(layer_w, head) * 4 + (gpu ? 0 : layer_h * 8);
+    if (host_gb > 0 && p.host_bytes > host_gb * gib)
+        return invalid_argument(fmt::format(
+            "the conversion needs about {:.1f} GiB of host memory ({} calibration tokens of width {}, a layer's fp32 "
+            "weights{}), over --host-memory {:.1f}: ask for fewer calibration rows (--calibration-rows)",
+            p.host_bytes / gib, T, D, gpu ? "" : " and Hessians", host_gb));
+    if (!gpu) return p;
+    // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
+    const int64_t per_token = 12 * D + 8 * s.intermediate + 2 * max_in;
+    p.gpu_head_bytes = quantizer(s.head) + static_cast<int64_t>(s.head.in) * s.head.in * 4;
+    const int64_t budget = gpu_gb > 0 ? static_cast<int64_t>(gpu_gb * gib) : std::numeric_limits<int64_t>::max();
+    while (p.gpu_workers > 1 && layer_w * 2 + layer_h * 4 + quant_gpu * p.gpu_workers > budget / 2) --p.gpu_workers;
+    const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu * p.gpu_workers;
+    while (p.calib_chunk_tokens > s.calibration_cols && fixed + per_token * p.calib_chunk_tokens > budget)
+        p.calib_chunk_tokens /= 2;
+    p.gpu_layer_bytes = fixed + per_token * std::max(p.calib_chunk_tokens, s.calibration_cols);
+    if (p.gpu_layer_bytes > budget)
+        return invalid_argument(fmt::format("the conversion needs about {:.1f} GiB of GPU memory (a layer's weights and "
+                                            "Hessians, the largest linear's quantizer), over --gpu-memory {:.1f}",
+                                            p.gpu_layer_bytes / gib, gpu_gb));
+    if (p.gpu_head_bytes > budget)
+        return invalid_argument(fmt::format(
+            "the conversion needs about {:.1f} GiB of GPU memory for lm_head ({} x {}: its quantizer's fp32 buffers), "
+            "over --gpu-memory {:.1f}",
+            p.gpu_head_bytes / gib, s.head.out, s.head.in, gpu_gb));
+    return p;
 }
 
 Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool) {

@@ -9,6 +9,8 @@
 // one, producing the same bytes as an uninterrupted run.
 #pragma once
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +66,33 @@ struct CalibrationSize {
     int rows = 0, cols = 0;
 };
 CalibrationSize default_calibration(int max_in_features);
+
+// The memory estimate behind --host-memory / --gpu-memory, a function of the shapes alone (tested against the peaks
+// measured on the GPU machine: convert_test.cpp, docs/conversion.md).
+struct LinearShape {
+    int in = 0, out = 0;
+    int hessian = 0;  // which of its layer's Hessians it reads: linears with the same id share one
+};
+struct MemoryShape {
+    std::vector<std::vector<LinearShape>> layers;
+    LinearShape head;
+    int64_t hidden = 0, intermediate = 0;
+    int64_t calibration_tokens = 0;
+    int calibration_cols = 0;
+};
+struct MemoryPlan {
+    int64_t host_bytes = 0;        // the estimated host peak: the calibration state, a layer's fp32 weights (and, on
+                                   // the CPU, its Hessians in double)
+    int64_t gpu_layer_bytes = 0;   // --device cuda, a layer: its bf16 weights and Hessians, the quantizers at their
+                                   // peak side by side, the calibration forward's chunk
+    int64_t gpu_head_bytes = 0;    // --device cuda, lm_head: its Hessian and its quantizer at its peak (the refit's
+                                   // in x out fp32 buffers: at a 128k vocabulary the GPU peak of 1B-70B models)
+    int64_t gpu_bytes() const { return std::max(gpu_layer_bytes, gpu_head_bytes); }
+    int gpu_workers = 2;           // quantizers side by side on a layer's linears (fewer where the budget is short)
+    int calib_chunk_tokens = 8192; // the CUDA calibration forward's rows at a time (halved where the budget is short)
+};
+// gpu: --device cuda. host_gb / gpu_gb: the budgets in GiB (0: none); fails naming what does not fit.
+Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, double gpu_gb);
 
 struct ConvertReport {
     double achieved_bpw = 0.0;  // decoder linears, trellis bits / padded weights

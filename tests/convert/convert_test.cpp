@@ -172,6 +172,66 @@ TEST(Convert, DefaultCalibrationSizes) {
     }
 }
 
+// A Llama layer's linears for the memory estimate: q, k, v on the attention input, o, gate and up on the MLP input,
+// down (the Hessian ids as check_budgets gives them: one per input).
+MemoryShape llama_shape(int layers, int hidden, int kv, int inter, int vocab) {
+    MemoryShape s;
+    for (int i = 0; i < layers; ++i)
+        s.layers.push_back({{hidden, hidden, 0}, {hidden, kv, 0}, {hidden, kv, 0}, {hidden, hidden, 1},
+                            {hidden, inter, 2}, {hidden, inter, 2}, {inter, hidden, 3}});
+    s.head = {hidden, vocab, 0};
+    s.hidden = hidden;
+    s.intermediate = inter;
+    const CalibrationSize c = default_calibration(std::max(hidden, inter));
+    s.calibration_tokens = static_cast<int64_t>(c.rows) * c.cols;
+    s.calibration_cols = c.cols;
+    return s;
+}
+
+// The GPU estimate against the converter's peaks measured on the H100 (scripts/device_convert.sh, 4.0 bpw, defaults,
+// docs/conversion.md): Llama-3.2-1B 7.09 GiB, Llama-3-8B 14.17 GiB, Llama-3-70B 28.65 GiB. lm_head's quantizer (a
+// 128k vocabulary) is the peak of all three, so a 24 GiB budget refuses a 70B up front, naming it, instead of
+// failing at the head after the layers.
+TEST(Convert, MemoryEstimateMatchesMeasuredPeaks) {
+    const double gib = 1073741824.0;
+    struct Case {
+        const char* name;
+        MemoryShape s;
+        double measured_gib;
+    };
+    const Case cases[] = {{"1b", llama_shape(16, 2048, 512, 8192, 128256), 7.09},
+                          {"8b", llama_shape(32, 4096, 1024, 14336, 128256), 14.17},
+                          {"70b", llama_shape(80, 8192, 1024, 28672, 128256), 28.65}};
+    for (const Case& c : cases) {
+        auto p = plan_memory(c.s, true, 0, 0);
+        ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+        EXPECT_GE(p->gpu_head_bytes, p->gpu_layer_bytes * 0.8) << c.name;
+        EXPECT_NEAR(p->gpu_head_bytes / gib, c.measured_gib, 0.06 * c.measured_gib) << c.name;
+        EXPECT_EQ(p->gpu_workers, 2) << c.name;
+        std::printf("%s: estimated GPU peak %.2f GiB (layers %.2f, lm_head %.2f), measured %.2f; host %.2f GiB\n",
+                    c.name, p->gpu_bytes() / gib, p->gpu_layer_bytes / gib, p->gpu_head_bytes / gib, c.measured_gib,
+                    p->host_bytes / gib);
+    }
+    const MemoryShape& s70 = cases[2].s;
+    auto b24 = plan_memory(s70, true, 64, 24);
+    ASSERT_FALSE(b24.is_ok());
+    EXPECT_NE(b24.status().message().find("lm_head"), std::string::npos) << b24.status().message();
+    // Without the head the layers fit 24 GiB with one quantizer.
+    MemoryShape layers_only = s70;
+    layers_only.head = {1024, 1024, 0};
+    auto l24 = plan_memory(layers_only, true, 64, 24);
+    ASSERT_TRUE(l24.is_ok()) << l24.status().to_string();
+    EXPECT_EQ(l24->gpu_workers, 1);
+    EXPECT_LE(l24->gpu_bytes(), 24 * gib);
+    // The host budget: the 70B's calibration state and a layer's fp32 weights are within 64 GiB, not 4.
+    EXPECT_LE(l24->host_bytes, 64 * gib);
+    EXPECT_FALSE(plan_memory(s70, false, 4, 0).is_ok());
+    // o_proj reads its own Hessian: a layer's Hessians are counted once per input, not once per width.
+    MemoryShape shared = llama_shape(1, 1024, 256, 4096, 1000), merged = shared;
+    for (auto& l : merged.layers[0]) if (l.hessian == 1) l.hessian = 0;
+    EXPECT_GT(plan_memory(shared, true, 0, 0)->gpu_layer_bytes, plan_memory(merged, true, 0, 0)->gpu_layer_bytes);
+}
+
 TEST(Convert, RandomModelAt4BpwLoadsAndMatches) {
     const std::string base = fs::temp_directory_path() / ("exl3_convert_test_" + std::to_string(::getpid()));
     fs::remove_all(base);
@@ -312,6 +372,27 @@ TEST(Convert, MissingTensorStopsCleanly) {
     EXPECT_NE(r.status().message().find("model.layers.1.self_attn.v_proj.weight"), std::string::npos);
     EXPECT_FALSE(fs::exists(o.output_dir));
     for (const auto& e : fs::directory_iterator(base)) EXPECT_EQ(e.path().filename(), "hf");
+    fs::remove_all(base);
+}
+
+// A host budget the estimate exceeds is refused before any work, naming the flag; the output never appears.
+TEST(Convert, BudgetTooSmallStopsCleanly) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_budget_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf", false);
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.output_dir = base + "/out";
+    o.calibration_rows = 2;
+    o.calibration_cols = 16;
+    o.progress = false;
+    o.host_memory_gb = 1e-6;
+    auto r = convert_model(o, pool);
+    ASSERT_FALSE(r.is_ok());
+    std::printf("budget: %s\n", r.status().message().c_str());
+    EXPECT_NE(r.status().message().find("--host-memory"), std::string::npos);
+    EXPECT_FALSE(fs::exists(o.output_dir));
     fs::remove_all(base);
 }
 
