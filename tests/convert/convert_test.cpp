@@ -355,17 +355,23 @@ TEST(Convert, BadInputStopsCleanly) {
     fs::remove_all(base);
 }
 
-TEST(Convert, MissingTensorStopsCleanly) {
-    const std::string base = fs::temp_directory_path() / ("exl3_convert_missing_" + std::to_string(::getpid()));
-    fs::remove_all(base);
-    write_model(base + "/hf", false, "model.layers.1.self_attn.v_proj.weight");
-    ThreadPool pool(2);
+// A conversion of write_model's checkpoint under base/hf into base/out with a token calibration and no progress bar.
+ConvertOptions small_options(const std::string& base) {
     ConvertOptions o;
     o.input_dir = base + "/hf";
     o.output_dir = base + "/out";
     o.calibration_rows = 2;
     o.calibration_cols = 16;
     o.progress = false;
+    return o;
+}
+
+TEST(Convert, MissingTensorStopsCleanly) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_missing_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf", false, "model.layers.1.self_attn.v_proj.weight");
+    ThreadPool pool(2);
+    const ConvertOptions o = small_options(base);
     auto r = convert_model(o, pool);
     ASSERT_FALSE(r.is_ok());
     std::printf("missing: %s\n", r.status().message().c_str());
@@ -381,12 +387,7 @@ TEST(Convert, BudgetTooSmallStopsCleanly) {
     fs::remove_all(base);
     write_model(base + "/hf", false);
     ThreadPool pool(2);
-    ConvertOptions o;
-    o.input_dir = base + "/hf";
-    o.output_dir = base + "/out";
-    o.calibration_rows = 2;
-    o.calibration_cols = 16;
-    o.progress = false;
+    ConvertOptions o = small_options(base);
     o.host_memory_gb = 1e-6;
     auto r = convert_model(o, pool);
     ASSERT_FALSE(r.is_ok());
