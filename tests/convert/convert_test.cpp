@@ -159,10 +159,11 @@ TEST(Convert, DefaultCalibrationSizes) {
         const CalibrationSize c = default_calibration(max_in);
         return std::make_pair(c.rows, c.cols);
     };
-    EXPECT_EQ(size(64), std::make_pair(64, 512));        // tiny shapes: the floor
-    EXPECT_EQ(size(1024), std::make_pair(64, 512));      // tiny-target
-    EXPECT_EQ(size(8192), std::make_pair(64, 512));      // Llama-3.2-1B
-    EXPECT_EQ(size(14336), std::make_pair(112, 512));    // Llama-3-8B
+    EXPECT_EQ(size(64), std::make_pair(128, 512));       // tiny shapes: the floor
+    EXPECT_EQ(size(1024), std::make_pair(128, 512));     // tiny-target
+    EXPECT_EQ(size(8192), std::make_pair(128, 512));     // Llama-3.2-1B
+    EXPECT_EQ(size(14336), std::make_pair(128, 512));    // Llama-3-8B (57344 tokens by the rule: the floor)
+    EXPECT_EQ(size(20000), std::make_pair(157, 512));    // above the floor: 4 tokens an input
     EXPECT_EQ(size(28672), std::make_pair(224, 512));    // Llama-3-70B
     EXPECT_EQ(size(1 << 20), std::make_pair(256, 512));  // the cap
     for (int in : {1, 100, 5000, 20000, 50000}) {
