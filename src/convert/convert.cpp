@@ -149,7 +149,6 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"seed", opt.seed}};
 }
 
-
 // One conversion, pass by pass (convert.h).
 class Converter {
 public:
@@ -724,7 +723,7 @@ Result<ConvertReport> Converter::run() {
 CalibrationSize default_calibration(int max_in) {
     const int64_t tokens = std::clamp<int64_t>(static_cast<int64_t>(kCalibPerInput) * max_in, kCalibMinTokens, 131072);
     CalibrationSize c;
-    c.cols = tokens < 8192 ? 256 : 512;
+    c.cols = 512;
     c.rows = static_cast<int>((tokens + c.cols - 1) / c.cols);
     return c;
 }

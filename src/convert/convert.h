@@ -56,7 +56,7 @@ struct ConvertOptions {
 
 // The default calibration's size: kCalibPerInput tokens per input of the widest linear (every Hessian then has
 // several times the rows it needs to be full rank), at least kCalibMinTokens and at most 131072 tokens, in rows of
-// 256 tokens (512 from 8192 tokens on). The floor is what a Hessian needs to generalise, not just to be full rank:
+// 512 tokens. The floor is what a Hessian needs to generalise, not just to be full rank:
 // on tiny-target (widest input 1024) the error of the last layer's o and down projections at K = 2, scored on
 // Hessians of held-out text, is 15-20 % lower calibrated on 32768 sampled tokens than on 4096 and lower again at
 // 65536 (bench/lab/quant_layer_lab.cpp); tiny-target at 2.0 bpw on eval.txt: +10.2 % over bf16 at 32768 tokens,
