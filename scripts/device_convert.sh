@@ -12,10 +12,10 @@
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw (TABLE_BITS="2.0 3.0": some of them) with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
-#   real   tiny-target at TABLE_BITS (default 2.0 3.0) calibrated on calibration.txt, 1024x512 (real text, the
+#   real   tiny-target at REAL_BITS (default 2.0 3.0) calibrated on calibration.txt, 1024x512 (real text, the
 #          reference's token count), eval.txt and wikitext-2 test
 #   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
-#          16x256, the old size; 64x512, today's default; 128x512; 256x512; 64x512 with damping 0.1) and calibration.txt
+#          16x256, the first size; 64x512; 128x512, today's default; 256x512; the default with damping 0.1) and calibration.txt
 #          at 256x512 and 1024x512 (real text; the latter the reference's token count), perplexity on eval.txt (tuning)
 #          and wikitext-2 test (held out);
 #   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
@@ -129,12 +129,12 @@ for m in "${modes[@]}"; do
     calib)
       echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
       echo "| bf16 | 16 | $(ppl "$S/models/tiny-target" "$S/data/eval.txt") | $(ppl "$S/models/tiny-target" "$S/data/wikitext-2-test.txt") | |"
-      WIKI=1 tiny "default (sampled 64x512)" 3.0
-      WIKI=1 tiny "default (sampled 64x512)" 2.0
+      WIKI=1 tiny "default (sampled 128x512)" 3.0
+      WIKI=1 tiny "default (sampled 128x512)" 2.0
       WIKI=1 tiny "sampled 16x256" 2.0 --calibration-rows 16 --calibration-cols 256
-      WIKI=1 tiny "sampled 128x512" 2.0 --calibration-rows 128 --calibration-cols 512
+      WIKI=1 tiny "sampled 64x512" 2.0 --calibration-rows 64 --calibration-cols 512
       WIKI=1 tiny "sampled 256x512" 2.0 --calibration-rows 256 --calibration-cols 512
-      WIKI=1 tiny "sampled 64x512, damping 0.1" 2.0 --damping 0.1
+      WIKI=1 tiny "default, damping 0.1" 2.0 --damping 0.1
       WIKI=1 tiny "calibration.txt 256x512" 2.0 --calibration "$S/data/calibration.txt" --calibration-rows 256 --calibration-cols 512
       WIKI=1 tiny "calibration.txt 1024x512" 2.0 --calibration "$S/data/calibration.txt" --calibration-rows 1024 --calibration-cols 512 ;;
     table)
@@ -144,7 +144,7 @@ for m in "${modes[@]}"; do
       done
       for b in ${TABLE_BITS:-2.0 2.5 3.0 3.5 4.0 5.0}; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
     real)
-      for b in ${TABLE_BITS:-2.0 3.0}; do
+      for b in ${REAL_BITS:-2.0 3.0}; do
         WIKI=1 tiny "calibration.txt 1024x512" "$b" --calibration "$S/data/calibration.txt" --calibration-rows 1024 --calibration-cols 512
       done ;;
     *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, real, calib)" ;;
