@@ -20,13 +20,15 @@
 #          and wikitext-2 test (held out);
 #   70b    Llama-3-70B's first 2 and 4 layers (--shape llama3-70b --layers N, full-size embedding and head): a layer's
 #          time is the difference over two layers, and 80 layers are extrapolated as T(2) + 78 x that -- an
-#          extrapolation, said so in the output.
+#          extrapolation, said so in the output;
+#   70b-24 Llama-3-70B's first 2 layers with the full-size head under --gpu-memory 24 (the peak is the head's);
+# CONVERT_ARGS adds flags to every random-model conversion.
 # Carried (git-ignored), by scripts/pack_convert.sh: $P/bins.tar.xz (exl3, and for `tests` the three test
 # binaries), libcpp-httplib, and for `ablate` / `table` / `calib` $P/shared.tar.xz (models/tiny-target,
 # models/tiny-target-exl3-4.0bpw, data/*.txt, laid out like ../shared). Keep a call under 64 MiB: pack_convert.sh
 # speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
-# <= 8 min: run it alone, timeout_s 600); 70b ~5 min (models ~1.5 min, two converts).
+# <= 8 min: run it alone, timeout_s 600); 70b ~8 min (models ~1.5 min, two converts); 70b-24 ~4 min.
 # ablate ~9 min, table ~4 min, calib ~7 min (each conversion of tiny-target some 10-40 s on the H200, each perplexity
 # a few s).
 # Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/c43] [BITS=4.0]
@@ -59,11 +61,17 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
     echo "made $shape ${layers:+($layers layers) }in $(since "$t0") s: $(du -sh "$src" | cut -f1)"
   fi
   rm -rf "$dst"
+  # The whole device's memory in use, every 250 ms (the process's CUDA context and every allocator included).
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 250 > "$OUT/smi-$shape-$layers.log" 2>/dev/null &
+  local smi=$!
   local t0=$(date +%s.%N)
-  "$B/exl3" convert -i "$src" -o "$dst" -b "$BITS" --device cuda --no-progress > "$OUT/convert-$shape-$layers.log" 2>&1
+  "$B/exl3" convert -i "$src" -o "$dst" -b "$BITS" --device cuda --no-progress ${CONVERT_ARGS:-} \
+    > "$OUT/convert-$shape-$layers.log" 2>&1
   local rc=$? wall
   wall=$(since "$t0")
-  echo "== $shape${layers:+ ($layers layers)} at $BITS bpw: exit $rc, wall ${wall} s"
+  kill $smi 2>/dev/null; wait $smi 2>/dev/null
+  echo "nvidia-smi: at most $(sort -n "$OUT/smi-$shape-$layers.log" | tail -1) MiB of device memory in use (sampled every 250 ms)"
+  echo "== $shape${layers:+ ($layers layers)} at $BITS bpw${CONVERT_ARGS:+ ($CONVERT_ARGS)}: exit $rc, wall ${wall} s"
   grep -E "^stages:|^peak memory:|^converted" "$OUT/convert-$shape-$layers.log"
   [ $rc = 0 ] || { tail -5 "$OUT/convert-$shape-$layers.log"; crash "$OUT/convert-$shape-$layers.log"; }
   [ $rc = 0 ] && "$B/exl3" inspect "$dst" 2>&1 | head -4
@@ -110,6 +118,7 @@ for m in "${modes[@]}"; do
     1b) convert llama3-1b "" ;;
     8b) convert llama3-8b "" ;;
     70b) estimate llama3-70b 80 ;;
+    70b-24) CONVERT_ARGS="--gpu-memory 24 ${CONVERT_ARGS:-}" convert llama3-70b 2 ;;
     8b-est) estimate llama3-8b 32 ;;
     ablate)
       echo "| tiny-target | bpw | eval.txt | convert |"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what scripts/device_convert.sh carries into .device/c43 (git-ignored), each set under the 64 MiB a call
 # carries:
-#   speed    exl3 and the converter's CUDA test binaries (modes tests, 1b, 8b, 70b);
+#   speed    exl3 and the converter's CUDA test binaries (modes tests, 1b, 8b, 70b; SPEED_TESTS="..." picks them, "" none);
 #   quality  exl3 and tiny-target, the reference's 4.0 bpw file and the data texts from ../shared (ablate, table).
 # Usage: bash scripts/pack_convert.sh speed|quality [BUILD_DIR (default build/release)]
 set -euo pipefail
@@ -9,7 +9,7 @@ set_=${1:?speed or quality}; build=${2:-build/release}
 shared=${EXL3_SHARED_DIR:-../shared}
 out=.device/c43; rm -rf "$out"; mkdir -p "$out"
 targets=(exl3)
-[ "$set_" = speed ] && targets+=(exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests)
+[ "$set_" = speed ] && targets+=(${SPEED_TESTS-exl3_gpu_quantizer_tests exl3_viterbi_cuda_tests exl3_convert_tests})
 cmake --build "$build" -j2 --target "${targets[@]}" > /dev/null
 tmp=$(mktemp -d)
 for t in "${targets[@]}"; do cp "$(find "$build" -name "$t" -type f -perm -u+x | head -1)" "$tmp/"; strip "$tmp/$t"; done

@@ -21,6 +21,7 @@
 #include "backend/cpu/ops.h"
 #include "convert/calib_forward.h"
 #include "convert/calibration.h"
+#include "convert/gpu_memory.h"
 #include "convert/layers.h"
 #include "convert/output.h"
 #include "convert/progress.h"
@@ -732,11 +733,8 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
     const double gib = 1073741824.0;
     const int64_t T = s.calibration_tokens, D = s.hidden;
     // Per layer: its weights, its Hessians (in x in each, one per distinct Hessian id), and the largest linear's
-    // GPU quantizer at its peak: the refit's Hd and A (2 x in^2) and W, E, Q0, W^T, Hd W^T, Q and a product
-    // (7 x in x out), fp32.
-    auto quantizer = [](const LinearShape& l) {
-        return (2 * static_cast<int64_t>(l.in) * l.in + 7 * static_cast<int64_t>(l.in) * l.out) * 4;
-    };
+    // GPU quantizer at its peak (gpu_memory.h).
+    auto quantizer = [](const LinearShape& l) { return quantize_peak_bytes(l.out, l.in); };
     int64_t layer_w = 0, layer_h = 0, quant_gpu = 0, max_in = s.head.in;
     for (const auto& layer : s.layers) {
         int64_t w = 0, h = 0;

@@ -115,6 +115,29 @@ TEST(GpuQuantizerKernels, TransposeScaleGatherAndErrorMatchTheHost) {
         }
 }
 
+// row_dot / col_dot over a block of columns of a wide array (lda) against a compact one (ldb), as the proxy and
+// the refit read them, and row_dot's accumulation across blocks.
+TEST(GpuQuantizerKernels, RowAndColumnDotsOverStridedBlocks) {
+    EXL3_REQUIRE_GPU();
+    const int rows = 70, wide = 300, c0 = 96, n = 131;
+    const std::vector<float> a = gaussian(static_cast<size_t>(rows) * wide, 21), b = gaussian(static_cast<size_t>(rows) * n, 22);
+    DevVec<float> da(a), db(b);
+    DevVec<double> r(static_cast<size_t>(rows)), c(static_cast<size_t>(n));
+    EXL3_CUDA_OK(row_dot(da.p + c0, wide, db.p, n, rows, n, r.p, false, nullptr));
+    EXL3_CUDA_OK(row_dot(da.p + c0, wide, db.p, n, rows, n, r.p, true, nullptr));  // twice: accumulated
+    EXL3_CUDA_OK(col_dot(da.p + c0, wide, db.p, n, rows, n, c.p, nullptr));
+    const std::vector<double> rh = r.host(), ch = c.host();
+    std::vector<double> rw(static_cast<size_t>(rows), 0.0), cw(static_cast<size_t>(n), 0.0);
+    for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < n; ++j) {
+            const double v = static_cast<double>(a[static_cast<size_t>(i) * wide + c0 + j]) * b[static_cast<size_t>(i) * n + j];
+            rw[static_cast<size_t>(i)] += 2 * v;
+            cw[static_cast<size_t>(j)] += v;
+        }
+    for (int i = 0; i < rows; ++i) ASSERT_NEAR(rh[static_cast<size_t>(i)], rw[static_cast<size_t>(i)], 1e-9) << i;
+    for (int j = 0; j < n; ++j) ASSERT_NEAR(ch[static_cast<size_t>(j)], cw[static_cast<size_t>(j)], 1e-9) << j;
+}
+
 TEST(GpuQuantizerKernels, BlockLdlMatchesTheHost) {
     EXL3_REQUIRE_GPU();
     const int n = 128, rows = 512;
@@ -284,6 +307,54 @@ TEST(GpuQuantizer, QuantizeIsStatisticallyTheCpuQuantizer) {
         }
         EXPECT_LT(std::sqrt(num / den), 1e-5) << "K=" << K;
     }
+}
+
+// The proxy and the refit's products in narrow column blocks give the file of one block (the same codes, the same
+// sums but for their order), and a call holds no more than quantize_peak_bytes: with W' cut (out 1000 pads to 1024)
+// and whole (out 1024).
+TEST(GpuQuantizer, ProductBlocksChangeNothingAndBoundThePeak) {
+    EXL3_REQUIRE_GPU();
+    ThreadPool pool(0);
+    auto q = GpuQuantizer::create(0, &pool);
+    ASSERT_TRUE(q.is_ok()) << q.status().message();
+    const int in = 256, rows = 1024;
+    const std::vector<float> x = activations(rows, in, 31);
+    GpuHessian gh;
+    ASSERT_TRUE((*q)->add(gh, x.data(), rows, in).is_ok());
+    for (int out : {1000, 1024}) {
+        const std::vector<float> w = gaussian(static_cast<size_t>(out) * in, 32, 0.02f);
+        quant::QuantizeOptions opt;
+        opt.K = 3;
+        opt.seed = 5;
+        std::vector<float> e1(w.size()), e2(w.size());
+        (*q)->set_product_bytes(0);  // the default: one block
+        ASSERT_EQ(product_columns(out, in, kDefaultProductBytes), out);
+        auto one = (*q)->quantize(w.data(), out, in, gh, opt, e1.data());
+        ASSERT_TRUE(one.is_ok()) << one.status().message();
+        const int64_t narrow = static_cast<int64_t>(in) * 128 * 4;
+        ASSERT_EQ(product_columns(out, in, narrow), 128);
+        (*q)->set_product_bytes(narrow);
+        const int64_t before = gpu_bytes_in_use();
+        reset_gpu_bytes_peak();
+        auto blocked = (*q)->quantize(w.data(), out, in, gh, opt, e2.data());
+        ASSERT_TRUE(blocked.is_ok()) << blocked.status().message();
+        const int64_t held = gpu_bytes_peak() - before, bound = quantize_peak_bytes(out, in, narrow);
+        std::printf("out %d: peak %.2f MiB, bound %.2f MiB; proxy %.6g / %.6g\n", out, held / 1048576.0,
+                    bound / 1048576.0, one->proxy_error, blocked->proxy_error);
+        EXPECT_LE(held, bound + (int64_t{1} << 20)) << out;
+        EXPECT_GE(held, bound / 2) << out;
+        EXPECT_EQ(one->trellis, blocked->trellis) << out;
+        EXPECT_NEAR(blocked->proxy_before_refit / one->proxy_before_refit, 1.0, 1e-4) << out;
+        EXPECT_NEAR(blocked->proxy_error / one->proxy_error, 1.0, 1e-3) << out;
+        EXPECT_LT(blocked->proxy_error, blocked->proxy_before_refit) << out;
+        double num = 0, den = 0;
+        for (size_t i = 0; i < w.size(); ++i) {
+            num += (e1[i] - e2[i]) * (e1[i] - e2[i]);
+            den += e1[i] * e1[i];
+        }
+        EXPECT_LT(std::sqrt(num / den), 1e-2) << out;  // an fp16 scale may round the other way
+    }
+    (*q)->set_product_bytes(0);
 }
 
 TEST(GpuQuantizer, SensitivityMatchesTheCpuSample) {

@@ -81,6 +81,12 @@ public:
         n_ = 0;
     }
     void set_stream(cudaStream_t st) { st_ = st; }
+    // o's array becomes this one's (same stream), o is empty.
+    void take(Dev& o) {
+        release();
+        p_ = std::exchange(o.p_, nullptr);
+        n_ = std::exchange(o.n_, 0);
+    }
     template <class T = float>
     T* as() const {
         return static_cast<T*>(p_);
@@ -124,6 +130,9 @@ int64_t gpu_bytes_in_use() {
 }
 int64_t gpu_bytes_peak() {
     return g_peak.load();
+}
+void reset_gpu_bytes_peak() {
+    g_peak = g_in_use.load();
 }
 
 struct GpuHessian::Mem {
@@ -196,6 +205,7 @@ struct GpuQuantizer::Impl {
     Dev lut[3];           // codebook values by quant::Codebook
     Dev work, info, x16;  // cuSOLVER workspace and status; the Hessian's staging rows
     Dev xf;
+    int64_t product_bytes = kDefaultProductBytes;
 
     Impl() = default;
     Impl(const Impl&) = delete;
@@ -229,16 +239,8 @@ struct GpuQuantizer::Impl {
     Result<std::vector<double>> rows_dot(const float* a, const float* b, int rows, int cols) {
         Dev d;
         EXL3_RETURN_IF_ERROR(d.alloc(static_cast<size_t>(std::max(rows, 1)) * sizeof(double)));
-        EXL3_RETURN_IF_ERROR(ck(row_dot(a, b, rows, cols, cols, d.as<double>(), false, st), "row_dot"));
+        EXL3_RETURN_IF_ERROR(ck(row_dot(a, cols, b, cols, rows, cols, d.as<double>(), false, st), "row_dot"));
         std::vector<double> h(static_cast<size_t>(rows));
-        EXL3_RETURN_IF_ERROR(download(d, h.data(), h.size(), st));
-        return h;
-    }
-    Result<std::vector<double>> cols_dot(const float* a, const float* b, int rows, int cols) {
-        Dev d;
-        EXL3_RETURN_IF_ERROR(d.alloc(static_cast<size_t>(std::max(cols, 1)) * sizeof(double)));
-        EXL3_RETURN_IF_ERROR(ck(col_dot(a, b, rows, cols, cols, d.as<double>(), st), "col_dot"));
-        std::vector<double> h(static_cast<size_t>(cols));
         EXL3_RETURN_IF_ERROR(download(d, h.data(), h.size(), st));
         return h;
     }
@@ -253,10 +255,10 @@ struct GpuQuantizer::Impl {
                   quant::RotatedWeight* P);
     Result<quant::DampedHessian> damp(const float* H, double count, int in, const std::vector<uint16_t>& suh,
                                       const quant::QuantizeOptions& opt, Dev& dL);
-    Status ldlq(const Dev& dM, const Dev& dL, int kp, int np, const quant::QuantizeOptions& opt, Dev& dE,
+    Status ldlq(Dev& dM, const Dev& dL, int kp, int np, const quant::QuantizeOptions& opt,
                 std::vector<uint16_t>* states, quant::QuantTimes* times);
-    Status original(const float* dW, int out, int in, const float* H, double count, double lambda, Dev& dM,
-                    const Dev& dE, quant::QuantizedLinear* q, const quant::QuantizeOptions& opt, float* w_eff);
+    Status original(const float* w, int out, int in, const float* H, double count, double lambda, Dev& dM,
+                    quant::QuantizedLinear* q, const quant::QuantizeOptions& opt, float* w_eff);
 };
 
 GpuQuantizer::GpuQuantizer() : impl_(std::make_unique<Impl>()) {}
@@ -264,6 +266,10 @@ GpuQuantizer::~GpuQuantizer() = default;
 
 const std::string& GpuQuantizer::device_name() const {
     return impl_->name;
+}
+
+void GpuQuantizer::set_product_bytes(int64_t bytes) {
+    impl_->product_bytes = bytes > 0 ? bytes : kDefaultProductBytes;
 }
 
 Result<std::unique_ptr<GpuQuantizer>> GpuQuantizer::create(int device, ThreadPool* pool) {
@@ -438,12 +444,12 @@ Result<quant::DampedHessian> GpuQuantizer::Impl::damp(const float* H, double cou
 
 // LDLQ over the rotated W' (dM) with the factor dL: 16-row blocks from the last, each block's tiles through the
 // Viterbi, the error fed back to the earlier rows as GEMMs, lazily: within a 128-row span at once, to the rows
-// above the span when it is done. dE receives W' - W^, states the codes [k_pad / 16, n_pad / 16, 256].
-Status GpuQuantizer::Impl::ldlq(const Dev& dM, const Dev& dL, int kp, int np, const quant::QuantizeOptions& opt,
-                                Dev& dE, std::vector<uint16_t>* states, quant::QuantTimes* times) {
+// above the span when it is done. dM becomes W^ (the decoded codes), states the codes [k_pad / 16, n_pad / 16, 256].
+Status GpuQuantizer::Impl::ldlq(Dev& dM, const Dev& dL, int kp, int np, const quant::QuantizeOptions& opt,
+                                std::vector<uint16_t>* states, quant::QuantTimes* times) {
     const int ntn = np / 16, nb = kp / 16;
     const size_t tiles = static_cast<size_t>(nb) * ntn;
-    Dev dT, dTiles, dS;
+    Dev dT, dE, dTiles, dS;
     EXL3_RETURN_IF_ERROR(dT.alloc(dM.bytes()));
     EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(dT.as(), dM.as(), dM.bytes(), cudaMemcpyDeviceToDevice, st), "copy"));
     EXL3_RETURN_IF_ERROR(dE.alloc(dM.bytes()));
@@ -486,6 +492,7 @@ Status GpuQuantizer::Impl::ldlq(const Dev& dM, const Dev& dL, int kp, int np, co
     }
     states->resize(tiles * 256);
     EXL3_RETURN_IF_ERROR(download(dS, states->data(), states->size(), st));
+    EXL3_RETURN_IF_ERROR(ck(sub_inplace(dM.as(), dE.as(), static_cast<size_t>(kp) * np, st), "sub"));  // W^ = W' - E
     const double all = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     double vit_ms = 0;
     for (int j = 0; j < nb; ++j) {
@@ -502,26 +509,35 @@ Status GpuQuantizer::Impl::ldlq(const Dev& dM, const Dev& dL, int kp, int np, co
 }
 
 // The original space (quant::OriginalProblem on the device): the proxy error, the scale refit, the reconstruction.
-// dM holds W' on entry and is consumed.
-Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const float* H, double count, double lambda,
-                                    Dev& dM, const Dev& dE, quant::QuantizedLinear* q,
-                                    const quant::QuantizeOptions& opt, float* w_eff) {
+// dM holds W^ = W' - E on entry and is consumed. Three arrays of the weight's size live here -- Q0, W^T and the error
+// or the scaled codes -- and the damped Hessian's products run over blocks of columns (product_columns) into one
+// buffer, so a wide linear (lm_head) needs neither Hd W^T nor Hd Q whole.
+Status GpuQuantizer::Impl::original(const float* w, int out, int in, const float* H, double count, double lambda,
+                                    Dev& dM, quant::QuantizedLinear* q, const quant::QuantizeOptions& opt,
+                                    float* w_eff) {
     const int kp = q->k_pad, np = q->n_pad;
     const size_t IO = static_cast<size_t>(in) * out, II = static_cast<size_t>(in) * in;
-    // Q0 = Hk W^ Hn, W^ = W' - E, cut to [in, out].
-    EXL3_RETURN_IF_ERROR(ck(sub_inplace(dM.as(), dE.as(), static_cast<size_t>(kp) * np, st), "sub"));
+    // Q0 = Hk W^ Hn, cut to [in, out].
     EXL3_RETURN_IF_ERROR(ck(fwht_cols(dM.as(), kp, np, st), "fwht cols"));
     EXL3_RETURN_IF_ERROR(ck(fwht_rows(dM.as(), kp, np, st), "fwht rows"));
-    Dev dQ0, dWt, dHd, dHW, dQ, dX;
-    EXL3_RETURN_IF_ERROR(dQ0.alloc(IO * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(ck(cudaMemcpy2DAsync(dQ0.as(), static_cast<size_t>(out) * sizeof(float), dM.as(),
-                                              static_cast<size_t>(np) * sizeof(float),
-                                              static_cast<size_t>(out) * sizeof(float), static_cast<size_t>(in),
-                                              cudaMemcpyDeviceToDevice, st),
-                            "cut"));
-    dM.release();
-    EXL3_RETURN_IF_ERROR(dWt.alloc(IO * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(ck(transpose_div(dW, out, in, nullptr, nullptr, dWt.as(), in, out, st), "transpose"));
+    Dev dQ0, dWt, dHd, dQ;
+    if (kp == in && np == out) {
+        dQ0.take(dM);
+    } else {
+        EXL3_RETURN_IF_ERROR(dQ0.alloc(IO * sizeof(float)));
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpy2DAsync(dQ0.as(), static_cast<size_t>(out) * sizeof(float), dM.as(),
+                                                  static_cast<size_t>(np) * sizeof(float),
+                                                  static_cast<size_t>(out) * sizeof(float), static_cast<size_t>(in),
+                                                  cudaMemcpyDeviceToDevice, st),
+                                "cut"));
+        dM.release();
+    }
+    {
+        Dev dW;  // W again from the host: the device copy was let go after the rotation
+        EXL3_RETURN_IF_ERROR(upload(dW, w, IO, st));
+        EXL3_RETURN_IF_ERROR(dWt.alloc(IO * sizeof(float)));
+        EXL3_RETURN_IF_ERROR(ck(transpose_div(dW.as(), out, in, nullptr, nullptr, dWt.as(), in, out, st), "transpose"));
+    }
     EXL3_RETURN_IF_ERROR(dHd.alloc(II * sizeof(float)));
     if (H) {
         EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(dHd.as(), H, II * sizeof(float), cudaMemcpyDeviceToDevice, st), "copy"));
@@ -531,11 +547,42 @@ Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const floa
         EXL3_RETURN_IF_ERROR(ck(add_diagonal(dHd.as(), in, 1.0f, st), "identity"));
     }
     EXL3_RETURN_IF_ERROR(ck(add_diagonal(dHd.as(), in, static_cast<float>(lambda), st), "damping"));
-    EXL3_RETURN_IF_ERROR(dHW.alloc(IO * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(gemm(blas, false, false, in, out, in, 1.0f, dHd.as(), in, dWt.as(), out, 0.0f, dHW.as(), out));
-    EXL3_ASSIGN_OR_RETURN(const double den, all_dot(dWt.as(), dHW.as(), in, out));
     EXL3_RETURN_IF_ERROR(dQ.alloc(IO * sizeof(float)));
-    EXL3_RETURN_IF_ERROR(dX.alloc(IO * sizeof(float)));
+    const int bc = product_columns(out, in, product_bytes);
+    Dev dX, drow, dcol, dcol2;  // a block of products; row sums over all columns, column sums (doubles)
+    EXL3_RETURN_IF_ERROR(dX.alloc(static_cast<size_t>(in) * bc * sizeof(float)));
+    EXL3_RETURN_IF_ERROR(drow.alloc(static_cast<size_t>(in) * sizeof(double)));
+    EXL3_RETURN_IF_ERROR(dcol.alloc(static_cast<size_t>(out) * sizeof(double)));
+    EXL3_RETURN_IF_ERROR(dcol2.alloc(static_cast<size_t>(out) * sizeof(double)));
+    // dX = Hd b[:, c0, c0 + n) for each block of b [in, out], then fn(c0, n) sums what it needs of it.
+    auto by_blocks = [&](const float* b, auto&& fn) -> Status {
+        for (int c0 = 0; c0 < out; c0 += bc) {
+            const int n = std::min(bc, out - c0);
+            EXL3_RETURN_IF_ERROR(gemm(blas, false, false, in, n, in, 1.0f, dHd.as(), in, b + c0, out, 0.0f, dX.as(), n));
+            EXL3_RETURN_IF_ERROR(fn(c0, n));
+        }
+        return Status::ok();
+    };
+    // Row r of a . (Hd b) summed over the columns, into drow.
+    auto row_sums = [&](const float* a, const float* b) -> Status {
+        return by_blocks(b, [&](int c0, int n) {
+            return ck(row_dot(a + c0, out, dX.as(), n, in, n, drow.as<double>(), c0 > 0, st), "row_dot");
+        });
+    };
+    auto fetch = [&](const Dev& d, int n) -> Result<std::vector<double>> {
+        std::vector<double> h(static_cast<size_t>(n));
+        EXL3_RETURN_IF_ERROR(download(d, h.data(), h.size(), st));
+        return h;
+    };
+    // tr(a^T Hd b)
+    auto quad = [&](const float* a, const float* b) -> Result<double> {
+        EXL3_RETURN_IF_ERROR(row_sums(a, b));
+        EXL3_ASSIGN_OR_RETURN(const std::vector<double> r, fetch(drow, in));
+        double s = 0;
+        for (double v : r) s += v;
+        return s;
+    };
+    EXL3_ASSIGN_OR_RETURN(const double den, quad(dWt.as(), dWt.as()));
     Dev dsu, dsv;
     // tr(E^T Hd E) / den for E = Wt - diag(su) Q0 diag(sv).
     auto proxy = [&](const std::vector<double>& su, const std::vector<double>& sv) -> Result<double> {
@@ -543,8 +590,7 @@ Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const floa
         EXL3_RETURN_IF_ERROR(upload(dsu, a.data(), a.size(), st));
         EXL3_RETURN_IF_ERROR(upload(dsv, b.data(), b.size(), st));
         EXL3_RETURN_IF_ERROR(ck(scaled_codes(dQ0.as(), dsu.as(), dsv.as(), dWt.as(), in, out, dQ.as(), st), "error"));
-        EXL3_RETURN_IF_ERROR(gemm(blas, false, false, in, out, in, 1.0f, dHd.as(), in, dQ.as(), out, 0.0f, dX.as(), out));
-        EXL3_ASSIGN_OR_RETURN(const double num, all_dot(dQ.as(), dX.as(), in, out));
+        EXL3_ASSIGN_OR_RETURN(const double num, quad(dQ.as(), dQ.as()));
         return den > 0 ? num / den : 0.0;
     };
     std::vector<double> su(static_cast<size_t>(in)), sv(static_cast<size_t>(out));
@@ -561,10 +607,14 @@ Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const floa
         Dev dA, drhs;
         EXL3_RETURN_IF_ERROR(dA.alloc(II * sizeof(float)));
         for (int round = 0; round < quant::kRefitRounds; ++round) {
-            // Output channels.
-            EXL3_RETURN_IF_ERROR(gemm(blas, false, false, in, out, in, 1.0f, dHd.as(), in, dQ.as(), out, 0.0f, dX.as(), out));
-            EXL3_ASSIGN_OR_RETURN(std::vector<double> num, cols_dot(dQ.as(), dHW.as(), in, out));
-            EXL3_ASSIGN_OR_RETURN(std::vector<double> dn, cols_dot(dQ.as(), dX.as(), in, out));
+            // Output channels: column c's Q^T Hd W^T over Q^T Hd Q, both from Hd Q (Hd is symmetric).
+            EXL3_RETURN_IF_ERROR(by_blocks(dQ.as(), [&](int c0, int n) {
+                EXL3_RETURN_IF_ERROR(ck(col_dot(dWt.as() + c0, out, dX.as(), n, in, n, dcol.as<double>() + c0, st),
+                                        "col_dot"));
+                return ck(col_dot(dQ.as() + c0, out, dX.as(), n, in, n, dcol2.as<double>() + c0, st), "col_dot");
+            }));
+            EXL3_ASSIGN_OR_RETURN(const std::vector<double> num, fetch(dcol, out));
+            EXL3_ASSIGN_OR_RETURN(const std::vector<double> dn, fetch(dcol2, out));
             std::vector<float> fc(static_cast<size_t>(out));
             for (int c = 0; c < out; ++c) {
                 const size_t i = static_cast<size_t>(c);
@@ -577,7 +627,8 @@ Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const floa
             // Input channels: ((Q Q^T) o Hd) r = rowsum(Q o Hd Wt).
             EXL3_RETURN_IF_ERROR(gemm(blas, false, true, in, in, out, 1.0f, dQ.as(), out, dQ.as(), out, 0.0f, dA.as(), in));
             EXL3_RETURN_IF_ERROR(ck(mul_inplace(dA.as(), dHd.as(), II, st), "hadamard product"));
-            EXL3_ASSIGN_OR_RETURN(std::vector<double> rhs, rows_dot(dQ.as(), dHW.as(), in, out));
+            EXL3_RETURN_IF_ERROR(row_sums(dQ.as(), dWt.as()));
+            EXL3_ASSIGN_OR_RETURN(const std::vector<double> rhs, fetch(drow, in));
             EXL3_ASSIGN_OR_RETURN(const double md, diag_sum(dA.as(), in));
             EXL3_RETURN_IF_ERROR(ck(add_diagonal(dA.as(), in, static_cast<float>(1e-6 * md / in), st), "diag"));
             EXL3_ASSIGN_OR_RETURN(const bool ok, cholesky(dA.as(), in));
@@ -610,13 +661,13 @@ Status GpuQuantizer::Impl::original(const float* dW, int out, int in, const floa
         }
     }
     if (!w_eff) return Status::ok();
-    // W_eff [out, in] = (diag(su) Q0 diag(sv))^T.
+    // W_eff [out, in] = (diag(su) Q0 diag(sv))^T, into W^T's array.
     const std::vector<float> a = to_float(su), b = to_float(sv);
     EXL3_RETURN_IF_ERROR(upload(dsu, a.data(), a.size(), st));
     EXL3_RETURN_IF_ERROR(upload(dsv, b.data(), b.size(), st));
     EXL3_RETURN_IF_ERROR(ck(scaled_codes(dQ0.as(), dsu.as(), dsv.as(), nullptr, in, out, dQ.as(), st), "codes"));
-    EXL3_RETURN_IF_ERROR(ck(transpose_div(dQ.as(), in, out, nullptr, nullptr, dX.as(), out, in, st), "transpose"));
-    return download(dX, w_eff, IO, st);
+    EXL3_RETURN_IF_ERROR(ck(transpose_div(dQ.as(), in, out, nullptr, nullptr, dWt.as(), out, in, st), "transpose"));
+    return download(dWt, w_eff, IO, st);
 }
 
 Result<std::vector<double>> GpuQuantizer::sensitivity(const float* w, int out, int in, const GpuHessian& h,
@@ -694,8 +745,9 @@ Result<quant::QuantizedLinear> GpuQuantizer::quantize(const float* w, int out, i
             return invalid_argument(fmt::format("weight has a non-finite value at [{}, {}]", bad / in, bad % in));
     }
     quant::RotatedWeight P;
-    Dev dM, dL, dE;
+    Dev dM, dL;
     EXL3_RETURN_IF_ERROR(I.rotate(dW.as(), out, in, opt, dM, &P));
+    dW.release();  // original() uploads W again: LDLQ's peak holds one weight-sized array less
     lap.to(&quant::QuantTimes::prepare);
     const float* H = opt.use_hessian ? h.mem_->h.as() : nullptr;
     const double count = opt.use_hessian ? static_cast<double>(h.rows_) : 1.0;
@@ -708,7 +760,7 @@ Result<quant::QuantizedLinear> GpuQuantizer::quantize(const float* w, int out, i
     lap.to(&quant::QuantTimes::ldl);
     quant::QuantizedLinear q = quant::quantized_header(P, in, out, opt.K, opt.codebook, D.sigma);
     std::vector<uint16_t> states;
-    EXL3_RETURN_IF_ERROR(I.ldlq(dM, dL, P.k_pad, P.n_pad, opt, dE, &states, opt.times));
+    EXL3_RETURN_IF_ERROR(I.ldlq(dM, dL, P.k_pad, P.n_pad, opt, &states, opt.times));
     dL.release();
     lap = quant::QuantLap(opt.times);  // ldlq() accounted its own time
     // The codes packed on the host, tile by tile.
@@ -723,7 +775,7 @@ Result<quant::QuantizedLinear> GpuQuantizer::quantize(const float* w, int out, i
     else
         pack(0, tiles);
     lap.to(&quant::QuantTimes::ldlq);
-    EXL3_RETURN_IF_ERROR(I.original(dW.as(), out, in, H, count, D.lambda, dM, dE, &q, opt, w_eff));
+    EXL3_RETURN_IF_ERROR(I.original(w, out, in, H, count, D.lambda, dM, &q, opt, w_eff));
     lap.to(&quant::QuantTimes::finish);
     return q;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "exl3/status.h"
+#include "convert/gpu_memory.h"
 #include "quant/encoder.h"
 
 namespace exl3 {
@@ -24,6 +25,8 @@ namespace exl3::convert::cuda {
 // GpuHessian together).
 int64_t gpu_bytes_in_use();
 int64_t gpu_bytes_peak();
+// Starts a new peak from what is held now (a test's or a stage's own peak).
+void reset_gpu_bytes_peak();
 
 // A linear input's Hessian on the device: H [dim, dim] fp32, the sum of x^T x over `rows` finite rows. A moved-from
 // Hessian is empty again (dim 0, no rows) and takes rows like a new one. Its device memory is ordered on the legacy
@@ -75,6 +78,11 @@ public:
 
     // The device name, for messages.
     const std::string& device_name() const;
+
+    // The most bytes quantize()'s product buffer (H x a block of columns, in the proxy and the refit) may take;
+    // kDefaultProductBytes unless set. Narrower blocks hold less and launch more GEMMs; the result is the same but
+    // for the order of fp32 sums.
+    void set_product_bytes(int64_t bytes);
 
 private:
     GpuQuantizer();

@@ -41,24 +41,22 @@ __device__ double block_sum(double v, double* red) {
     return v;
 }
 
-__global__ void row_dot_kernel(const float* a, const float* b, int cols, int ld, double* out, bool acc) {
+__global__ void row_dot_kernel(const float* a, int lda, const float* b, int ldb, int cols, double* out, bool acc) {
     __shared__ double red[32];
     const size_t r = blockIdx.x;
     double s = 0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x)
-        s += static_cast<double>(a[r * ld + c]) * static_cast<double>(b[r * ld + c]);
+        s += static_cast<double>(a[r * lda + c]) * static_cast<double>(b[r * ldb + c]);
     s = block_sum(s, red);
     if (threadIdx.x == 0) out[r] = acc ? out[r] + s : s;
 }
 
-__global__ void col_dot_kernel(const float* a, const float* b, int rows, int cols, int ld, double* out) {
+__global__ void col_dot_kernel(const float* a, int lda, const float* b, int ldb, int rows, int cols, double* out) {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
     double s = 0;
-    for (int r = 0; r < rows; ++r) {
-        const size_t i = static_cast<size_t>(r) * ld + c;
-        s += static_cast<double>(a[i]) * static_cast<double>(b[i]);
-    }
+    for (int r = 0; r < rows; ++r)
+        s += static_cast<double>(a[static_cast<size_t>(r) * lda + c]) * static_cast<double>(b[static_cast<size_t>(r) * ldb + c]);
     out[c] = s;
 }
 
@@ -304,16 +302,17 @@ cudaError_t copy_zero_bad_rows_16(const uint16_t* x, bool bf16, int rows, int co
     return cudaGetLastError();
 }
 
-cudaError_t row_dot(const float* a, const float* b, int rows, int cols, int ld, double* out, bool accumulate,
+cudaError_t row_dot(const float* a, int lda, const float* b, int ldb, int rows, int cols, double* out, bool accumulate,
                     cudaStream_t st) {
     if (rows <= 0) return cudaSuccess;
-    row_dot_kernel<<<rows, 256, 0, st>>>(a, b, cols, ld, out, accumulate);
+    row_dot_kernel<<<rows, 256, 0, st>>>(a, lda, b, ldb, cols, out, accumulate);
     return cudaGetLastError();
 }
 
-cudaError_t col_dot(const float* a, const float* b, int rows, int cols, int ld, double* out, cudaStream_t st) {
+cudaError_t col_dot(const float* a, int lda, const float* b, int ldb, int rows, int cols, double* out,
+                    cudaStream_t st) {
     if (cols <= 0) return cudaSuccess;
-    col_dot_kernel<<<blocks(static_cast<size_t>(cols), 256), 256, 0, st>>>(a, b, rows, cols, ld, out);
+    col_dot_kernel<<<blocks(static_cast<size_t>(cols), 256), 256, 0, st>>>(a, lda, b, ldb, rows, cols, out);
     return cudaGetLastError();
 }
 

@@ -10,11 +10,12 @@
 
 namespace exl3::convert::cuda {
 
-// out[r] (+)= sum_c a[r * ld + c] * b[r * ld + c] over c < cols, in double, for r < rows. accumulate: add to out.
-cudaError_t row_dot(const float* a, const float* b, int rows, int cols, int ld, double* out, bool accumulate,
+// out[r] (+)= sum_c a[r * lda + c] * b[r * ldb + c] over c < cols, in double, for r < rows. accumulate: add to out.
+cudaError_t row_dot(const float* a, int lda, const float* b, int ldb, int rows, int cols, double* out, bool accumulate,
                     cudaStream_t st);
-// out[c] = sum_r a[r * ld + c] * b[r * ld + c] over r < rows, in double, for c < cols.
-cudaError_t col_dot(const float* a, const float* b, int rows, int cols, int ld, double* out, cudaStream_t st);
+// out[c] = sum_r a[r * lda + c] * b[r * ldb + c] over r < rows, in double, for c < cols.
+cudaError_t col_dot(const float* a, int lda, const float* b, int ldb, int rows, int cols, double* out,
+                    cudaStream_t st);
 
 // m [kp, np] = (r < in, c < out) ? w[c * in + r] / (rdiv[r] * cdiv[c]) : 0 (w [out, in]; a null divisor is 1).
 cudaError_t transpose_div(const float* w, int out, int in, const float* rdiv, const float* cdiv, float* m, int kp,
