@@ -17,6 +17,12 @@
 #      step.
 # Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model;
 # QUICK=1 runs only the MoE layer tests (with memcheck) and bench_cuda_moe at 1, 8 and 32 tokens (~2 minutes).
+# DECODE=1 (~7 minutes) proves a decode-step change before and after in one call: the MoE layer, routing and model
+# tests (the tiny EXL3 MoE against the CPU, graph replay = eager, the batch-invariant generator), memcheck on the
+# layer's kernels, bench_cuda_moe at 1, 8 and 32 tokens (its `sorted routing` rows and launch chains are the chain
+# before issue 42's local routing), then `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by
+# $B/base/exl3 (a build of an earlier commit, packed with BASE=...: see pack_device.sh) and by this build,
+# interleaved, ROUNDS times (default 1).
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,60 +36,93 @@ mkdir -p $B && xz -dc "$P/bins.tar.xz" | tar xf - -C $B
 export LD_LIBRARY_PATH=$PWD/$P:${LD_LIBRARY_PATH:-}
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 
-# compute-sanitizer memcheck on the layer and routing tests (where the tool is installed).
+# compute-sanitizer memcheck on the layer and routing tests (where the tool is installed); $1: the tests, $2: seconds.
 memcheck() {
   command -v compute-sanitizer > /dev/null || return 0
-  timeout 180 compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests \
-    --gtest_filter='Act/MoeLayer.WritesWithoutAccumulating/bf16:Act/MoeLayer.InvariantRowsAndGraphReplay/bf16:MoeRouteSort*' \
+  timeout "${2:-180}" compute-sanitizer --tool memcheck --error-exitcode 9 $B/exl3_cuda_tests --gtest_filter="$1" \
     > /tmp/sanitizer.log 2>&1
   echo "== $(el) compute-sanitizer memcheck exit $? ($(grep -E 'ERROR SUMMARY' /tmp/sanitizer.log | tail -1))"
   grep -E "Invalid|out of bounds|at 0x" /tmp/sanitizer.log | head -8
   cp /tmp/sanitizer.log "$OUT/"
 }
+LAYER_MEMCHECK='Act/MoeLayer.WritesWithoutAccumulating/bf16:Act/MoeLayer.InvariantRowsAndGraphReplay/bf16:MoeRouteSort*'
+
+# The CUDA MoE tests ($1: the filter, $2: seconds), their summary printed, the log kept.
+moe_tests() {
+  echo "== $(el) CUDA MoE tests"
+  timeout "$2" $B/exl3_cuda_tests --gtest_filter="$1" > /tmp/moe_tests.log 2>&1
+  echo "exit $?"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure|Expected|Which is|error" /tmp/moe_tests.log | head -40
+  grep -E "(golden/[a-z0-9_]+|moe-tiny|exl3_all_experts_[a-z0-9_]+): (prefill|routed)" /tmp/moe_tests.log | head -20
+  cat /tmp/moe_tests.log >> "$OUT/tests.log"
+}
+gen_tests() {
+  timeout 120 $B/exl3_cuda_generator_tests --gtest_filter='GeneratorCuda.BatchInvariant*' > /tmp/gen_tests.log 2>&1
+  echo "generator tests exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure" /tmp/gen_tests.log | head -10
+  cat /tmp/gen_tests.log >> "$OUT/tests.log"
+}
+# bench_cuda_moe ($@: its options).
+bench_layer() {
+  echo "== $(el) bench_cuda_moe $*"
+  timeout 150 $B/bench_cuda_moe "$@" > /tmp/bench_moe.log 2>&1
+  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -100
+  cp /tmp/bench_moe.log "$OUT/"
+}
+tiny_model() {
+  python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
+    > /tmp/moe_tiny.log 2>&1 && export EXL3_TEST_EXL3_MOE=/tmp/moe-tiny || tail -3 /tmp/moe_tiny.log
+}
+# The bench models in the background ($1: 1 for Mixtral-8x7B too); `wait $models` for them.
+bench_models() {
+  (python3 tools/bench/make_random_model.py --shape qwen3-30b-a3b --exl3-bits 4 --head-bits 6 --out /tmp/models/qwen3 \
+     > /tmp/model_qwen3.log 2>&1 || { echo "qwen3-30b-a3b model failed"; tail -3 /tmp/model_qwen3.log; }
+   if [ "$1" = 1 ]; then
+     python3 tools/bench/make_random_model.py --shape mixtral-8x7b --exl3-bits 3 --head-bits 6 --out /tmp/models/mixtral \
+       > /tmp/model_mixtral.log 2>&1 || { echo "mixtral-8x7b model failed"; tail -3 /tmp/model_mixtral.log; }
+   fi) > /tmp/models.log 2>&1 &
+  models=$!
+}
 
 if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the one-layer bench at decode sizes
-  echo "== $(el) CUDA MoE layer tests"
-  timeout 300 $B/exl3_cuda_tests --gtest_filter='*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' > /tmp/moe_tests.log 2>&1
-  echo "exit $?"
-  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure|Expected|Which is|error" /tmp/moe_tests.log | head -40
-  cp /tmp/moe_tests.log "$OUT/tests.log"
-  memcheck
-  echo "== $(el) bench_cuda_moe (one layer, decode sizes)"
-  timeout 120 $B/bench_cuda_moe --shape qwen3-30b-a3b --tokens 1,8,32 > /tmp/bench_moe.log 2>&1
-  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -60
-  cp /tmp/bench_moe.log "$OUT/"
+  moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' 300
+  memcheck "$LAYER_MEMCHECK"
+  bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
+  echo "== $(el) done"
+  exit 0
+fi
+
+if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the header)
+  echo "== $(el) random models (tiny for the tests; Qwen3-30B-A3B shape in the background)"
+  tiny_model
+  bench_models 0
+  moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
+  gen_tests
+  memcheck 'Act/MoeLayer.TakesPendingNorm/bf16:Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*' 150
+  wait $models; echo "== $(el) models done"; cat /tmp/models.log
+  bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
+  if [ -d /tmp/models/qwen3 ]; then
+    for v in $(for i in $(seq "${ROUNDS:-1}"); do echo base new; done); do
+      x="$B/exl3"; [ $v = base ] && x="$B/base/exl3"
+      [ -x "$x" ] || { echo "no $x"; continue; }
+      echo "== $(el) $v: exl3 bench -p 2048 -b 1,32 -c 512 -g 64"
+      timeout 100 "$x" bench -m /tmp/models/qwen3 -d cuda -p 2048 -b 1,32 -c 512 -g 64 > /tmp/b.log 2>&1
+      echo "exit $?"; cat /tmp/b.log >> "$OUT/bench.log"
+      grep -E "^memory plan|^ideal step|^\| [0-9]+ \||rror" /tmp/b.log
+    done
+  fi
   echo "== $(el) done"
   exit 0
 fi
 
 echo "== $(el) random models"
-python3 tools/bench/make_random_model.py --shape qwen3-moe-tiny --exl3-bits 4 --head-bits 6 --out /tmp/moe-tiny \
-  > /tmp/moe_tiny.log 2>&1 && export EXL3_TEST_EXL3_MOE=/tmp/moe-tiny || tail -3 /tmp/moe_tiny.log
-(python3 tools/bench/make_random_model.py --shape qwen3-30b-a3b --exl3-bits 4 --head-bits 6 --out /tmp/models/qwen3 \
-   > /tmp/model_qwen3.log 2>&1 || { echo "qwen3-30b-a3b model failed"; tail -3 /tmp/model_qwen3.log; }
- if [ "${SKIP_MIXTRAL:-0}" != 1 ]; then
-   python3 tools/bench/make_random_model.py --shape mixtral-8x7b --exl3-bits 3 --head-bits 6 --out /tmp/models/mixtral \
-     > /tmp/model_mixtral.log 2>&1 || { echo "mixtral-8x7b model failed"; tail -3 /tmp/model_mixtral.log; }
- fi) > /tmp/models.log 2>&1 &
-models=$!
-
-echo "== $(el) CUDA MoE tests"
-timeout 300 $B/exl3_cuda_tests \
-  --gtest_filter='*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:*CudaExperts*:CudaModel.Exl3Experts*' > /tmp/moe_tests.log 2>&1
-echo "exit $?"
-grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure|Expected|Which is|error" /tmp/moe_tests.log | head -40
-grep -E "(golden/[a-z0-9_]+|moe-tiny|exl3_all_experts_[a-z0-9_]+): (prefill|routed)" /tmp/moe_tests.log | head -20
-cat /tmp/moe_tests.log >> "$OUT/tests.log"
-timeout 120 $B/exl3_cuda_generator_tests --gtest_filter='GeneratorCuda.BatchInvariant*' > /tmp/gen_tests.log 2>&1
-echo "generator tests exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|Failure" /tmp/gen_tests.log | head -10
-cat /tmp/gen_tests.log >> "$OUT/tests.log"
-memcheck
+tiny_model
+bench_models "$([ "${SKIP_MIXTRAL:-0}" = 1 ] && echo 0 || echo 1)"
+moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:*CudaExperts*:CudaModel.Exl3Experts*' 300
+gen_tests
+memcheck "$LAYER_MEMCHECK"
 
 wait $models; echo "== $(el) models done"; cat /tmp/models.log
-echo "== $(el) bench_cuda_moe (one layer)"
-timeout 150 $B/bench_cuda_moe --tokens 1,8,32,256,2048 > /tmp/bench_moe.log 2>&1
-echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -100
-cp /tmp/bench_moe.log "$OUT/"
+bench_layer --tokens 1,8,32,256,2048
 
 for m in qwen3 mixtral; do
   [ -d /tmp/models/$m ] || continue

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Packs binaries built here for scripts/device_dense.sh on the GPU machine: .device/r1/bins.tar.xz (+ the
 # libcpp-httplib the exl3 binary links, which the GPU machine lacks).
-# Usage: bash scripts/pack_device.sh [BUILD_DIR (default build-90)] [TARGET ...]
+# Usage: [BASE=path/to/an/earlier/exl3] bash scripts/pack_device.sh [BUILD_DIR (default build-90)] [TARGET ...]
 #   default targets: exl3 and every CUDA test binary; e.g. add bench_cuda_gemv bench_cuda_attention
+#   BASE: packed as base/exl3 in the same archive (a build of an earlier commit, for before/after runs such as
+#   device_moe.sh's DECODE=1 and device_check.sh's proof; most of it compresses against this build's exl3)
 set -euo pipefail
 build=${1:-build-90}; shift || true
 targets=("$@")
@@ -11,6 +13,7 @@ targets=("$@")
 ninja -C "$build" "${targets[@]}" > /dev/null
 tmp=$(mktemp -d)
 for t in "${targets[@]}"; do cp "$(find "$build" -name "$t" -type f -perm -u+x | head -1)" "$tmp/"; done
+if [ -n "${BASE:-}" ]; then mkdir -p "$tmp/base" && cp "$BASE" "$tmp/base/exl3"; fi
 mkdir -p .device/r1
 (cd "$tmp" && tar cf - -- *) | xz -T1 --lzma2=preset=6,dict=192MiB > .device/r1/bins.tar.xz
 # The source folder the tests were built in (they read tests/models through it; device_tp.sh links it there).
