@@ -18,11 +18,13 @@
 # Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model;
 # QUICK=1 runs only the MoE layer tests (with memcheck) and bench_cuda_moe at 1, 8 and 32 tokens (~2 minutes).
 # DECODE=1 (~7 minutes) proves a decode-step change before and after in one call: the MoE layer, routing and model
-# tests (the tiny EXL3 MoE against the CPU, graph replay = eager, the batch-invariant generator), memcheck on the
-# layer's kernels, bench_cuda_moe at 1, 8 and 32 tokens (its `sorted routing` rows and launch chains are the chain
-# before issue 42's local routing), then `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by
-# $B/base/exl3 (a build of an earlier commit, packed with BASE=...: see pack_device.sh) and by this build,
-# interleaved, ROUNDS times (default 1).
+# tests (the tiny EXL3 MoE against the CPU, graph replay = eager, the batch-invariant generator, its experts over
+# tensor-parallel ranks where exl3_cuda_tp_tests is packed), memcheck on the layer's kernels, bench_cuda_moe at 1, 8
+# and 32 tokens (its `sorted routing` rows and launch chains are the chain before issue 42's local routing), then
+# `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by $B/base/exl3 (a build of an earlier
+# commit, packed with BASE=...: see pack_device.sh) and by this build, interleaved, ROUNDS times (default 1). Packed:
+#   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
+#     exl3_cuda_tp_tests bench_cuda_moe
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -56,11 +58,14 @@ moe_tests() {
   grep -E "(golden/[a-z0-9_]+|moe-tiny|exl3_all_experts_[a-z0-9_]+): (prefill|routed)" /tmp/moe_tests.log | head -20
   cat /tmp/moe_tests.log >> "$OUT/tests.log"
 }
-gen_tests() {
-  timeout 120 $B/exl3_cuda_generator_tests --gtest_filter='GeneratorCuda.BatchInvariant*' > /tmp/gen_tests.log 2>&1
-  echo "generator tests exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure" /tmp/gen_tests.log | head -10
-  cat /tmp/gen_tests.log >> "$OUT/tests.log"
+# Another test binary ($1, where packed) with a filter ($2).
+bin_tests() {
+  [ -x "$B/$1" ] || { echo "$1 not packed"; return 0; }
+  timeout 120 "$B/$1" --gtest_filter="$2" > /tmp/bin_tests.log 2>&1
+  echo "$1 exit $?"; grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|^\[  SKIPPED \]|Failure" /tmp/bin_tests.log | head -10
+  cat /tmp/bin_tests.log >> "$OUT/tests.log"
 }
+gen_tests() { bin_tests exl3_cuda_generator_tests 'GeneratorCuda.BatchInvariant*'; }
 # bench_cuda_moe ($@: its options).
 bench_layer() {
   echo "== $(el) bench_cuda_moe $*"
@@ -97,6 +102,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   bench_models 0
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
   gen_tests
+  bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
   memcheck 'Act/MoeLayer.TakesPendingNorm/bf16:Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*' 150
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
   bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
