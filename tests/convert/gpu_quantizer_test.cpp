@@ -55,6 +55,18 @@ std::vector<float> gaussian(size_t n, uint32_t seed, float sd = 1.0f) {
     return v;
 }
 
+// ||got - want|| / ||want||
+template <class A, class B>
+double rel_rms(const std::vector<A>& got, const std::vector<B>& want) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        const double d = static_cast<double>(got[i]) - static_cast<double>(want[i]);
+        num += d * d;
+        den += static_cast<double>(want[i]) * static_cast<double>(want[i]);
+    }
+    return std::sqrt(num / den);
+}
+
 // Correlated activations with a few loud channels (the case the Hessian matters for), [rows, in].
 std::vector<float> activations(int rows, int in, uint32_t seed) {
     std::vector<float> z = gaussian(static_cast<size_t>(rows) * in, seed), mix = gaussian(static_cast<size_t>(in) * in, seed + 1, 0.06f);
@@ -184,12 +196,8 @@ TEST(GpuQuantizer, HessianMatchesHessAdd) {
     EXPECT_EQ(gh.rows(), host.rows);
     std::vector<double> got;
     ASSERT_TRUE(gh.download(&got).is_ok());
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        num += (got[i] - host.h[i]) * (got[i] - host.h[i]);
-        den += host.h[i] * host.h[i];
-    }
-    EXPECT_LT(std::sqrt(num / den), 1e-5);
+    ASSERT_EQ(got.size(), host.h.size());
+    EXPECT_LT(rel_rms(got, host.h), 1e-5);
 }
 
 // A moved-from Hessian is empty and takes rows again; a layer's expert Hessians (LayerHessiansOf::at growing its
@@ -300,12 +308,7 @@ TEST(GpuQuantizer, QuantizeIsStatisticallyTheCpuQuantizer) {
         // The reconstruction it returns is the one its stored tensors decode to.
         std::vector<float> dq(w.size());
         quant::exl3_dequantize(quant::as_exl3_linear(*gpu), dq.data());
-        double num = 0, den = 0;
-        for (size_t i = 0; i < dq.size(); ++i) {
-            num += (dq[i] - weff[i]) * (dq[i] - weff[i]);
-            den += dq[i] * dq[i];
-        }
-        EXPECT_LT(std::sqrt(num / den), 1e-5) << "K=" << K;
+        EXPECT_LT(rel_rms(weff, dq), 1e-5) << "K=" << K;
     }
 }
 
@@ -347,12 +350,7 @@ TEST(GpuQuantizer, ProductBlocksChangeNothingAndBoundThePeak) {
         EXPECT_NEAR(blocked->proxy_before_refit / one->proxy_before_refit, 1.0, 1e-4) << out;
         EXPECT_NEAR(blocked->proxy_error / one->proxy_error, 1.0, 1e-3) << out;
         EXPECT_LT(blocked->proxy_error, blocked->proxy_before_refit) << out;
-        double num = 0, den = 0;
-        for (size_t i = 0; i < w.size(); ++i) {
-            num += (e1[i] - e2[i]) * (e1[i] - e2[i]);
-            den += e1[i] * e1[i];
-        }
-        EXPECT_LT(std::sqrt(num / den), 1e-2) << out;  // an fp16 scale may round the other way
+        EXPECT_LT(rel_rms(e2, e1), 1e-2) << out;  // an fp16 scale may round the other way
     }
     (*q)->set_product_bytes(0);
 }
