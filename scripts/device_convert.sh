@@ -12,6 +12,9 @@
 #          with larger calibrations, perplexity on eval.txt (the tuning text; CUDA engine);
 #   table  tiny-target at 2.0 2.5 3.0 3.5 4.0 5.0 bpw (TABLE_BITS="2.0 3.0": some of them) with the defaults, perplexity on eval.txt and on wikitext-2 test
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
+#   seeds  tiny-target at SEED_BITS (default 3.0 4.0) with the defaults under each of SEEDS (default 1 2 3: --seed
+#          draws the calibration text, the sign vectors and the sensitivity sample), eval.txt and wikitext-2 test,
+#          and each bitrate's mean: one file's held-out figure at 3-4 bpw is a draw (docs/conversion.md);
 #   real   tiny-target at REAL_BITS (default 2.0 3.0) calibrated on calibration.txt, 1024x512 (real text, the
 #          reference's token count), eval.txt and wikitext-2 test
 #   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
@@ -29,7 +32,7 @@
 # speed (binaries) or pack_convert.sh quality (exl3 and the models).
 # Expected device time: tests ~2 min; 1b ~2 min (model ~20 s, convert <= 90 s); 8b ~8 min (model ~1 min, convert
 # <= 8 min: run it alone, timeout_s 600); 70b ~8 min (models ~1.5 min, two converts); 70b-24 ~4 min.
-# ablate ~9 min, table ~4 min, calib ~7 min (each conversion of tiny-target some 10-40 s on the H200, each perplexity
+# ablate ~9 min, table ~2 min (H100, 2026-12-06: ~12 s a row with its two perplexities), seeds ~1.5 min, calib ~7 min (each conversion of tiny-target some 10-40 s on the H200, each perplexity
 # a few s).
 # Usage (device tool): bash scripts/device_convert.sh MODE... [P=.device/c43] [BITS=4.0]
 set -uo pipefail
@@ -152,10 +155,18 @@ for m in "${modes[@]}"; do
         echo "| $ref | | $(ppl "$S/models/$ref" "$S/data/eval.txt") | $(ppl "$S/models/$ref" "$S/data/wikitext-2-test.txt") | |"
       done
       for b in ${TABLE_BITS:-2.0 2.5 3.0 3.5 4.0 5.0}; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
+    seeds)
+      echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
+      for b in ${SEED_BITS:-3.0 4.0}; do
+        for sd in ${SEEDS:-1 2 3}; do WIKI=1 tiny "seed $sd" "$b" --seed "$sd"; done
+      done | tee "$OUT/seeds.md"
+      awk -F'|' '/^\| seed /{ b = $3; e[b] += $4; w[b] += $5; n[b]++ }
+        END { for (b in n) printf "| mean of %d seeds |%s| %.4f | %.4f | |\n", n[b], b, e[b] / n[b], w[b] / n[b] }' \
+        "$OUT/seeds.md" | sort -t'|' -k3 ;;
     real)
       for b in ${REAL_BITS:-2.0 3.0}; do
         WIKI=1 tiny "calibration.txt 1024x512" "$b" --calibration "$S/data/calibration.txt" --calibration-rows 1024 --calibration-cols 512
       done ;;
-    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, ablate, table, real, calib)" ;;
+    *) echo "unknown mode $m (tests, 1b, 8b, 8b-est, 70b, 70b-24, ablate, table, seeds, real, calib)" ;;
   esac
 done

@@ -45,10 +45,11 @@ Runner add_convert(CLI::App& app) {
     app.add_option("--codebook", o->codebook, "mul1, mcg or 3inst")->capture_default_str();
     app.add_option("--calibration", o->c.calibration_file,
                    "calibration text file. Default: no outside text; 3/4 of the rows are text sampled from the model "
-                   "itself (BOS + one of its most probable first tokens, then temperature 0.9, min-p 0.01), 1/4 are "
+                   "itself (BOS + one of its most probable first tokens, then its full distribution: temperature 1, no "
+                   "min-p cut), 1/4 are "
                    "uniformly random token ids; deterministic in --seed");
     app.add_option("--calibration-rows", o->c.calibration_rows,
-                   "calibration sequences (0: sized to the model, 4 tokens per input of its widest linear, 4096 to "
+                   "calibration sequences (0: sized to the model, 4 tokens per input of its widest linear, 65536 to "
                    "131072 tokens)")
         ->capture_default_str();
     app.add_option("--calibration-cols", o->c.calibration_cols, "tokens per calibration sequence (0: 256, or 512 "
