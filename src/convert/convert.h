@@ -104,7 +104,7 @@ struct ConvertReport {
     int64_t peak_host_bytes = 0;   // the conversion's own peak host memory (anonymous, sampled after every layer)
     int64_t peak_resident_bytes = 0;  // the process's peak resident memory, the mapped checkpoint's pages included
     int calibration_rows = 0, calibration_cols = 0;  // as used
-    int64_t peak_gpu_bytes = -1;   // the converter's peak GPU memory (-1: no GPU used)
+    int64_t peak_gpu_bytes = -1;   // the GPU quantizers' and Hessians' peak device memory (-1: no GPU used)
 };
 
 Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool);

@@ -23,7 +23,11 @@ void print_stages(const convert::ConvertReport& r) {
     fmt::print("peak memory: host {:.2f} GiB (resident with the mapped checkpoint's pages {:.2f} GiB){}; calibration "
                "{} x {} tokens\n",
                r.peak_host_bytes / gib, r.peak_resident_bytes / gib,
-               r.peak_gpu_bytes >= 0 ? fmt::format(", GPU {:.2f} GiB", r.peak_gpu_bytes / gib) : std::string(),
+               r.peak_gpu_bytes >= 0
+                   ? fmt::format(", GPU {:.2f} GiB in the quantizers and Hessians (the CUDA context and the "
+                                 "calibration forward's layer come on top)",
+                                 r.peak_gpu_bytes / gib)
+                   : std::string(),
                r.calibration_rows, r.calibration_cols);
 }
 
