@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "exl3/status.h"
 #include "convert/gpu_memory.h"
+#include "exl3/status.h"
 #include "quant/encoder.h"
 
 namespace exl3 {
