@@ -115,7 +115,7 @@ for m in "${modes[@]}"; do
         [ -x "$B/$t" ] || { echo "$t not carried"; continue; }
         echo "== $t"
         timeout 300 "$B/$t" > "$OUT/$t.log" 2>&1; rc=$?; echo "exit $rc"
-        grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|proxy CPU|tiles/s|rel. error" "$OUT/$t.log" | head -40
+        grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \]|proxy CPU|tiles/s|rel. error|log-probability" "$OUT/$t.log" | head -40
         [ $rc = 0 ] || { grep -E "^\[ RUN      \]" "$OUT/$t.log" | tail -1; crash "$OUT/$t.log"; }
       done ;;
     1b) convert llama3-1b "" ;;

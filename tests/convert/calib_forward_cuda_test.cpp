@@ -14,11 +14,13 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/layer_runner.h"
 #include "convert/calib_forward.h"
+#include "convert/calibration.h"
 #include "convert/cuda/gpu_quantizer.h"
 #include "cuda/cuda_test_util.h"
 #include "format/model_config.h"
 #include "format/safetensors.h"
 #include "models/weights.h"
+#include "exl3/model.h"
 #include "test_util.h"
 
 namespace exl3::convert {
@@ -92,6 +94,64 @@ TEST_P(CalibForwardCuda, MatchesTheCpuForwardAndHessians) {
         }
         gs.h = cs.h;  // the next layer from the same state on both
     }
+}
+
+// The default calibration text drawn on the GPU (the rows' logits stay there): deterministic in the seed, another seed
+// gives other text, and it is the same distribution as the host's draw: the model's mean log-probability of the
+// tokens drawn (an estimate of minus its entropy along the text) agrees with the host-drawn text's.
+TEST(CalibrationText, DrawsOnTheGpuFromTheModelsDistribution) {
+    EXL3_REQUIRE_GPU();
+    const std::string dir = test::repo_path("tests/models/tiny-draft");
+    SampledCalibration sc;
+    sc.rows = 64;
+    sc.cols = 64;
+    sc.device = "cuda";
+    sc.progress = false;
+    auto a = sample_calibration_tokens(dir, sc), b = sample_calibration_tokens(dir, sc);
+    ASSERT_TRUE(a.is_ok() && b.is_ok()) << a.status().message();
+    EXPECT_EQ(*a, *b);
+    sc.seed = 2;
+    auto other = sample_calibration_tokens(dir, sc);
+    ASSERT_TRUE(other.is_ok());
+    EXPECT_NE(*a, *other);
+    sc.seed = 1;
+    sc.device = "cpu";
+    auto host = sample_calibration_tokens(dir, sc);
+    ASSERT_TRUE(host.is_ok());
+
+    LoadOptions lo;
+    lo.device = "cuda";
+    lo.context_length = sc.cols;
+    lo.prefix_cache = false;
+    auto model = Model::load(dir, lo);
+    ASSERT_TRUE(model.is_ok()) << model.status().message();
+    const int V = (*model)->info().vocab_size, n_sampled = sc.rows - sc.rows / 4;
+    auto mean_logprob = [&](const std::vector<int32_t>& toks) {
+        double sum = 0;
+        int n = 0;
+        for (int r = 0; r < n_sampled; ++r) {
+            const std::vector<int32_t> row(toks.begin() + r * sc.cols, toks.begin() + (r + 1) * sc.cols);
+            for (int32_t t : row) EXPECT_TRUE(t >= 0 && t < V);
+            auto seq = (*model)->new_sequence(sc.cols);
+            EXPECT_TRUE(seq.is_ok());
+            std::vector<float> logits;
+            EXPECT_TRUE((*model)->forward(**seq, row, true, &logits).is_ok());
+            for (int p = 2; p + 1 < sc.cols; ++p) {  // past BOS and the seed: the drawn tokens
+                const float* l = logits.data() + static_cast<size_t>(p) * V;
+                double mx = -1e30, z = 0;
+                for (int i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(l[i]));
+                for (int i = 0; i < V; ++i) z += std::exp(l[i] - mx);
+                sum += l[row[p + 1]] - mx - std::log(z);
+                ++n;
+            }
+        }
+        return sum / n;
+    };
+    const double gpu = mean_logprob(*a), cpu = mean_logprob(*host), gpu2 = mean_logprob(*other);
+    std::printf("mean log-probability of the drawn tokens: GPU %.3f (seed 2: %.3f), host %.3f\n", gpu, gpu2, cpu);
+    // ~2,900 tokens each: the seeds' spread is a few hundredths; greedy or a wrong temperature moves it by > 1.
+    EXPECT_NEAR(gpu, cpu, 0.25);
+    EXPECT_NEAR(gpu, gpu2, 0.25);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CalibForwardCuda, ::testing::Values("tiny-draft", "golden/gpt_oss"),
