@@ -41,6 +41,11 @@ struct MoeRouteBufs {
 // scratch: moe_route_scratch_bytes(n, experts).
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s);
+// The shared memory moe_route_sort_block (moe_route.cuh) takes in a block of `threads` threads for n tokens: the
+// sort's arrays, plus the routing's scores where they fit beside them in 48 KB (*scores_in_smem; else they go to the
+// scratch); cudaErrorInvalidValue for a step moe_route_sort does not take.
+cudaError_t moe_route_sort_smem(int n, const MoeRouting& r, const MoeRouteBufs& out, int threads, size_t* smem,
+                                bool* scores_in_smem);
 
 // The layer's output from the down stage's split partials y [splits][n * top_k][d] (rows by slot_of):
 // out[t] (+)= sum over c < top_k of weights[t * top_k + c] * (the sum over the splits of row slot_of[t * top_k + c]),
