@@ -1,6 +1,7 @@
-// The routing of a mixture-of-experts step and its sort by expert, as one block's device function (moe_route_sort's
-// kernel, moe.cu), for any kernel that routes a step to write the same bits. Arithmetic as cpu::route_experts.
-// Device code; included by .cu files only.
+// The routing of a mixture-of-experts step and its sort by expert, as one block's device function, run wherever the
+// step is routed -- moe_route_sort's kernel (moe.cu) and the last block of the router's GEMV (moe_router_route,
+// gemv.cu) -- so that both write the same bits. Arithmetic as cpu::route_experts. Device code; included by .cu files
+// only.
 #pragma once
 
 #include <cuda_runtime.h>
