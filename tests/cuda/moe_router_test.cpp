@@ -59,6 +59,22 @@ RouterData router_data(const Case& c, uint32_t seed) {
     return d;
 }
 
+// The case's routing (cpu::Routing or cuda::MoeRouting: the same fields), with GLM-4.5's correction bias
+// (random, kScoreBiasSeed) where it routes by sigmoid.
+constexpr uint32_t kScoreBiasSeed = 9;
+template <typename R>
+R routing_of(const Case& c, const float* score_bias) {
+    R r;
+    r.experts = c.experts;
+    r.top_k = c.top_k;
+    r.norm_topk = true;
+    r.sigmoid = c.sigmoid;
+    r.groups = c.groups;
+    r.topk_groups = c.topk_groups;
+    r.score_bias = c.sigmoid ? score_bias : nullptr;
+    return r;
+}
+
 DeviceBuffer up_act(const std::vector<float>& v, ActType t) {
     std::vector<uint16_t> a(v.size());
     for (size_t i = 0; i < v.size(); ++i) a[i] = t == ActType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
@@ -137,7 +153,7 @@ struct Router {
         if (!d.bias.empty()) {
             EXPECT_TRUE(bias.upload(d.bias.data(), d.bias.size() * 4).is_ok());
         }
-        const auto sb = test::random_floats(static_cast<size_t>(c.experts), 9, 0.2f);
+        const auto sb = test::random_floats(static_cast<size_t>(c.experts), kScoreBiasSeed, 0.2f);
         EXPECT_TRUE(score_bias.upload(sb.data(), sb.size() * 4).is_ok());
         EXPECT_TRUE(logits.reserve(static_cast<size_t>(c.n) * c.experts * 4).is_ok());
         EXPECT_TRUE(scratch.reserve(cuda::moe_route_scratch_bytes(c.n, c.experts)).is_ok());
@@ -145,13 +161,7 @@ struct Router {
         EXPECT_EQ(cudaMemset(ticket.get(), 0, 4), cudaSuccess);
         EXPECT_EQ(cudaMemset(logits.get(), 0xff, logits.bytes()), cudaSuccess);
         EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-        routing.experts = c.experts;
-        routing.top_k = c.top_k;
-        routing.norm_topk = true;
-        routing.sigmoid = c.sigmoid;
-        routing.groups = c.groups;
-        routing.topk_groups = c.topk_groups;
-        routing.score_bias = c.sigmoid ? score_bias.as<float>() : nullptr;
+        routing = routing_of<cuda::MoeRouting>(c, score_bias.as<float>());
     }
     cudaError_t route(const DeviceBuffer& xs, float* lg, const RouteBufs& b, cudaStream_t s) const {
         cuda::MoeRouterTail tail;
@@ -226,15 +236,8 @@ TEST(MoeRouteSort, RouterTailEqualsGemvAndSeparateSort) {
             }
 
             // The CPU's routing of the exact logits: the same ids (ties to the lower index).
-            cpu::Routing cr;
-            cr.experts = c.experts;
-            cr.top_k = c.top_k;
-            cr.norm_topk = true;
-            cr.sigmoid = c.sigmoid;
-            cr.groups = c.groups;
-            cr.topk_groups = c.topk_groups;
-            const auto sb = test::random_floats(static_cast<size_t>(c.experts), 9, 0.2f);
-            cr.score_bias = c.sigmoid ? sb.data() : nullptr;
+            const auto sb = test::random_floats(static_cast<size_t>(c.experts), kScoreBiasSeed, 0.2f);
+            const auto cr = routing_of<cpu::Routing>(c, sb.data());
             std::vector<int32_t> ids(static_cast<size_t>(c.n) * c.top_k);
             std::vector<float> wts(ids.size());
             cpu::route_experts(exact.data(), c.n, cr, ids.data(), wts.data());
