@@ -6,8 +6,7 @@
 // decode step runs them), the large ones eagerly. Each plan variant beside the default (the weighted sum by the
 // down stage's blocks instead of a moe_combine launch, atomic adds, twice the k split, the other pass height, the
 // other rotation) shows what the planner's choices are worth; at 1 and 8 tokens the launches one at a time, the
-// router's included: the router then moe_route_sort, the routing in the router GEMV's last block (moe_router_route,
-// the model's decode at one token), and the weighted sum in the down stage.
+// default's chain beside the fused weighted sum's.
 //
 // Usage: bench_cuda_moe [--shape qwen3-30b-a3b|mixtral-8x7b|all] [--tokens 1,8,32,256,2048] [--reps 20]
 #include <cuda_runtime.h>
@@ -27,7 +26,6 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_plan.h"
 #include "backend/cuda/moe_layer.h"
-#include "core/dtype.h"
 
 using namespace exl3;
 using namespace exl3::cuda;
@@ -196,25 +194,19 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
     return 1e3 * ms / (static_cast<double>(reps) * static_cast<double>(per));
 }
 
-// The chains of launches the breakdown times: the default (the router's GEMV, or cuBLAS beyond one token as the model
-// runs it, then moe_route_sort), the router's GEMV routing the step in its last block (moe_router_route: the
-// default at one token), and the default with the weighted sum in the down stage's blocks (fused_combine).
-enum class Chain { kSorted, kRouterTail, kFusedSum };
-
-// The default plan's launches one at a time at n tokens (n <= 8), the router included: graphs of each prefix of the
-// layer's launches (router [+ routing sort], [rotation,] gate|up, [rotation,] down [+ weighted sum], [moe_combine])
-// over the layer copies, each with a router of its own (random bf16 [experts, hidden]: each copy routes
-// differently), replayed; a launch's time is its prefix's minus the one before (what it adds to a captured decode
-// step, its launch gap included). ideal_us: the layer's ideal (the experts' bytes; the router's are left out).
-void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
-               int reps, Chain chain, double ideal_us) {
-    cudaStream_t st = ctx.stream();
-    const bool fused = chain == Chain::kFusedSum, tail = chain == Chain::kRouterTail;
+// The default plan's launches one at a time at n tokens (n <= 32): graphs of each prefix of the layer's launches
+// (routing sort, [rotation,] gate|up, [rotation,] down with the weighted sum in its blocks) over the layer copies,
+// replayed; a launch's time is its prefix's minus the one before (what it adds to a captured decode step, its launch
+// gap included). fused: the weighted sum in the down stage's blocks (MoeLayerPlan::fused_combine) instead of the
+// default's moe_combine launch. ideal_us: the layer's ideal, printed beside.
+void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
+               const std::vector<DeviceBuffer>& logits, int reps, cudaStream_t st, bool fused,
+               double ideal_us) {
     const MoeLayerWeights& w0 = layers[0].w;
     const MoeLayerPlan p = moe_layer_plan(w0, s.top_k, n, false);
     const size_t nk = static_cast<size_t>(n) * s.top_k, E = static_cast<size_t>(s.experts);
     const size_t counters = static_cast<size_t>(n) * w0.down.shape.groups();
-    DeviceBuffer scratch, ids, wts, offs, act, nact, pair_of, slot_of, done, xh, ygu, yd, out, logits, ticket;
+    DeviceBuffer scratch, ids, wts, offs, act, nact, pair_of, slot_of, done, xh, ygu, yd, out;
     const bool ok = scratch.reserve(moe_route_scratch_bytes(n, s.experts)).is_ok() && ids.reserve(nk * 4).is_ok() &&
                     wts.reserve(nk * 4).is_ok() && offs.reserve((E + 1) * 4).is_ok() && act.reserve(E * 4).is_ok() &&
                     nact.reserve(4).is_ok() && pair_of.reserve(nk * 4).is_ok() && slot_of.reserve(nk * 4).is_ok() &&
@@ -222,18 +214,8 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
                     xh.reserve(std::max<size_t>(2u * w0.gate_up.shape.k_pad, w0.down.shape.k_pad) * nk * 2).is_ok() &&
                     ygu.reserve(static_cast<size_t>(p.gate_up.splits) * nk * w0.gate_up.shape.ldy * 4).is_ok() &&
                     yd.reserve(static_cast<size_t>(p.down.splits) * nk * w0.down.shape.ldy * 4).is_ok() &&
-                    out.reserve(static_cast<size_t>(n) * s.hidden * 4).is_ok() &&
-                    logits.reserve(static_cast<size_t>(n) * E * 4).is_ok() && ticket.reserve(4).is_ok();
+                    out.reserve(static_cast<size_t>(n) * s.hidden * 4).is_ok();
     if (!ok) std::exit(1);
-    CK(cudaMemset(ticket.get(), 0, 4));  // every launch leaves it zero
-    std::vector<DeviceBuffer> routers(layers.size());
-    std::mt19937 rng(17);
-    std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(static_cast<float>(s.hidden)));
-    for (auto& r : routers) {
-        std::vector<uint16_t> v(E * static_cast<size_t>(s.hidden));
-        for (auto& b : v) b = f32_to_bf16(nd(rng));
-        if (!r.upload(v.data(), v.size() * 2).is_ok()) std::exit(1);
-    }
     MoeRouteBufs b;
     b.ids = ids.as<int32_t>();
     b.weights = wts.as<float>();
@@ -251,18 +233,7 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
     routing.experts = s.experts;
     routing.top_k = s.top_k;
     routing.norm_topk = true;
-    MoeRouterTail rt;
-    rt.routing = routing;
-    rt.out = b;
-    rt.scratch = scratch.get();
-    rt.ticket = ticket.as<int32_t>();
-    std::vector<const char*> names;
-    if (tail) {
-        names.push_back("router GEMV + routing tail");
-    } else {
-        names.push_back(use_gemv(n, s.hidden, x.get(), routers[0].get()) ? "router GEMV" : "router (cuBLAS)");
-        names.push_back("moe_route_sort");
-    }
+    std::vector<const char*> names = {"moe_route_sort"};
     if (p.gate_up.prerotate) names.push_back("exl3_moe_rotate (gate|up input)");
     names.push_back("exl3_moe_kernel gate|up");
     if (p.down.prerotate) names.push_back("exl3_moe_rotate (GLU, down input)");
@@ -275,20 +246,12 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
     // The first `launches` launches of the layer for layer copy i.
     auto run = [&](size_t i, size_t launches) {
         const MoeLayerWeights& w = layers[i % layers.size()].w;
-        const void* rw = routers[i % routers.size()].get();
         size_t done = 0;
         auto next = [&](cudaError_t e) {
             CK(e);
             return ++done < launches;
         };
-        if (tail) {
-            if (!next(moe_router_route(x.get(), rw, nullptr, ActType::kBF16, n, s.hidden, logits.as<float>(), rt, st)))
-                return;
-        } else {
-            const Status g = gemm(ctx, x.get(), rw, logits.get(), ActType::kBF16, true, n, s.experts, s.hidden);
-            if (!next(g.is_ok() ? cudaSuccess : cudaErrorUnknown)) return;
-            if (!next(moe_route_sort(logits.as<float>(), n, routing, scratch.get(), b, st))) return;
-        }
+        if (!next(moe_route_sort(logits[i % logits.size()].as<float>(), n, routing, scratch.get(), b, st))) return;
         MoeStageIn gin;
         gin.kind = MoeIn::kX;
         gin.x = x.get();
@@ -326,13 +289,10 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
         next(moe_combine(yd.as<float>(), p.down.splits, b.slot_of, b.weights, n, s.top_k, s.hidden, nullptr, nullptr,
                          out.as<float>(), true, st));
     };
-    const size_t per = layers.size();
+    const size_t per = std::max(layers.size(), logits.size());
     double before = 0.0;
     std::printf("launches of one layer at %d token%s, %s (graph replays; each launch's added time):\n", n,
-                n == 1 ? "" : "s",
-                tail    ? "the routing in the router GEMV's last block"
-                : fused ? "the weighted sum in the down stage"
-                        : "the router, then moe_route_sort");
+                n == 1 ? "" : "s", fused ? "the weighted sum in the down stage" : "the chain of the default plan");
     for (size_t k = 1; k <= names.size(); ++k) {
         cudaGraph_t g = nullptr;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -363,9 +323,7 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
     }
 }
 
-void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>& tokens, int reps, double bw,
-                 double rate) {
-    cudaStream_t st = ctx.stream();
+void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, double bw, double rate, cudaStream_t st) {
     const double expert_weights = 3.0 * s.hidden * s.inter, expert_bytes = expert_weights * s.K / 8.0;
     const int copies = std::max(1, static_cast<int>(std::ceil((1u << 30) / (expert_bytes * s.experts))));
     std::vector<Layer> layers(static_cast<size_t>(copies));
@@ -455,9 +413,8 @@ void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>&
                         v.plan.gate_up.prerotate ? ", rotation kernel" : "", us, bytes / us / 1e3, ideal,
                         100.0 * ideal / us);
         }
-        if (n <= kMoeRouterMaxTokens)
-            for (Chain c : {Chain::kSorted, Chain::kRouterTail, Chain::kFusedSum})
-                breakdown(ctx, layers, s, n, x, reps, c, ideal);
+        if (n <= 8)
+            for (bool fused : {false, true}) breakdown(layers, s, n, x, logits, reps, st, fused, ideal);
     }
 }
 
@@ -487,6 +444,6 @@ int main(int argc, char** argv) {
                 "rate (%.1f weights/clk/SM x %d SMs x %.2f GHz)\n",
                 bw / 1e9, rate, kWeightsPerClkSm, current_device_sm_count(), kClockHz / 1e9);
     for (const Shape& s : kShapes)
-        if (shape == "all" || shape == s.name) bench_shape(**ctx, s, tokens, reps, bw, rate);
+        if (shape == "all" || shape == s.name) bench_shape(s, tokens, reps, bw, rate, (*ctx)->stream());
     return 0;
 }

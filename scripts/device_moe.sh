@@ -20,9 +20,7 @@
 # DECODE=1 (~7 minutes) proves a decode-step change before and after in one call: the MoE layer, routing and model
 # tests (the tiny EXL3 MoE against the CPU, graph replay = eager, the batch-invariant generator, its experts over
 # tensor-parallel ranks where exl3_cuda_tp_tests is packed), memcheck on the layer's kernels, bench_cuda_moe at 1, 8
-# and 32 tokens (DECODE_MEMCHECK: the gtest filter memcheck runs, default the layer's, the routing's and the router
-# tail's tests; the breakdown at 1 and 8 tokens starts at the router: router + moe_route_sort beside the routing in
-# the router GEMV's last block), then
+# and 32 tokens (DECODE_MEMCHECK: the gtest filter memcheck runs, default the layer's and the routing's tests), then
 # `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by $B/base/exl3 (a build of an earlier
 # commit, packed with BASE=...: see pack_device.sh) and by this build, interleaved, ROUNDS times (default 1). Packed:
 #   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
@@ -105,7 +103,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
   gen_tests
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
-  memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:Act/MoeLayer.RoutedByTheRouterEqualsSorted/bf16:MoeRouteSort*}" 150
+  memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 150
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
   bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
   if [ -d /tmp/models/qwen3 ]; then

@@ -5,17 +5,14 @@
 // and gpt-oss's clamped SwiGLU, a shared expert; plans that keep the k split give the same bits whatever their pass
 // height and rotation, and whether the down stage's blocks or moe_combine make the weighted sum; the batch-invariant
 // plan gives a token the same bits alone and in a batch; graph replay (twice: the down stage's counters start from
-// zero again) equals eager; at decode, the routing made in the router GEMV's last block (moe_layer_route) gives the
-// layer moe_route_sort's bits (the tail itself: moe_router_test.cpp).
+// zero again) equals eager.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <memory>
-#include <string>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/gemv.cuh"
 #include "backend/cuda/moe_layer.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -237,24 +234,6 @@ struct MoeLayer : OpsFixture {
         return in;
     }
 
-    // The layer's arguments for `in`, into out (+=).
-    cuda::MoeLayerIo layer_io(const Experts& ex, const Inputs& in, const DeviceBuffer& out, bool with_shared) {
-        cuda::MoeLayerIo io;
-        io.logits = in.dlogits.as<float>();
-        io.tokens = in.n;
-        io.routing.experts = ex.sh.experts;
-        io.routing.top_k = ex.sh.top_k;
-        io.routing.norm_topk = true;
-        io.x = in.dx.get();
-        io.act = t();
-        io.glu.act = ex.sh.act;
-        io.out = out.as<float>();
-        io.accumulate = true;
-        io.shared = with_shared ? in.dshared.as<float>() : nullptr;
-        io.shared_gate = with_shared ? in.dgate.as<float>() : nullptr;
-        return io;
-    }
-
     // The layer on the GPU into out = base (+=), with the default plan of each chunk or `plan`.
     std::vector<float> run(const Experts& ex, const Inputs& in, const cuda::MoeLayerPlan* plan, bool with_shared,
                            bool invariant = false, cudaGraph_t* graph = nullptr, bool accumulate = true) {
@@ -264,8 +243,19 @@ struct MoeLayer : OpsFixture {
             wsb = std::max(wsb, cuda::moe_layer_chunk_bytes(ex.w, sh.top_k, std::min(in.n, cuda::kMoeChunkTokens), *plan));
         DeviceBuffer ws, out = up_f32(in.base);
         EXPECT_TRUE(ws.reserve(wsb).is_ok());
-        cuda::MoeLayerIo io = layer_io(ex, in, out, with_shared);
+        cuda::MoeLayerIo io;
+        io.logits = in.dlogits.as<float>();
+        io.tokens = in.n;
+        io.routing.experts = sh.experts;
+        io.routing.top_k = sh.top_k;
+        io.routing.norm_topk = true;
+        io.x = in.dx.get();
+        io.act = t();
+        io.glu.act = sh.act;
+        io.out = out.as<float>();
         io.accumulate = accumulate;
+        io.shared = with_shared ? in.dshared.as<float>() : nullptr;
+        io.shared_gate = with_shared ? in.dgate.as<float>() : nullptr;
         io.invariant = invariant;
         cudaStream_t st = ctx->stream();
         if (graph) {
@@ -441,76 +431,6 @@ TEST_P(MoeLayer, WritesWithoutAccumulating) {
         cuda::MoeLayerPlan sep = cuda::moe_layer_plan(ex->w, sh.top_k, n, false);
         sep.fused_combine = true;
         EXPECT_EQ(run(*ex, in, &sep, true, false, nullptr, false), got) << n << " tokens, weighted sum in the down stage";
-    }
-}
-
-// Decode: the router's GEMV routing the step in its last block (moe_layer_route, then moe_layer with io.routed) gives
-// the bits of moe_layer routing the same logits by moe_route_sort, at 1, 2 and 8 tokens, with a router bias, with and
-// without the shared expert; the logits are the GEMV's row by row; the step captured in a graph and replayed twice
-// (the ticket counter back at zero each time) gives the eager bits.
-TEST_P(MoeLayer, RoutedByTheRouterEqualsSorted) {
-    const ExpertShape sh;
-    auto ex = make_experts(sh, 121);
-    const int E = sh.experts, H = sh.hidden;
-    const DeviceBuffer rw = up_act(test::random_floats(static_cast<size_t>(E) * H, 122, 0.05f));
-    const DeviceBuffer rb = up_f32(test::random_floats(static_cast<size_t>(E), 123, 0.5f));
-    const cuda::MoeRouter router{rw.get(), rb.as<float>(), H};
-    cudaStream_t st = ctx->stream();
-    for (int n : {1, 2, 8}) {
-        const std::string what = std::to_string(n) + " tokens";
-        auto in = inputs(*ex, n, 124u + static_cast<uint32_t>(n));
-        const size_t wsb = cuda::moe_layer_workspace_bytes(ex->w, sh.top_k, n, false);
-        DeviceBuffer ws, out = up_f32(in.base), logits = poisoned(static_cast<size_t>(n) * E * 4);
-        ASSERT_TRUE(ws.reserve(wsb).is_ok());
-        EXL3_CUDA_OK(cuda::moe_layer_workspace_init(ws.get(), wsb, st));
-        cuda::MoeLayerIo io = layer_io(*ex, in, out, n != 2);
-        io.logits = nullptr;
-        io.routed = true;
-        ASSERT_TRUE(cuda::moe_layer_route_supported(router, io)) << what;
-        auto step = [&] {
-            Status s = cuda::moe_layer_route(ex->w, router, io, logits.as<float>(), ws.get(), wsb, st);
-            return s.is_ok() ? cuda::moe_layer(ex->w, io, ws.get(), wsb, st) : s;
-        };
-        Status s = step();
-        ASSERT_TRUE(s.is_ok()) << s.to_string();
-        const auto fused = down_f32(out, in.base.size());
-
-        const auto lg = down_f32(logits, static_cast<size_t>(n) * E);
-        DeviceBuffer row = poisoned(static_cast<size_t>(E) * 4);
-        for (int i = 0; i < n; ++i) {
-            const char* xi = static_cast<const char*>(in.dx.get()) + static_cast<size_t>(i) * H * 2;
-            EXL3_CUDA_OK(cuda::gemv(xi, rw.get(), row.get(), t(), true, 1, E, H, st, rb.as<float>()));
-            const auto g = down_f32(row, static_cast<size_t>(E));
-            EXPECT_TRUE(std::equal(g.begin(), g.end(), lg.begin() + static_cast<long>(i) * E)) << what << ", token " << i;
-        }
-
-        DeviceBuffer out2 = up_f32(in.base);
-        cuda::MoeLayerIo sep = layer_io(*ex, in, out2, n != 2);
-        sep.logits = logits.as<float>();
-        s = cuda::moe_layer(ex->w, sep, ws.get(), wsb, st);
-        ASSERT_TRUE(s.is_ok()) << s.to_string();
-        EXPECT_EQ(down_f32(out2, in.base.size()), fused) << what << ": the router's routing against moe_route_sort's";
-        const auto want = cpu_layer(*ex, in.x, lg, n, in.base, n != 2 ? &in.shared : nullptr, &in.gate, t());
-        EXPECT_LT(layer_err(fused, want, in.base), layer_tol()) << what;
-
-        cudaGraph_t g = nullptr;
-        ASSERT_EQ(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal), cudaSuccess);
-        s = step();
-        ASSERT_EQ(cudaStreamEndCapture(st, &g), cudaSuccess);
-        ASSERT_TRUE(s.is_ok()) << s.to_string();
-        cudaGraphExec_t ge = nullptr;
-        ASSERT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
-        for (int rep = 0; rep < 2; ++rep) {
-            ASSERT_EQ(cudaMemcpy(out.get(), in.base.data(), in.base.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-            ASSERT_EQ(cudaGraphLaunch(ge, st), cudaSuccess);
-            ASSERT_EQ(cudaStreamSynchronize(st), cudaSuccess);
-            EXPECT_EQ(down_f32(out, in.base.size()), fused) << what << ", replay " << rep;
-            int32_t ticket = -1;  // at the workspace's start (moe_layer_workspace_init)
-            ASSERT_EQ(cudaMemcpy(&ticket, ws.get(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
-            EXPECT_EQ(ticket, 0) << what << ", replay " << rep;
-        }
-        cudaGraphExecDestroy(ge);
-        cudaGraphDestroy(g);
     }
 }
 

@@ -272,10 +272,10 @@ public:
         if (!m.grouped.ok() || host_routed_prefill(n)) return moe_host_routed(li, in, out);
         const ModelConfig& c = s_.cfg;
         const void* x = slot(in);
+        EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
         const bool shared = m.shared.gate_up.in > 0, gated = m.shared_gate.in > 0;
-        // The decoder's next add_norm then finds it in h (not under tensor parallelism: the ranks' partial sums meet in
-        // the slot first, all_reduce).
-        const bool into_h = !c.post_norms && !s_.opts.link.sharded();
+        if (shared) EXL3_RETURN_IF_ERROR(expert(m.shared, x, n));
+        if (gated) EXL3_RETURN_IF_ERROR(linear_rows(x, m.shared_gate, s_.moe_gate.get(), true, n));
         cuda::MoeLayerIo io;
         io.logits = s_.moe_logits.as<float>();
         io.tokens = n;
@@ -283,23 +283,14 @@ public:
         io.x = x;
         io.act = s_.act;
         io.glu = moe_glu(c);
+        // The decoder's next add_norm then finds it in h (not under tensor parallelism: the ranks' partial sums meet in
+        // the slot first, all_reduce).
+        const bool into_h = !c.post_norms && !s_.opts.link.sharded();
         io.out = into_h ? s_.h.as<float>() : static_cast<float*>(slot(out));
         io.accumulate = into_h;
         io.shared = shared ? s_.moe_y.as<float>() : nullptr;
         io.shared_gate = gated ? s_.moe_gate.as<float>() : nullptr;
         io.invariant = s_.opts.batch_invariant;
-        // Where the router is the GEMV (decode), its last block routes the step (one launch fewer, the same bits).
-        const cuda::MoeRouter router{m.router.w.get(), m.router.bias.get() ? m.router.bias.as<float>() : nullptr,
-                                     m.router.in};
-        io.routed = m.router.exl3_parts.empty() && !io.invariant &&
-                    cuda::use_gemv(n, m.router.in, x, m.router.w.get()) && cuda::moe_layer_route_supported(router, io);
-        if (io.routed)
-            EXL3_RETURN_IF_ERROR(cuda::moe_layer_route(m.grouped, router, io, s_.moe_logits.as<float>(),
-                                                       s_.moe_ws.get(), s_.moe_ws.bytes(), st()));
-        else
-            EXL3_RETURN_IF_ERROR(linear_rows(x, m.router, s_.moe_logits.get(), true, n));
-        if (shared) EXL3_RETURN_IF_ERROR(expert(m.shared, x, n));
-        if (gated) EXL3_RETURN_IF_ERROR(linear_rows(x, m.shared_gate, s_.moe_gate.get(), true, n));
         EXL3_RETURN_IF_ERROR(cuda::moe_layer(m.grouped, io, s_.moe_ws.get(), s_.moe_ws.bytes(), st()));
         if (into_h) in_h_[static_cast<size_t>(out)] = true;
         return Status::ok();

@@ -5,8 +5,7 @@
 // Launched with programmatic dependent launch (pdl.cuh): the weights do not depend on the kernel before, so each
 // warp issues its first weight loads, then waits for the previous kernel (which writes x), so the launch and the
 // memory pipeline's ramp-up overlap the previous kernel's tail. The GLU form computes a gate row and its up row in
-// the same warp and writes silu(gate) * up, so the [n, 2 * inter] intermediate and its kernel disappear. The MoE
-// router's form (moe_router_route, moe.cuh; up to 8 tokens) routes the step in the block that finishes last.
+// the same warp and writes silu(gate) * up, so the [n, 2 * inter] intermediate and its kernel disappear.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -14,8 +13,6 @@
 #include <type_traits>
 
 #include "backend/cuda/gemv.cuh"
-#include "backend/cuda/moe.cuh"
-#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/pdl.cuh"
 
 namespace exl3::cuda {
@@ -141,10 +138,9 @@ struct Args {
     int m, k;
 };
 
-// One warp per output row; R = 2 for kGlu (weight rows `row` and `row + m`: gate and up). The kernels' body (a
-// function, so that a kernel may go on after it: moe_router_route's tail).
+// One warp per output row; R = 2 for kGlu (weight rows `row` and `row + m`: gate and up).
 template <typename T, int N, bool NORM, Out OUT>
-__device__ __forceinline__ void gemv_rows(const Args<T>& a) {
+__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Args<T> a) {
     constexpr int R = OUT == Out::kGlu ? 2 : 1;
     extern __shared__ uint4 smem_x[];
     const int lane = threadIdx.x & 31;
@@ -233,11 +229,6 @@ __device__ __forceinline__ void gemv_rows(const Args<T>& a) {
     }
 }
 
-template <typename T, int N, bool NORM, Out OUT>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Args<T> a) {
-    gemv_rows<T, N, NORM, OUT>(a);
-}
-
 template <typename T, int N, bool NORM>
 cudaError_t launch(const Args<T>& a, Out out, cudaStream_t s) {
     const dim3 grid(static_cast<unsigned>((a.m + kWarps - 1) / kWarps)), block(kWarps * 32);
@@ -267,50 +258,6 @@ cudaError_t run_t(const GemvIn& in, const void* w, const GemvOut& o, bool glu, i
         case 3: return launch_n<T, 3>(a, out, s);
         case 4: return launch_n<T, 4>(a, out, s);
         default: return cudaErrorInvalidValue;
-    }
-}
-
-// moe_router_route's tail (moe.cuh): every block makes its logits visible device-wide (__threadfence) and takes a
-// ticket; the last one resets the counter for the next launch (no block of this one takes a ticket any more) and
-// routes the step. Every thread calls it; true in the last block.
-__device__ __forceinline__ bool last_block(int32_t* ticket) {
-    __shared__ bool last;
-    __threadfence();  // this thread's logits (lane 0 of a warp wrote its row's) before the block's ticket
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(ticket, 1) == static_cast<int>(gridDim.x) - 1;
-        if (last) *ticket = 0;
-    }
-    __syncthreads();
-    if (last) __threadfence();  // (the other blocks' logits are read after the ticket)
-    return last;
-}
-
-// The last block's routing and sort from every block's logits (moe_route_sort_block reads them through L2). Not
-// inlined: one copy for the route kernel's instantiations (its arguments by value: copied only where it runs).
-__device__ __noinline__ void route_last(const float* logits, int n, const MoeRouting r, float* scratch,
-                                        const MoeRouteBufs o) {
-    extern __shared__ int route_smem[];
-    moe_route_sort_block(logits, n, r, scratch, o, route_smem);
-}
-
-// The router's GEMV (fp32 logits, the plain kernel's body), then its routing tail.
-template <typename T, int N>
-__global__ void __launch_bounds__(kWarps * 32)
-    gemv_route_kernel(const Args<T> a, const MoeRouting r, float* scratch, const MoeRouteBufs o, int32_t* ticket) {
-    gemv_rows<T, N, false, Out::kF32>(a);
-    if (last_block(ticket)) route_last(static_cast<const float*>(a.y), N, r, scratch, o);
-}
-
-template <typename T, int N = 1>
-cudaError_t route_n(const Args<T>& a, int n, const MoeRouterTail& tail, float* scratch, size_t smem, cudaStream_t s) {
-    if constexpr (N > kMoeRouterMaxTokens) {
-        return cudaErrorInvalidValue;
-    } else {
-        if (n != N) return route_n<T, N + 1>(a, n, tail, scratch, smem, s);
-        const dim3 grid(static_cast<unsigned>((a.m + kWarps - 1) / kWarps)), block(kWarps * 32);
-        return launch_pdl(gemv_route_kernel<T, N>, grid, block, smem, s, a, tail.routing, scratch, tail.out,
-                          tail.ticket);
     }
 }
 
@@ -347,31 +294,6 @@ cudaError_t gemv_glu(const void* x, const void* w, void* y, ActType t, int n, in
     GemvIn in;
     in.x = x;
     return gemv_ex(in, w, GemvOut{y, false, false, nullptr}, t, true, n, inter, k, s);
-}
-
-bool moe_router_route_supported(int n, int k, const void* x, const void* w) {
-    return n >= 1 && n <= kMoeRouterMaxTokens && k % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
-           reinterpret_cast<uintptr_t>(w) % 16 == 0;
-}
-
-cudaError_t moe_router_route(const void* x, const void* w, const float* bias, ActType t, int n, int k, float* logits,
-                             const MoeRouterTail& tail, cudaStream_t s) {
-    if (!moe_router_route_supported(n, k, x, w) || !logits || !tail.ticket) return cudaErrorInvalidValue;
-    size_t smem = 0;
-    bool in_smem = false;
-    const cudaError_t e = moe_route_sort_smem(n, tail.routing, tail.out, kWarps * 32, &smem, &in_smem);
-    if (e != cudaSuccess) return e;
-    if (!in_smem && !tail.scratch) return cudaErrorInvalidValue;
-    float* scratch = in_smem ? nullptr : static_cast<float*>(tail.scratch);
-    const int m = tail.routing.experts;
-    if (t == ActType::kBF16) {
-        using T = __nv_bfloat16;
-        const Args<T> a{static_cast<const T*>(x), nullptr, nullptr, 0.0f, static_cast<const T*>(w), bias, logits, m, k};
-        return route_n(a, n, tail, scratch, smem, s);
-    }
-    using T = __half;
-    const Args<T> a{static_cast<const T*>(x), nullptr, nullptr, 0.0f, static_cast<const T*>(w), bias, logits, m, k};
-    return route_n(a, n, tail, scratch, smem, s);
 }
 
 }  // namespace exl3::cuda

@@ -6,7 +6,6 @@
 #include "backend/cuda/act.cuh"
 #include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe.cuh"
-#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -18,6 +17,133 @@ namespace {
     EXL3_LAUNCH_DEPENDENTS();   \
     EXL3_GRID_DEPENDENCY_WAIT()
 
+// Exclusive prefix sum of v[0, count) in place (shared memory) by the whole block, tmp [blockDim.x]; returns the
+// total. Every thread calls it; v must be complete (a barrier after its writes).
+__device__ int block_scan_excl(int* v, int* tmp, int count) {
+    const int tid = threadIdx.x, bd = blockDim.x;
+    int carry = 0;
+    for (int base = 0; base < count; base += bd) {
+        const int i = base + tid, len = min(bd, count - base);
+        const int x = i < count ? v[i] : 0;
+        __syncthreads();  // the last chunk's reads of tmp are done
+        tmp[tid] = x;
+        __syncthreads();
+        for (int d = 1; d < len; d <<= 1) {  // Hillis-Steele: tmp[tid] = x[0] + ... + x[tid] of the chunk
+            const int y = tid >= d ? tmp[tid - d] : 0;
+            __syncthreads();
+            tmp[tid] += y;
+            __syncthreads();
+        }
+        if (i < count) v[i] = carry + tmp[tid] - x;
+        carry += tmp[len - 1];
+    }
+    __syncthreads();
+    return carry;
+}
+
+// Token t routed by one warp, as cpu::route_experts: lane l takes experts l, l + 32, ...; scores and
+// choice scores in `scratch` [n, 2 experts]; each of the top_k rounds takes the warp's best choice not yet taken (the
+// lower index on a tie). The softmax's sum is a warp reduction (its order, hence its last bit, is not the CPU's).
+// Lane 0 writes the ids and weights. experts <= 1024, groups <= 32.
+__device__ void route_token_warp(const float* logits, int t, const MoeRouting& r, float* scratch, int32_t* ids,
+                                 float* weights) {
+    const int lane = threadIdx.x & 31, E = r.experts, K = r.top_k;
+    const float* l = logits + static_cast<int64_t>(t) * E;
+    float* score = scratch + static_cast<int64_t>(t) * 2 * E;
+    float* choice = score + E;
+    if (r.sigmoid) {
+        for (int e = lane; e < E; e += 32) {
+            const float sv = 1.0f / (1.0f + expf(-l[e]));
+            score[e] = sv;
+            choice[e] = sv + (r.score_bias ? r.score_bias[e] : 0.0f);
+        }
+        __syncwarp();
+        if (r.groups > 1) {
+            // Lane g: group g's two best choice scores summed; the topk_groups best groups stay (the lower index
+            // on a tie), the other groups' experts drop to -inf.
+            const int per = E / r.groups;
+            float gv = -INFINITY;
+            if (lane < r.groups) {
+                float a = -INFINITY, b = -INFINITY;
+                for (int i = lane * per; i < (lane + 1) * per; ++i) {
+                    const float c = choice[i];
+                    if (c > a) {
+                        b = a;
+                        a = c;
+                    } else if (c > b) {
+                        b = c;
+                    }
+                }
+                gv = a + b;
+            }
+            // Every lane makes the same selection from the shuffled group values (no divergence).
+            uint32_t kept = 0;
+            for (int pick = 0; pick < r.topk_groups; ++pick) {
+                int bg = -1;
+                float bv = 0.0f;
+                for (int g = 0; g < r.groups; ++g) {
+                    const float v = __shfl_sync(0xffffffffu, gv, g);
+                    if (!(kept >> g & 1u) && (bg < 0 || v > bv)) {
+                        bg = g;
+                        bv = v;
+                    }
+                }
+                kept |= 1u << bg;
+            }
+            for (int e = lane; e < E; e += 32)
+                if (!(kept >> (e / per) & 1u)) choice[e] = -INFINITY;
+            __syncwarp();
+        }
+    } else {
+        float mx = -INFINITY;
+        for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        float sum = 0.0f;
+        for (int e = lane; e < E; e += 32) {
+            const float v = expf(l[e] - mx);
+            score[e] = v;
+            sum += v;
+        }
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        for (int e = lane; e < E; e += 32) choice[e] = score[e] = score[e] / sum;
+        __syncwarp();
+    }
+    uint32_t taken = 0;  // bit i: expert lane + 32 i
+    float wsum = 0.0f;
+    for (int k = 0; k < K; ++k) {
+        float bv = -INFINITY;
+        int bi = -1;
+        for (int e = lane, i = 0; e < E; e += 32, ++i)
+            if (!(taken >> i & 1u)) {
+                const float c = choice[e];
+                if (bi < 0 || c > bv) {
+                    bv = c;
+                    bi = e;
+                }
+            }
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (oi >= 0 && (bi < 0 || ov > bv || (ov == bv && oi < bi))) {
+                bv = ov;
+                bi = oi;
+            }
+        }
+        if ((bi & 31) == lane) taken |= 1u << (bi >> 5);
+        if (lane == 0) {
+            ids[static_cast<int64_t>(t) * K + k] = bi;
+            wsum += score[bi];
+        }
+    }
+    if (lane == 0) {
+        const float norm = r.norm_topk ? 1.0f / (wsum + (r.sigmoid ? 1e-20f : 0.0f)) : 1.0f;
+        for (int k = 0; k < K; ++k) {
+            const int64_t i = static_cast<int64_t>(t) * K + k;
+            weights[i] = score[ids[i]] * norm * r.scale;
+        }
+    }
+}
+
 // A warp a token (8 a block).
 __global__ void moe_route_kernel(const float* logits, int n, MoeRouting r, float* scratch, int32_t* ids,
                                  float* weights) {
@@ -26,12 +152,52 @@ __global__ void moe_route_kernel(const float* logits, int n, MoeRouting r, float
     if (t < n) route_token_warp(logits, t, r, scratch, ids, weights);  // warp-uniform
 }
 
-// One block: the step routed and sorted by expert (moe_route_sort_block).
+// One block: a warp a token routes it, then the (token, choice) pairs are sorted by expert in shared memory.
+// Shared: the pairs' experts [nk], counts [E], packed prefix sums [E] (count << 16 | 1 where the expert has rows:
+// one scan gives each expert's first row and its place in the active list), scan scratch [blockDim], then, with
+// scratch null (few tokens), the routing's scores [n, 2 E] (no global round trip in each top-k round).
 __global__ void __launch_bounds__(1024) moe_route_sort_kernel(const float* logits, int n, MoeRouting r, float* scratch,
                                                               MoeRouteBufs o) {
     EXL3_PDL_PROLOGUE();
     extern __shared__ int sort_smem[];
-    moe_route_sort_block(logits, n, r, scratch, o, sort_smem);
+    const int E = r.experts, nk = n * r.top_k, tid = threadIdx.x, bd = blockDim.x;
+    int* sids = sort_smem;
+    int* cnt = sids + nk;
+    int* pre = cnt + E;
+    int* tmp = pre + E;
+    float* sc = scratch ? scratch : reinterpret_cast<float*>(tmp + bd);
+    for (int t = tid >> 5; t < n; t += bd >> 5) route_token_warp(logits, t, r, sc, o.ids, o.weights);
+    for (int e = tid; e < E; e += bd) cnt[e] = 0;
+    for (int i = tid; i < o.done_count; i += bd) o.done[i] = 0;
+    __syncthreads();  // the ids are written (global writes of the block are visible to it after the barrier)
+    for (int i = tid; i < nk; i += bd) {
+        const int e = min(max(o.ids[i], 0), E - 1);  // (the router's ids are in range)
+        sids[i] = e;
+        atomicAdd(&cnt[e], 1);  // counts do not depend on the order of the adds
+    }
+    __syncthreads();
+    for (int e = tid; e < E; e += bd) pre[e] = cnt[e] << 16 | (cnt[e] > 0 ? 1 : 0);
+    __syncthreads();
+    const int total = block_scan_excl(pre, tmp, E);  // nk << 16 | active experts (nk < 2^15, E <= 1024)
+    for (int e = tid; e < E; e += bd) {
+        o.offsets[e] = pre[e] >> 16;
+        if (cnt[e] > 0) o.active[pre[e] & 0xFFFF] = e;
+    }
+    if (tid == 0) {
+        o.offsets[E] = total >> 16;
+        *o.n_active = total & 0xFFFF;
+    }
+    // A thread an expert: its pairs in pair (token) order.
+    for (int e = tid; e < E; e += bd) {
+        int pos = pre[e] >> 16;
+        const int end = pos + cnt[e];
+        for (int i = 0; i < nk && pos < end; ++i)
+            if (sids[i] == e) {
+                o.pair_of[pos] = i;
+                o.slot_of[i] = pos;
+                ++pos;
+            }
+    }
 }
 
 // out[tok[j], :] += w[j] * y[j, :] (a token appears once among one expert's rows: no two blocks share a row).
@@ -94,30 +260,21 @@ cudaError_t moe_add_shared(const float* y, const float* gate, int n, int d, floa
     return launch_pdl(moe_add_shared_kernel, dim3(n), dim3(threads_for(d)), 0, s, y, gate, d, out);
 }
 
-cudaError_t moe_route_sort_smem(int n, const MoeRouting& r, const MoeRouteBufs& out, int threads, size_t* smem,
-                                bool* scores_in_smem) {
-    const int64_t nk = static_cast<int64_t>(n) * r.top_k;
-    if (n < 1 || n > kMoeSortMaxTokens || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 ||
-        r.top_k > r.experts || nk >= (1 << 15) || r.groups < 1 || r.groups > 32 || r.topk_groups < 1 ||
-        r.topk_groups > r.groups || r.experts % r.groups || out.done_count < 0 || (out.done_count > 0 && !out.done))
-        return cudaErrorInvalidValue;
-    *smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + static_cast<size_t>(threads)) * sizeof(int);
-    if (*smem > 48 * 1024) return cudaErrorInvalidValue;
-    // The routing's scores in shared memory where they fit beside the sort's arrays (decode: n x 2 E floats).
-    const size_t scores = moe_route_scratch_bytes(n, r.experts);
-    *scores_in_smem = *smem + scores <= 48 * 1024;
-    if (*scores_in_smem) *smem += scores;
-    return cudaSuccess;
-}
-
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s) {
     if (n == 0) return cudaSuccess;
     const int threads = n <= kMoeSortSmallTokens ? 256 : 1024;
-    size_t smem = 0;
-    bool in_smem = false;
-    const cudaError_t e = moe_route_sort_smem(n, r, out, threads, &smem, &in_smem);
-    if (e != cudaSuccess) return e;
+    const int64_t nk = static_cast<int64_t>(n) * r.top_k;
+    size_t smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + threads) * sizeof(int);
+    if (n < 0 || n > kMoeSortMaxTokens || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 ||
+        r.top_k > r.experts || nk >= (1 << 15) || r.groups < 1 || r.groups > 32 || r.topk_groups < 1 ||
+        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024 || out.done_count < 0 ||
+        (out.done_count > 0 && !out.done))
+        return cudaErrorInvalidValue;
+    // The routing's scores in shared memory where they fit beside the sort's arrays (decode: n x 2 E floats).
+    const size_t scores = moe_route_scratch_bytes(n, r.experts);
+    const bool in_smem = smem + scores <= 48 * 1024;
+    if (in_smem) smem += scores;
     return launch_pdl(moe_route_sort_kernel, dim3(1), dim3(threads), smem, s, logits, n, r,
                       in_smem ? nullptr : static_cast<float*>(scratch), out);
 }

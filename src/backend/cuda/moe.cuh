@@ -1,6 +1,6 @@
-// Mixtures of experts on the device (moe.cu): the routing and its sort by expert in one kernel (or, at decode, in the
-// router GEMV's last block: moe_router_route), and the weighted sum of the experts' outputs. With the grouped EXL3
-// kernels (exl3/exl3_moe.cuh) a layer runs without the host (moe_layer.h). Plain C++ header.
+// Mixtures of experts on the device (moe.cu): the routing and its sort by expert in one kernel, and the weighted sum
+// of the experts' outputs. With the grouped EXL3 kernels (exl3/exl3_moe.cuh) a layer runs without the host
+// (moe_layer.h). Plain C++ header.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,32 +41,6 @@ struct MoeRouteBufs {
 // scratch: moe_route_scratch_bytes(n, experts).
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s);
-// The shared memory moe_route_sort_block (moe_route.cuh) takes in a block of `threads` threads for n tokens: the
-// sort's arrays, plus the routing's scores where they fit beside them in 48 KB (*scores_in_smem; else they go to the
-// scratch); cudaErrorInvalidValue for a step moe_route_sort does not take.
-cudaError_t moe_route_sort_smem(int n, const MoeRouting& r, const MoeRouteBufs& out, int threads, size_t* smem,
-                                bool* scores_in_smem);
-
-// The router's GEMV with the routing as its tail (decode): one launch instead of the router's and moe_route_sort's.
-// Where the tail writes: the routing's outputs, its scratch (moe_route_scratch_bytes, for scores that do not fit in
-// shared memory) and the launches' ticket counter (an int32 that must be zero before the first launch; every launch
-// leaves it zero again, so one counter serves any number of launches in stream order, graph replays included).
-struct MoeRouterTail {
-    MoeRouting routing;
-    MoeRouteBufs out;
-    void* scratch = nullptr;
-    int32_t* ticket = nullptr;
-};
-inline constexpr int kMoeRouterMaxTokens = kMoeSortSmallTokens;
-// Whether moe_router_route takes n tokens of x [n, k] by w [experts, k] (act): n <= kMoeRouterMaxTokens, k % 8 == 0,
-// 16-byte aligned x and w (the GEMV's conditions, gemv.cuh).
-bool moe_router_route_supported(int n, int k, const void* x, const void* w);
-// logits[n, E] = x[n, k] . w[E, k]^T (+ bias[E]) in fp32, each row the bits gemv() gives it (the same kernel body;
-// a row's sum does not depend on n), then the block that finishes last (a ticket taken after a __threadfence) routes
-// and sorts the step as moe_route_sort does (moe_route_sort_block: the same ids, weights and sorted pairs, bit for
-// bit, ties included), in 256 threads as moe_route_sort up to kMoeSortSmallTokens. Defined beside the GEMV (gemv.cu).
-cudaError_t moe_router_route(const void* x, const void* w, const float* bias, ActType t, int n, int k, float* logits,
-                             const MoeRouterTail& tail, cudaStream_t s);
 
 // The layer's output from the down stage's split partials y [splits][n * top_k][d] (rows by slot_of):
 // out[t] (+)= sum over c < top_k of weights[t * top_k + c] * (the sum over the splits of row slot_of[t * top_k + c]),

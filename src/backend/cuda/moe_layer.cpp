@@ -10,14 +10,11 @@ namespace exl3::cuda {
 
 namespace {
 
-// The workspace of one chunk of n tokens: the router tail's ticket (first: the same place for every n, zeroed once by
-// moe_layer_workspace_init), the routing scratch and its results, the down stage's completion counters (MoeCombine),
-// the rotated activations (large batches), the gate|up stage's split partials and (without atomics) the down
-// stage's. 256-byte aligned regions.
-constexpr size_t kMoeTicketBytes = 256;
+// The workspace of one chunk of n tokens: the routing scratch and its results, the down stage's completion counters
+// (MoeCombine), the rotated activations (large batches), the gate|up stage's split partials and (without atomics)
+// the down stage's. 256-byte aligned regions.
 struct MoeWsLayout {
-    size_t ticket = 0, scratch = 0, ids = 0, weights = 0, offsets = 0, active = 0, n_active = 0, pair_of = 0,
-           slot_of = 0, done = 0;
+    size_t scratch = 0, ids = 0, weights = 0, offsets = 0, active = 0, n_active = 0, pair_of = 0, slot_of = 0, done = 0;
     size_t xh = 0, ygu = 0, yd = 0, total = 0;
 };
 
@@ -32,7 +29,6 @@ MoeWsLayout ws_layout(const MoeLayerWeights& w, int top_k, int n, const MoeLayer
     const size_t E = static_cast<size_t>(w.experts), nk = static_cast<size_t>(n) * top_k;
     const Exl3MoeShape& gu = w.gate_up.shape;
     const Exl3MoeShape& dn = w.down.shape;
-    l.ticket = take(kMoeTicketBytes);
     l.scratch = take(moe_route_scratch_bytes(n, w.experts));
     l.ids = take(nk * 4);
     l.weights = take(nk * 4);
@@ -48,23 +44,6 @@ MoeWsLayout ws_layout(const MoeLayerWeights& w, int top_k, int n, const MoeLayer
     l.yd = take(p.atomic ? 0 : static_cast<size_t>(p.down.splits) * nk * dn.ldy * 4);
     l.total = at;
     return l;
-}
-
-// Where the routing of a chunk laid out by l goes (its down stage's counters where the plan's weighted sum is in it).
-MoeRouteBufs route_bufs(const MoeWsLayout& l, char* base, const MoeLayerPlan& p, int n, int groups) {
-    MoeRouteBufs b;
-    b.ids = reinterpret_cast<int32_t*>(base + l.ids);
-    b.weights = reinterpret_cast<float*>(base + l.weights);
-    b.offsets = reinterpret_cast<int32_t*>(base + l.offsets);
-    b.active = reinterpret_cast<int32_t*>(base + l.active);
-    b.n_active = reinterpret_cast<int32_t*>(base + l.n_active);
-    b.pair_of = reinterpret_cast<int32_t*>(base + l.pair_of);
-    b.slot_of = reinterpret_cast<int32_t*>(base + l.slot_of);
-    if (!p.atomic && p.fused_combine) {
-        b.done = reinterpret_cast<int32_t*>(base + l.done);
-        b.done_count = n * groups;
-    }
-    return b;
 }
 
 // One stage: its rotation kernel first where the plan says so, then a launch per class of its experts.
@@ -106,7 +85,6 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
     if (!w.ok() || E != w.experts || w.gate_up.shape.ldy != 2 * w.down.shape.k ||
         w.gate_up.shape.k != w.down.shape.ldy)
         return internal_error("moe_layer: the experts' tables do not fit the layer");
-    if (io.routed && io.tokens > kMoeRouterMaxTokens) return internal_error("moe_layer: a routed step of too many tokens");
     const int H = w.down.shape.ldy;
     const size_t x_row = static_cast<size_t>(w.gate_up.shape.k) * 2;  // bf16 / fp16
     char* base = static_cast<char*>(ws);
@@ -116,12 +94,22 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         p.atomic = p.atomic && io.accumulate;
         const MoeWsLayout l = ws_layout(w, K, n, p);
         if (!ws || l.total > ws_bytes) return internal_error("moe_layer: workspace too small");
-        const MoeRouteBufs b = route_bufs(l, base, p, n, w.down.shape.groups());
-        const bool combine = b.done != nullptr;  // the weighted sum in the down stage
-        if (!io.routed)
-            EXL3_RETURN_IF_ERROR(check_cuda(moe_route_sort(io.logits + static_cast<size_t>(c0) * E, n, io.routing,
-                                                           base + l.scratch, b, s),
-                                            "moe_route_sort"));
+        MoeRouteBufs b;
+        b.ids = reinterpret_cast<int32_t*>(base + l.ids);
+        b.weights = reinterpret_cast<float*>(base + l.weights);
+        b.offsets = reinterpret_cast<int32_t*>(base + l.offsets);
+        b.active = reinterpret_cast<int32_t*>(base + l.active);
+        b.n_active = reinterpret_cast<int32_t*>(base + l.n_active);
+        b.pair_of = reinterpret_cast<int32_t*>(base + l.pair_of);
+        b.slot_of = reinterpret_cast<int32_t*>(base + l.slot_of);
+        const bool combine = !p.atomic && p.fused_combine;  // in the down stage
+        if (combine) {
+            b.done = reinterpret_cast<int32_t*>(base + l.done);
+            b.done_count = n * w.down.shape.groups();
+        }
+        EXL3_RETURN_IF_ERROR(check_cuda(moe_route_sort(io.logits + static_cast<size_t>(c0) * E, n, io.routing,
+                                                       base + l.scratch, b, s),
+                                        "moe_route_sort"));
         const MoeRoutes r = moe_routes(b, E, K, n);
         auto* xh = reinterpret_cast<uint16_t*>(base + l.xh);
         auto* ygu = reinterpret_cast<float*>(base + l.ygu);
@@ -147,7 +135,7 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         din.gu_ld = w.gate_up.shape.ldy;
         din.inter = w.down.shape.k;
         din.glu = io.glu;
-        din.routes_ready = true;  // the gate|up stage's blocks waited for the routing before letting it start
+        din.routes_ready = true;  // the gate|up stage's blocks waited for moe_route_sort before letting it start
         MoeStageOut dout;
         if (p.atomic) {
             dout.h = out;
@@ -173,33 +161,6 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         }
     }
     return Status::ok();
-}
-
-bool moe_layer_route_supported(const MoeRouter& router, const MoeLayerIo& io) {
-    return router.w && moe_router_route_supported(io.tokens, router.k, io.x, router.w);
-}
-
-Status moe_layer_route(const MoeLayerWeights& w, const MoeRouter& router, const MoeLayerIo& io, float* logits,
-                       void* ws, size_t ws_bytes, cudaStream_t s, const MoeLayerPlan* plan) {
-    const int n = io.tokens, K = io.routing.top_k;
-    if (!moe_layer_route_supported(router, io) || io.routing.experts != w.experts || router.k != w.gate_up.shape.k)
-        return internal_error("moe_layer_route: a step or router the router's routing tail does not take");
-    MoeLayerPlan p = plan ? *plan : moe_layer_plan(w, K, n, io.invariant);
-    p.atomic = p.atomic && io.accumulate;  // as moe_layer
-    const MoeWsLayout l = ws_layout(w, K, n, p);
-    if (!ws || l.total > ws_bytes) return internal_error("moe_layer_route: workspace too small");
-    char* base = static_cast<char*>(ws);
-    MoeRouterTail tail;
-    tail.routing = io.routing;
-    tail.out = route_bufs(l, base, p, n, w.down.shape.groups());
-    tail.scratch = base + l.scratch;
-    tail.ticket = reinterpret_cast<int32_t*>(base + l.ticket);
-    return check_cuda(moe_router_route(io.x, router.w, router.bias, io.act, n, router.k, logits, tail, s),
-                      "moe_router_route");
-}
-
-cudaError_t moe_layer_workspace_init(void* ws, size_t bytes, cudaStream_t s) {
-    return ws && bytes >= kMoeTicketBytes ? cudaMemsetAsync(ws, 0, kMoeTicketBytes, s) : cudaSuccess;
 }
 
 }  // namespace exl3::cuda

@@ -1,7 +1,7 @@
 // A mixture-of-experts layer on the device with no host round trip (docs/kernels/moe.md), from the router's logits
-// to the layer's output: moe_route_sort (the routing and the pairs sorted by expert; at decode the router's GEMV
-// makes them in its last block instead, moe_layer_route), the gate|up stage of every chosen expert in one grouped
-// EXL3 launch, the down stage with the GLU computed on its input side and the weighted sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes
+// to the layer's output: moe_route_sort (the routing and the pairs sorted by expert), the gate|up stage of every
+// chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its input side and the weighted
+// sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes
 // from the host-side token count, every size it reads from device memory: the layer can be captured in a CUDA graph.
 // Plain C++.
 #pragma once
@@ -78,9 +78,6 @@ struct MoeLayerIo {
     const float* shared = nullptr;       // [tokens, hidden] the shared expert's output to add, or null
     const float* shared_gate = nullptr;  // [tokens] its gate logits (added times their sigmoid), or null
     bool invariant = false;              // batch-invariant: plans whose sums do not depend on the step
-    // The step's routing is in the workspace already (moe_layer_route, with the same plan): no moe_route_sort launch
-    // (logits not read). Up to kMoeRouterMaxTokens tokens.
-    bool routed = false;
 };
 
 // Workspace for steps of up to max_tokens tokens with the default plans (chunks of kMoeChunkTokens).
@@ -92,23 +89,5 @@ size_t moe_layer_chunk_bytes(const MoeLayerWeights& w, int top_k, int tokens, co
 // chunk (atomic ignored without accumulate).
 Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_t ws_bytes, cudaStream_t s,
                  const MoeLayerPlan* plan = nullptr);
-
-// The router's dense linear: logits = x . w^T (+ bias).
-struct MoeRouter {
-    const void* w = nullptr;      // [experts, k] act
-    const float* bias = nullptr;  // [experts] fp32, or null
-    int k = 0;
-};
-// Whether moe_layer_route takes the step: up to kMoeRouterMaxTokens tokens the router's GEMV takes.
-bool moe_layer_route_supported(const MoeRouter& router, const MoeLayerIo& io);
-// Decode: logits [tokens, experts] = the router over io.x, and the step's routing made by the router kernel's last
-// block straight into the workspace, where moe_layer (io.routed, the same plan) finds it -- one launch instead of
-// the router's GEMV and moe_route_sort (moe_router_route, moe.cuh: the same logits and routing, bit for bit). The
-// workspace's ticket counter must have been zeroed once (moe_layer_workspace_init).
-Status moe_layer_route(const MoeLayerWeights& w, const MoeRouter& router, const MoeLayerIo& io, float* logits,
-                       void* ws, size_t ws_bytes, cudaStream_t s, const MoeLayerPlan* plan = nullptr);
-// Zeroes the router tail's ticket counter at the workspace's start: once after the workspace is allocated (every
-// launch leaves it zero again).
-cudaError_t moe_layer_workspace_init(void* ws, size_t bytes, cudaStream_t s);
 
 }  // namespace exl3::cuda

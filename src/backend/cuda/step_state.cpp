@@ -258,8 +258,6 @@ Status StepState::reserve_moe() {
     DeviceBuffer* const bufs[kMoeBuffers] = {&moe_logits, &moe_scratch, &moe_ids, &moe_wts, &moe_sorted, &moe_x,
                                              &moe_gu,     &moe_g,       &moe_y,   &moe_gate, &moe_ws};
     for (size_t i = 0; i < kMoeBuffers; ++i) EXL3_RETURN_IF_ERROR(bufs[i]->reserve(sizes[i]));
-    EXL3_RETURN_IF_ERROR(
-        check_cuda(moe_layer_workspace_init(moe_ws.get(), moe_ws.bytes(), ctx->stream()), "MoE workspace"));
     const size_t T = static_cast<size_t>(capacity), K = static_cast<size_t>(cfg.experts_per_token);
     const size_t need = 4 * T * K;  // ids, weights down; tokens, weights up
     if (need <= moe_host_n) return Status::ok();
