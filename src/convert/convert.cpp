@@ -154,7 +154,7 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
 class Converter {
 public:
     Converter(const ConvertOptions& opt, std::string tmp, ThreadPool& pool)
-        : opt_(opt), tmp_(std::move(tmp)), pool_(pool) {}
+        : opt_(opt), tmp_(std::move(tmp)), pool_(pool), out_(tmp_, opt.shard_bytes) {}
     Result<ConvertReport> run();
 
 private:
@@ -169,13 +169,15 @@ private:
     Status allocate_bits();
     Status quantize_layers();
     Status quantize_head(const Calib& cs);
-    Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw);
+    // reconstruct: l.w becomes the reconstruction (what the reader computes), for the next layers' calibration;
+    // lm_head, the last, skips it (on the GPU its fp32 copy would be the host peak's largest piece).
+    Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw, bool reconstruct = true);
     quant::QuantizeOptions quantize_options(int K, uint64_t seed) const;
     // The quantized linear to the output (and the work dir's layer file), the progress bar advanced.
     Status commit(const Lin& l, const quant::QuantizedLinear& q, SafetensorsWriter* lw);
 #ifdef EXL3_CONVERT_HAVE_CUDA
     Result<quant::QuantizedLinear> quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
-                                                const quant::QuantizeOptions& qo);
+                                                const quant::QuantizeOptions& qo, bool reconstruct = true);
     Status quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw);
 #endif
     Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
@@ -202,6 +204,7 @@ private:
     ConvertOptions opt_;  // the calibration's size resolved at load (default_calibration)
     const std::string tmp_;
     ThreadPool& pool_;
+    ShardedOutput out_;  // the tensors, a shard at a time
     ModelConfig c_;
     TensorStore st_;
     HostWeights hf_;  // the checkpoint as loaded (views into the mapping)
@@ -217,7 +220,6 @@ private:
     std::vector<Alloc> alloc_;
     std::vector<size_t> alloc_off_;  // [layer]: the layer's first linear in alloc_
     double achieved_ = 0;
-    SafetensorsWriter out_;
     StageTimes times_;
     quant::QuantTimes qt_;  // quantize_linear's own stages, folded into times_ at the end
     std::optional<Progress> bar_;
@@ -257,6 +259,10 @@ Status Converter::check_budgets() {
     ms.intermediate = c_.intermediate_size;
     ms.calibration_tokens = static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols;
     ms.calibration_cols = opt_.calibration_cols;
+    ms.bpw = opt_.bpw;
+    ms.head_bits = opt_.head_bits;
+    ms.embed_bytes = static_cast<int64_t>(hf_.embed.nbytes());
+    ms.shard_bytes = opt_.shard_bytes;
     const bool gpu = opt_.device == ConvertDevice::kCuda;
     EXL3_ASSIGN_OR_RETURN(const MemoryPlan plan, plan_memory(ms, gpu, opt_.host_memory_gb, opt_.gpu_memory_gb));
     calib_chunk_tokens_ = plan.calib_chunk_tokens;
@@ -479,7 +485,7 @@ quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     return qo;
 }
 
-Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw) {
+Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw, bool reconstruct) {
     if (rows_of(h) == 0)
         return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
     quant::QuantizeOptions qo = quantize_options(K, seed);
@@ -487,14 +493,14 @@ Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsW
     quant::QuantizedLinear q;
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (gq_) {
-        EXL3_ASSIGN_OR_RETURN(q, quantize_gpu(*gq_, l, h, qo));
+        EXL3_ASSIGN_OR_RETURN(q, quantize_gpu(*gq_, l, h, qo, reconstruct));
     }
 #endif
     if (!gpu_on()) {
         EXL3_ASSIGN_OR_RETURN(q, quant::quantize_linear(l.w.data(), l.out, l.in, h.host.h.data(),
                                                         static_cast<double>(h.host.rows), qo, pool_));
         StageTimer timer(times_, Stage::kFinish);
-        EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
+        if (reconstruct) EXL3_RETURN_IF_ERROR(dequantize_into(q, &l));
     }
     return commit(l, q, lw);
 }
@@ -503,7 +509,7 @@ Status Converter::commit(const Lin& l, const quant::QuantizedLinear& q, Safetens
     {
         StageTimer timer(times_, Stage::kWrite);
         const float* bias = l.b.empty() ? nullptr : l.b.data();
-        EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out_, l.prefix, q, bias));
+        EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(out_.writer(), l.prefix, q, bias));
         if (lw) EXL3_RETURN_IF_ERROR(quant::write_quantized_linear(*lw, l.prefix, q, bias));
     }
     bar_->advance(static_cast<double>(q.k_pad) * q.n_pad / 256,
@@ -513,11 +519,12 @@ Status Converter::commit(const Lin& l, const quant::QuantizedLinear& q, Safetens
 
 #ifdef EXL3_CONVERT_HAVE_CUDA
 Result<quant::QuantizedLinear> Converter::quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
-                                                       const quant::QuantizeOptions& qo) {
+                                                       const quant::QuantizeOptions& qo, bool reconstruct) {
     // The reconstruction comes back with the codes; it replaces the weight in place (the decoder's view of the layer
     // points at this buffer).
-    std::vector<float> weff(l.w.size());
-    EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q, g.quantize(l.w.data(), l.out, l.in, h.gpu, qo, weff.data()));
+    std::vector<float> weff(reconstruct ? l.w.size() : 0);
+    EXL3_ASSIGN_OR_RETURN(quant::QuantizedLinear q, g.quantize(l.w.data(), l.out, l.in, h.gpu, qo,
+                                                               reconstruct ? weff.data() : nullptr));
     std::copy(weff.begin(), weff.end(), l.w.begin());
     return q;
 }
@@ -583,8 +590,8 @@ Status Converter::quantize_layers() {
             tiles_before += static_cast<double>(alloc_[i].weights) / 256;
     }
     tiles_total += static_cast<double>(quant::pad128(lin_.head().in)) * quant::pad128(lin_.head().out) / 256;
-    EXL3_RETURN_IF_ERROR(copy_raw(st_, names.embed, out_));
-    EXL3_RETURN_IF_ERROR(copy_raw(st_, names.final_norm, out_));
+    EXL3_RETURN_IF_ERROR(copy_raw(st_, names.embed, out_.writer()));
+    EXL3_RETURN_IF_ERROR(copy_raw(st_, names.final_norm, out_.writer()));
     Calib cs = initial_state();
     if (start > 0) {
         // Resume: the finished layers' tensors as they were written, and the state after the last of them.
@@ -593,7 +600,8 @@ Status Converter::quantize_layers() {
             if (!ls.is_ok())
                 return ls.status().with_context(
                     fmt::format("work dir '{}': layer {} is unreadable; delete the work dir", opt_.work_dir, li));
-            for (const std::string& n : ls->names()) EXL3_RETURN_IF_ERROR(copy_raw(*ls, n, out_));
+            for (const std::string& n : ls->names()) EXL3_RETURN_IF_ERROR(copy_raw(*ls, n, out_.writer()));
+            EXL3_RETURN_IF_ERROR(out_.flush_if_full());
         }
         EXL3_ASSIGN_OR_RETURN(cs.h, wd_->load_state(cs.h.size()));
         if (opt_.progress)
@@ -643,7 +651,7 @@ Status Converter::quantize_layers() {
             }
             for (const std::string& name : raw) {
                 if (name.empty() || !st_.contains(name)) continue;
-                EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_));
+                EXL3_RETURN_IF_ERROR(copy_raw(st_, name, out_.writer()));
                 if (lwp) EXL3_RETURN_IF_ERROR(copy_raw(st_, name, lw));
             }
             if (lwp) {
@@ -653,6 +661,10 @@ Status Converter::quantize_layers() {
         }
         sample_memory();
         lin_.release(li);
+        {
+            StageTimer timer(times_, Stage::kWrite);
+            EXL3_RETURN_IF_ERROR(out_.flush_if_full());
+        }
         if (li == opt_.stop_after_layer)
             return internal_error(fmt::format("stopped after layer {} (test hook stop_after_layer)", li));
     }
@@ -675,7 +687,7 @@ Status Converter::quantize_head(const Calib& cs) {
 #endif
         if (!gpu_on()) hh.add(x.data(), T, D, pool_);
     }
-    EXL3_RETURN_IF_ERROR(quantize(lin_.head(), HessRef{hh, gh}, opt_.head_bits, opt_.seed + 999, nullptr)
+    EXL3_RETURN_IF_ERROR(quantize(lin_.head(), HessRef{hh, gh}, opt_.head_bits, opt_.seed + 999, nullptr, false)
                              .with_context("quantizing " + lin_.head().prefix));
     sample_memory();
     return Status::ok();
@@ -695,7 +707,7 @@ Result<ConvertReport> Converter::run() {
     EXL3_RETURN_IF_ERROR(quantize_layers());
     {
         StageTimer timer(times_, Stage::kWrite);
-        EXL3_RETURN_IF_ERROR(out_.write(tmp_ + "/model.safetensors"));
+        EXL3_RETURN_IF_ERROR(out_.finish());
         EXL3_RETURN_IF_ERROR(write_output_files(opt_, tmp_, achieved_, out_.infos()));
     }
     times_.add(Stage::kPrepare, qt_.prepare);
@@ -752,12 +764,25 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
         layer_h = std::max(layer_h, h);
     }
     const int64_t head = static_cast<int64_t>(s.head.in) * s.head.out;
+    // The output's bytes so far at the last layer and after the head, as far as the unwritten shard holds them (a
+    // shard is written once it reaches shard_bytes, between layers: at most that and a layer's share more).
+    int64_t layers_w = 0;
+    for (const auto& layer : s.layers)
+        for (const LinearShape& l : layer) layers_w += static_cast<int64_t>(l.in) * l.out;
+    const int64_t out_layers = s.embed_bytes + static_cast<int64_t>(static_cast<double>(layers_w) * s.bpw / 8);
+    const int64_t out_head = static_cast<int64_t>(static_cast<double>(head) * s.head_bits / 8);
+    const int64_t out_layer = static_cast<int64_t>(static_cast<double>(layer_w) * s.bpw / 8);
+    auto held = [&](int64_t bytes) { return s.shard_bytes > 0 ? std::min(bytes, s.shard_bytes + out_layer + out_head) : bytes; };
+    // Measured beside the estimate (Convert.MemoryEstimateMatchesMeasuredPeaks): ~0.5 GiB of everything else.
+    const int64_t other = int64_t{1} << 29;
     MemoryPlan p;
-    p.host_bytes = 3 * T * D * 4 + std::max(layer_w, head) * 4 + (gpu ? 0 : layer_h * 8);
+    p.host_bytes = other + std::max(3 * T * D * 4 + layer_w * 4 + (gpu ? 0 : layer_h * 8) + held(out_layers),
+                                    2 * T * D * 4 + head * 4 + held(out_layers + out_head));
     if (host_gb > 0 && p.host_bytes > host_gb * gib)
         return invalid_argument(fmt::format(
             "the conversion needs about {:.1f} GiB of host memory ({} calibration tokens of width {}, a layer's fp32 "
-            "weights{}), over --host-memory {:.1f}: ask for fewer calibration rows (--calibration-rows)",
+            "weights{}, the output's unwritten shard), over --host-memory {:.1f}: ask for fewer calibration rows "
+            "(--calibration-rows) or smaller shards (--shard-size)",
             p.host_bytes / gib, T, D, gpu ? "" : " and Hessians", host_gb));
     if (!gpu) return p;
     // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
@@ -783,6 +808,8 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
 
 Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool) {
     if (opt.input_dir.empty() || opt.output_dir.empty()) return invalid_argument("input and output directories needed");
+    if (opt.shard_bytes < 1)
+        return invalid_argument(fmt::format("shard size {} bytes: it must be positive", opt.shard_bytes));
     if (!(opt.bpw >= 1.0 && opt.bpw <= 8.0))
         return invalid_argument(fmt::format("bpw {} out of range: EXL3 stores 1..8 bits per weight", opt.bpw));
     if (opt.head_bits < 1 || opt.head_bits > 8) return invalid_argument("head bits must be 1..8");

@@ -52,6 +52,8 @@ struct ConvertOptions {
     double damping = 0.025;     // the Hessians' damping: H + damping x mean(diag H) x I (4x per retry)
     double host_memory_gb = 0;  // > 0: refuse up front when the estimated host peak exceeds it
     double gpu_memory_gb = 0;   // > 0: the same for the GPU (--device cuda); the calibration forward's chunk shrinks first
+    int64_t shard_bytes = int64_t{8} << 30;  // the output is written a shard of about this size at a time (between
+                                             // layers); one shard is model.safetensors, more are indexed
 };
 
 // The default calibration's size: kCalibPerInput tokens per input of the widest linear (every Hessian then has
@@ -80,10 +82,16 @@ struct MemoryShape {
     int64_t hidden = 0, intermediate = 0;
     int64_t calibration_tokens = 0;
     int calibration_cols = 0;
+    // The output, held in host memory until its shard is written: the embedding table as stored, the layers at
+    // `bpw`, the head at head_bits; at most a shard (shard_bytes, 0: all of it) and a layer at a time.
+    double bpw = 4.0;
+    int head_bits = 6;
+    int64_t embed_bytes = 0, shard_bytes = 0;
 };
 struct MemoryPlan {
-    int64_t host_bytes = 0;        // the estimated host peak: the calibration state, a layer's fp32 weights (and, on
-                                   // the CPU, its Hessians in double)
+    int64_t host_bytes = 0;        // the estimated host peak, the larger of two moments: a layer (the calibration
+                                   // state three times, its fp32 weights, on the CPU its Hessians in double) and lm_head
+                                   // (the state twice, the head's fp32 weight); with the output's unwritten shard
     int64_t gpu_layer_bytes = 0;   // --device cuda, a layer: its bf16 weights and Hessians, the quantizers at their
                                    // peak side by side, the calibration forward's chunk
     int64_t gpu_head_bytes = 0;    // --device cuda, lm_head: its Hessian and its quantizer at its peak (the refit's

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -104,6 +105,67 @@ Status write_output_files(const ConvertOptions& opt, const std::string& tmp, dou
         if (ec) return io_error(fmt::format("copying {}: {}", e.path().string(), ec.message()));
     }
     return Status::ok();
+}
+
+Status ShardedOutput::flush() {
+    if (cur_.size() == 0) return Status::ok();
+    const std::string file = fmt::format("part-{:05d}.safetensors", files_.size() + 1);
+    EXL3_RETURN_IF_ERROR(cur_.write(dir_ + "/" + file));
+    files_.push_back(file);
+    shard_infos_.push_back(cur_.infos());
+    cur_ = SafetensorsWriter();
+    return Status::ok();
+}
+
+Status ShardedOutput::flush_if_full() {
+    return static_cast<int64_t>(cur_.data_bytes()) >= shard_bytes_ ? flush() : Status::ok();
+}
+
+Status ShardedOutput::finish() {
+    EXL3_RETURN_IF_ERROR(flush());
+    if (files_.empty()) return internal_error("the conversion wrote no tensors");
+    const size_t n = files_.size();
+    std::error_code ec;
+    if (n == 1) {
+        fs::rename(dir_ + "/" + files_[0], dir_ + "/model.safetensors", ec);
+        if (ec) return io_error(fmt::format("renaming the output in '{}': {}", dir_, ec.message()));
+        files_[0] = "model.safetensors";
+        return Status::ok();
+    }
+    nlohmann::ordered_json map = nlohmann::ordered_json::object();
+    std::vector<std::pair<std::string, std::string>> entries;
+    int64_t total = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, n);
+        fs::rename(dir_ + "/" + files_[i], dir_ + "/" + name, ec);
+        if (ec) return io_error(fmt::format("renaming the output's shards in '{}': {}", dir_, ec.message()));
+        files_[i] = name;
+        for (const auto& t : shard_infos_[i]) {
+            entries.emplace_back(t.name, name);
+            int64_t numel = 1;
+            for (int64_t d : t.shape) numel *= d;
+            total += numel * static_cast<int64_t>(dtype_size(t.dtype));
+        }
+    }
+    std::sort(entries.begin(), entries.end());
+    for (const auto& [tensor, file] : entries) map[tensor] = file;
+    nlohmann::ordered_json index;
+    index["metadata"] = {{"total_size", total}};
+    index["weight_map"] = map;
+    std::ofstream f(dir_ + "/model.safetensors.index.json");
+    f << index.dump(2) << "\n";
+    f.close();
+    if (!f) return io_error(fmt::format("writing '{}/model.safetensors.index.json' failed (disk full?)", dir_));
+    return Status::ok();
+}
+
+std::vector<SafetensorsWriter::Info> ShardedOutput::infos() const {
+    std::vector<SafetensorsWriter::Info> all;
+    for (const auto& s : shard_infos_) all.insert(all.end(), s.begin(), s.end());
+    const auto cur = cur_.infos();
+    all.insert(all.end(), cur.begin(), cur.end());
+    std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+    return all;
 }
 
 }  // namespace exl3::convert

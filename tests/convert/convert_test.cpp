@@ -7,6 +7,7 @@
 #include <cctype>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -186,6 +187,8 @@ MemoryShape llama_shape(int layers, int hidden, int kv, int inter, int vocab) {
     const CalibrationSize c = default_calibration(std::max(hidden, inter));
     s.calibration_tokens = static_cast<int64_t>(c.rows) * c.cols;
     s.calibration_cols = c.cols;
+    s.embed_bytes = static_cast<int64_t>(vocab) * hidden * 2;  // bf16, copied as it is
+    s.shard_bytes = ConvertOptions{}.shard_bytes;
     return s;
 }
 
@@ -226,9 +229,31 @@ TEST(Convert, MemoryEstimateMatchesMeasuredPeaks) {
     auto b3 = plan_memory(cases[0].s, true, 0, 3);
     ASSERT_FALSE(b3.is_ok());
     EXPECT_NE(b3.status().message().find("lm_head"), std::string::npos) << b3.status().message();
-    // The host budget: the 70B's calibration state and a layer's fp32 weights are within 64 GiB, not 4.
-    EXPECT_LE(b24->host_bytes, 64 * gib);
+    // The host estimate against the peaks measured (sampled after every layer and the head; 4.0 bpw, defaults,
+    // docs/conversion.md): the whole 1B 3.63 GiB and 8B 9.20 GiB (H100, their outputs in one shard), the 70B's first
+    // two layers and full-size head 14.86 GiB. The estimate counts the moments between samples too (a layer's
+    // forward holds the state a third time), so it may be above, not below.
+    const struct {
+        const char* name;
+        MemoryShape s;
+        double measured_gib;
+    } host[] = {{"1b", cases[0].s, 3.63},
+                {"8b", llama_shape(32, 4096, 1024, 14336, 128256), 9.20},
+                {"70b, 2 layers", llama_shape(2, 8192, 1024, 28672, 128256), 14.86}};
+    for (const auto& h : host) {
+        const double est = plan_memory(h.s, true, 0, 0)->host_bytes / gib;
+        std::printf("%s: host estimate %.2f GiB, measured %.2f\n", h.name, est, h.measured_gib);
+        EXPECT_GE(est, 0.95 * h.measured_gib) << h.name;
+        EXPECT_LE(est, 1.2 * h.measured_gib) << h.name;
+    }
+    // The whole 70B: its output (~36 GB at 4.0 bpw) goes to disk a shard at a time, so the host holds the
+    // calibration state, a layer and one shard: within 64 GiB, not 4; held whole it would not be.
+    EXPECT_LE(b24->host_bytes, 32 * gib);
     EXPECT_FALSE(plan_memory(s70, false, 4, 0).is_ok());
+    MemoryShape whole = s70;
+    whole.shard_bytes = 0;
+    whole.bpw = 8.0;
+    EXPECT_GT(plan_memory(whole, true, 0, 0)->host_bytes, 64 * gib);
     // o_proj reads its own Hessian: a layer's Hessians are counted once per input, not once per width.
     MemoryShape shared = llama_shape(1, 1024, 256, 4096, 1000), merged = shared;
     for (auto& l : merged.layers[0]) if (l.hessian == 1) l.hessian = 0;
@@ -458,5 +483,81 @@ TEST(Convert, ResumesFromWorkDirByteIdentical) {
     fs::remove_all(base);
 }
 
+
+// The output goes to disk a shard at a time as the layers finish (host memory holds one shard, not a 70B's 36 GB):
+// small shards give model-0000i-of-0000n.safetensors and the index Hugging Face writes, the same tensors byte for byte
+// as the one file, the same configs and logits; a run resumed from its work dir writes the same shards.
+TEST(Convert, WritesShardsAsTheLayersFinish) {
+    const std::string base = fs::temp_directory_path() / ("exl3_convert_shards_" + std::to_string(::getpid()));
+    fs::remove_all(base);
+    write_model(base + "/hf");
+    ThreadPool pool(2);
+    ConvertOptions o;
+    o.input_dir = base + "/hf";
+    o.bpw = 4.0;
+    o.calibration_rows = 4;
+    o.calibration_cols = 32;
+    o.sensitivity_tiles = 4;
+    o.progress = false;
+    o.output_dir = base + "/one";
+    ASSERT_TRUE(convert_model(o, pool).is_ok());
+    EXPECT_TRUE(fs::exists(o.output_dir + "/model.safetensors"));
+    EXPECT_FALSE(fs::exists(o.output_dir + "/model.safetensors.index.json"));
+
+    o.shard_bytes = 32 << 10;  // the embedding (128 KiB of fp32) fills the first; a shard a layer after it
+    o.output_dir = base + "/shards";
+    ASSERT_TRUE(convert_model(o, pool).is_ok());
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(o.output_dir))
+        if (e.path().extension() == ".safetensors") files.push_back(e.path().filename().string());
+    std::sort(files.begin(), files.end());
+    ASSERT_EQ(files.size(), 3u);
+    EXPECT_EQ(files[0], "model-00001-of-00003.safetensors");
+    EXPECT_EQ(files[2], "model-00003-of-00003.safetensors");
+    const auto index = nlohmann::json::parse(slurp(o.output_dir + "/model.safetensors.index.json"));
+    EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
+    EXPECT_EQ(index["weight_map"]["model.layers.1.mlp.down_proj.trellis"], "model-00002-of-00003.safetensors");
+    EXPECT_EQ(index["weight_map"]["lm_head.trellis"], "model-00003-of-00003.safetensors");
+    auto one = TensorStore::open_dir(base + "/one"), shards = TensorStore::open_dir(o.output_dir);
+    ASSERT_TRUE(one.is_ok() && shards.is_ok()) << shards.status().message();
+    auto names = one->names(), shard_names = shards->names();
+    std::sort(names.begin(), names.end());
+    std::sort(shard_names.begin(), shard_names.end());
+    ASSERT_EQ(names, shard_names);
+    int64_t total = 0;
+    for (const std::string& n : names) {
+        auto a = one->get(n), b = shards->get(n);
+        ASSERT_TRUE(a.is_ok() && b.is_ok()) << n;
+        ASSERT_EQ(a->nbytes(), b->nbytes()) << n;
+        EXPECT_EQ(std::memcmp(a->data, b->data, a->nbytes()), 0) << n;
+        total += static_cast<int64_t>(a->nbytes());
+    }
+    EXPECT_EQ(index["metadata"]["total_size"], total);
+    for (const char* f : {"config.json", "quantization_config.json"})
+        EXPECT_EQ(slurp(base + "/one/" + f), slurp(o.output_dir + "/" + f)) << f;
+    std::vector<int32_t> toks = {1, 5, 9, 200, 17, 3, 77, 128};
+    EXPECT_EQ(logits_of(base + "/one", toks), logits_of(o.output_dir, toks));
+
+    // Stopped after layer 0 and resumed: the restored layer's tensors fill their shard as before.
+    o.output_dir = base + "/resumed";
+    o.work_dir = base + "/work";
+    o.stop_after_layer = 0;
+    ASSERT_FALSE(convert_model(o, pool).is_ok());
+    o.stop_after_layer = -1;
+    auto r = convert_model(o, pool);
+    ASSERT_TRUE(r.is_ok()) << r.status().message();
+    EXPECT_EQ(r->resumed_layers, 1);
+    for (const std::string& f : files)
+        EXPECT_TRUE(slurp(base + "/shards/" + f) == slurp(o.output_dir + "/" + f)) << f;
+    EXPECT_EQ(slurp(base + "/shards/model.safetensors.index.json"), slurp(o.output_dir + "/model.safetensors.index.json"));
+
+    o.shard_bytes = 0;  // refused up front
+    o.work_dir.clear();
+    o.output_dir = base + "/zero";
+    auto z = convert_model(o, pool);
+    ASSERT_FALSE(z.is_ok());
+    EXPECT_NE(z.status().message().find("shard"), std::string::npos) << z.status().message();
+    fs::remove_all(base);
+}
 }  // namespace
 }  // namespace exl3::convert

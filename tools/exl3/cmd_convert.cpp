@@ -39,6 +39,7 @@ Runner add_convert(CLI::App& app) {
         std::string codebook = "mul1", device = "cpu", recipe = "in-scales,scale-search,refit";
         int threads = 0;
         bool no_progress = false;
+        int64_t shard_mib = 8192;
     };
     auto o = std::make_shared<Opts>();
     app.add_option("-i,--input", o->c.input_dir, "HF checkpoint directory")->required();
@@ -64,6 +65,10 @@ Runner add_convert(CLI::App& app) {
         ->capture_default_str();
     app.add_option("--gpu-memory", o->c.gpu_memory_gb, "GiB of GPU memory --device cuda may use: the calibration "
                    "forward takes fewer rows at a time, else refused up front (0: no limit)")
+        ->capture_default_str();
+    app.add_option("--shard-size", o->shard_mib, "MiB of tensors an output file holds: the output is written a "
+                   "shard at a time as the layers finish (host memory holds one); several shards are indexed "
+                   "(model.safetensors.index.json) as Hugging Face does")
         ->capture_default_str();
     app.add_option("--seed", o->c.seed, "seed of the sign vectors, sampling and sensitivity sample")
         ->capture_default_str();
@@ -92,6 +97,8 @@ Runner add_convert(CLI::App& app) {
             return fail("convert", fmt::format("unknown device '{}': use cpu or cuda", o->device));
         }
         o->c.progress = !o->no_progress;
+        if (o->shard_mib < 1) return fail("convert", fmt::format("--shard-size {}: at least 1 MiB", o->shard_mib));
+        o->c.shard_bytes = o->shard_mib << 20;
         auto& rc = o->c.recipe;
         rc.in_scales = rc.scale_search = rc.refit = false;
         for (size_t b = 0; b <= o->recipe.size();) {
