@@ -110,7 +110,8 @@ Result<std::vector<int32_t>> sample_calibration_tokens(const std::string& model_
     while (static_cast<int>(rows[0].size()) < o.cols) {
         if (on_device) {
             for (int r = 0; r < n_sampled; ++r) draw[static_cast<size_t>(r)].step = rows[static_cast<size_t>(r)].size();
-            EXL3_RETURN_IF_ERROR(model->forward_draw(items, draw, false, &got).with_context("sampling calibration text"));
+            EXL3_RETURN_IF_ERROR(
+                model->forward_draw(items, draw, false, &got).with_context("sampling calibration text"));
             for (int r = 0; r < n_sampled; ++r) drawn[static_cast<size_t>(r)] = got[static_cast<size_t>(r)].token;
         } else {
             EXL3_RETURN_IF_ERROR(model->forward_batch(items, &logits).with_context("sampling calibration text"));

@@ -772,7 +772,9 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
     const int64_t out_layers = s.embed_bytes + static_cast<int64_t>(static_cast<double>(layers_w) * s.bpw / 8);
     const int64_t out_head = static_cast<int64_t>(static_cast<double>(head) * s.head_bits / 8);
     const int64_t out_layer = static_cast<int64_t>(static_cast<double>(layer_w) * s.bpw / 8);
-    auto held = [&](int64_t bytes) { return s.shard_bytes > 0 ? std::min(bytes, s.shard_bytes + out_layer + out_head) : bytes; };
+    auto held = [&](int64_t bytes) {
+        return s.shard_bytes > 0 ? std::min(bytes, s.shard_bytes + out_layer + out_head) : bytes;
+    };
     // Measured beside the estimate (Convert.MemoryEstimateMatchesMeasuredPeaks): ~0.5 GiB of everything else.
     const int64_t other = int64_t{1} << 29;
     MemoryPlan p;

@@ -90,8 +90,9 @@ struct MemoryShape {
 };
 struct MemoryPlan {
     int64_t host_bytes = 0;        // the estimated host peak, the larger of two moments: a layer (the calibration
-                                   // state three times, its fp32 weights, on the CPU its Hessians in double) and lm_head
-                                   // (the state twice, the head's fp32 weight); with the output's unwritten shard
+                                   // state three times, its fp32 weights, on the CPU its Hessians in double) and
+                                   // lm_head (the state twice, the head's fp32 weight); each with the output's
+                                   // unwritten shard
     int64_t gpu_layer_bytes = 0;   // --device cuda, a layer: its bf16 weights and Hessians, the quantizers at their
                                    // peak side by side, the calibration forward's chunk
     int64_t gpu_head_bytes = 0;    // --device cuda, lm_head: its Hessian and its quantizer at its peak (the refit's

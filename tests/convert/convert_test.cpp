@@ -549,7 +549,8 @@ TEST(Convert, WritesShardsAsTheLayersFinish) {
     EXPECT_EQ(r->resumed_layers, 1);
     for (const std::string& f : files)
         EXPECT_TRUE(slurp(base + "/shards/" + f) == slurp(o.output_dir + "/" + f)) << f;
-    EXPECT_EQ(slurp(base + "/shards/model.safetensors.index.json"), slurp(o.output_dir + "/model.safetensors.index.json"));
+    EXPECT_EQ(slurp(base + "/shards/model.safetensors.index.json"),
+              slurp(o.output_dir + "/model.safetensors.index.json"));
 
     o.shard_bytes = 0;  // refused up front
     o.work_dir.clear();
