@@ -5,8 +5,9 @@
 // call reads are not in the L2 from the call before; calls of the small steps are timed as CUDA-graph replays (as a
 // decode step runs them), the large ones eagerly. Each plan variant beside the default (the weighted sum by the
 // down stage's blocks instead of a moe_combine launch, atomic adds, twice the k split, the other pass height, the
-// other rotation) shows what the planner's choices are worth; at 1 and 8 tokens the launches one at a time, the
-// default's chain beside the fused weighted sum's.
+// other rotation, the decode step routed by moe_route_sort's block instead of moe_route_warps) shows what the
+// planner's choices are worth; at 1 and 8 tokens the launches one at a time from the router on: the router then
+// moe_route_sort's block, the router then moe_route_warps (the default), and the weighted sum in the down stage.
 //
 // Usage: bench_cuda_moe [--shape qwen3-30b-a3b|mixtral-8x7b|all] [--tokens 1,8,32,256,2048] [--reps 20]
 #include <cuda_runtime.h>
@@ -26,6 +27,7 @@
 #include "backend/cuda/device.h"
 #include "backend/cuda/exl3/exl3_plan.h"
 #include "backend/cuda/moe_layer.h"
+#include "core/dtype.h"
 
 using namespace exl3;
 using namespace exl3::cuda;
@@ -194,19 +196,26 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
     return 1e3 * ms / (static_cast<double>(reps) * static_cast<double>(per));
 }
 
-// The default plan's launches one at a time at n tokens (n <= 32): graphs of each prefix of the layer's launches
-// (routing sort, [rotation,] gate|up, [rotation,] down with the weighted sum in its blocks) over the layer copies,
-// replayed; a launch's time is its prefix's minus the one before (what it adds to a captured decode step, its launch
-// gap included). fused: the weighted sum in the down stage's blocks (MoeLayerPlan::fused_combine) instead of the
-// default's moe_combine launch. ideal_us: the layer's ideal, printed beside.
-void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
-               const std::vector<DeviceBuffer>& logits, int reps, cudaStream_t st, bool fused,
-               double ideal_us) {
+// The chains of launches the breakdown times: the router (its GEMV at one token, cuBLAS beyond, as the model runs
+// it), then the routing by moe_route_sort's block or by moe_route_warps (the default up to kMoeSortSmallTokens
+// tokens), the stages, the weighted sum by moe_combine; or the default's routing with the weighted sum in the down
+// stage's blocks (fused_combine).
+enum class Chain { kSortBlock, kWarps, kFusedSum };
+
+// The launches of a chain one at a time at n tokens (n <= kMoeSortSmallTokens), the router included: graphs of each
+// prefix of the layer's launches over the layer copies, each with a router of its own (random bf16 [experts,
+// hidden]: each copy routes differently), replayed; a launch's time is its prefix's minus the one before (what it
+// adds to a captured decode step, its launch gap included). ideal_us: the layer's ideal (the experts' bytes; the
+// router's are left out).
+void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
+               int reps, Chain chain, double ideal_us) {
+    cudaStream_t st = ctx.stream();
+    const bool fused = chain == Chain::kFusedSum, block = chain == Chain::kSortBlock;
     const MoeLayerWeights& w0 = layers[0].w;
     const MoeLayerPlan p = moe_layer_plan(w0, s.top_k, n, false);
     const size_t nk = static_cast<size_t>(n) * s.top_k, E = static_cast<size_t>(s.experts);
     const size_t counters = static_cast<size_t>(n) * w0.down.shape.groups();
-    DeviceBuffer scratch, ids, wts, offs, act, nact, pair_of, slot_of, done, xh, ygu, yd, out;
+    DeviceBuffer scratch, ids, wts, offs, act, nact, pair_of, slot_of, done, xh, ygu, yd, out, logits;
     const bool ok = scratch.reserve(moe_route_scratch_bytes(n, s.experts)).is_ok() && ids.reserve(nk * 4).is_ok() &&
                     wts.reserve(nk * 4).is_ok() && offs.reserve((E + 1) * 4).is_ok() && act.reserve(E * 4).is_ok() &&
                     nact.reserve(4).is_ok() && pair_of.reserve(nk * 4).is_ok() && slot_of.reserve(nk * 4).is_ok() &&
@@ -214,8 +223,17 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
                     xh.reserve(std::max<size_t>(2u * w0.gate_up.shape.k_pad, w0.down.shape.k_pad) * nk * 2).is_ok() &&
                     ygu.reserve(static_cast<size_t>(p.gate_up.splits) * nk * w0.gate_up.shape.ldy * 4).is_ok() &&
                     yd.reserve(static_cast<size_t>(p.down.splits) * nk * w0.down.shape.ldy * 4).is_ok() &&
-                    out.reserve(static_cast<size_t>(n) * s.hidden * 4).is_ok();
+                    out.reserve(static_cast<size_t>(n) * s.hidden * 4).is_ok() &&
+                    logits.reserve(static_cast<size_t>(n) * E * 4).is_ok();
     if (!ok) std::exit(1);
+    std::vector<DeviceBuffer> routers(layers.size());
+    std::mt19937 rng(17);
+    std::normal_distribution<float> nd(0.0f, 1.0f / std::sqrt(static_cast<float>(s.hidden)));
+    for (auto& r : routers) {
+        std::vector<uint16_t> v(E * static_cast<size_t>(s.hidden));
+        for (auto& b : v) b = f32_to_bf16(nd(rng));
+        if (!r.upload(v.data(), v.size() * 2).is_ok()) std::exit(1);
+    }
     MoeRouteBufs b;
     b.ids = ids.as<int32_t>();
     b.weights = wts.as<float>();
@@ -233,7 +251,9 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
     routing.experts = s.experts;
     routing.top_k = s.top_k;
     routing.norm_topk = true;
-    std::vector<const char*> names = {"moe_route_sort"};
+    std::vector<const char*> names = {use_gemv(n, s.hidden, x.get(), routers[0].get()) ? "router GEMV"
+                                                                                        : "router (cuBLAS)",
+                                      block ? "moe_route_sort (one block)" : "moe_route_warps"};
     if (p.gate_up.prerotate) names.push_back("exl3_moe_rotate (gate|up input)");
     names.push_back("exl3_moe_kernel gate|up");
     if (p.down.prerotate) names.push_back("exl3_moe_rotate (GLU, down input)");
@@ -251,7 +271,12 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
             CK(e);
             return ++done < launches;
         };
-        if (!next(moe_route_sort(logits[i % logits.size()].as<float>(), n, routing, scratch.get(), b, st))) return;
+        const Status g = gemm(ctx, x.get(), routers[i % routers.size()].get(), logits.get(), ActType::kBF16, true, n,
+                              s.experts, s.hidden);
+        if (!next(g.is_ok() ? cudaSuccess : cudaErrorUnknown)) return;
+        const float* lg = logits.as<float>();
+        if (!next(block ? moe_route_sort(lg, n, routing, scratch.get(), b, st) : moe_route_warps(lg, n, routing, b, st)))
+            return;
         MoeStageIn gin;
         gin.kind = MoeIn::kX;
         gin.x = x.get();
@@ -289,10 +314,13 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
         next(moe_combine(yd.as<float>(), p.down.splits, b.slot_of, b.weights, n, s.top_k, s.hidden, nullptr, nullptr,
                          out.as<float>(), true, st));
     };
-    const size_t per = std::max(layers.size(), logits.size());
+    const size_t per = layers.size();
     double before = 0.0;
     std::printf("launches of one layer at %d token%s, %s (graph replays; each launch's added time):\n", n,
-                n == 1 ? "" : "s", fused ? "the weighted sum in the down stage" : "the chain of the default plan");
+                n == 1 ? "" : "s",
+                block   ? "the router, then moe_route_sort's block"
+                : fused ? "the weighted sum in the down stage"
+                        : "the router, then moe_route_warps (the default)");
     for (size_t k = 1; k <= names.size(); ++k) {
         cudaGraph_t g = nullptr;
         CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
@@ -323,7 +351,9 @@ void breakdown(std::vector<Layer>& layers, const Shape& s, int n, const DeviceBu
     }
 }
 
-void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, double bw, double rate, cudaStream_t st) {
+void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>& tokens, int reps, double bw,
+                 double rate) {
+    cudaStream_t st = ctx.stream();
     const double expert_weights = 3.0 * s.hidden * s.inter, expert_bytes = expert_weights * s.K / 8.0;
     const int copies = std::max(1, static_cast<int>(std::ceil((1u << 30) / (expert_bytes * s.experts))));
     std::vector<Layer> layers(static_cast<size_t>(copies));
@@ -391,6 +421,11 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
         p = def;
         p.gate_up.prerotate = p.down.prerotate = !def.gate_up.prerotate;
         vars.push_back({def.gate_up.prerotate ? "in-block rotation" : "rotation kernel", p});
+        if (n <= kMoeSortSmallTokens) {
+            p = def;
+            p.sort_block = true;
+            vars.push_back({"routed by moe_route_sort's block", p});
+        }
         // A variant whose pass does not fit a block's shared memory (Mixtral's down stage at 16 rows and 2 splits) is
         // one the plan never makes: left out.
         const size_t smem_cap = exl3k::smem_device_cap();
@@ -413,8 +448,9 @@ void bench_shape(const Shape& s, const std::vector<int>& tokens, int reps, doubl
                         v.plan.gate_up.prerotate ? ", rotation kernel" : "", us, bytes / us / 1e3, ideal,
                         100.0 * ideal / us);
         }
-        if (n <= 8)
-            for (bool fused : {false, true}) breakdown(layers, s, n, x, logits, reps, st, fused, ideal);
+        if (n <= kMoeSortSmallTokens)
+            for (Chain c : {Chain::kSortBlock, Chain::kWarps, Chain::kFusedSum})
+                breakdown(ctx, layers, s, n, x, reps, c, ideal);
     }
 }
 
@@ -444,6 +480,6 @@ int main(int argc, char** argv) {
                 "rate (%.1f weights/clk/SM x %d SMs x %.2f GHz)\n",
                 bw / 1e9, rate, kWeightsPerClkSm, current_device_sm_count(), kClockHz / 1e9);
     for (const Shape& s : kShapes)
-        if (shape == "all" || shape == s.name) bench_shape(s, tokens, reps, bw, rate, (*ctx)->stream());
+        if (shape == "all" || shape == s.name) bench_shape(**ctx, s, tokens, reps, bw, rate);
     return 0;
 }

@@ -6,13 +6,14 @@
 # Steps:
 #   1. random models (tools/bench/make_random_model.py): qwen3-moe-tiny at EXL3 4 bits for the tests first; then, in
 #      the background, the Qwen3-30B-A3B shape at 4.0 bpw and the Mixtral-8x7B shape at 3.0 bpw (6-bit heads);
-#   2. the CUDA MoE tests: the grouped layer and the routing sort against the CPU (MoeLayer*, MoeRouteSort*), the
+#   2. the CUDA MoE tests: the grouped layer and the routing sort against the CPU (MoeLayer*, MoeRouteSort*; the
+#      decode step's routing by warps against the block's bit for bit: MoeRouteSort.Warps*), the
 #      routing kernel (FamilyOps.Moe*), the golden MoE families (CudaExperts*: dense experts, the host-routed path),
 #      the EXL3 MoE model (CudaModel.Exl3Experts*: against the CPU, graph replay = eager), the batch-invariant
 #      generator on it; compute-sanitizer memcheck on the layer tests;
 #   3. bench_cuda_moe (once the models are written: nothing else on the GPU): one layer at both shapes, 1 to 2048
-#      tokens, each plan variant, beside its ideal; at 1 and 8 tokens the launches one at a time, the first
-#      version's chain (moe_combine a launch of its own) beside the default's;
+#      tokens, each plan variant, beside its ideal; at 1 and 8 tokens the launches one at a time from the router on:
+#      the routing by moe_route_sort's block, by moe_route_warps (the default), and the weighted sum in the down stage;
 #   4. exl3 bench on both models: prefill 2048, decode batch 1 and 32 at context 512, beside the roofline and the ideal
 #      step.
 # Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model;
@@ -70,7 +71,7 @@ gen_tests() { bin_tests exl3_cuda_generator_tests 'GeneratorCuda.BatchInvariant*
 bench_layer() {
   echo "== $(el) bench_cuda_moe $*"
   timeout 150 $B/bench_cuda_moe "$@" > /tmp/bench_moe.log 2>&1
-  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -100
+  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -130
   cp /tmp/bench_moe.log "$OUT/"
 }
 tiny_model() {
@@ -103,7 +104,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
   gen_tests
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
-  memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 150
+  memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 210
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
   bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
   if [ -d /tmp/models/qwen3 ]; then

@@ -3,9 +3,10 @@
 // trellis) against cpu::route_experts + quant::exl3_matmul, with ragged loads (an expert no token chose, one every
 // token chose), 1 to 300 tokens (two chunks), every codebook, mixed bits across experts, a fused gate|up, biases
 // and gpt-oss's clamped SwiGLU, a shared expert; plans that keep the k split give the same bits whatever their pass
-// height and rotation, and whether the down stage's blocks or moe_combine make the weighted sum; the batch-invariant
-// plan gives a token the same bits alone and in a batch; graph replay (twice: the down stage's counters start from
-// zero again) equals eager.
+// height and rotation, whether the down stage's blocks or moe_combine make the weighted sum, and whether a decode
+// step is routed by moe_route_warps (the default) or moe_route_sort's block; the batch-invariant plan gives a token
+// the same bits alone and in a batch; graph replay (twice: the down stage's counters start from zero again) equals
+// eager.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -312,6 +313,11 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
         cuda::MoeLayerPlan sep = def;
         sep.fused_combine = true;
         EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, weighted sum in the down stage";
+        if (n <= cuda::kMoeSortSmallTokens) {  // the default routes such a step by moe_route_warps
+            sep = def;
+            sep.sort_block = true;
+            EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, routed by moe_route_sort's block";
+        }
         if (!variants) continue;
         for (int bt : {1, 2})
             for (bool rot : {false, true}) {
@@ -407,7 +413,7 @@ TEST_P(MoeLayer, InvariantRowsAndGraphReplay) {
         const auto alone = run(*ex, one, nullptr, true, true);
         EXPECT_TRUE(std::equal(alone.begin(), alone.end(), all.begin() + static_cast<long>(i) * H)) << "token " << i;
     }
-    for (int n : {1, 12}) {
+    for (int n : {1, 8, 12}) {
         auto g = inputs(*ex, n, 103);
         const auto eager = run(*ex, g, nullptr, false);
         cudaGraph_t graph = nullptr;

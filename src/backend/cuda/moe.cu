@@ -6,6 +6,7 @@
 #include "backend/cuda/act.cuh"
 #include "backend/cuda/moe_combine.cuh"
 #include "backend/cuda/moe.cuh"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/ops.cuh"
 #include "backend/cuda/pdl.cuh"
 
@@ -58,38 +59,9 @@ __device__ void route_token_warp(const float* logits, int t, const MoeRouting& r
             choice[e] = sv + (r.score_bias ? r.score_bias[e] : 0.0f);
         }
         __syncwarp();
-        if (r.groups > 1) {
-            // Lane g: group g's two best choice scores summed; the topk_groups best groups stay (the lower index
-            // on a tie), the other groups' experts drop to -inf.
+        if (r.groups > 1) {  // the experts of the groups that do not stay drop to -inf
+            const uint32_t kept = moe_group_keep(choice, r);
             const int per = E / r.groups;
-            float gv = -INFINITY;
-            if (lane < r.groups) {
-                float a = -INFINITY, b = -INFINITY;
-                for (int i = lane * per; i < (lane + 1) * per; ++i) {
-                    const float c = choice[i];
-                    if (c > a) {
-                        b = a;
-                        a = c;
-                    } else if (c > b) {
-                        b = c;
-                    }
-                }
-                gv = a + b;
-            }
-            // Every lane makes the same selection from the shuffled group values (no divergence).
-            uint32_t kept = 0;
-            for (int pick = 0; pick < r.topk_groups; ++pick) {
-                int bg = -1;
-                float bv = 0.0f;
-                for (int g = 0; g < r.groups; ++g) {
-                    const float v = __shfl_sync(0xffffffffu, gv, g);
-                    if (!(kept >> g & 1u) && (bg < 0 || v > bv)) {
-                        bg = g;
-                        bv = v;
-                    }
-                }
-                kept |= 1u << bg;
-            }
             for (int e = lane; e < E; e += 32)
                 if (!(kept >> (e / per) & 1u)) choice[e] = -INFINITY;
             __syncwarp();
@@ -97,14 +69,14 @@ __device__ void route_token_warp(const float* logits, int t, const MoeRouting& r
     } else {
         float mx = -INFINITY;
         for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
-        for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        mx = moe_warp_max(mx);
         float sum = 0.0f;
         for (int e = lane; e < E; e += 32) {
             const float v = expf(l[e] - mx);
             score[e] = v;
             sum += v;
         }
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        sum = moe_warp_sum(sum);
         for (int e = lane; e < E; e += 32) choice[e] = score[e] = score[e] / sum;
         __syncwarp();
     }
@@ -136,7 +108,7 @@ __device__ void route_token_warp(const float* logits, int t, const MoeRouting& r
         }
     }
     if (lane == 0) {
-        const float norm = r.norm_topk ? 1.0f / (wsum + (r.sigmoid ? 1e-20f : 0.0f)) : 1.0f;
+        const float norm = moe_route_norm(wsum, r);
         for (int k = 0; k < K; ++k) {
             const int64_t i = static_cast<int64_t>(t) * K + k;
             weights[i] = score[ids[i]] * norm * r.scale;
@@ -242,9 +214,7 @@ size_t moe_route_scratch_bytes(int n, int experts) {
 cudaError_t moe_route(const float* logits, int n, const MoeRouting& r, void* scratch, int32_t* ids, float* weights,
                       cudaStream_t s) {
     if (n == 0) return cudaSuccess;
-    if (n < 0 || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 || r.top_k > r.experts ||
-        r.groups < 1 || r.groups > 32 || r.topk_groups < 1 || r.topk_groups > r.groups || r.experts % r.groups)
-        return cudaErrorInvalidValue;
+    if (n < 0 || !moe_routing_ok(r)) return cudaErrorInvalidValue;
     return launch_pdl(moe_route_kernel, dim3((n + 7) / 8), dim3(256), 0, s, logits, n, r, static_cast<float*>(scratch),
                       ids, weights);
 }
@@ -266,10 +236,8 @@ cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void
     const int threads = n <= kMoeSortSmallTokens ? 256 : 1024;
     const int64_t nk = static_cast<int64_t>(n) * r.top_k;
     size_t smem = (static_cast<size_t>(nk) + 2 * static_cast<size_t>(r.experts) + threads) * sizeof(int);
-    if (n < 0 || n > kMoeSortMaxTokens || r.experts < 1 || r.experts > kMoeSortMaxExperts || r.top_k < 1 ||
-        r.top_k > r.experts || nk >= (1 << 15) || r.groups < 1 || r.groups > 32 || r.topk_groups < 1 ||
-        r.topk_groups > r.groups || r.experts % r.groups || smem > 48 * 1024 || out.done_count < 0 ||
-        (out.done_count > 0 && !out.done))
+    if (n < 0 || n > kMoeSortMaxTokens || !moe_routing_ok(r) || nk >= (1 << 15) ||
+        smem > 48 * 1024 || !moe_route_bufs_ok(out))
         return cudaErrorInvalidValue;
     // The routing's scores in shared memory where they fit beside the sort's arrays (decode: n x 2 E floats).
     const size_t scores = moe_route_scratch_bytes(n, r.experts);

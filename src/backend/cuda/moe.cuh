@@ -1,6 +1,6 @@
-// Mixtures of experts on the device (moe.cu): the routing and its sort by expert in one kernel, and the weighted sum
-// of the experts' outputs. With the grouped EXL3 kernels (exl3/exl3_moe.cuh) a layer runs without the host
-// (moe_layer.h). Plain C++ header.
+// Mixtures of experts on the device (moe.cu, moe_route_warps.cu): the routing and its sort by expert in one kernel,
+// and the weighted sum of the experts' outputs. With the grouped EXL3 kernels (exl3/exl3_moe.cuh) a layer runs
+// without the host (moe_layer.h). Plain C++ header.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,6 +41,16 @@ struct MoeRouteBufs {
 // scratch: moe_route_scratch_bytes(n, experts).
 cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void* scratch, const MoeRouteBufs& out,
                            cudaStream_t s);
+
+// What moe_route_sort writes (the same bits: ids, weights, offsets, the active list, pair_of, slot_of, out.done
+// zeroed) for a decode step, by a warp a token and no block barrier but one: the scores in the lanes' registers, each
+// choice by two warp reductions, the few pairs sorted by warp 0 (moe_route_warps.cu). Takes the steps that
+// moe_route_warps_covers: 1 to kMoeSortSmallTokens tokens, top_k <= 32 (every routing moe_route_sort takes: softmax,
+// sigmoid with a correction bias, groups). Ties go to the lower expert id as there; NaN logits are outside the
+// guarantee. The MoE layer (moe_layer.cpp) routes with it where it covers the step.
+bool moe_route_warps_covers(int n, const MoeRouting& r);
+cudaError_t moe_route_warps(const float* logits, int n, const MoeRouting& r, const MoeRouteBufs& out,
+                            cudaStream_t s);
 
 // The layer's output from the down stage's split partials y [splits][n * top_k][d] (rows by slot_of):
 // out[t] (+)= sum over c < top_k of weights[t * top_k + c] * (the sum over the splits of row slot_of[t * top_k + c]),

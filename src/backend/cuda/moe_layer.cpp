@@ -107,9 +107,12 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
             b.done = reinterpret_cast<int32_t*>(base + l.done);
             b.done_count = n * w.down.shape.groups();
         }
-        EXL3_RETURN_IF_ERROR(check_cuda(moe_route_sort(io.logits + static_cast<size_t>(c0) * E, n, io.routing,
-                                                       base + l.scratch, b, s),
-                                        "moe_route_sort"));
+        const float* logits = io.logits + static_cast<size_t>(c0) * E;
+        if (!p.sort_block && moe_route_warps_covers(n, io.routing))
+            EXL3_RETURN_IF_ERROR(check_cuda(moe_route_warps(logits, n, io.routing, b, s), "moe_route_warps"));
+        else
+            EXL3_RETURN_IF_ERROR(
+                check_cuda(moe_route_sort(logits, n, io.routing, base + l.scratch, b, s), "moe_route_sort"));
         const MoeRoutes r = moe_routes(b, E, K, n);
         auto* xh = reinterpret_cast<uint16_t*>(base + l.xh);
         auto* ygu = reinterpret_cast<float*>(base + l.ygu);
@@ -135,7 +138,7 @@ Status moe_layer(const MoeLayerWeights& w, const MoeLayerIo& io, void* ws, size_
         din.gu_ld = w.gate_up.shape.ldy;
         din.inter = w.down.shape.k;
         din.glu = io.glu;
-        din.routes_ready = true;  // the gate|up stage's blocks waited for moe_route_sort before letting it start
+        din.routes_ready = true;  // the gate|up stage's blocks waited for the routing before letting it start
         MoeStageOut dout;
         if (p.atomic) {
             dout.h = out;

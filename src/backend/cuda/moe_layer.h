@@ -1,8 +1,9 @@
 // A mixture-of-experts layer on the device with no host round trip (docs/kernels/moe.md), from the router's logits
-// to the layer's output: moe_route_sort (the routing and the pairs sorted by expert), the gate|up stage of every
-// chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its input side and the weighted
-// sum in its last blocks (MoeCombine; or moe_combine, or atomic adds, for measurement). Every launch's grid comes
-// from the host-side token count, every size it reads from device memory: the layer can be captured in a CUDA graph.
+// to the layer's output: the routing and the pairs sorted by expert (moe_route_warps at decode, else moe_route_sort),
+// the gate|up stage of every chosen expert in one grouped EXL3 launch, the down stage with the GLU computed on its
+// input side, and the weighted sum (moe_combine; or in the down stage's last blocks, MoeCombine, or atomic adds, for
+// measurement). Every launch's grid comes from the host-side token count, every size it reads from device memory:
+// the layer can be captured in a CUDA graph.
 // Plain C++.
 #pragma once
 
@@ -23,7 +24,7 @@ inline constexpr int kMoeChunkTokens = kMoeSortMaxTokens;
 // all its rows beats decoding its weights once a chunk from about here (bench: exl3 bench -p 512,2048 on an MoE).
 inline constexpr int kMoeHostRoutedTokens = 512;
 
-// The stages' view of what moe_route_sort wrote into b for a chunk of `tokens` tokens.
+// The stages' view of what the routing (moe_route_warps or moe_route_sort) wrote into b for a chunk of `tokens` tokens.
 inline MoeRoutes moe_routes(const MoeRouteBufs& b, int experts, int top_k, int tokens) {
     MoeRoutes r;
     r.ids = b.ids;
@@ -58,11 +59,13 @@ struct MoeLayerWeights {
 // against 218.2 at 32: the counters and the last block's sum cost more than the launch; docs/kernels/moe.md); atomic:
 // the down stage adds weight x result into the output by atomics (the order of the adds, hence the last bits, varies
 // from run to run): only for a layer that accumulates into its output. The last two never in the default plan
-// (bench_cuda_moe compares them).
+// (bench_cuda_moe compares them). The routing: by moe_route_warps where it covers the step (decode), else by
+// moe_route_sort's block; sort_block: by the block always (the same bits; for the tests and bench_cuda_moe).
 struct MoeLayerPlan {
     Exl3MoePlan gate_up, down;
     bool atomic = false;
     bool fused_combine = false;
+    bool sort_block = false;
 };
 MoeLayerPlan moe_layer_plan(const MoeLayerWeights& w, int top_k, int tokens, bool invariant);
 

@@ -1,6 +1,6 @@
 // The grouped EXL3 matmul of a mixture of experts (docs/kernels/moe.md): one launch runs one linear stage (gate|up,
 // or down) of every expert that some row of the step chose, reading only those experts' trellis. The rows are the
-// step's (token, choice) pairs sorted by expert on the device (moe_route_sort, moe.cuh); each expert's part
+// step's (token, choice) pairs sorted by expert on the device (moe.cuh); each expert's part
 // descriptors come from a per-layer table in device memory, looked up from the routing, so nothing goes through the
 // host and the launch can be captured in a CUDA graph.
 //
@@ -62,10 +62,10 @@ struct MoeGlu {
     float alpha = 1.702f, limit = 7.0f;
 };
 
-// A step's routing on the device (written by moe_route_sort): pair i = t * top_k + c is token t's c-th choice, of
-// expert ids[i] with weight weights[i]. The pairs sorted by expert (token order within an expert) are the stages'
-// rows: row j is pair pair_of[j] (slot_of is the inverse); expert e owns rows [offsets[e], offsets[e + 1]);
-// active[0, *n_active) are the experts with rows, ascending.
+// A step's routing on the device (written by moe_route_sort or moe_route_warps): pair i = t * top_k + c is token t's
+// c-th choice, of expert ids[i] with weight weights[i]. The pairs sorted by expert (token order within an expert) are
+// the stages' rows: row j is pair pair_of[j] (slot_of is the inverse); expert e owns rows [offsets[e],
+// offsets[e + 1]); active[0, *n_active) are the experts with rows, ascending.
 struct MoeRoutes {
     const int32_t* ids = nullptr;
     const float* weights = nullptr;
@@ -96,13 +96,13 @@ struct MoeStageIn {
     const uint16_t* xh = nullptr;
     // The routing was complete before the previous launch on the stream began its work (the down stage: its
     // predecessors waited for the routing before letting it start). The blocks then read their expert and start its
-    // weights' copies before the grid-dependency wait; never for the first stage after moe_route_sort.
+    // weights' copies before the grid-dependency wait; never for the first stage after the routing.
     bool routes_ready = false;
 };
 
 // The layer's weighted sum done by the down stage itself (MoeStageOut::combine): the block that writes the last of
 // the top_k x splits partial rows of a (token, column group) -- by a counter for each, done[t * groups + g], zeroed by
-// moe_route_sort (MoeRouteBufs::done) -- then writes that token's 128 columns of out as moe_combine does (the same
+// the routing (MoeRouteBufs::done) -- then writes that token's 128 columns of out as moe_combine does (the same
 // function, moe_combine.cuh: the same bits). Deterministic: the sums' order does not depend on which block is last.
 struct MoeCombine {
     int32_t* done = nullptr;  // [tokens][column groups of the stage]
