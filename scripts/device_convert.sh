@@ -14,7 +14,8 @@
 #          (held out, ctx 512 as the issue measures), beside bf16 and the reference's own 4.0 bpw file;
 #   seeds  tiny-target at SEED_BITS (default 3.0 4.0) with the defaults under each of SEEDS (default 1 2 3: --seed
 #          draws the calibration text, the sign vectors and the sensitivity sample), eval.txt and wikitext-2 test,
-#          and each bitrate's mean: one file's held-out figure at 3-4 bpw is a draw (docs/conversion.md);
+#          and each bitrate's mean: one file's held-out figure at 3-4 bpw is a draw (docs/conversion.md); SEED_ARGS
+#          adds flags to each of these conversions (e.g. --calibration-rows 512);
 #   real   tiny-target at REAL_BITS (default 2.0 3.0) calibrated on calibration.txt, 1024x512 (real text, the
 #          reference's token count), eval.txt and wikitext-2 test
 #   calib  tiny-target at 2.0 bpw (3.0 with the defaults only) with the default calibration's sizes (sampled
@@ -78,6 +79,7 @@ convert() {  # convert SHAPE LAYERS -> converts /tmp/m-SHAPE-LAYERS, prints the 
   grep -E "^stages:|^peak memory:|^converted" "$OUT/convert-$shape-$layers.log"
   [ $rc = 0 ] || { tail -5 "$OUT/convert-$shape-$layers.log"; crash "$OUT/convert-$shape-$layers.log"; }
   [ $rc = 0 ] && "$B/exl3" inspect "$dst" 2>&1 | head -4
+  [ $rc = 0 ] && echo "output: $(cd "$dst" && ls *.safetensors* | tr "\n" " ")"
   echo "$wall" > "$OUT/wall-$shape-$layers"
   rm -rf "$dst"
   return $rc
@@ -156,9 +158,9 @@ for m in "${modes[@]}"; do
       done
       for b in ${TABLE_BITS:-2.0 2.5 3.0 3.5 4.0 5.0}; do WIKI=1 tiny "exl3 convert" "$b"; done ;;
     seeds)
-      echo "| tiny-target | bpw | eval.txt | wikitext-2 test | convert |"
+      echo "| tiny-target${SEED_ARGS:+ ($SEED_ARGS)} | bpw | eval.txt | wikitext-2 test | convert |"
       for b in ${SEED_BITS:-3.0 4.0}; do
-        for sd in ${SEEDS:-1 2 3}; do WIKI=1 tiny "seed $sd" "$b" --seed "$sd"; done
+        for sd in ${SEEDS:-1 2 3}; do WIKI=1 tiny "seed $sd" "$b" --seed "$sd" ${SEED_ARGS:-}; done
       done | tee "$OUT/seeds.md"
       awk -F'|' '/^\| seed /{ b = $3; e[b] += $4; w[b] += $5; n[b]++ }
         END { for (b in n) printf "| mean of %d seeds |%s| %.4f | %.4f | |\n", n[b], b, e[b] / n[b], w[b] / n[b] }' \
