@@ -145,8 +145,8 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"calibration_cols", opt.calibration_cols},
             {"sensitivity_tiles", opt.sensitivity_tiles},
             {"damping", opt.damping},
-            {"recipe", fmt::format("{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
-                                   opt.recipe.refit)},
+            {"recipe", fmt::format("{}{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
+                                   opt.recipe.refit, opt.recipe.sequential ? "s" : "")},
             {"seed", opt.seed}};
 }
 
@@ -178,7 +178,7 @@ private:
 #ifdef EXL3_CONVERT_HAVE_CUDA
     Result<quant::QuantizedLinear> quantize_gpu(cuda::GpuQuantizer& g, Lin& l, HessRef h,
                                                 const quant::QuantizeOptions& qo, bool reconstruct = true);
-    Status quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw);
+    Status quantize_layer_gpu(int li, const LayerHess& hs, const std::vector<size_t>& which, SafetensorsWriter* lw);
 #endif
     Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
     // layer_forward, its time split between the forward and the Hessian captures (hs may be null).
@@ -529,17 +529,17 @@ Result<quant::QuantizedLinear> Converter::quantize_gpu(cuda::GpuQuantizer& g, Li
     return q;
 }
 
-// A layer's linears on the GPU workers at once (they are independent: their Hessians come from the layer's inputs
-// before any of them is quantized), largest first; written in order on this thread.
-Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWriter* lw) {
+// A stage of a layer's linears (`which`) on the GPU workers at once (they are independent: their Hessians come from
+// the stage's inputs before any of them is quantized), largest first; written in order on this thread.
+Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, const std::vector<size_t>& which,
+                                     SafetensorsWriter* lw) {
     Layer& L = lin_.layer(li);
-    const size_t n = L.size();
-    std::vector<size_t> order(n);
-    for (size_t i = 0; i < n; ++i) order[i] = i;
+    const size_t n = which.size();
+    std::vector<size_t> order = which;
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
         return static_cast<int64_t>(L[a].in) * L[a].out > static_cast<int64_t>(L[b].in) * L[b].out;
     });
-    std::vector<std::optional<Result<quant::QuantizedLinear>>> res(n);
+    std::vector<std::optional<Result<quant::QuantizedLinear>>> res(L.size());
     std::vector<quant::QuantTimes> times(workers_.size() + 1);
     std::atomic<size_t> next{0};
     auto work = [&](size_t w) {
@@ -570,13 +570,30 @@ Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, SafetensorsWri
         qt_.ldlq += t.ldlq;
         qt_.finish += t.finish;
     }
-    for (size_t i = 0; i < n; ++i) {
+    for (size_t i : which) {
         if (!res[i]->is_ok()) return res[i]->status().with_context("quantizing " + L[i].prefix);
         EXL3_RETURN_IF_ERROR(commit(L[i], **res[i], lw));
     }
     return Status::ok();
 }
 #endif
+
+// The stages of a layer's quantization (ConvertRecipe::sequential): the linears grouped by the input they read, in
+// the forward's order (q/k/v, o, gate/up, the downs), each group in the layer's order; without it, one stage.
+std::vector<std::vector<size_t>> quantize_stages(const Layer& L, bool sequential) {
+    auto stage = [](HessOf h) {
+        switch (h) {
+            case HessOf::kAttnIn: return 0;
+            case HessOf::kOIn: return 1;
+            case HessOf::kMlpIn: return 2;
+            default: return 3;  // kDown, kExpertDown, kSharedDown
+        }
+    };
+    std::vector<std::vector<size_t>> s(sequential ? 4 : 1);
+    for (size_t i = 0; i < L.size(); ++i) s[sequential ? static_cast<size_t>(stage(L[i].hess)) : 0].push_back(i);
+    std::erase_if(s, [](const std::vector<size_t>& v) { return v.empty(); });
+    return s;
+}
 
 // Pass 2, layer by layer: Hessians from the calibration state propagated through the layers already quantized, LDLQ
 // + Viterbi per linear at its allocated K, then the layer's forward with its quantized weights.
@@ -616,22 +633,25 @@ Status Converter::quantize_layers() {
         EXL3_RETURN_IF_ERROR(lin_.materialize(li));
         Layer& L = lin_.layer(li);
         {
-            LayerHess hs;
-            {
-                Calib probe = cs;  // Hessians from this layer's inputs; the state advances below with quantized weights
-                EXL3_RETURN_IF_ERROR(forward(li, probe, &hs));
-            }
             SafetensorsWriter lw;  // this layer's tensors, for the work dir
             SafetensorsWriter* lwp = wd_->enabled() ? &lw : nullptr;
+            for (const std::vector<size_t>& stage : quantize_stages(L, opt_.recipe.sequential)) {
+                LayerHess hs;
+                {
+                    Calib probe = cs;  // Hessians from this layer's inputs through its stages already quantized; the
+                                       // state advances below with all its quantized weights
+                    EXL3_RETURN_IF_ERROR(forward(li, probe, &hs));
+                }
 #ifdef EXL3_CONVERT_HAVE_CUDA
-            if (gq_) EXL3_RETURN_IF_ERROR(quantize_layer_gpu(li, hs, lwp));
+                if (gq_) EXL3_RETURN_IF_ERROR(quantize_layer_gpu(li, hs, stage, lwp));
 #endif
-            for (int i = 0; i < static_cast<int>(L.size()) && !gpu_on(); ++i) {
-                Lin& l = L[static_cast<size_t>(i)];
-                EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l),
-                                              alloc_[alloc_off_[static_cast<size_t>(li)] + static_cast<size_t>(i)].K,
-                                              opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
-                                         .with_context(fmt::format("quantizing {}", l.prefix)));
+                for (size_t i : stage) {
+                    if (gpu_on()) break;
+                    Lin& l = L[i];
+                    EXL3_RETURN_IF_ERROR(quantize(l, hess_of(hs, l), alloc_[alloc_off_[static_cast<size_t>(li)] + i].K,
+                                                  opt_.seed + static_cast<uint64_t>(li) * 7 + i, lwp)
+                                             .with_context(fmt::format("quantizing {}", l.prefix)));
+                }
             }
             EXL3_RETURN_IF_ERROR(forward(li, cs, nullptr));
             // The norms (and gpt-oss's sinks); an MoE layer's router (and its bias), its score bias and the shared

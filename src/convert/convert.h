@@ -32,6 +32,11 @@ struct ConvertRecipe {
     bool scale_search = true;  // the global scale by test encodes
     int scale_tiles = 64;
     bool refit = true;         // suh/svh refitted to the codes
+    // A layer's linears in stages by the input they read (q/k/v; o; gate/up; the downs), each stage's Hessians
+    // captured through the stages before it already quantized (GPTQ's "true sequential"), instead of every linear
+    // from the layer's unquantized forward. Costs a forward of the layer per stage and the GPU workers' overlap
+    // across stages.
+    bool sequential = false;
 };
 
 struct ConvertOptions {

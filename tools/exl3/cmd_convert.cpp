@@ -100,7 +100,7 @@ Runner add_convert(CLI::App& app) {
         if (o->shard_mib < 1) return fail("convert", fmt::format("--shard-size {}: at least 1 MiB", o->shard_mib));
         o->c.shard_bytes = o->shard_mib << 20;
         auto& rc = o->c.recipe;
-        rc.in_scales = rc.scale_search = rc.refit = false;
+        rc.in_scales = rc.scale_search = rc.refit = rc.sequential = false;
         for (size_t b = 0; b <= o->recipe.size();) {
             size_t e = o->recipe.find(',', b);
             if (e == std::string::npos) e = o->recipe.size();
@@ -108,8 +108,9 @@ Runner add_convert(CLI::App& app) {
             if (part == "in-scales") rc.in_scales = true;
             else if (part == "scale-search") rc.scale_search = true;
             else if (part == "refit") rc.refit = true;
+            else if (part == "sequential") rc.sequential = true;
             else if (part != "none" && !part.empty())
-                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit or none", part));
+                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit, sequential or none", part));
             b = e + 1;
         }
         if (!quant::codebook_from_name(o->codebook, &o->c.codebook))
