@@ -84,7 +84,8 @@ Runner add_convert(CLI::App& app) {
     app.add_option("--recipe", o->recipe,
                    "the encoder's optional steps, comma-separated, or none: in-scales (per-input-channel scales), "
                    "scale-search (the global scale by test encodes, else its prior by K), refit (suh/svh refitted to "
-                   "the codes); for measuring what each is worth (docs/conversion.md)")
+                   "the codes), sequential (a layer's linears in stages, each calibrated through the stages before it "
+                   "already quantized; not in the default); for measuring what each is worth (docs/conversion.md)")
         ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
     add_threads_option(app, o->threads);
@@ -110,7 +111,9 @@ Runner add_convert(CLI::App& app) {
             else if (part == "refit") rc.refit = true;
             else if (part == "sequential") rc.sequential = true;
             else if (part != "none" && !part.empty())
-                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit, sequential or none", part));
+                return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit, "
+                                                   "sequential or none",
+                                                   part));
             b = e + 1;
         }
         if (!quant::codebook_from_name(o->codebook, &o->c.codebook))
