@@ -17,7 +17,8 @@
 #   4. exl3 bench on both models: prefill 2048, decode batch 1 and 32 at context 512, beside the roofline and the ideal
 #      step.
 # Prints a compact summary (full logs in $OUT). About 8 minutes; SKIP_MIXTRAL=1 leaves out the second model;
-# QUICK=1 runs only the MoE layer tests (with memcheck) and bench_cuda_moe at 1, 8 and 32 tokens (~2 minutes).
+# QUICK=1 runs only the MoE layer tests (with memcheck) and bench_cuda_moe at 1, 8 and 32 tokens (~2 minutes;
+# BENCH_TOKENS=1,2,4,6,8 other sizes, for QUICK and DECODE: e.g. where the rotation kernel starts to pay).
 # DECODE=1 (~7 minutes) proves a decode-step change before and after in one call: the MoE layer, routing and model
 # tests (the tiny EXL3 MoE against the CPU, graph replay = eager, the batch-invariant generator, its experts over
 # tensor-parallel ranks where exl3_cuda_tp_tests is packed), memcheck on the layer's kernels, bench_cuda_moe at 1, 8
@@ -92,7 +93,7 @@ bench_models() {
 if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the one-layer bench at decode sizes
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' 300
   memcheck "$LAYER_MEMCHECK"
-  bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
+  bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
   echo "== $(el) done"
   exit 0
 fi
@@ -106,7 +107,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
   memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 210
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
-  bench_layer --shape qwen3-30b-a3b --tokens 1,8,32
+  bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
   if [ -d /tmp/models/qwen3 ]; then
     for v in $(for i in $(seq "${ROUNDS:-1}"); do echo base new; done); do
       x="$B/exl3"; [ $v = base ] && x="$B/base/exl3"
