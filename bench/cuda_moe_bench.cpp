@@ -275,7 +275,8 @@ void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& 
                               s.experts, s.hidden);
         if (!next(g.is_ok() ? cudaSuccess : cudaErrorUnknown)) return;
         const float* lg = logits.as<float>();
-        if (!next(block ? moe_route_sort(lg, n, routing, scratch.get(), b, st) : moe_route_warps(lg, n, routing, b, st)))
+        if (!next(block ? moe_route_sort(lg, n, routing, scratch.get(), b, st)
+                        : moe_route_warps(lg, n, routing, b, st)))
             return;
         MoeStageIn gin;
         gin.kind = MoeIn::kX;

@@ -475,6 +475,17 @@ class ErrorTest(unittest.TestCase):
             open(empty, "wb").close()
             self.fails("ppl", "-m", DRAFT, "-f", empty, expect="nothing to score")
 
+    def test_convert_flags(self):
+        # Said before anything is read: a shard size out of range (once shifted into bytes unchecked), a recipe step
+        # that does not exist.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "out")
+            for v in ("0", "-5", "9223372036854775807"):
+                self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--shard-size", v, expect="--shard-size")
+            self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--recipe", "refit,bogus",
+                       expect="unknown recipe step 'bogus'")
+            self.assertFalse(os.path.exists(out))
+
     def test_chat_without_a_template(self):
         with tempfile.TemporaryDirectory() as d:
             for name in os.listdir(DRAFT):

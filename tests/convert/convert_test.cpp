@@ -384,13 +384,14 @@ TEST(Convert, BadInputStopsCleanly) {
     fs::remove_all(base);
 }
 
-// A conversion of write_model's checkpoint under base/hf into base/out with a token calibration and no progress bar.
-ConvertOptions small_options(const std::string& base) {
+// A conversion of write_model's checkpoint under base/hf into base/out with a small calibration (a token one by
+// default) and no progress bar.
+ConvertOptions small_options(const std::string& base, int rows = 2, int cols = 16) {
     ConvertOptions o;
     o.input_dir = base + "/hf";
     o.output_dir = base + "/out";
-    o.calibration_rows = 2;
-    o.calibration_cols = 16;
+    o.calibration_rows = rows;
+    o.calibration_cols = cols;
     o.progress = false;
     return o;
 }
@@ -484,10 +485,6 @@ TEST(Convert, ResumesFromWorkDirByteIdentical) {
     fs::remove_all(base);
 }
 
-
-// The output goes to disk a shard at a time as the layers finish (host memory holds one shard, not a 70B's 36 GB):
-// small shards give model-0000i-of-0000n.safetensors and the index Hugging Face writes, the same tensors byte for byte
-// as the one file, the same configs and logits; a run resumed from its work dir writes the same shards.
 // The recipe's `sequential` step: a layer's stages (q/k/v, o, gate/up, down) each calibrated through the stages before
 // it already quantized. The first stage reads the layer's input either way, so layer 0's q/k/v are the default's byte
 // for byte; o, gate/up and down see the quantized stages' outputs and differ; the file loads and stays as close to
@@ -497,12 +494,8 @@ TEST(Convert, SequentialStagesCalibrateThroughTheQuantizedOnes) {
     fs::remove_all(base);
     write_model(base + "/hf");
     ThreadPool pool(2);
-    ConvertOptions o;
-    o.input_dir = base + "/hf";
+    ConvertOptions o = small_options(base, 4, 64);
     o.bpw = 2.0;
-    o.calibration_rows = 4;
-    o.calibration_cols = 64;
-    o.progress = false;
     o.output_dir = base + "/default";
     ASSERT_TRUE(convert_model(o, pool).is_ok());
     o.recipe.sequential = true;
@@ -532,18 +525,16 @@ TEST(Convert, SequentialStagesCalibrateThroughTheQuantizedOnes) {
     fs::remove_all(base);
 }
 
+// The output goes to disk a shard at a time as the layers finish (host memory holds one shard, not a 70B's 36 GB):
+// small shards give model-0000i-of-0000n.safetensors and the index Hugging Face writes, the same tensors byte for byte
+// as the one file, the same configs and logits; a run resumed from its work dir writes the same shards.
 TEST(Convert, WritesShardsAsTheLayersFinish) {
     const std::string base = fs::temp_directory_path() / ("exl3_convert_shards_" + std::to_string(::getpid()));
     fs::remove_all(base);
     write_model(base + "/hf");
     ThreadPool pool(2);
-    ConvertOptions o;
-    o.input_dir = base + "/hf";
-    o.bpw = 4.0;
-    o.calibration_rows = 4;
-    o.calibration_cols = 32;
+    ConvertOptions o = small_options(base, 4, 32);
     o.sensitivity_tiles = 4;
-    o.progress = false;
     o.output_dir = base + "/one";
     ASSERT_TRUE(convert_model(o, pool).is_ok());
     EXPECT_TRUE(fs::exists(o.output_dir + "/model.safetensors"));

@@ -98,7 +98,8 @@ Runner add_convert(CLI::App& app) {
             return fail("convert", fmt::format("unknown device '{}': use cpu or cuda", o->device));
         }
         o->c.progress = !o->no_progress;
-        if (o->shard_mib < 1) return fail("convert", fmt::format("--shard-size {}: at least 1 MiB", o->shard_mib));
+        if (o->shard_mib < 1 || o->shard_mib > (int64_t{1} << 30))
+            return fail("convert", fmt::format("--shard-size {}: 1 MiB to 1 PiB", o->shard_mib));
         o->c.shard_bytes = o->shard_mib << 20;
         auto& rc = o->c.recipe;
         rc.in_scales = rc.scale_search = rc.refit = rc.sequential = false;
