@@ -202,11 +202,11 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
 // stage's blocks (fused_combine).
 enum class Chain { kSortBlock, kWarps, kFusedSum };
 
-// The launches of a chain one at a time at n tokens (n <= kMoeSortSmallTokens), the router included: graphs of each
-// prefix of the layer's launches over the layer copies, each with a router of its own (random bf16 [experts,
-// hidden]: each copy routes differently), replayed; a launch's time is its prefix's minus the one before (what it
-// adds to a captured decode step, its launch gap included). ideal_us: the layer's ideal (the experts' bytes; the
-// router's are left out).
+// The launches of a chain one at a time at n tokens (beyond kMoeSortSmallTokens only the block's chain), the router
+// included: graphs of each prefix of the layer's launches over the layer copies, each with a router of its own
+// (random bf16 [experts, hidden]: each copy routes differently), replayed; a launch's time is its prefix's minus the
+// one before (what it adds to a captured decode step, its launch gap included). ideal_us: the layer's ideal (the
+// experts' bytes; the router's are left out).
 void breakdown(const CudaContext& ctx, std::vector<Layer>& layers, const Shape& s, int n, const DeviceBuffer& x,
                int reps, Chain chain, double ideal_us) {
     cudaStream_t st = ctx.stream();
@@ -449,9 +449,12 @@ void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>&
                         v.plan.gate_up.prerotate ? ", rotation kernel" : "", us, bytes / us / 1e3, ideal,
                         100.0 * ideal / us);
         }
+        // Up to 32 tokens the launches one at a time: beyond kMoeSortSmallTokens the block routes (the default there).
         if (n <= kMoeSortSmallTokens)
             for (Chain c : {Chain::kSortBlock, Chain::kWarps, Chain::kFusedSum})
                 breakdown(ctx, layers, s, n, x, reps, c, ideal);
+        else if (n <= 32)
+            breakdown(ctx, layers, s, n, x, reps, Chain::kSortBlock, ideal);
     }
 }
 

@@ -24,9 +24,17 @@
 # tensor-parallel ranks where exl3_cuda_tp_tests is packed), memcheck on the layer's kernels, bench_cuda_moe at 1, 8
 # and 32 tokens (DECODE_MEMCHECK: the gtest filter memcheck runs, default the layer's and the routing's tests), then
 # `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by $B/base/exl3 (a build of an earlier
-# commit, packed with BASE=...: see pack_device.sh) and by this build, interleaved, ROUNDS times (default 1). Packed:
+# commit, packed with BASE=...: see pack_device.sh) and by this build, interleaved, ROUNDS times (default 1;
+# DECODE_BATCHES other batches, e.g. 1,2,4,8,32). Packed:
 #   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
 #     exl3_cuda_tp_tests bench_cuda_moe
+# TRACE=1 (~3 minutes): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
+# BENCH_TOKENS (default 1,2,3,4,6,8,16,32: the plan variants, and each launch of a layer up to 32 tokens), then a step
+# timeline at batch 1 and 32 by a trace build of exl3 (tools/bench/step_trace.py), packed beside the bins:
+#   cmake -S . -B build/trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DEXL3_CUDA_ARCHS=90 -DEXL3_STEP_TRACE=ON \
+#     -DEXL3_BUILD_TESTS=OFF -DEXL3_BUILD_BENCH=OFF -DEXL3_BUILD_PYTHON=OFF && ninja -C build/trace exl3
+#   mkdir -p .device/tr && strip -o .device/tr/exl3 build/trace/tools/exl3/exl3 && xz -f .device/tr/exl3
+#   (carry .device/r1 and .device/tr)
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -71,8 +79,8 @@ gen_tests() { bin_tests exl3_cuda_generator_tests 'GeneratorCuda.BatchInvariant*
 # bench_cuda_moe ($@: its options).
 bench_layer() {
   echo "== $(el) bench_cuda_moe $*"
-  timeout 150 $B/bench_cuda_moe "$@" > /tmp/bench_moe.log 2>&1
-  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -130
+  timeout "${BENCH_SECONDS:-150}" $B/bench_cuda_moe "$@" > /tmp/bench_moe.log 2>&1
+  echo "exit $?"; grep -E "^MoE|^[a-z0-9-]+: |^\| [0-9]|^launches|^  [a-z]" /tmp/bench_moe.log | head -260
   cp /tmp/bench_moe.log "$OUT/"
 }
 tiny_model() {
@@ -89,6 +97,25 @@ bench_models() {
    fi) > /tmp/models.log 2>&1 &
   models=$!
 }
+
+if [ "${TRACE:-0}" = 1 ]; then  # the step's time, launch by launch (see the header)
+  echo "== $(el) Qwen3-30B-A3B shape"
+  bench_models 0; wait $models; cat /tmp/models.log
+  BENCH_SECONDS=300 bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,2,3,4,6,8,16,32}"
+  xz -dc "${TRACE_BIN:-.device/tr/exl3.xz}" > /tmp/exl3tr && chmod +x /tmp/exl3tr
+  for b in 1 32; do
+    echo "== $(el) step timeline, batch $b"
+    rm -f /tmp/st*
+    EXL3_STEP_TRACE_OUT=/tmp/st timeout 100 /tmp/exl3tr bench -m /tmp/models/qwen3 -d cuda -p 16 -b $b -c 512 -g 64 \
+      > "$OUT/trace_b$b.log" 2>&1
+    echo "exit $?"; grep -E "^\| [0-9]+ \|" "$OUT/trace_b$b.log"
+    f=$(ls -t /tmp/st.b$b* 2>/dev/null | head -1)
+    [ -n "$f" ] && python3 tools/bench/step_trace.py "$f" > "$OUT/trace_b$b.txt" 2>&1
+    head -70 "$OUT/trace_b$b.txt"
+  done
+  echo "== $(el) done"
+  exit 0
+fi
 
 if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the one-layer bench at decode sizes
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' 300
@@ -112,8 +139,8 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
     for v in $(for i in $(seq "${ROUNDS:-1}"); do echo base new; done); do
       x="$B/exl3"; [ $v = base ] && x="$B/base/exl3"
       [ -x "$x" ] || { echo "no $x"; continue; }
-      echo "== $(el) $v: exl3 bench -p 2048 -b 1,32 -c 512 -g 64"
-      timeout 100 "$x" bench -m /tmp/models/qwen3 -d cuda -p 2048 -b 1,32 -c 512 -g 64 > /tmp/b.log 2>&1
+      echo "== $(el) $v: exl3 bench -p 2048 -b ${DECODE_BATCHES:-1,32} -c 512 -g 64"
+      timeout 150 "$x" bench -m /tmp/models/qwen3 -d cuda -p 2048 -b "${DECODE_BATCHES:-1,32}" -c 512 -g 64 > /tmp/b.log 2>&1
       echo "exit $?"; cat /tmp/b.log >> "$OUT/bench.log"
       grep -E "^memory plan|^ideal step|^\| [0-9]+ \||rror" /tmp/b.log
     done
