@@ -25,7 +25,8 @@
 # and 32 tokens (DECODE_MEMCHECK: the gtest filter memcheck runs, default the layer's and the routing's tests), then
 # `exl3 bench -p 2048 -b 1,32 -c 512 -g 64` on the Qwen3-30B-A3B shape by $B/base/exl3 (a build of an earlier
 # commit, packed with BASE=...: see pack_device.sh) and by this build, interleaved, ROUNDS times (default 1;
-# DECODE_BATCHES other batches, e.g. 1,2,4,8,32). Packed:
+# DECODE_BATCHES other batches, e.g. 1,2,4,8,32; DECODE_VARIANTS the builds in their order, default "base new": more
+# packed by pack_device.sh's VARIANTS). Packed:
 #   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
 #     exl3_cuda_tp_tests bench_cuda_moe
 # TRACE=1 (~3 minutes): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
@@ -35,6 +36,7 @@
 #     -DEXL3_BUILD_TESTS=OFF -DEXL3_BUILD_BENCH=OFF -DEXL3_BUILD_PYTHON=OFF && ninja -C build/trace exl3
 #   mkdir -p .device/tr && strip -o .device/tr/exl3 build/trace/tools/exl3/exl3 && xz -f .device/tr/exl3
 #   (carry .device/r1 and .device/tr)
+# TRACE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips memcheck.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -89,6 +91,7 @@ tiny_model() {
 }
 # The bench models in the background ($1: 1 for Mixtral-8x7B too); `wait $models` for them.
 bench_models() {
+  if [ -d /tmp/models/qwen3 ]; then (:) & models=$!; return; fi  # made already (TRACE=1 DECODE=1)
   (python3 tools/bench/make_random_model.py --shape qwen3-30b-a3b --exl3-bits 4 --head-bits 6 --out /tmp/models/qwen3 \
      > /tmp/model_qwen3.log 2>&1 || { echo "qwen3-30b-a3b model failed"; tail -3 /tmp/model_qwen3.log; }
    if [ "$1" = 1 ]; then
@@ -113,8 +116,8 @@ if [ "${TRACE:-0}" = 1 ]; then  # the step's time, launch by launch (see the hea
     [ -n "$f" ] && python3 tools/bench/step_trace.py "$f" > "$OUT/trace_b$b.txt" 2>&1
     head -70 "$OUT/trace_b$b.txt"
   done
-  echo "== $(el) done"
-  exit 0
+  echo "== $(el) trace done"
+  [ "${DECODE:-0}" = 1 ] || exit 0
 fi
 
 if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the one-layer bench at decode sizes
@@ -132,12 +135,13 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
   gen_tests
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
-  memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 210
+  [ "${DECODE_MEMCHECK:-}" = none ] ||
+    memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 210
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
-  bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
+  [ "${TRACE:-0}" = 1 ] || bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
   if [ -d /tmp/models/qwen3 ]; then
-    for v in $(for i in $(seq "${ROUNDS:-1}"); do echo base new; done); do
-      x="$B/exl3"; [ $v = base ] && x="$B/base/exl3"
+    for v in $(for i in $(seq "${ROUNDS:-1}"); do echo ${DECODE_VARIANTS:-base new}; done); do
+      x="$B/exl3"; [ $v != new ] && x="$B/$v/exl3"
       [ -x "$x" ] || { echo "no $x"; continue; }
       echo "== $(el) $v: exl3 bench -p 2048 -b ${DECODE_BATCHES:-1,32} -c 512 -g 64"
       timeout 150 "$x" bench -m /tmp/models/qwen3 -d cuda -p 2048 -b "${DECODE_BATCHES:-1,32}" -c 512 -g 64 > /tmp/b.log 2>&1

@@ -100,6 +100,13 @@ EXL3_HD constexpr int slot_words(int K, int H) {
 EXL3_HD constexpr int ring_words(int K, int H = 1, bool LN = false) {
     return ring_stages(K, H, LN) * slot_words(K, H);
 }
+// The grouped MoE kernel's (exl3_moe_kernel.cuh) largest part of the dynamic shared memory besides the activations:
+// the weight ring, which the reduction (4 slices of rows x 128 sums) reuses once the main loop is done. In 32-bit
+// words.
+EXL3_HD constexpr int moe_main_words(int K, int BT) {
+    const int ring = ring_stages(K) * stage_words(K), red = 4 * 8 * BT * kRedStride;
+    return ring > red ? ring : red;
+}
 // With H = 2 two warps share a tile row and swap decoded fragments through shared memory: [2 stages][8 tile rows]
 // [8 tiles][32 lanes][4 words]; LN: one stage (the pair waits once more a stage before overwriting it).
 constexpr int kXchgStageWords = 8 * 8 * 128;

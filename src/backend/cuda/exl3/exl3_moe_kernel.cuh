@@ -41,13 +41,6 @@ struct MoeMmParams {
     uint32_t cb_mask, cb_flip, half_lo, half_hi;  // as FusedParams (kept out of the compiler's sight)
 };
 
-// The largest part of the dynamic shared memory besides the activations: the weight ring, which the reduction
-// (4 slices of rows x 128 sums) reuses once the main loop is done. In 32-bit words.
-EXL3_HD constexpr int moe_main_words(int K, int BT) {
-    const int ring = ring_stages(K) * stage_words(K), red = 4 * 8 * BT * kRedStride;
-    return ring > red ? ring : red;
-}
-
 __device__ __forceinline__ float moe_round_act(float v, bool bf16) {
     return bf16 ? __bfloat162float(__float2bfloat16_rn(v)) : __half2float(__float2half_rn(v));
 }

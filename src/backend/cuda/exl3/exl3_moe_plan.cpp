@@ -1,0 +1,97 @@
+// The grouped EXL3 matmul's planner (exl3_moe.cuh: exl3_moe_plan, exl3_moe_smem_bytes): plain C++, apart from the
+// kernels (exl3_moe.cu), so that its constants rebuild without them.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <vector>
+
+#include "backend/cuda/device.h"
+#include "backend/cuda/exl3/exl3_layout.h"
+#include "backend/cuda/exl3/exl3_moe.cuh"
+#include "backend/cuda/exl3/exl3_plan.h"
+
+namespace exl3::cuda {
+
+namespace exl3k {
+
+namespace {
+
+// Tokens up to which a block rotates its own rows (beyond: exl3_moe_rotate first). At a few rows an expert the
+// rotation is ~1 % of a block's work and saves a launch; at 16 rows a pass it would add about half (every column
+// group of the expert rotates the same rows again).
+constexpr int kInKernelRotationTokens = 8;
+// A block's fixed cost in stage-times for the makespan model (the fused kernel's split_over), and the fewest stages
+// a split takes where k has them.
+constexpr int kBlockOver = 2;
+constexpr int kMinStagesPerSplit = 3;
+
+// Experts expected to be active in a step of t tokens (each picks top_k of E, spread evenly), and their mean rows.
+struct Load {
+    double active = 1.0, rows = 1.0;
+};
+Load expected_load(int experts, int top_k, int t) {
+    const double pairs = static_cast<double>(t) * top_k;
+    const double f = static_cast<double>(top_k) / std::max(experts, 1);
+    Load l;
+    l.active = std::clamp(experts * (1.0 - std::pow(1.0 - f, t)), 1.0, pairs);
+    l.rows = pairs / l.active;
+    return l;
+}
+
+int pass_bt(int tokens, const Load& l) {
+    return tokens <= kInKernelRotationTokens || l.rows <= 4.0 ? 1 : 2;
+}
+
+size_t smem_for(const std::vector<int>& classes, int per, int bt) {
+    size_t main = 0;
+    for (int c : classes) {
+        const int K = std::clamp(exl3_moe_class_bits(c), 1, 8);
+        main = std::max(main, static_cast<size_t>(moe_main_words(K, bt)) * 4);
+    }
+    return main + static_cast<size_t>(8 * bt) * static_cast<size_t>(per * 128 + 8) * 2;
+}
+
+}  // namespace
+
+}  // namespace exl3k
+
+using namespace exl3k;
+
+Exl3MoePlan exl3_moe_plan(const Exl3MoeShape& s, const std::vector<int>& classes, int experts, int top_k, int tokens,
+                          bool invariant) {
+    Exl3MoePlan p;
+    tokens = std::max(tokens, 1);
+    p.prerotate = tokens > kInKernelRotationTokens;
+    p.bt = pass_bt(tokens, expected_load(experts, top_k, tokens));
+    // The split is planned for this step, or (invariant) for a one-token step, fitting 16-row passes too.
+    const int pt = invariant ? 1 : tokens;
+    const Load l = expected_load(experts, top_k, pt);
+    const int bt_plan = pass_bt(pt, l), bt_fit = invariant ? 2 : p.bt;
+    const double passes = std::ceil(l.rows / (8.0 * bt_plan));
+    const int S = std::max(s.k_pad / 128, 1), sms = current_device_sm_count();
+    const size_t limit = smem_device_cap();
+    double best = -1.0;
+    for (int sp = 1; sp <= std::max(1, S / kMinStagesPerSplit); ++sp) {
+        const int per = (S + sp - 1) / sp;
+        if ((S + per - 1) / per != sp || smem_for(classes, per, bt_fit) > limit) continue;
+        const double rounds = std::ceil(l.active * s.groups() * sp / sms);
+        const double cost = rounds * passes * (per + kBlockOver);
+        if (best < 0.0 || cost < best) {
+            best = cost;
+            p.splits = sp;
+        }
+    }
+    if (best < 0.0) {  // long k: the fewest splits whose activations fit (one stage a split always does)
+        int per = S;
+        while (per > 1 && smem_for(classes, per, bt_fit) > limit) --per;
+        p.splits = (S + per - 1) / per;
+    }
+    return p;
+}
+
+size_t exl3_moe_smem_bytes(const Exl3MoeShape& s, const std::vector<int>& classes, const Exl3MoePlan& p) {
+    const int S = std::max(s.k_pad / 128, 1), per = (S + p.splits - 1) / std::max(p.splits, 1);
+    return smem_for(classes, per, p.bt);
+}
+
+}  // namespace exl3::cuda
