@@ -197,13 +197,13 @@ double time_layer(std::vector<Layer>& layers, const Shape& s, int n, const MoeLa
 }
 
 // The chains of launches the breakdown times: the router (its GEMV at one token, cuBLAS beyond, as the model runs
-// it), then the routing by moe_route_sort's block or by moe_route_warps (the default up to kMoeSortSmallTokens
-// tokens), the stages, the weighted sum by moe_combine; or the default's routing with the weighted sum in the down
+// it), then the routing by moe_route_sort's block or by moe_route_warps (the default where it covers the step), the
+// stages, the weighted sum by moe_combine; or the default's routing with the weighted sum in the down
 // stage's blocks (fused_combine).
 enum class Chain { kSortBlock, kWarps, kFusedSum };
 
-// The launches of a chain one at a time at n tokens (beyond kMoeSortSmallTokens only the block's chain), the router
-// included: graphs of each prefix of the layer's launches over the layer copies, each with a router of its own
+// The launches of a chain one at a time at n tokens (where the warps do not cover the step only the block's), the
+// router included: graphs of each prefix of the layer's launches over the layer copies, each with a router of its own
 // (random bf16 [experts, hidden]: each copy routes differently), replayed; a launch's time is its prefix's minus the
 // one before (what it adds to a captured decode step, its launch gap included). ideal_us: the layer's ideal (the
 // experts' bytes; the router's are left out).
@@ -422,7 +422,12 @@ void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>&
         p = def;
         p.gate_up.prerotate = p.down.prerotate = !def.gate_up.prerotate;
         vars.push_back({def.gate_up.prerotate ? "in-block rotation" : "rotation kernel", p});
-        if (n <= kMoeSortSmallTokens) {
+        MoeRouting rt;
+        rt.experts = s.experts;
+        rt.top_k = s.top_k;
+        rt.norm_topk = true;
+        const bool warps = moe_route_warps_covers(std::min(n, kMoeChunkTokens), rt);
+        if (warps) {
             p = def;
             p.sort_block = true;
             vars.push_back({"routed by moe_route_sort's block", p});
@@ -449,8 +454,8 @@ void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>&
                         v.plan.gate_up.prerotate ? ", rotation kernel" : "", us, bytes / us / 1e3, ideal,
                         100.0 * ideal / us);
         }
-        // Up to 32 tokens the launches one at a time: beyond kMoeSortSmallTokens the block routes (the default there).
-        if (n <= kMoeSortSmallTokens)
+        // Up to 32 tokens the launches one at a time (where the warps do not cover the step, the block's chain only).
+        if (n <= 32 && warps)
             for (Chain c : {Chain::kSortBlock, Chain::kWarps, Chain::kFusedSum})
                 breakdown(ctx, layers, s, n, x, reps, c, ideal);
         else if (n <= 32)

@@ -3,9 +3,9 @@
 // inverse, the down stage's counters zeroed -- all the stage kernels read -- and no other byte of the buffers written.
 // Random logits, and small integers (with a correction bias of a few values) that tie often: ties go to the lower
 // expert id in both. Every routing the warps take: softmax renormalised (Qwen3) or scaled (Mixtral-like), GLM-4.5's
-// sigmoid with its correction bias, with and without groups; 1 to 8 tokens, 8, 64, 128 and 256 experts with 1, 2, 4
-// and 8 choices, and 160, 512 and 1024 experts (the other register layouts); graph replays equal eager launches; the
-// steps the warps do not take are refused. (moe_route_sort against the CPU: MoeRouteSort.MatchesHostCountingSort.)
+// sigmoid with its correction bias, with and without groups; 1 to 32 tokens, 8, 64, 128 and 256 experts with 1, 2, 4
+// and 8 choices, and 160 (up to 32 tokens), 512 and 1024 experts (the widest register layout, up to 8 tokens); graph
+// replays equal eager launches; the steps the warps do not take are refused. (moe_route_sort against the CPU: MoeRouteSort.MatchesHostCountingSort.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -23,7 +23,7 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-constexpr int kMaxTokens = cuda::kMoeSortSmallTokens, kMaxExperts = 1024, kMaxTopK = 32;
+constexpr int kMaxTokens = cuda::kMoeWarpsMaxTokens, kMaxExperts = 1024, kMaxTopK = 32;
 
 enum class Kind { kSoftmax, kSoftmaxScaled, kSigmoid, kSigmoidGroups };
 constexpr Kind kKinds[] = {Kind::kSoftmax, Kind::kSoftmaxScaled, Kind::kSigmoid, Kind::kSigmoidGroups};
@@ -170,13 +170,14 @@ TEST(MoeRouteSort, WarpsEqualBlockEveryRouting) {
     std::vector<Shape> shapes;
     for (int E : {8, 64, 128, 256})
         for (int K : {1, 2, 4, 8}) shapes.push_back({E, K});
-    check_grid(shapes, {1, 2, 3, 4, 5, 6, 7, 8}, 1);
+    check_grid(shapes, {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 23, 31, 32}, 1);
 }
 
-// 160 experts (GLM-4.5) and 512 / 1024 (the widest register layout), top 8 to 32.
+// 160 experts (GLM-4.5) and 512 / 1024 (the widest register layout, up to kMoeSortSmallTokens), top 8 to 32.
 TEST(MoeRouteSort, WarpsEqualBlockWideLayouts) {
     EXL3_REQUIRE_GPU();
-    check_grid({{160, 8}, {512, 10}, {1024, 32}}, {1, 3, 8}, 5000);
+    check_grid({{160, 8}}, {1, 3, 8, 20, 32}, 5000);
+    check_grid({{512, 10}, {1024, 32}}, {1, 3, 8}, 6000);
 }
 
 // A graph of the warps' launch replayed twice (new logits between the replays) writes what eager launches write.
@@ -187,7 +188,7 @@ TEST(MoeRouteSort, WarpsGraphReplayEqualsEager) {
     Fixture f((*ctx)->stream());
     cudaStream_t st = f.st;
     for (Kind kind : {Kind::kSoftmax, Kind::kSigmoidGroups})
-        for (int n : {1, 8}) {
+        for (int n : {1, 8, 32}) {
             const int E = 128, K = 8;
             const cuda::MoeRouting r = routing_of(kind, E, K, f.bias_random.as<float>());
             const cuda::MoeRouteBufs o = f.arena.view(n, E, K);
@@ -219,8 +220,8 @@ TEST(MoeRouteSort, WarpsGraphReplayEqualsEager) {
         }
 }
 
-// What the warps do not take: more than kMoeSortSmallTokens tokens, more than 32 choices, routings moe_route_sort
-// refuses too; nothing to do at zero tokens.
+// What the warps do not take: more than kMoeWarpsMaxTokens tokens (kMoeSortSmallTokens beyond 256 experts), more
+// than 32 choices, routings moe_route_sort refuses too; nothing to do at zero tokens.
 TEST(MoeRouteSort, WarpsRefuseWhatTheyDoNotCover) {
     EXL3_REQUIRE_GPU();
     auto ctx = cuda::CudaContext::create(0);
@@ -235,6 +236,9 @@ TEST(MoeRouteSort, WarpsRefuseWhatTheyDoNotCover) {
     cuda::MoeRouteBufs no_counters;
     no_counters.done_count = 4;  // counters to zero, but none given
     EXPECT_EQ(cuda::moe_route_warps(nullptr, 1, r, no_counters, st), cudaErrorInvalidValue);
+    cuda::MoeRouting wide = routing_of(Kind::kSoftmax, 512, 8, nullptr);
+    EXPECT_TRUE(cuda::moe_route_warps_covers(cuda::kMoeSortSmallTokens, wide));
+    EXPECT_FALSE(cuda::moe_route_warps_covers(cuda::kMoeSortSmallTokens + 1, wide));
     r.top_k = 33;
     EXPECT_FALSE(cuda::moe_route_warps_covers(1, r));
     r = routing_of(Kind::kSigmoidGroups, 128, 8, nullptr);

@@ -313,7 +313,7 @@ void check_shape(MoeLayer& f, const ExpertShape& sh, std::initializer_list<int> 
         cuda::MoeLayerPlan sep = def;
         sep.fused_combine = true;
         EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, weighted sum in the down stage";
-        if (n <= cuda::kMoeSortSmallTokens) {  // the default routes such a step by moe_route_warps
+        if (n <= cuda::kMoeWarpsMaxTokens) {  // the default routes such a step by moe_route_warps (where it covers it)
             sep = def;
             sep.sort_block = true;
             EXPECT_EQ(f.run(*ex, in, &sep, shared), got) << n << " tokens, routed by moe_route_sort's block";

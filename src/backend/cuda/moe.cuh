@@ -16,6 +16,9 @@ namespace exl3::cuda {
 inline constexpr int kMoeSortMaxTokens = 256;
 inline constexpr int kMoeSortMaxExperts = 1024;
 inline constexpr int kMoeSortSmallTokens = 8;
+// Most tokens moe_route_warps routes: a warp a token in one block, where a lane holds at most 8 scores (experts <= 256:
+// 1024 threads of <= 64 registers); kMoeSortSmallTokens for the wider layouts (32 scores a lane).
+inline constexpr int kMoeWarpsMaxTokens = 32;
 
 // What moe_route_sort writes (device memory; see MoeRoutes, exl3/exl3_moe.cuh, for the meaning).
 struct MoeRouteBufs {
@@ -45,7 +48,8 @@ cudaError_t moe_route_sort(const float* logits, int n, const MoeRouting& r, void
 // What moe_route_sort writes (the same bits: ids, weights, offsets, the active list, pair_of, slot_of, out.done
 // zeroed) for a decode step, by a warp a token and no block barrier but one: the scores in the lanes' registers, each
 // choice by two warp reductions, the few pairs sorted by warp 0 (moe_route_warps.cu). Takes the steps that
-// moe_route_warps_covers: 1 to kMoeSortSmallTokens tokens, top_k <= 32 (every routing moe_route_sort takes: softmax,
+// moe_route_warps_covers: 1 to kMoeWarpsMaxTokens tokens (kMoeSortSmallTokens beyond 256 experts), top_k <= 32, its
+// shared memory within 48 KB (every routing moe_route_sort takes: softmax,
 // sigmoid with a correction bias, groups). Ties go to the lower expert id as there; NaN logits are outside the
 // guarantee. The MoE layer (moe_layer.cpp) routes with it where it covers the step.
 bool moe_route_warps_covers(int n, const MoeRouting& r);

@@ -152,9 +152,9 @@ __device__ void plan_pairs_warp(const int* sids, int nk, int E, int* cnt, int* r
 }
 
 // One block of n warps: warp t routes token t, then (one barrier) warp 0 sorts the pairs. Shared: sids [nk], cnt [E],
-// rank [nk], then with groups the warps' choice scores [n][E].
-template <int kPer>
-__global__ void __launch_bounds__(32 * kMoeSortSmallTokens)
+// rank [nk], then with groups the warps' choice scores [n][E]. kTokens: the most tokens (warps) of this layout.
+template <int kPer, int kTokens>
+__global__ void __launch_bounds__(32 * kTokens)
     moe_route_warps_kernel(const float* logits, int n, MoeRouting r, MoeRouteBufs o) {
     EXL3_LAUNCH_DEPENDENTS();
     EXL3_GRID_DEPENDENCY_WAIT();
@@ -178,17 +178,17 @@ size_t warps_smem_bytes(int n, const MoeRouting& r) {
 }  // namespace
 
 bool moe_route_warps_covers(int n, const MoeRouting& r) {
-    return n >= 1 && n <= kMoeSortSmallTokens && r.top_k <= 32 && moe_routing_ok(r) &&
-           warps_smem_bytes(n, r) <= 48 * 1024;
+    const int most = r.experts <= 256 ? kMoeWarpsMaxTokens : kMoeSortSmallTokens;
+    return n >= 1 && n <= most && r.top_k <= 32 && moe_routing_ok(r) && warps_smem_bytes(n, r) <= 48 * 1024;
 }
 
 cudaError_t moe_route_warps(const float* logits, int n, const MoeRouting& r, const MoeRouteBufs& out,
                             cudaStream_t s) {
     if (n == 0) return cudaSuccess;
     if (!moe_route_warps_covers(n, r) || !moe_route_bufs_ok(out)) return cudaErrorInvalidValue;
-    auto* kernel = r.experts <= 128   ? moe_route_warps_kernel<4>
-                   : r.experts <= 256 ? moe_route_warps_kernel<8>
-                                      : moe_route_warps_kernel<32>;
+    auto* kernel = r.experts <= 128   ? moe_route_warps_kernel<4, kMoeWarpsMaxTokens>
+                   : r.experts <= 256 ? moe_route_warps_kernel<8, kMoeWarpsMaxTokens>
+                                      : moe_route_warps_kernel<32, kMoeSortSmallTokens>;
     return launch_pdl(kernel, dim3(1), dim3(32 * static_cast<unsigned>(n)), warps_smem_bytes(n, r), s, logits, n, r,
                       out);
 }
