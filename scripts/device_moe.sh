@@ -29,14 +29,12 @@
 # packed by pack_device.sh's VARIANTS). Packed:
 #   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
 #     exl3_cuda_tp_tests bench_cuda_moe
-# TRACE=1 (~3 minutes): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
-# BENCH_TOKENS (default 1,2,3,4,6,8,16,32: the plan variants, and each launch of a layer up to 32 tokens), then a step
-# timeline at batch 1 and 32 by a trace build of exl3 (tools/bench/step_trace.py), packed beside the bins:
-#   cmake -S . -B build/trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DEXL3_CUDA_ARCHS=90 -DEXL3_STEP_TRACE=ON \
-#     -DEXL3_BUILD_TESTS=OFF -DEXL3_BUILD_BENCH=OFF -DEXL3_BUILD_PYTHON=OFF && ninja -C build/trace exl3
-#   mkdir -p .device/tr && strip -o .device/tr/exl3 build/trace/tools/exl3/exl3 && xz -f .device/tr/exl3
-#   (carry .device/r1 and .device/tr)
-# TRACE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips memcheck.
+# PROFILE=1 (~3 minutes): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
+# BENCH_TOKENS (default 1,2,3,4,6,8,16,32: the plan variants, and each launch of a layer up to 32 tokens), then Nsight
+# Compute on the last timed step of `exl3 bench` at batch 1 and 32 (scripts/device_step_profile.sh: each kernel's own
+# time, summed by name) and its first layer's two stage kernels at batch 32 in detail (speed of light, occupancy,
+# launch, warp states, scheduler: what bounds exl3_moe_kernel there).
+# PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips memcheck.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -91,7 +89,7 @@ tiny_model() {
 }
 # The bench models in the background ($1: 1 for Mixtral-8x7B too); `wait $models` for them.
 bench_models() {
-  if [ -d /tmp/models/qwen3 ]; then (:) & models=$!; return; fi  # made already (TRACE=1 DECODE=1)
+  if [ -d /tmp/models/qwen3 ]; then (:) & models=$!; return; fi  # made already (PROFILE=1 DECODE=1)
   (python3 tools/bench/make_random_model.py --shape qwen3-30b-a3b --exl3-bits 4 --head-bits 6 --out /tmp/models/qwen3 \
      > /tmp/model_qwen3.log 2>&1 || { echo "qwen3-30b-a3b model failed"; tail -3 /tmp/model_qwen3.log; }
    if [ "$1" = 1 ]; then
@@ -101,22 +99,26 @@ bench_models() {
   models=$!
 }
 
-if [ "${TRACE:-0}" = 1 ]; then  # the step's time, launch by launch (see the header)
+if [ "${PROFILE:-0}" = 1 ]; then  # the step's time, kernel by kernel (see the header)
   echo "== $(el) Qwen3-30B-A3B shape"
   bench_models 0; wait $models; cat /tmp/models.log
   BENCH_SECONDS=300 bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,2,3,4,6,8,16,32}"
-  xz -dc "${TRACE_BIN:-.device/tr/exl3.xz}" > /tmp/exl3tr && chmod +x /tmp/exl3tr
-  for b in 1 32; do
-    echo "== $(el) step timeline, batch $b"
-    rm -f /tmp/st*
-    EXL3_STEP_TRACE_OUT=/tmp/st timeout 100 /tmp/exl3tr bench -m /tmp/models/qwen3 -d cuda -p 16 -b $b -c 512 -g 64 \
-      > "$OUT/trace_b$b.log" 2>&1
-    echo "exit $?"; grep -E "^\| [0-9]+ \|" "$OUT/trace_b$b.log"
-    f=$(ls -t /tmp/st.b$b* 2>/dev/null | head -1)
-    [ -n "$f" ] && python3 tools/bench/step_trace.py "$f" > "$OUT/trace_b$b.txt" 2>&1
-    head -70 "$OUT/trace_b$b.txt"
-  done
-  echo "== $(el) trace done"
+  if command -v ncu > /dev/null; then
+    for b in 1 32; do
+      echo "== $(el) the last step's kernels, batch $b (Nsight Compute, serialised)"
+      OUT="$OUT/b$b" EXL3_BIN=$B/exl3 MODEL=/tmp/models/qwen3 BATCH=$b timeout 240 bash scripts/device_step_profile.sh |
+        head -40
+    done
+    echo "== $(el) the first layer's stage kernels at batch 32 in detail"
+    timeout 240 ncu --nvtx --nvtx-include "exl3_bench_last_step/" -k regex:exl3_moe_kernel --launch-count 2 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section SchedulerStats $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b 32 -c 512 -g 4 -r 1 \
+      > "$OUT/ncu_moe_b32.txt" 2>&1
+    echo "exit $?"; grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b32.txt" | grep -E "exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall|Issued|Eligible|Active Warps|No Eligible|Warp Cycles|Limit" | head -90
+  else
+    echo "no ncu on this machine"
+  fi
+  echo "== $(el) profile done"
   [ "${DECODE:-0}" = 1 ] || exit 0
 fi
 
@@ -138,7 +140,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   [ "${DECODE_MEMCHECK:-}" = none ] ||
     memcheck "${DECODE_MEMCHECK:-Act/MoeLayer.WritesWithoutAccumulating/bf16:MoeRouteSort*}" 210
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
-  [ "${TRACE:-0}" = 1 ] || bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
+  [ "${PROFILE:-0}" = 1 ] || bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
   if [ -d /tmp/models/qwen3 ]; then
     for v in $(for i in $(seq "${ROUNDS:-1}"); do echo ${DECODE_VARIANTS:-base new}; done); do
       x="$B/exl3"; [ $v != new ] && x="$B/$v/exl3"
