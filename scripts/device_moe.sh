@@ -28,7 +28,7 @@
 # DECODE_BATCHES other batches, e.g. 1,2,4,8,32). Packed:
 #   BASE=<earlier exl3> bash scripts/pack_device.sh build/release exl3 exl3_cuda_tests exl3_cuda_generator_tests \
 #     exl3_cuda_tp_tests bench_cuda_moe
-# TRACE=1 (~3 minutes): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
+# TRACE=1 (not yet run on the GPU machine; ~3 minutes expected): where the model's decode step goes, no tests: the Qwen3-30B-A3B shape, bench_cuda_moe at
 # BENCH_TOKENS (default 1,2,3,4,6,8,16,32: the plan variants, and each launch of a layer up to 32 tokens), then a step
 # timeline at batch 1 and 32 by a trace build of exl3 (tools/bench/step_trace.py), packed beside the bins:
 #   cmake -S . -B build/trace -G Ninja -DCMAKE_BUILD_TYPE=Release -DEXL3_CUDA_ARCHS=90 -DEXL3_STEP_TRACE=ON \
