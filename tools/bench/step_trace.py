@@ -6,7 +6,9 @@ A build with -DEXL3_STEP_TRACE=ON records, for every block of every kernel that 
 launch before it has completed, so the releases order the chain: a launch's share of the step is the time from its
 first release to the next launch's first release (its critical path, hop included), whatever overlapped it.
 
-Usage: EXL3_STEP_TRACE_OUT=/tmp/st exl3 bench -m MODEL -d cuda -p 16 -b 1 -c 512 -g 64
+Usage (the records came from `exl3 bench` until the restructure, 598c874, took its hook out: a lab program must arm
+and write them again, cuda::step_trace_start / step_trace_stop; docs/kernels/exl3.md note 44):
+       EXL3_STEP_TRACE_OUT=/tmp/st exl3 bench -m MODEL -d cuda -p 16 -b 1 -c 512 -g 64
        python3 tools/bench/step_trace.py /tmp/st.b1.c512 [--src src/backend/cuda] [--layer N]
 """
 import argparse
