@@ -132,7 +132,7 @@ struct Exl3MoePlan {
 
 // The plan: the k split by a makespan model over the expected active experts (E (1 - (1 - k/E)^tokens)), at least
 // what keeps a block's activations in its shared memory; 16-row passes where experts expect more than 4 rows;
-// rotation by a kernel of its own beyond 3 tokens. invariant: the split of a one-token step whatever the tokens
+// rotation by a kernel of its own beyond 2 tokens. invariant: the split of a one-token step whatever the tokens
 // (fitting 16-row passes), so that a row's sums do not depend on the step (the passes and the rotation do not change
 // them). `classes`: the stage's exl3_moe_class values.
 Exl3MoePlan exl3_moe_plan(const Exl3MoeShape& s, const std::vector<int>& classes, int experts, int top_k, int tokens,

@@ -20,8 +20,8 @@ namespace {
 // rotation is ~1 % of a block's work and saves a launch; with more, every column group of an expert rotates the same
 // rows again. Measured on the H200 (Qwen3-30B-A3B shape, docs/kernels/moe.md): the layer at 2 tokens 41.4 us in the
 // blocks against 45.4 with the rotation kernel, at 4 tokens 64.0 against 62.9, at 8 105.6 against 94.8; decode
-// batch 4 +2.6 % and batch 8 +7.8 % with the kernel from 3 tokens on.
-constexpr int kInKernelRotationTokens = 3;
+// batch 4 +2.6 % and batch 8 +7.8 % with the kernel from 3 tokens on (3 itself not measured).
+constexpr int kInKernelRotationTokens = 2;
 // A block's fixed cost in stage-times for the makespan model (the fused kernel's split_over), and the fewest stages
 // a split takes where k has them.
 constexpr int kBlockOver = 2;
