@@ -34,7 +34,8 @@
 # Compute on the last timed step of `exl3 bench` at batch 1 and 32 (scripts/device_step_profile.sh: each kernel's own
 # time, summed by name) and its first layer's two stage kernels at batch 32 in detail (speed of light, occupancy,
 # launch, warp states, scheduler: what bounds exl3_moe_kernel there).
-# PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips memcheck.
+# PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips
+# memcheck. PROFILE has not run on the GPU machine yet.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -114,7 +115,10 @@ if [ "${PROFILE:-0}" = 1 ]; then  # the step's time, kernel by kernel (see the h
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section SchedulerStats $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b 32 -c 512 -g 4 -r 1 \
       > "$OUT/ncu_moe_b32.txt" 2>&1
-    echo "exit $?"; grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b32.txt" | grep -E "exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall|Issued|Eligible|Active Warps|No Eligible|Warp Cycles|Limit" | head -90
+    echo "exit $?"
+    keys="exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall"
+    keys="$keys|Issued|Eligible|Active Warps|Warp Cycles|Limit"
+    grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b32.txt" | grep -E "$keys" | head -90
   else
     echo "no ncu on this machine"
   fi

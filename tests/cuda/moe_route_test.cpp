@@ -5,7 +5,8 @@
 // expert id in both. Every routing the warps take: softmax renormalised (Qwen3) or scaled (Mixtral-like), GLM-4.5's
 // sigmoid with its correction bias, with and without groups; 1 to 32 tokens, 8, 64, 128 and 256 experts with 1, 2, 4
 // and 8 choices, and 160 (up to 32 tokens), 512 and 1024 experts (the widest register layout, up to 8 tokens); graph
-// replays equal eager launches; the steps the warps do not take are refused. (moe_route_sort against the CPU: MoeRouteSort.MatchesHostCountingSort.)
+// replays equal eager launches; the steps the warps do not take are refused. (moe_route_sort against the CPU:
+// MoeRouteSort.MatchesHostCountingSort.)
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -295,7 +295,7 @@ struct MoeLayer : OpsFixture {
     double layer_tol() const { return t() == cuda::ActType::kBF16 ? 2e-2 : 5e-3; }
 };
 
-// The default plan at 1, 3, 8 (a block rotates its rows), 20 and 300 tokens (the rotation kernel; 300: two chunks, an
+// The default plan at 1 (a block rotates its rows), 3, 8, 20 and 300 tokens (the rotation kernel; 300: two chunks, an
 // expert with every token of a chunk), against the CPU; then the same step with every other plan: those of the same
 // k split give the same bits (the weighted sum in the down stage or by moe_combine alike), the others (and atomics)
 // agree with the CPU.
