@@ -110,15 +110,17 @@ if [ "${PROFILE:-0}" = 1 ]; then  # the step's time, kernel by kernel (see the h
       OUT="$OUT/b$b" EXL3_BIN=$B/exl3 MODEL=/tmp/models/qwen3 BATCH=$b timeout 240 bash scripts/device_step_profile.sh |
         head -40
     done
-    echo "== $(el) the first layer's stage kernels at batch 32 in detail"
-    timeout 240 ncu --nvtx --nvtx-include "exl3_bench_last_step/" -k regex:exl3_moe_kernel --launch-count 2 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-      --section SchedulerStats $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b 32 -c 512 -g 4 -r 1 \
-      > "$OUT/ncu_moe_b32.txt" 2>&1
-    echo "exit $?"
     keys="exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall"
     keys="$keys|Issued|Eligible|Active Warps|Warp Cycles|Limit"
-    grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b32.txt" | grep -E "$keys" | head -90
+    for b in ${PROFILE_DETAIL_BATCHES:-32 1}; do
+      echo "== $(el) the first layer's stage kernels at batch $b in detail"
+      timeout 200 ncu --nvtx --nvtx-include "exl3_bench_last_step/" -k regex:exl3_moe_kernel --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b $b -c 512 -g 4 -r 1 \
+        > "$OUT/ncu_moe_b$b.txt" 2>&1
+      echo "exit $?"
+      grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b$b.txt" | grep -E "$keys" | head -90
+    done
   else
     echo "no ncu on this machine"
   fi
@@ -138,7 +140,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   echo "== $(el) random models (tiny for the tests; Qwen3-30B-A3B shape in the background)"
   tiny_model
   bench_models 0
-  moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*' 240
+  moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*:*OpsFixture.Gemv*' 240
   gen_tests
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
   [ "${DECODE_MEMCHECK:-}" = none ] ||

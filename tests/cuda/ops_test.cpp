@@ -358,6 +358,38 @@ TEST_P(OpsFixture, GemvNormPrologueAndResidualEpilogue) {
     EXPECT_FALSE(cuda::gemv_norm_supported(4, 8192, nullptr, nullptr));  // 64 KiB of x: past the shared memory
 }
 
+TEST_P(OpsFixture, GemvNormWritesTheNormKernelsX) {
+    // With x_out, the normalising GEMV leaves x = rms_norm(h) * nw as add_rms_norm would have, bit for bit (the MoE
+    // router takes the norm this way: the experts read x after it), and its product is the one without x_out.
+    for (auto [n, m, k] : {std::tuple{1, 128, 2048}, {2, 77, 1000}, {4, 8, 4096}, {3, 300, 8}}) {
+        auto h = test::random_floats(static_cast<size_t>(n) * k, 41, 4.0f), nw = test::random_floats(static_cast<size_t>(k), 42);
+        auto w = test::random_floats(static_cast<size_t>(m) * k, 43);
+        DeviceBuffer dh = up_f32(h), dnw = up_f32(nw), dw = up_act(w), dx = poisoned(static_cast<size_t>(n) * k * 2),
+                     dref = poisoned(static_cast<size_t>(n) * k * 2), dy = poisoned(static_cast<size_t>(n) * m * 2),
+                     dy0 = poisoned(static_cast<size_t>(n) * m * 2);
+        cuda::GemvIn in;
+        in.h = dh.as<float>();
+        in.norm_w = dnw.as<float>();
+        in.eps = 1e-5f;
+        EXL3_CUDA_OK(cuda::gemv_ex(in, dw.get(), cuda::GemvOut{dy0.get(), false, false, nullptr}, t(), false, n, m, k,
+                                   ctx->stream()));
+        in.x_out = dx.get();
+        EXL3_CUDA_OK(cuda::gemv_ex(in, dw.get(), cuda::GemvOut{dy.get(), false, false, nullptr}, t(), false, n, m, k,
+                                   ctx->stream()));
+        EXL3_CUDA_OK(cuda::add_rms_norm(dh.as<float>(), nullptr, dnw.as<float>(), 1e-5f, dref.get(), t(), n, k,
+                                        ctx->stream()));
+        EXL3_CUDA_OK(cudaStreamSynchronize(ctx->stream()));
+        EXPECT_EQ(down_act(dx, h.size()), down_act(dref, h.size())) << n << "x" << m << "x" << k;
+        EXPECT_EQ(down_act(dy, static_cast<size_t>(n) * m), down_act(dy0, static_cast<size_t>(n) * m)) << n << "x" << k;
+    }
+    cuda::GemvIn plain;  // x_out without h: refused
+    plain.x = reinterpret_cast<const void*>(256);
+    plain.x_out = reinterpret_cast<void*>(256);
+    EXPECT_EQ(cuda::gemv_ex(plain, reinterpret_cast<const void*>(256), cuda::GemvOut{reinterpret_cast<void*>(256)}, t(),
+                            false, 1, 8, 8, ctx->stream()),
+              cudaErrorInvalidValue);
+}
+
 INSTANTIATE_TEST_SUITE_P(Act, OpsFixture, ::testing::Values(ActType::kBF16, ActType::kF16),
                          [](const auto& i) { return i.param == ActType::kBF16 ? "bf16" : "f16"; });
 

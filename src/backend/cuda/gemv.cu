@@ -132,6 +132,7 @@ struct Args {
     const float* h;         // [N, k] fp32: x = rms_norm(h) * norm_w (in shared memory)
     const float* norm_w;
     float eps;
+    T* x_out;               // with h: the normed rows written out too (a slice a block), or null
     const T* w;             // [m, k], or [2m, k] for kGlu
     const float* bias;      // [m] or null (not with kGlu)
     void* y;                // [N, m]
@@ -175,6 +176,12 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const Args<T> a) {
         T* xs = reinterpret_cast<T*>(smem_x);
         norm_rows<T, N>(a.h, a.norm_w, a.eps, k, xs);
         x = xs;
+        if (a.x_out) {  // block b writes 16-byte chunks b, b + grid, ... of the n rows
+            const int total = N * k / 8;
+            for (int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x); i < total;
+                 i += static_cast<int>(gridDim.x * blockDim.x))
+                reinterpret_cast<uint4*>(a.x_out)[i] = smem_x[i];
+        }
     }
     if (!valid) return;
     if (full) {
@@ -250,7 +257,8 @@ cudaError_t launch_n(const Args<T>& a, Out out, cudaStream_t s) {
 
 template <typename T>
 cudaError_t run_t(const GemvIn& in, const void* w, const GemvOut& o, bool glu, int n, int m, int k, cudaStream_t s) {
-    Args<T> a{static_cast<const T*>(in.x), in.h, in.norm_w, in.eps, static_cast<const T*>(w), o.bias, o.y, m, k};
+    Args<T> a{static_cast<const T*>(in.x), in.h, in.norm_w, in.eps, static_cast<T*>(in.x_out),
+              static_cast<const T*>(w), o.bias, o.y, m, k};
     const Out out = glu ? Out::kGlu : !o.f32 ? Out::kAct : o.accumulate ? Out::kF32Accumulate : Out::kF32;
     switch (n) {
         case 1: return launch_n<T, 1>(a, out, s);
@@ -274,8 +282,9 @@ bool gemv_norm_supported(int n, int k, const float* h, const void* w) {
 
 cudaError_t gemv_ex(const GemvIn& in, const void* w, const GemvOut& out, ActType t, bool glu, int n, int m, int k,
                     cudaStream_t s) {
-    if (in.h ? !gemv_norm_supported(n, k, in.h, w) || !in.norm_w || reinterpret_cast<uintptr_t>(in.norm_w) % 16
-             : !gemv_supported(n, k, in.x, w))
+    if (in.h ? !gemv_norm_supported(n, k, in.h, w) || !in.norm_w || reinterpret_cast<uintptr_t>(in.norm_w) % 16 ||
+                   reinterpret_cast<uintptr_t>(in.x_out) % 16
+             : !gemv_supported(n, k, in.x, w) || in.x_out)
         return cudaErrorInvalidValue;
     if (glu && (out.f32 || out.bias)) return cudaErrorInvalidValue;
     if (m == 0) return cudaSuccess;

@@ -21,11 +21,14 @@ cudaError_t gemv(const void* x, const void* w, void* y, ActType t, bool out_f32,
 // Where gemv_ex reads x from: act rows `x`, or (h non-null) x = rms_norm(h) * norm_w computed per block from the
 // fp32 residual stream h [n, k], rounded to act exactly as add_rms_norm(h, nullptr, norm_w, eps) stores it (the
 // norm kernel before the GEMV disappears).
+// With h, x_out (when non-null, 16-byte aligned) receives those x rows [n, k] as well, the blocks each writing a
+// slice: the consumers after the GEMV read them as the norm kernel would have left them.
 struct GemvIn {
     const void* x = nullptr;
     const float* h = nullptr;
     const float* norm_w = nullptr;
     float eps = 0.0f;
+    void* x_out = nullptr;
 };
 // Where it writes: y [n, m] in act or fp32 (+ bias); with accumulate (fp32 only), y += the product (the residual
 // add of add_rms_norm, done here so that the sub-layer's output joins h without a kernel of its own).
