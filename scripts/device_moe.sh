@@ -35,7 +35,7 @@
 # time, summed by name) and its first layer's two stage kernels at batch 32 in detail (speed of light, occupancy,
 # launch, warp states, scheduler: what bounds exl3_moe_kernel there).
 # PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips
-# memcheck. PROFILE has not run on the GPU machine yet.
+# memcheck. PROFILE's step profile ran (standalone, on an H100, tenth session); its stage-kernel detail has not run yet.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
