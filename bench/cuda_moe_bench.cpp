@@ -432,6 +432,24 @@ void bench_shape(const CudaContext& ctx, const Shape& s, const std::vector<int>&
             p.sort_block = true;
             vars.push_back({"routed by moe_route_sort's block", p});
         }
+        // Decode steps of up to 4 tokens: every split pair of gate|up (1, 2, 4) and down (1, 2, 3) that divides the
+        // stages evenly (the makespan model ties some of them; docs/kernels/moe.md, tenth session).
+        static const char* const kSplitNames[] = {"splits 1/1", "splits 1/2", "splits 1/3", "splits 2/1", "splits 2/2",
+                                                  "splits 2/3", "splits 4/1", "splits 4/2", "splits 4/3"};
+        if (n <= 4) {
+            const int Sg = layers[0].w.gate_up.shape.k_pad / 128, Sdn = layers[0].w.down.shape.k_pad / 128;
+            auto even = [](int S, int sp) { return sp <= S && (S + (S + sp - 1) / sp - 1) / ((S + sp - 1) / sp) == sp; };
+            int i = 0;
+            for (int a : {1, 2, 4})
+                for (int b : {1, 2, 3}) {
+                    const char* name = kSplitNames[i++];
+                    if (!even(Sg, a) || !even(Sdn, b) || (a == def.gate_up.splits && b == def.down.splits)) continue;
+                    p = def;
+                    p.gate_up.splits = a;
+                    p.down.splits = b;
+                    vars.push_back({name, p});
+                }
+        }
         // A variant whose pass does not fit a block's shared memory (Mixtral's down stage at 16 rows and 2 splits) is
         // one the plan never makes: left out.
         const size_t smem_cap = exl3k::smem_device_cap();
