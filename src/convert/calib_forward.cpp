@@ -37,6 +37,29 @@ void Hess::add(const float* x, int T, int d, ThreadPool& pool) {
     rows += static_cast<int64_t>(ok.size());
 }
 
+void Hess::add_shift(const float* xo, const float* x, int T, int d, ThreadPool& pool) {
+    if (h.empty()) h.assign(static_cast<size_t>(d) * d, 0.0);
+    std::vector<int> ok;
+    for (int t = 0; t < T; ++t) {
+        bool f = true;
+        const size_t o = static_cast<size_t>(t) * d;
+        for (int i = 0; i < d && f; ++i) f = std::isfinite(x[o + i]) && std::isfinite(xo[o + i]);
+        if (f) ok.push_back(t);
+    }
+    pool.parallel_for(static_cast<size_t>(d), 4, [&](size_t b, size_t e) {
+        for (size_t i = b; i < e; ++i) {
+            double* hr = h.data() + i * d;
+            for (int t : ok) {
+                const size_t o = static_cast<size_t>(t) * d;
+                const double di = static_cast<double>(xo[o + i]) - x[o + i];
+                if (di == 0.0) continue;
+                for (int j = 0; j < d; ++j) hr[j] += di * x[o + j];
+            }
+        }
+    });
+    rows += static_cast<int64_t>(ok.size());
+}
+
 namespace {
 
 // The calibration rows as one step of `rows` sequences of `cols` tokens each (positions 0 .. cols-1), no logits.
@@ -126,6 +149,29 @@ Status layer_forward_to(const ModelConfig& c, const HostWeights& w, int li, Cali
     EXL3_RETURN_IF_ERROR(s);
 
     return check_state(c, li, cs, sink != nullptr);
+}
+
+Status layer_forward_pair(const ModelConfig& c, const HostWeights& w, int li, Calib& co, Calib& cs,
+                          const PairSink& sink, ThreadPool& pool) {
+    // co's inputs in capture order, matched to cs's by input and occurrence.
+    std::vector<std::pair<LinearInput, std::vector<float>>> kept;
+    const HessianSink keep = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+        if (expert == -1) kept.emplace_back(input, std::vector<float>(x, x + static_cast<size_t>(rows) * cols));
+    };
+    EXL3_RETURN_IF_ERROR(layer_forward_to(c, w, li, co, &keep, pool));
+    std::vector<size_t> used(kept.size(), 0);
+    const HessianSink pair = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+        const float* xo = nullptr;
+        if (expert == -1)
+            for (size_t k = 0; k < kept.size(); ++k)
+                if (!used[k] && kept[k].first == input && kept[k].second.size() == static_cast<size_t>(rows) * cols) {
+                    used[k] = 1;
+                    xo = kept[k].second.data();
+                    break;
+                }
+        sink(input, expert, xo, x, rows, cols);
+    };
+    return layer_forward_to(c, w, li, cs, &pair, pool);
 }
 
 Status check_state(const ModelConfig& c, int li, const Calib& cs, bool warn) {

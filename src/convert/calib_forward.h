@@ -21,6 +21,9 @@ struct Hess {
     std::vector<double> h;
     int64_t rows = 0;
     void add(const float* x, int T, int d, ThreadPool& pool);
+    // The asymmetric calibration's shift instead (ConvertRecipe::asym, quant/asym.h): h [d, d] += (xo - x)^T x over
+    // the rows finite in both, xo the unquantized model's input at the positions of x (the quantized path's).
+    void add_shift(const float* xo, const float* x, int T, int d, ThreadPool& pool);
 };
 
 // Receives each captured linear input x [rows, cols] (fp32): which input, and for the down projections of a mixture
@@ -81,6 +84,13 @@ struct Calib {
 // some did.
 Status layer_forward_to(const ModelConfig& c, const HostWeights& w, int li, Calib& cs, const HessianSink* sink,
                         ThreadPool& pool);
+// The asymmetric calibration (ConvertRecipe::asym): layer li over `co`, the unquantized model's state (which then
+// holds the layer's output), and over `cs`, the quantized path's (which then holds it too), handing the sink each
+// linear input of cs with the input co gives the same linear at the same positions (xo; null for every expert's down
+// input, which takes no shift).
+using PairSink = std::function<void(LinearInput input, int expert, const float* xo, const float* x, int rows, int cols)>;
+Status layer_forward_pair(const ModelConfig& c, const HostWeights& w, int li, Calib& co, Calib& cs,
+                          const PairSink& sink, ThreadPool& pool);
 // After a layer: fails when every position of the state is NaN/inf, warns (when asked) when some are.
 Status check_state(const ModelConfig& c, int li, const Calib& cs, bool warn);
 // The same adding to host Hessians (hs may be null).

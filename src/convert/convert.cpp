@@ -32,6 +32,7 @@
 #include "format/safetensors.h"
 #include "format/safetensors_writer.h"
 #include "models/weights.h"
+#include "quant/asym.h"
 #include "quant/encoder.h"
 #include "quant/exl3_linear.h"
 #include "quant/trellis.h"
@@ -57,16 +58,19 @@ struct GpuHess {  // no GPU in this build: never filled
 };
 #endif
 
-// A layer's Hessians where this conversion keeps them: on the host (the CPU path) or on the GPU.
+// A layer's Hessians where this conversion keeps them: on the host (the CPU path) or on the GPU; with the
+// asymmetric calibration (ConvertRecipe::asym) the shifts (X - X') X'^T beside them, in the same places.
 struct LayerHess {
-    LayerHessians host;
-    LayerHessiansOf<GpuHess> gpu;
+    LayerHessians host, shift_host;
+    LayerHessiansOf<GpuHess> gpu, shift_gpu;
 };
 
-// One linear's Hessian, wherever it is.
+// One linear's Hessian, wherever it is, and its shift (null: none).
 struct HessRef {
     const Hess& host;
     const GpuHess& gpu;
+    const Hess* shift_host = nullptr;
+    const GpuHess* shift_gpu = nullptr;
 };
 
 Result<std::vector<int32_t>> calibration_tokens(const ConvertOptions& opt, const ModelConfig& c, ThreadPool& pool) {
@@ -145,8 +149,9 @@ nlohmann::ordered_json fingerprint(const ConvertOptions& opt) {
             {"calibration_cols", opt.calibration_cols},
             {"sensitivity_tiles", opt.sensitivity_tiles},
             {"damping", opt.damping},
-            {"recipe", fmt::format("{}{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
-                                   opt.recipe.refit, opt.recipe.sequential ? "s" : "")},
+            {"recipe", fmt::format("{}{}{}{}{}{}", opt.recipe.in_scales, opt.recipe.scale_search, opt.recipe.scale_tiles,
+                                   opt.recipe.refit, opt.recipe.sequential ? "s" : "",
+                                   opt.recipe.asym != 0 ? fmt::format("a{}", opt.recipe.asym) : "")},
             {"seed", opt.seed}};
 }
 
@@ -168,7 +173,12 @@ private:
     Calib initial_state() const;
     Status allocate_bits();
     Status quantize_layers();
-    Status quantize_head(const Calib& cs);
+    // co: the unquantized model's state (the asymmetric calibration), else null.
+    Status quantize_head(const Calib& cs, const Calib* co);
+    // ConvertRecipe::asym is on, and some linear (the narrowest) has the rows it needs (set by load).
+    bool asym() const { return asym_on_; }
+    // The asymmetric calibration's target in l.w (quant/asym.h), where h has a shift; on g's GPU when given.
+    Status apply_asym(Lin& l, HessRef h, void* g, quant::QuantTimes* t);
     // reconstruct: l.w becomes the reconstruction (what the reader computes), for the next layers' calibration;
     // lm_head, the last, skips it (on the GPU its fp32 copy would be the host peak's largest piece).
     Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw, bool reconstruct = true);
@@ -181,10 +191,16 @@ private:
     Status quantize_layer_gpu(int li, const LayerHess& hs, const std::vector<size_t>& which, SafetensorsWriter* lw);
 #endif
     Result<std::vector<double>> sensitivity(const Lin& l, HessRef h, const std::vector<int>& ks, uint64_t seed);
-    // layer_forward, its time split between the forward and the Hessian captures (hs may be null).
-    Status forward(int li, Calib& cs, LayerHess* hs);
+    // layer_forward, its time split between the forward and the Hessian captures (hs may be null). co (with hs): the
+    // unquantized model's state, run through the layer too, for the shifts (ConvertRecipe::asym).
+    Status forward(int li, Calib& cs, LayerHess* hs, Calib* co = nullptr);
     HessRef hess_of(const LayerHess& hs, const Lin& l) const {
-        return {hs.host.of_linear(l.hess, l.expert), hs.gpu.of_linear(l.hess, l.expert)};
+        HessRef r{hs.host.of_linear(l.hess, l.expert), hs.gpu.of_linear(l.hess, l.expert)};
+        if (asym()) {
+            r.shift_host = &hs.shift_host.of_linear(l.hess, l.expert);
+            r.shift_gpu = &hs.shift_gpu.of_linear(l.hess, l.expert);
+        }
+        return r;
     }
     int64_t rows_of(HessRef h) const { return gpu_on() ? h.gpu.rows() : h.host.rows; }
     bool gpu_on() const {
@@ -225,6 +241,8 @@ private:
     std::optional<Progress> bar_;
     int64_t host_peak_ = 0;
     int calib_chunk_tokens_ = MemoryPlan{}.calib_chunk_tokens;  // check_budgets: plan_memory's
+    int runner_chunk_rows_ = 1;  // the calibration rows runner_ takes at once
+    bool asym_on_ = false;
     int gpu_workers_ = MemoryPlan{}.gpu_workers;
 };
 
@@ -244,6 +262,11 @@ Status Converter::load() {
     const CalibrationSize def = default_calibration(lin_.max_in());
     if (opt_.calibration_rows <= 0) opt_.calibration_rows = def.rows;
     if (opt_.calibration_cols <= 0) opt_.calibration_cols = def.cols;
+    int min_in = lin_.head().in;
+    for (int li = 0; li < c_.num_layers; ++li)
+        for (const Lin& l : lin_.layer(li)) min_in = std::min(min_in, l.in);
+    asym_on_ = opt_.recipe.asym != 0 && static_cast<int64_t>(opt_.calibration_rows) * opt_.calibration_cols >=
+                                            static_cast<int64_t>(kAsymTokensPerInput) * min_in;
     return Status::ok();
 }
 
@@ -263,6 +286,7 @@ Status Converter::check_budgets() {
     ms.head_bits = opt_.head_bits;
     ms.embed_bytes = static_cast<int64_t>(hf_.embed.nbytes());
     ms.shard_bytes = opt_.shard_bytes;
+    ms.asym = asym();
     const bool gpu = opt_.device == ConvertDevice::kCuda;
     EXL3_ASSIGN_OR_RETURN(const MemoryPlan plan, plan_memory(ms, gpu, opt_.host_memory_gb, opt_.gpu_memory_gb));
     calib_chunk_tokens_ = plan.calib_chunk_tokens;
@@ -293,6 +317,7 @@ Status Converter::make_encoder() {
         // The calibration forward on the GPU too, kCalibChunkTokens tokens at a time (where CUDA attention takes
         // the model's head size; else it stays on the CPU threads).
         const int chunk = std::max(1, calib_chunk_tokens_ / opt_.calibration_cols);
+        runner_chunk_rows_ = chunk;
         auto r = ::exl3::cuda::LayerRunner::create(c_, 0, opt_.calibration_cols, chunk);
         if (r.is_ok())
             runner_ = std::move(*r);
@@ -351,41 +376,76 @@ Calib Converter::initial_state() const {
     return cs;
 }
 
-Status Converter::forward(int li, Calib& cs, LayerHess* hs) {
+Status Converter::forward(int li, Calib& cs, LayerHess* hs, Calib* co) {
     const auto t0 = StageClock::now();
     Status sink_status;
     double in_hess = 0;
-    const HessianSink sink = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+    auto keep = [&](Status s) {
+        if (!s.is_ok() && sink_status.is_ok()) sink_status = std::move(s);
+    };
+    // x (and xo, the unquantized model's input at the same positions, for the shift) into the layer's sums.
+    const PairSink sink = [&](LinearInput input, int expert, const float* xo, const float* x, int rows, int cols) {
         const auto h0 = StageClock::now();
 #ifdef EXL3_CONVERT_HAVE_CUDA
         if (gq_) {
-            Status s = gq_->add(hs->gpu.at(input, expert), x, rows, cols);
-            if (!s.is_ok() && sink_status.is_ok()) sink_status = std::move(s);
+            keep(gq_->add(hs->gpu.at(input, expert), x, rows, cols));
+            if (xo) keep(gq_->add_shift(hs->shift_gpu.at(input, expert), xo, x, rows, cols));
         } else
 #endif
         {
             hs->host.at(input, expert).add(x, rows, cols, pool_);
+            if (xo) hs->shift_host.at(input, expert).add_shift(xo, x, rows, cols, pool_);
         }
         in_hess += std::chrono::duration<double>(StageClock::now() - h0).count();
+    };
+    const HessianSink one = [&](LinearInput input, int expert, const float* x, int rows, int cols) {
+        sink(input, expert, nullptr, x, rows, cols);
     };
     Status s;
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (runner_) {
-        const ::exl3::cuda::LayerRunner::Capture cap = [&](LinearInput input, int expert, const void* x, int n,
-                                                            int cols, void* stream) -> Status {
+        using Runner = ::exl3::cuda::LayerRunner;
+        // The shift's inputs: co's dense linear inputs of a chunk, kept on the device in capture order (slot k),
+        // then cs's of the same chunk take the shift against them.
+        int slot = 0;
+        const Runner::Capture stash = [&](LinearInput, int expert, const void* x, int n, int cols,
+                                          void* stream) -> Status {
+            if (expert != -1) return Status::ok();
+            return gq_->stash(slot++, x, runner_->bf16(), n, cols, stream);
+        };
+        const Runner::Capture cap = [&](LinearInput input, int expert, const void* x, int n, int cols,
+                                        void* stream) -> Status {
             const auto h0 = StageClock::now();
             Status a = gq_->add_device(hs->gpu.at(input, expert), x, runner_->bf16(), n, cols, stream);
+            if (a.is_ok() && co && expert == -1)
+                a = gq_->add_shift_device(hs->shift_gpu.at(input, expert), slot++, x, runner_->bf16(), n, cols,
+                                          stream);
             in_hess += std::chrono::duration<double>(StageClock::now() - h0).count();
             return a;
         };
         s = runner_->set_layer(li, lin_.calib().layers[static_cast<size_t>(li)]);
-        if (s.is_ok()) s = runner_->run(li, cs.h.data(), cs.rows, hs ? &cap : nullptr);
+        if (s.is_ok() && co) {
+            const size_t row = static_cast<size_t>(cs.cols) * c_.hidden_size;
+            for (int r0 = 0; r0 < cs.rows && s.is_ok(); r0 += runner_chunk_rows_) {
+                const int n = std::min(runner_chunk_rows_, cs.rows - r0);
+                slot = 0;
+                s = runner_->run(li, co->h.data() + r0 * row, n, &stash);
+                slot = 0;
+                if (s.is_ok()) s = runner_->run(li, cs.h.data() + r0 * row, n, &cap);
+            }
+        } else if (s.is_ok()) {
+            s = runner_->run(li, cs.h.data(), cs.rows, hs ? &cap : nullptr);
+        }
         runner_->drop_layer();  // its memory to the quantizers until the next forward
+        if (s.is_ok() && co) s = check_state(c_, li, *co, false);
         if (s.is_ok()) s = check_state(c_, li, cs, hs != nullptr);
     } else
 #endif
     {
-        s = layer_forward_to(c_, lin_.calib(), li, cs, hs ? &sink : nullptr, pool_);
+        if (co)
+            s = layer_forward_pair(c_, lin_.calib(), li, *co, cs, sink, pool_);
+        else
+            s = layer_forward_to(c_, lin_.calib(), li, cs, hs ? &one : nullptr, pool_);
         if (s.is_ok()) s = sink_status;
     }
     const double all = std::chrono::duration<double>(StageClock::now() - t0).count();
@@ -485,9 +545,37 @@ quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     return qo;
 }
 
+Status Converter::apply_asym(Lin& l, HessRef h, void* g, quant::QuantTimes* t) {
+    if (!asym()) return Status::ok();
+    const int64_t need = static_cast<int64_t>(kAsymTokensPerInput) * l.in;  // fewer rows: the plain target
+    quant::QuantLap lap(t);
+    Status s;
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    if (g) {
+        if (h.shift_gpu && h.shift_gpu->rows() >= need)
+            s = static_cast<cuda::GpuQuantizer*>(g)->asym_target(l.w.data(), l.out, l.in, h.gpu, *h.shift_gpu,
+                                                                 opt_.damping, opt_.recipe.asym);
+        lap.to(&quant::QuantTimes::asym);
+        return s;
+    }
+#endif
+    (void)g;
+    if (h.shift_host && h.shift_host->rows >= need)
+        s = quant::asym_target(l.w.data(), l.out, l.in, h.host.h.data(), static_cast<double>(h.host.rows),
+                               h.shift_host->h.data(), static_cast<double>(h.shift_host->rows), opt_.damping,
+                               opt_.recipe.asym, pool_);
+    lap.to(&quant::QuantTimes::asym);
+    return s;
+}
+
 Status Converter::quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw, bool reconstruct) {
     if (rows_of(h) == 0)
         return invalid_argument("no finite calibration rows reach this layer (the activations are NaN/inf)");
+#ifdef EXL3_CONVERT_HAVE_CUDA
+    EXL3_RETURN_IF_ERROR(apply_asym(l, h, gq_.get(), &qt_));
+#else
+    EXL3_RETURN_IF_ERROR(apply_asym(l, h, nullptr, &qt_));
+#endif
     quant::QuantizeOptions qo = quantize_options(K, seed);
     qo.times = &qt_;
     quant::QuantizedLinear q;
@@ -556,6 +644,10 @@ Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, const std::vec
                                                          opt_.seed + static_cast<uint64_t>(li) * 7 + i);
             qo.encode_tiles = nullptr;  // the worker's own Viterbi (the shared encoder_ is worker 0's)
             qo.times = &times[w];
+            if (Status a = apply_asym(l, h, &g, &times[w]); !a.is_ok()) {
+                res[i] = std::move(a);
+                continue;
+            }
             res[i] = quantize_gpu(g, l, h, qo);
         }
     };
@@ -569,6 +661,7 @@ Status Converter::quantize_layer_gpu(int li, const LayerHess& hs, const std::vec
         qt_.viterbi += t.viterbi;
         qt_.ldlq += t.ldlq;
         qt_.finish += t.finish;
+        qt_.asym += t.asym;
     }
     for (size_t i : which) {
         if (!res[i]->is_ok()) return res[i]->status().with_context("quantizing " + L[i].prefix);
@@ -610,6 +703,9 @@ Status Converter::quantize_layers() {
     EXL3_RETURN_IF_ERROR(copy_raw(st_, names.embed, out_.writer()));
     EXL3_RETURN_IF_ERROR(copy_raw(st_, names.final_norm, out_.writer()));
     Calib cs = initial_state();
+    Calib co;  // the asymmetric calibration's: the unquantized model's state
+    if (asym()) co = cs;
+    const size_t state_floats = cs.h.size();
     if (start > 0) {
         // Resume: the finished layers' tensors as they were written, and the state after the last of them.
         for (int li = 0; li < start; ++li) {
@@ -620,7 +716,11 @@ Status Converter::quantize_layers() {
             for (const std::string& n : ls->names()) EXL3_RETURN_IF_ERROR(copy_raw(*ls, n, out_.writer()));
             EXL3_RETURN_IF_ERROR(out_.flush_if_full());
         }
-        EXL3_ASSIGN_OR_RETURN(cs.h, wd_->load_state(cs.h.size()));
+        EXL3_ASSIGN_OR_RETURN(cs.h, wd_->load_state(state_floats * (asym() ? 2 : 1)));
+        if (asym()) {  // saved as cs then co
+            co.h.assign(cs.h.begin() + static_cast<std::ptrdiff_t>(state_floats), cs.h.end());
+            cs.h.resize(state_floats);
+        }
         if (opt_.progress)
             fmt::print(stderr, "exl3 convert: resuming from work dir '{}' after layer {}/{}\n", opt_.work_dir, start,
                        c_.num_layers);
@@ -639,8 +739,9 @@ Status Converter::quantize_layers() {
                 LayerHess hs;
                 {
                     Calib probe = cs;  // Hessians from this layer's inputs through its stages already quantized; the
-                                       // state advances below with all its quantized weights
-                    EXL3_RETURN_IF_ERROR(forward(li, probe, &hs));
+                                       // state advances below with all its quantized weights (co, the unquantized
+                                       // model's, advances here: one stage with asym)
+                    EXL3_RETURN_IF_ERROR(forward(li, probe, &hs, asym() ? &co : nullptr));
                 }
 #ifdef EXL3_CONVERT_HAVE_CUDA
                 if (gq_) EXL3_RETURN_IF_ERROR(quantize_layer_gpu(li, hs, stage, lwp));
@@ -676,7 +777,13 @@ Status Converter::quantize_layers() {
             }
             if (lwp) {
                 StageTimer timer(times_, Stage::kWrite);
-                EXL3_RETURN_IF_ERROR(wd_->save_layer(li, lw, cs.h));
+                if (asym()) {
+                    std::vector<float> both(cs.h);
+                    both.insert(both.end(), co.h.begin(), co.h.end());
+                    EXL3_RETURN_IF_ERROR(wd_->save_layer(li, lw, both));
+                } else {
+                    EXL3_RETURN_IF_ERROR(wd_->save_layer(li, lw, cs.h));
+                }
             }
         }
         sample_memory();
@@ -688,26 +795,43 @@ Status Converter::quantize_layers() {
         if (li == opt_.stop_after_layer)
             return internal_error(fmt::format("stopped after layer {} (test hook stop_after_layer)", li));
     }
-    return quantize_head(cs);
+    return quantize_head(cs, asym() ? &co : nullptr);
 }
 
-// The head's Hessian is the final norm's output over the calibration state after the last (quantized) layer.
-Status Converter::quantize_head(const Calib& cs) {
+// The head's Hessian is the final norm's output over the calibration state after the last (quantized) layer; with
+// co, its shift against the unquantized model's.
+Status Converter::quantize_head(const Calib& cs, const Calib* co) {
     const int T = cs.rows * cs.cols, D = c_.hidden_size;
-    std::vector<float> x(static_cast<size_t>(T) * D);
-    (c_.norm == NormKind::kLayerNorm ? cpu::layer_norm : cpu::rms_norm)(cs.h.data(), hf_.final_norm.data(), T, D,
-                                                                         static_cast<float>(c_.rms_norm_eps), x.data());
+    auto norm = [&](const Calib& st) {
+        std::vector<float> x(static_cast<size_t>(T) * D);
+        (c_.norm == NormKind::kLayerNorm ? cpu::layer_norm : cpu::rms_norm)(
+            st.h.data(), hf_.final_norm.data(), T, D, static_cast<float>(c_.rms_norm_eps), x.data());
+        return x;
+    };
+    const std::vector<float> x = norm(cs);
     EXL3_RETURN_IF_ERROR(lin_.materialize_head());
-    Hess hh;
-    GpuHess gh;
+    Hess hh, sh;
+    GpuHess gh, gsh;
     {
         StageTimer timer(times_, Stage::kHessian);
+        const std::vector<float> xo = co ? norm(*co) : std::vector<float>();
 #ifdef EXL3_CONVERT_HAVE_CUDA
-        if (gq_) EXL3_RETURN_IF_ERROR(gq_->add(gh, x.data(), T, D));
+        if (gq_) {
+            EXL3_RETURN_IF_ERROR(gq_->add(gh, x.data(), T, D));
+            if (co) EXL3_RETURN_IF_ERROR(gq_->add_shift(gsh, xo.data(), x.data(), T, D));
+        }
 #endif
-        if (!gpu_on()) hh.add(x.data(), T, D, pool_);
+        if (!gpu_on()) {
+            hh.add(x.data(), T, D, pool_);
+            if (co) sh.add_shift(xo.data(), x.data(), T, D, pool_);
+        }
     }
-    EXL3_RETURN_IF_ERROR(quantize(lin_.head(), HessRef{hh, gh}, opt_.head_bits, opt_.seed + 999, nullptr, false)
+    HessRef h{hh, gh};
+    if (co) {
+        h.shift_host = &sh;
+        h.shift_gpu = &gsh;
+    }
+    EXL3_RETURN_IF_ERROR(quantize(lin_.head(), h, opt_.head_bits, opt_.seed + 999, nullptr, false)
                              .with_context("quantizing " + lin_.head().prefix));
     sample_memory();
     return Status::ok();
@@ -735,6 +859,7 @@ Result<ConvertReport> Converter::run() {
     times_.add(Stage::kViterbi, qt_.viterbi);
     times_.add(Stage::kLdlq, qt_.ldlq);
     times_.add(Stage::kFinish, qt_.finish);
+    times_.add(Stage::kAsym, qt_.asym);
     ConvertReport r;
     r.stages = times_.table();
     r.peak_host_bytes = host_peak_;
@@ -797,9 +922,15 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
     };
     // Measured beside the estimate (Convert.MemoryEstimateMatchesMeasuredPeaks): ~0.5 GiB of everything else.
     const int64_t other = int64_t{1} << 29;
+    // The asymmetric calibration: the unquantized model's state (twice at a layer: it and its probe's), on the CPU its
+    // dense linears' inputs over every row and the shifts in double; at the head its state and normed rows.
+    const int64_t stash_width = 3 * D + s.intermediate;
+    const int64_t asym_layer = s.asym ? 2 * T * D * 4 + (gpu ? 0 : T * stash_width * 4 + layer_h * 8) : 0;
+    const int64_t asym_head = s.asym ? 2 * T * D * 4 : 0;
     MemoryPlan p;
-    p.host_bytes = other + std::max(3 * T * D * 4 + layer_w * 4 + (gpu ? 0 : layer_h * 8) + held(out_layers),
-                                    2 * T * D * 4 + head * 4 + held(out_layers + out_head));
+    p.host_bytes = other + std::max(3 * T * D * 4 + layer_w * 4 + (gpu ? 0 : layer_h * 8) + asym_layer +
+                                        held(out_layers),
+                                    2 * T * D * 4 + head * 4 + asym_head + held(out_layers + out_head));
     if (host_gb > 0 && p.host_bytes > host_gb * gib)
         return invalid_argument(fmt::format(
             "the conversion needs about {:.1f} GiB of host memory ({} calibration tokens of width {}, a layer's fp32 "
@@ -808,14 +939,30 @@ Result<MemoryPlan> plan_memory(const MemoryShape& s, bool gpu, double host_gb, d
             p.host_bytes / gib, T, D, gpu ? "" : " and Hessians", host_gb));
     if (!gpu) return p;
     // The calibration forward: a layer's weights (bf16) and ~(12 x hidden + 8 x intermediate) bytes a token.
-    const int64_t per_token = 12 * D + 8 * s.intermediate + 2 * max_in;
-    p.gpu_head_bytes = quantizer(s.head) + static_cast<int64_t>(s.head.in) * s.head.in * 4;
+    // With asym, a chunk's inputs kept for the shifts (16-bit) and their fp32 staging.
+    const int64_t per_token = 12 * D + 8 * s.intermediate + 2 * max_in + (s.asym ? 2 * stash_width : 0);
+    // asym's target: the weight and its product in fp32 and the damped Hessian, before the quantizer runs.
+    auto target = [&](const LinearShape& l) {
+        return s.asym ? 2 * static_cast<int64_t>(l.in) * l.out * 4 + static_cast<int64_t>(l.in) * l.in * 4 : 0;
+    };
+    int64_t max_target = 0;
+    for (const auto& layer : s.layers)
+        for (const LinearShape& l : layer) max_target = std::max(max_target, target(l));
+    quant_gpu = std::max(quant_gpu, max_target);
+    if (s.asym) layer_h *= 2;  // the shifts beside the Hessians
+    p.gpu_head_bytes = std::max(quantizer(s.head), target(s.head)) +
+                       static_cast<int64_t>(s.head.in) * s.head.in * 4 * (s.asym ? 2 : 1);
     const int64_t budget = gpu_gb > 0 ? static_cast<int64_t>(gpu_gb * gib) : std::numeric_limits<int64_t>::max();
     while (p.gpu_workers > 1 && layer_w * 2 + layer_h * 4 + quant_gpu * p.gpu_workers > budget / 2) --p.gpu_workers;
     const int64_t fixed = layer_w * 2 + layer_h * 4 + quant_gpu * p.gpu_workers;
     while (p.calib_chunk_tokens > s.calibration_cols && fixed + per_token * p.calib_chunk_tokens > budget)
         p.calib_chunk_tokens /= 2;
     p.gpu_layer_bytes = fixed + per_token * std::max(p.calib_chunk_tokens, s.calibration_cols);
+    // asym: the last chunk's kept inputs and the shift's staging stay allocated through the head (measured on the 1B:
+    // 4.14 GiB against the 3.65 of the head's quantizer alone).
+    if (s.asym)
+        p.gpu_head_bytes += static_cast<int64_t>(std::max(p.calib_chunk_tokens, s.calibration_cols)) *
+                            (2 * stash_width + 4 * max_in);
     if (p.gpu_layer_bytes > budget)
         return invalid_argument(fmt::format("the conversion needs about {:.1f} GiB of GPU memory (a layer's weights and "
                                             "Hessians, the largest linear's quantizer), over --gpu-memory {:.1f}",
@@ -836,6 +983,13 @@ Result<ConvertReport> convert_model(const ConvertOptions& opt, ThreadPool& pool)
         return invalid_argument(fmt::format("bpw {} out of range: EXL3 stores 1..8 bits per weight", opt.bpw));
     if (opt.head_bits < 1 || opt.head_bits > 8) return invalid_argument("head bits must be 1..8");
     if (!(opt.damping > 0 && opt.damping < 10)) return invalid_argument("damping must be in (0, 10)");
+    if (!(opt.recipe.asym >= 0 && opt.recipe.asym <= 4))
+        return invalid_argument(fmt::format("asym {}: the correction's weight is 0 to 4 (1: the least-squares target)",
+                                            opt.recipe.asym));
+    if (opt.recipe.asym != 0 && opt.recipe.sequential)
+        return invalid_argument("the asymmetric calibration (asym, in the default recipe) and the sequential stages do "
+                                "not combine (the unquantized model's inputs come from the layer's first forward): "
+                                "pick one");
     if (opt.calibration_rows < 0 || opt.calibration_cols < 0 || opt.calibration_cols == 1)
         return invalid_argument("calibration needs rows and columns (0: sized to the model)");
     std::error_code ec;

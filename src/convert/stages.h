@@ -18,6 +18,7 @@ enum class Stage : int {
     kForward,      // the calibration forward through the decoder layers (without the Hessian captures)
     kHessian,      // adding captured linear inputs to the Hessians
     kSensitivity,  // the sampled tiles of the bit allocation (rotation and Viterbi included)
+    kAsym,         // the asymmetric calibration's targets (ConvertRecipe::asym)
     kPrepare,      // signs, scales, Hadamard rotations of W and H
     kLdl,          // damping and block LDL
     kViterbi,      // the tile encoder inside LDLQ
@@ -29,8 +30,8 @@ enum class Stage : int {
 
 inline const char* stage_name(Stage s) {
     static constexpr const char* kNames[] = {"load",        "calibration text", "calibration forward", "hessians",
-                                             "sensitivity", "rotations",        "ldl",                 "viterbi",
-                                             "ldlq",        "finish",           "write"};
+                                             "sensitivity", "asym target",      "rotations",           "ldl",
+                                             "viterbi",     "ldlq",             "finish",              "write"};
     return kNames[static_cast<int>(s)];
 }
 

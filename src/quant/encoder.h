@@ -58,6 +58,7 @@ struct QuantTimes {
     double viterbi = 0;  // the tile encoder
     double ldlq = 0;     // gathering targets, packing, the error feedback
     double finish = 0;   // the proxy error
+    double asym = 0;     // the asymmetric calibration's target (asym.h)
 };
 
 // Adds the wall time since the previous lap (or construction) to one QuantTimes field; nothing without a target.

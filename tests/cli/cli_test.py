@@ -484,6 +484,12 @@ class ErrorTest(unittest.TestCase):
                 self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--shard-size", v, expect="--shard-size")
             self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--recipe", "refit,bogus",
                        expect="unknown recipe step 'bogus'")
+            self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--recipe", "refit,asym=lots",
+                       expect="asym=A takes a number")
+            # The asymmetric calibration's weight out of range, and beside the sequential stages: refused up front.
+            self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--recipe", "asym=9", expect="asym 9")
+            self.fails("convert", "-i", DRAFT, "-o", out, "-b", "4", "--recipe", "asym,sequential",
+                       expect="do not combine")
             self.assertFalse(os.path.exists(out))
 
     def test_chat_without_a_template(self):

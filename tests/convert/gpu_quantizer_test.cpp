@@ -17,6 +17,7 @@
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda/cuda_test_util.h"
+#include "quant/asym.h"
 #include "quant/encoder.h"
 #include "quant/exl3_linear.h"
 #include "quant/hadamard.h"
@@ -198,6 +199,65 @@ TEST(GpuQuantizer, HessianMatchesHessAdd) {
     ASSERT_TRUE(gh.download(&got).is_ok());
     ASSERT_EQ(got.size(), host.h.size());
     EXPECT_LT(rel_rms(got, host.h), 1e-5);
+}
+
+// The asymmetric calibration on the GPU: the shift from host rows and from the device (a stashed chunk of the
+// unquantized model's bf16 inputs against the quantized path's) equal Hess::add_shift's, bad rows left out alike, and
+// asym_target's correction equals quant::asym_target's (fp32 against double).
+TEST(GpuQuantizer, ShiftAndAsymTargetMatchTheHost) {
+    EXL3_REQUIRE_GPU();
+    ThreadPool pool(2);
+    auto q = GpuQuantizer::create(0, &pool);
+    ASSERT_TRUE(q.is_ok()) << q.status().message();
+    const int rows = 300, d = 256, out = 96;
+    std::vector<float> x = activations(rows, d, 7), xo = x;
+    const std::vector<float> e = gaussian(x.size(), 8, 0.3f);
+    for (size_t i = 0; i < x.size(); ++i) xo[i] += e[i];
+    xo[static_cast<size_t>(5) * d + 3] = NAN;  // a bad row of the unquantized path: left out of the shift
+    for (auto* v : {&x, &xo})  // bf16 values, so that the device path's inputs are these exactly
+        for (float& f : *v) f = bf16_to_f32(f32_to_bf16(f));
+    Hess hh, hs;
+    hh.add(x.data(), rows, d, pool);
+    hs.add_shift(xo.data(), x.data(), rows, d, pool);
+    EXPECT_EQ(hs.rows, rows - 1);
+
+    GpuHessian gh, gs, gsd;
+    ASSERT_TRUE((*q)->add(gh, x.data(), rows, d).is_ok());
+    ASSERT_TRUE((*q)->add_shift(gs, xo.data(), x.data(), rows, d).is_ok());
+    EXPECT_EQ(gs.rows(), hs.rows);
+    std::vector<double> got;
+    ASSERT_TRUE(gs.download(&got).is_ok());
+    EXPECT_LT(rel_rms(got, hs.h), 1e-5);
+
+    std::vector<uint16_t> x16(x.size()), xo16(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        x16[i] = f32_to_bf16(x[i]);
+        xo16[i] = f32_to_bf16(xo[i]);
+    }
+    const DevVec<uint16_t> dx(x16), dxo(xo16);
+    ASSERT_TRUE((*q)->stash(0, dxo.p, true, rows, d, nullptr).is_ok());
+    ASSERT_TRUE((*q)->add_shift_device(gsd, 0, dx.p, true, rows, d, nullptr).is_ok());
+    EXPECT_EQ(gsd.rows(), hs.rows);
+    ASSERT_TRUE(gsd.download(&got).is_ok());
+    EXPECT_LT(rel_rms(got, hs.h), 1e-5);
+    // A slot holding another shape is refused, not read past its end.
+    EXPECT_FALSE((*q)->add_shift_device(gsd, 0, dx.p, true, rows - 1, d, nullptr).is_ok());
+    EXPECT_FALSE((*q)->add_shift_device(gsd, 3, dx.p, true, rows, d, nullptr).is_ok());
+
+    const std::vector<float> w = gaussian(static_cast<size_t>(out) * d, 9);
+    std::vector<float> wc = w, wg = w;
+    ASSERT_TRUE(quant::asym_target(wc.data(), out, d, hh.h.data(), static_cast<double>(hh.rows), hs.h.data(),
+                                   static_cast<double>(hs.rows), 0.025, 1.0, pool)
+                    .is_ok());
+    ASSERT_TRUE((*q)->asym_target(wg.data(), out, d, gh, gs, 0.025, 1.0).is_ok());
+    std::vector<double> dc(w.size()), dg(w.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+        dc[i] = static_cast<double>(wc[i]) - w[i];
+        dg[i] = static_cast<double>(wg[i]) - w[i];
+    }
+    std::printf("asym correction: |dW| / |W| %.4f, GPU against CPU %.2e\n", rel_rms(dc, w), rel_rms(dg, dc));
+    EXPECT_GT(rel_rms(dc, w), 1e-3);  // a real correction
+    EXPECT_LT(rel_rms(dg, dc), 1e-3);
 }
 
 // A moved-from Hessian is empty and takes rows again; a layer's expert Hessians (LayerHessiansOf::at growing its

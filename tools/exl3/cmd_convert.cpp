@@ -2,6 +2,7 @@
 // linear algebra on the GPU; the stage breakdown and the peak memory are printed at the end.
 #include <fmt/format.h>
 
+#include <cstdlib>
 #include <memory>
 
 #include "commands.h"
@@ -36,7 +37,7 @@ void print_stages(const convert::ConvertReport& r) {
 Runner add_convert(CLI::App& app) {
     struct Opts {
         convert::ConvertOptions c;
-        std::string codebook = "mul1", device = "cpu", recipe = "in-scales,scale-search,refit";
+        std::string codebook = "mul1", device = "cpu", recipe = "in-scales,scale-search,refit,asym";
         int threads = 0;
         bool no_progress = false;
         int64_t shard_mib = 8192;
@@ -85,7 +86,10 @@ Runner add_convert(CLI::App& app) {
                    "the encoder's optional steps, comma-separated, or none: in-scales (per-input-channel scales), "
                    "scale-search (the global scale by test encodes, else its prior by K), refit (suh/svh refitted to "
                    "the codes), sequential (a layer's linears in stages, each calibrated through the stages before it "
-                   "already quantized; not in the default); for measuring what each is worth (docs/conversion.md)")
+                   "already quantized; not in the default), asym[=A] (each linear quantized toward the unquantized "
+                   "model's output on the quantized layers' inputs, A the correction's weight, 1 when not given; not with "
+                   "sequential); "
+                   "for measuring what each is worth (docs/conversion.md)")
         ->capture_default_str();
     app.add_flag("--no-progress", o->no_progress, "no progress bar on stderr");
     add_threads_option(app, o->threads);
@@ -103,6 +107,7 @@ Runner add_convert(CLI::App& app) {
         o->c.shard_bytes = o->shard_mib << 20;
         auto& rc = o->c.recipe;
         rc.in_scales = rc.scale_search = rc.refit = rc.sequential = false;
+        rc.asym = 0;
         for (size_t b = 0; b <= o->recipe.size();) {
             size_t e = o->recipe.find(',', b);
             if (e == std::string::npos) e = o->recipe.size();
@@ -111,9 +116,15 @@ Runner add_convert(CLI::App& app) {
             else if (part == "scale-search") rc.scale_search = true;
             else if (part == "refit") rc.refit = true;
             else if (part == "sequential") rc.sequential = true;
-            else if (part != "none" && !part.empty())
+            else if (part == "asym") rc.asym = convert::kAsymDefault;
+            else if (part.rfind("asym=", 0) == 0) {
+                char* end = nullptr;
+                rc.asym = std::strtod(part.c_str() + 5, &end);
+                if (end == part.c_str() + 5 || *end != '\0')
+                    return fail("convert", fmt::format("recipe step '{}': asym=A takes a number", part));
+            } else if (part != "none" && !part.empty())
                 return fail("convert", fmt::format("unknown recipe step '{}': in-scales, scale-search, refit, "
-                                                   "sequential or none",
+                                                   "sequential, asym[=A] or none",
                                                    part));
             b = e + 1;
         }

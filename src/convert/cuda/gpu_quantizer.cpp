@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "convert/cuda/quant_kernels.cuh"
@@ -206,6 +207,11 @@ struct GpuQuantizer::Impl {
     Dev work, info, x16;  // cuSOLVER workspace and status; the Hessian's staging rows
     Dev xf;
     int64_t product_bytes = kDefaultProductBytes;
+    // The asymmetric calibration: the unquantized model's inputs of a chunk (16-bit) by slot, with their shapes, and
+    // the shift's fp32 staging rows.
+    std::vector<std::unique_ptr<Dev>> stash;
+    std::vector<std::pair<int, int>> stash_shape;
+    Dev sd, sx;
 
     Impl() = default;
     Impl(const Impl&) = delete;
@@ -282,7 +288,7 @@ Result<std::unique_ptr<GpuQuantizer>> GpuQuantizer::create(int device, ThreadPoo
     I.name = I.vit->device_name();
     EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(device), "cudaSetDevice"));
     EXL3_RETURN_IF_ERROR(ck(cudaStreamCreateWithFlags(&I.st, cudaStreamNonBlocking), "stream"));
-    for (Dev* d : {&I.lut[0], &I.lut[1], &I.lut[2], &I.work, &I.info, &I.x16, &I.xf}) d->set_stream(I.st);
+    for (Dev* d : {&I.lut[0], &I.lut[1], &I.lut[2], &I.work, &I.info, &I.x16, &I.xf, &I.sd, &I.sx}) d->set_stream(I.st);
     EXL3_RETURN_IF_ERROR(ckb(cublasCreate(&I.blas), "create"));
     EXL3_RETURN_IF_ERROR(ckb(cublasSetStream(I.blas, I.st), "set stream"));
     // fp32 GEMMs stay fp32 (TF32 only with CUBLAS_TF32_TENSOR_OP_MATH); the Hessians' 16-bit GEMMs take the tensor cores.
@@ -341,6 +347,152 @@ Status GpuQuantizer::add_device(GpuHessian& h, const void* x, bool bf16, int row
     EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(cs), "hessian"));
     h.rows_ += good;
     return Status::ok();
+}
+
+Status GpuQuantizer::stash(int slot, const void* x, bool bf16, int rows, int dim, void* stream) {
+    Impl& I = *impl_;
+    const StreamScope scope(I.st);
+    EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
+    (void)bf16;
+    if (slot < 0) return internal_error(fmt::format("stash slot {}", slot));
+    while (I.stash.size() <= static_cast<size_t>(slot)) {
+        I.stash.push_back(std::make_unique<Dev>());
+        I.stash.back()->set_stream(I.st);
+        I.stash_shape.emplace_back(0, 0);
+    }
+    Dev& d = *I.stash[static_cast<size_t>(slot)];
+    const size_t bytes = static_cast<size_t>(rows) * dim * 2;
+    if (d.bytes() < bytes) {
+        EXL3_RETURN_IF_ERROR(d.alloc(bytes));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(I.st), "stash alloc"));  // ready before `stream` copies in
+    }
+    I.stash_shape[static_cast<size_t>(slot)] = {rows, dim};
+    return ck(cudaMemcpyAsync(d.as(), x, bytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)), "stash");
+}
+
+namespace {
+
+// Rows of width dim a staging block of the host path takes (<= 64 MiB of fp32).
+int shift_block_rows(int dim) {
+    return static_cast<int>(std::max<size_t>(1, (size_t{64} << 20) / (sizeof(float) * static_cast<size_t>(dim))));
+}
+
+}  // namespace
+
+Status GpuQuantizer::add_shift_device(GpuHessian& d, int slot, const void* x, bool bf16, int rows, int dim,
+                                      void* stream) {
+    Impl& I = *impl_;
+    const StreamScope scope(I.st);
+    EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
+    if (slot < 0 || static_cast<size_t>(slot) >= I.stash.size() ||
+        I.stash_shape[static_cast<size_t>(slot)] != std::make_pair(rows, dim))
+        return internal_error(fmt::format("asymmetric calibration: no stashed input [{}, {}] in slot {}", rows, dim,
+                                          slot));
+    auto cs = static_cast<cudaStream_t>(stream);
+    EXL3_RETURN_IF_ERROR(d.init(dim));
+    const size_t bytes = static_cast<size_t>(rows) * dim * 2;
+    if (I.sd.bytes() < bytes || I.sx.bytes() < bytes) {
+        EXL3_RETURN_IF_ERROR(I.sd.alloc(bytes));
+        EXL3_RETURN_IF_ERROR(I.sx.alloc(bytes));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(I.st), "shift alloc"));
+    }
+    EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(d.mem_->good.as(), 0, sizeof(int), cs), "memset"));
+    EXL3_RETURN_IF_ERROR(ck(pair_zero_bad_rows_16(I.stash[static_cast<size_t>(slot)]->as<uint16_t>(),
+                                                  static_cast<const uint16_t*>(x), bf16, rows, dim,
+                                                  I.sd.as<uint16_t>(), I.sx.as<uint16_t>(), d.mem_->good.as<int>(), cs),
+                            "pair rows"));
+    // D += Xo^T X - X^T X over the rows kept: 16-bit products are exact in the fp32 accumulation (as the Hessian's),
+    // and identical inputs (a layer after no quantized one) give exactly zero.
+    const float one = 1.0f, minus = -1.0f;
+    const cudaDataType t = bf16 ? CUDA_R_16BF : CUDA_R_16F;
+    EXL3_RETURN_IF_ERROR(ckb(cublasSetStream(I.blas, cs), "set stream"));
+    cublasStatus_t e = cublasGemmEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_T, dim, dim, rows, &one, I.sx.as(), t, dim,
+                                    I.sd.as(), t, dim, &one, d.mem_->h.as(), CUDA_R_32F, dim, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (e == CUBLAS_STATUS_SUCCESS)
+        e = cublasGemmEx(I.blas, CUBLAS_OP_N, CUBLAS_OP_T, dim, dim, rows, &minus, I.sx.as(), t, dim, I.sx.as(), t,
+                         dim, &one, d.mem_->h.as(), CUDA_R_32F, dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    EXL3_RETURN_IF_ERROR(ckb(cublasSetStream(I.blas, I.st), "set stream"));
+    EXL3_RETURN_IF_ERROR(ckb(e, "gemm (shift)"));
+    int good = 0;
+    EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(&good, d.mem_->good.as(), sizeof(int), cudaMemcpyDeviceToHost, cs),
+                            "download"));
+    EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(cs), "shift"));
+    d.rows_ += good;
+    return Status::ok();
+}
+
+Status GpuQuantizer::add_shift(GpuHessian& d, const float* xo, const float* x, int rows, int dim) {
+    Impl& I = *impl_;
+    const StreamScope scope(I.st);
+    EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
+    EXL3_RETURN_IF_ERROR(d.init(dim));
+    EXL3_RETURN_IF_ERROR(ck(cudaMemsetAsync(d.mem_->good.as(), 0, sizeof(int), I.st), "memset"));
+    const int block = shift_block_rows(dim);
+    for (int r0 = 0; r0 < rows; r0 += block) {
+        const int r = std::min(block, rows - r0);
+        const size_t off = static_cast<size_t>(r0) * dim, n = static_cast<size_t>(r) * dim;
+        EXL3_RETURN_IF_ERROR(upload(I.sd, xo + off, n, I.st));
+        EXL3_RETURN_IF_ERROR(upload(I.sx, x + off, n, I.st));
+        EXL3_RETURN_IF_ERROR(ck(shift_rows_32(I.sd.as(), I.sx.as(), r, dim, I.sd.as(), I.sx.as(),
+                                              d.mem_->good.as<int>(), I.st),
+                                "shift rows"));
+        EXL3_RETURN_IF_ERROR(gemm(I.blas, true, false, dim, dim, r, 1.0f, I.sd.as(), dim, I.sx.as(), dim, 1.0f,
+                                  d.mem_->h.as(), dim));
+        EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(I.st), "shift"));  // the staging is refilled next
+    }
+    int good = 0;
+    EXL3_RETURN_IF_ERROR(download(d.mem_->good, &good, 1, I.st));
+    d.rows_ += good;
+    return Status::ok();
+}
+
+Status GpuQuantizer::asym_target(float* w, int out, int in, const GpuHessian& h, const GpuHessian& d, double sigma,
+                                 double alpha) {
+    Impl& I = *impl_;
+    const StreamScope scope(I.st);
+    EXL3_RETURN_IF_ERROR(ck(cudaSetDevice(I.device), "cudaSetDevice"));
+    if (alpha == 0.0 || h.rows() <= 0 || d.rows() <= 0) return Status::ok();
+    if (h.dim() != in || d.dim() != in)
+        return internal_error(fmt::format("asymmetric calibration: Hessian [{0}, {0}] and shift [{1}, {1}] for a "
+                                          "linear of {2} inputs",
+                                          h.dim(), d.dim(), in));
+    if (static_cast<int64_t>(out) * in > std::numeric_limits<int>::max())
+        return unsupported(fmt::format("asymmetric calibration: a linear of {} x {} weights", out, in));
+    const cudaStream_t st = I.st;
+    const size_t II = static_cast<size_t>(in) * in, IO = static_cast<size_t>(in) * out;
+    // Hessians live on the legacy stream: theirs are complete before this stream reads them.
+    EXL3_RETURN_IF_ERROR(ck(cudaStreamSynchronize(nullptr), "hessians"));
+    const double count = static_cast<double>(h.rows());
+    EXL3_ASSIGN_OR_RETURN(const double dsum, I.diag_sum(h.mem_->h.as(), in));
+    const double mean = dsum / count / in;
+    Dev dH, dW, dM;
+    EXL3_RETURN_IF_ERROR(dH.alloc(II * sizeof(float)));
+    bool ok = false;
+    for (int retry = 0; retry < 6 && !ok; ++retry, sigma *= 4) {
+        EXL3_RETURN_IF_ERROR(ck(cudaMemcpyAsync(dH.as(), h.mem_->h.as(), II * sizeof(float), cudaMemcpyDeviceToDevice,
+                                                st),
+                                "copy"));
+        EXL3_RETURN_IF_ERROR(ck(scale_rc(dH.as(), in, in, nullptr, nullptr, static_cast<float>(1.0 / count), st),
+                                "scale"));
+        EXL3_RETURN_IF_ERROR(ck(add_diagonal(dH.as(), in, static_cast<float>(sigma * mean), st), "damping"));
+        EXL3_ASSIGN_OR_RETURN(ok, I.cholesky(dH.as(), in));
+    }
+    if (!ok)
+        return invalid_argument(fmt::format("asymmetric calibration: the damped Hessian [{0}, {0}] is not positive "
+                                            "definite",
+                                            in));
+    EXL3_RETURN_IF_ERROR(upload(dW, w, IO, st));
+    EXL3_RETURN_IF_ERROR(dM.alloc(IO * sizeof(float)));
+    // M = W (D / d.rows), then M <- M Hd^-1 (column-major, M^T [in, out] solved against Hd), W += alpha M.
+    EXL3_RETURN_IF_ERROR(gemm(I.blas, false, false, out, in, in, static_cast<float>(1.0 / static_cast<double>(d.rows())),
+                              dW.as(), in, d.mem_->h.as(), in, 0.0f, dM.as(), in));
+    EXL3_RETURN_IF_ERROR(cks(cusolverDnSpotrs(I.solver, CUBLAS_FILL_MODE_UPPER, in, out, dH.as(), in, dM.as(), in,
+                                              I.info.as<int>()),
+                             "potrs"));
+    const float a = static_cast<float>(alpha);
+    EXL3_RETURN_IF_ERROR(ckb(cublasSaxpy(I.blas, static_cast<int>(IO), &a, dM.as(), 1, dW.as(), 1), "axpy"));
+    return download(dW, w, IO, st);
 }
 
 Status GpuQuantizer::encode(const float* targets, int n, int K, quant::Codebook cb, uint16_t* states) {

@@ -63,6 +63,18 @@ public:
     // (a cudaStream_t) before this returns; bf16 products are exact in the fp32 accumulation.
     Status add_device(GpuHessian& h, const void* x, bool bf16, int rows, int dim, void* stream);
 
+    // The asymmetric calibration (convert::ConvertRecipe::asym, quant/asym.h). stash: a copy of x [rows, dim] (the
+    // unquantized model's linear input, 16-bit, read on `stream`) in `slot` until that slot's next stash.
+    Status stash(int slot, const void* x, bool bf16, int rows, int dim, void* stream);
+    // d += (xo - x)^T x over the rows finite in both, xo the slot's stash (the same shape), x as add_device's.
+    Status add_shift_device(GpuHessian& d, int slot, const void* x, bool bf16, int rows, int dim, void* stream);
+    // The same from host fp32 rows xo and x [rows, dim] (the head's inputs).
+    Status add_shift(GpuHessian& d, const float* xo, const float* x, int rows, int dim);
+    // w [out, in] (host fp32) <- w + alpha w (d / d.rows) Hd^-1, Hd = H / h.rows + sigma mean(diag(H / h.rows)) I
+    // (4x sigma per failed Cholesky): quant::asym_target in fp32.
+    Status asym_target(float* w, int out, int in, const GpuHessian& h, const GpuHessian& d, double sigma,
+                       double alpha);
+
     // quant::quantize_linear on the GPU for the HF weight w [out, in] (host fp32) against h. opt.encode_tiles is not
     // used (the CUDA Viterbi runs on the device buffers); opt.times gets the stages. w_eff, when given, receives the
     // reconstruction [out, in] (what the reader computes, for the next layers' calibration).

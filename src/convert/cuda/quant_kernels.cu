@@ -274,7 +274,67 @@ __global__ void copy_zero_bad_rows_16_kernel(const uint16_t* x, bool bf16, int c
     if (!bad && threadIdx.x == 0) atomicAdd(good, 1);
 }
 
+struct Load16 {
+    const uint16_t* p;
+    bool bf16;
+    __device__ float operator()(size_t i) const {
+        return bf16 ? __bfloat162float(__ushort_as_bfloat16(p[i])) : __half2float(__ushort_as_half(p[i]));
+    }
+};
+struct Load32 {
+    const float* p;
+    __device__ float operator()(size_t i) const { return p[i]; }
+};
+
+template <class L>
+__global__ void shift_rows_kernel(L xo, L x, int cols, float* diff, float* xf, int* good) {
+    __shared__ int bad;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    const size_t r = static_cast<size_t>(blockIdx.x) * cols;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        if (!isfinite(xo(r + c)) || !isfinite(x(r + c))) bad = 1;
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float a = xo(r + c), b = x(r + c);  // read both before writing (diff / xf may alias them)
+        diff[r + c] = bad ? 0.0f : a - b;
+        xf[r + c] = bad ? 0.0f : b;
+    }
+    if (!bad && threadIdx.x == 0) atomicAdd(good, 1);
+}
+
+__global__ void pair_zero_bad_rows_16_kernel(const uint16_t* xo, const uint16_t* x, bool bf16, int cols,
+                                             uint16_t* outo, uint16_t* outx, int* good) {
+    __shared__ int bad;
+    if (threadIdx.x == 0) bad = 0;
+    __syncthreads();
+    const size_t r = static_cast<size_t>(blockIdx.x) * cols;
+    const Load16 a{xo, bf16}, b{x, bf16};
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        if (!isfinite(a(r + c)) || !isfinite(b(r + c))) bad = 1;
+    __syncthreads();
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        outo[r + c] = bad ? 0 : xo[r + c];
+        outx[r + c] = bad ? 0 : x[r + c];
+    }
+    if (!bad && threadIdx.x == 0) atomicAdd(good, 1);
+}
+
 }  // namespace
+
+cudaError_t pair_zero_bad_rows_16(const uint16_t* xo, const uint16_t* x, bool bf16, int rows, int cols, uint16_t* outo,
+                                  uint16_t* outx, int* good, cudaStream_t st) {
+    if (rows <= 0) return cudaSuccess;
+    pair_zero_bad_rows_16_kernel<<<rows, 256, 0, st>>>(xo, x, bf16, cols, outo, outx, good);
+    return cudaGetLastError();
+}
+
+cudaError_t shift_rows_32(const float* xo, const float* x, int rows, int cols, float* diff, float* xf, int* good,
+                          cudaStream_t st) {
+    if (rows <= 0) return cudaSuccess;
+    shift_rows_kernel<<<rows, 256, 0, st>>>(Load32{xo}, Load32{x}, cols, diff, xf, good);
+    return cudaGetLastError();
+}
 
 cudaError_t blockdiag_squares(const float* su, int kp, float* blk, cudaStream_t st) {
     blockdiag_squares_kernel<<<blocks(static_cast<size_t>(kp) * 128, 256), 256, 0, st>>>(su, kp, blk);

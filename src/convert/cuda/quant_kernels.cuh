@@ -72,4 +72,13 @@ cudaError_t first_nonfinite(const float* x, size_t n, unsigned long long* first,
 cudaError_t copy_zero_bad_rows_16(const uint16_t* x, bool bf16, int rows, int cols, uint16_t* out, int* good,
                                   cudaStream_t st);
 
+// The asymmetric calibration's shift rows (convert::Hess::add_shift), the rows holding a non-finite value in xo or x
+// zeroed and *good += the rows kept. The device path's 16-bit rows: outo = xo, outx = x (then D += outo^T outx -
+// outx^T outx on the tensor cores). The host path's fp32 rows (the head's): diff = xo - x, xf = x (diff may be xo and
+// xf may be x: in place).
+cudaError_t pair_zero_bad_rows_16(const uint16_t* xo, const uint16_t* x, bool bf16, int rows, int cols, uint16_t* outo,
+                                  uint16_t* outx, int* good, cudaStream_t st);
+cudaError_t shift_rows_32(const float* xo, const float* x, int rows, int cols, float* diff, float* xf, int* good,
+                          cudaStream_t st);
+
 }  // namespace exl3::convert::cuda
