@@ -505,6 +505,23 @@ TEST(Convert, ResumesFromWorkDirByteIdentical) {
     fs::remove_all(base);
 }
 
+// Whether tensor n holds the same bytes in both checkpoints.
+bool same_bytes(const TensorStore& a, const TensorStore& b, const std::string& n) {
+    auto x = a.get(n), y = b.get(n);
+    return x.is_ok() && y.is_ok() && x->nbytes() == y->nbytes() && std::memcmp(x->data, y->data, x->nbytes()) == 0;
+}
+
+// Each converted model's relative logit error against the unquantized one, on 32 fixed random tokens.
+std::vector<double> logit_errors(const std::string& original, const std::vector<std::string>& converted) {
+    std::vector<int32_t> toks;
+    std::mt19937 rng(5);
+    for (int i = 0; i < 32; ++i) toks.push_back(static_cast<int32_t>(rng() % kVocab));
+    const auto ref = logits_of(original, toks);
+    std::vector<double> e;
+    for (const std::string& d : converted) e.push_back(test::relative_rms(ref, logits_of(d, toks)));
+    return e;
+}
+
 // The recipe's `sequential` step: a layer's stages (q/k/v, o, gate/up, down) each calibrated through the stages before
 // it already quantized. The first stage reads the layer's input either way, so layer 0's q/k/v are the default's byte
 // for byte; o, gate/up and down see the quantized stages' outputs and differ; the file loads and stays as close to
@@ -525,22 +542,15 @@ TEST(Convert, SequentialStagesCalibrateThroughTheQuantizedOnes) {
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     auto a = TensorStore::open_dir(base + "/default"), b = TensorStore::open_dir(o.output_dir);
     ASSERT_TRUE(a.is_ok() && b.is_ok());
-    auto same = [&](const std::string& n) {
-        auto x = a->get(n), y = b->get(n);
-        return x.is_ok() && y.is_ok() && x->nbytes() == y->nbytes() && std::memcmp(x->data, y->data, x->nbytes()) == 0;
-    };
+    auto same = [&](const std::string& n) { return same_bytes(*a, *b, n); };
     for (const char* t : {"q_proj", "k_proj", "v_proj"})
         EXPECT_TRUE(same(fmt::format("model.layers.0.self_attn.{}.trellis", t))) << t;
     EXPECT_FALSE(same("model.layers.0.self_attn.o_proj.trellis"));
     for (const char* t : {"gate_proj", "up_proj", "down_proj"})
         EXPECT_FALSE(same(fmt::format("model.layers.0.mlp.{}.trellis", t))) << t;
 
-    std::vector<int32_t> toks;
-    std::mt19937 rng(5);
-    for (int i = 0; i < 32; ++i) toks.push_back(static_cast<int32_t>(rng() % kVocab));
-    const auto ref = logits_of(o.input_dir, toks);
-    const double e_def = test::relative_rms(ref, logits_of(base + "/default", toks));
-    const double e_seq = test::relative_rms(ref, logits_of(o.output_dir, toks));
+    const std::vector<double> e = logit_errors(o.input_dir, {base + "/default", o.output_dir});
+    const double e_def = e[0], e_seq = e[1];
     std::printf("2.0 bpw logits relative error: default %.4f, sequential %.4f\n", e_def, e_seq);
     EXPECT_LT(e_seq, 1.25 * e_def);
     fs::remove_all(base);
@@ -569,10 +579,7 @@ TEST(Convert, AsymCalibrationCorrectsTheLayersAfterTheFirst) {
     ASSERT_TRUE(r.is_ok()) << r.status().message();
     auto a = TensorStore::open_dir(base + "/default"), b = TensorStore::open_dir(o.output_dir);
     ASSERT_TRUE(a.is_ok() && b.is_ok());
-    auto same = [&](const std::string& n) {
-        auto x = a->get(n), y = b->get(n);
-        return x.is_ok() && y.is_ok() && x->nbytes() == y->nbytes() && std::memcmp(x->data, y->data, x->nbytes()) == 0;
-    };
+    auto same = [&](const std::string& n) { return same_bytes(*a, *b, n); };
     for (const char* t : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
         EXPECT_TRUE(same(fmt::format("model.layers.0.{}.trellis", t))) << t;
@@ -580,12 +587,8 @@ TEST(Convert, AsymCalibrationCorrectsTheLayersAfterTheFirst) {
     }
     EXPECT_FALSE(same("lm_head.trellis"));
 
-    std::vector<int32_t> toks;
-    std::mt19937 rng(5);
-    for (int i = 0; i < 32; ++i) toks.push_back(static_cast<int32_t>(rng() % kVocab));
-    const auto ref = logits_of(o.input_dir, toks);
-    const double e_def = test::relative_rms(ref, logits_of(base + "/default", toks));
-    const double e_asym = test::relative_rms(ref, logits_of(o.output_dir, toks));
+    const std::vector<double> e = logit_errors(o.input_dir, {base + "/default", o.output_dir});
+    const double e_def = e[0], e_asym = e[1];
     std::printf("2.0 bpw logits relative error: without asym %.4f, asym 0.5 %.4f\n", e_def, e_asym);
     EXPECT_LT(e_asym, e_def);
 
