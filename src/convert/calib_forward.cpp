@@ -15,12 +15,17 @@
 
 namespace exl3::convert {
 
-void Hess::add(const float* x, int T, int d, ThreadPool& pool) {
+namespace {
+
+// h [d, d] += a^T x over the rows finite in x (and in xo, when given), a = x, or xo - x with xo (the shift); returns
+// the rows summed.
+int64_t add_products(std::vector<double>& h, const float* xo, const float* x, int T, int d, ThreadPool& pool) {
     if (h.empty()) h.assign(static_cast<size_t>(d) * d, 0.0);
     std::vector<int> ok;
     for (int t = 0; t < T; ++t) {
         bool f = true;
-        for (int i = 0; i < d && f; ++i) f = std::isfinite(x[static_cast<size_t>(t) * d + i]);
+        const size_t o = static_cast<size_t>(t) * d;
+        for (int i = 0; i < d && f; ++i) f = std::isfinite(x[o + i]) && (!xo || std::isfinite(xo[o + i]));
         if (f) ok.push_back(t);
     }
     pool.parallel_for(static_cast<size_t>(d), 4, [&](size_t b, size_t e) {
@@ -28,36 +33,23 @@ void Hess::add(const float* x, int T, int d, ThreadPool& pool) {
             double* hr = h.data() + i * d;
             for (int t : ok) {
                 const float* xr = x + static_cast<size_t>(t) * d;
-                const double xi = xr[i];
-                if (xi == 0.0) continue;
-                for (int j = 0; j < d; ++j) hr[j] += xi * xr[j];
+                const double ai = xo ? static_cast<double>(xo[static_cast<size_t>(t) * d + i]) - xr[i] : xr[i];
+                if (ai == 0.0) continue;
+                for (int j = 0; j < d; ++j) hr[j] += ai * xr[j];
             }
         }
     });
-    rows += static_cast<int64_t>(ok.size());
+    return static_cast<int64_t>(ok.size());
+}
+
+}  // namespace
+
+void Hess::add(const float* x, int T, int d, ThreadPool& pool) {
+    rows += add_products(h, nullptr, x, T, d, pool);
 }
 
 void Hess::add_shift(const float* xo, const float* x, int T, int d, ThreadPool& pool) {
-    if (h.empty()) h.assign(static_cast<size_t>(d) * d, 0.0);
-    std::vector<int> ok;
-    for (int t = 0; t < T; ++t) {
-        bool f = true;
-        const size_t o = static_cast<size_t>(t) * d;
-        for (int i = 0; i < d && f; ++i) f = std::isfinite(x[o + i]) && std::isfinite(xo[o + i]);
-        if (f) ok.push_back(t);
-    }
-    pool.parallel_for(static_cast<size_t>(d), 4, [&](size_t b, size_t e) {
-        for (size_t i = b; i < e; ++i) {
-            double* hr = h.data() + i * d;
-            for (int t : ok) {
-                const size_t o = static_cast<size_t>(t) * d;
-                const double di = static_cast<double>(xo[o + i]) - x[o + i];
-                if (di == 0.0) continue;
-                for (int j = 0; j < d; ++j) hr[j] += di * x[o + j];
-            }
-        }
-    });
-    rows += static_cast<int64_t>(ok.size());
+    rows += add_products(h, xo, x, T, d, pool);
 }
 
 namespace {

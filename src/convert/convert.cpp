@@ -48,6 +48,10 @@ namespace exl3::convert {
 
 namespace fs = std::filesystem;
 
+namespace cuda {
+class GpuQuantizer;  // convert/cuda/gpu_quantizer.h, in builds with CUDA
+}
+
 namespace {
 
 #ifdef EXL3_CONVERT_HAVE_CUDA
@@ -178,7 +182,7 @@ private:
     // ConvertRecipe::asym is on, and some linear (the narrowest) has the rows it needs (set by load).
     bool asym() const { return asym_on_; }
     // The asymmetric calibration's target in l.w (quant/asym.h), where h has a shift; on g's GPU when given.
-    Status apply_asym(Lin& l, HessRef h, void* g, quant::QuantTimes* t);
+    Status apply_asym(Lin& l, HessRef h, cuda::GpuQuantizer* g, quant::QuantTimes* t);
     // reconstruct: l.w becomes the reconstruction (what the reader computes), for the next layers' calibration;
     // lm_head, the last, skips it (on the GPU its fp32 copy would be the host peak's largest piece).
     Status quantize(Lin& l, HessRef h, int K, uint64_t seed, SafetensorsWriter* lw, bool reconstruct = true);
@@ -545,7 +549,7 @@ quant::QuantizeOptions Converter::quantize_options(int K, uint64_t seed) const {
     return qo;
 }
 
-Status Converter::apply_asym(Lin& l, HessRef h, void* g, quant::QuantTimes* t) {
+Status Converter::apply_asym(Lin& l, HessRef h, cuda::GpuQuantizer* g, quant::QuantTimes* t) {
     if (!asym()) return Status::ok();
     const int64_t need = static_cast<int64_t>(kAsymTokensPerInput) * l.in;  // fewer rows: the plain target
     quant::QuantLap lap(t);
@@ -553,8 +557,7 @@ Status Converter::apply_asym(Lin& l, HessRef h, void* g, quant::QuantTimes* t) {
 #ifdef EXL3_CONVERT_HAVE_CUDA
     if (g) {
         if (h.shift_gpu && h.shift_gpu->rows() >= need)
-            s = static_cast<cuda::GpuQuantizer*>(g)->asym_target(l.w.data(), l.out, l.in, h.gpu, *h.shift_gpu,
-                                                                 opt_.damping, opt_.recipe.asym);
+            s = g->asym_target(l.w.data(), l.out, l.in, h.gpu, *h.shift_gpu, opt_.damping, opt_.recipe.asym);
         lap.to(&quant::QuantTimes::asym);
         return s;
     }
