@@ -155,7 +155,14 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
       timeout 150 "$x" bench -m /tmp/models/qwen3 -d cuda -p 2048 -b "${DECODE_BATCHES:-1,32}" -c 512 -g 64 > /tmp/b.log 2>&1
       echo "exit $?"; cat /tmp/b.log >> "$OUT/bench.log"
       grep -E "^memory plan|^ideal step|^\| [0-9]+ \||rror" /tmp/b.log
+      # decode rows (8 columns: batch, context, ms, tok/s, ...) and prefill rows (5: tokens, time, tok/s, ...)
+      awk -v v="$v" -F'|' 'NF == 10 && $2 ~ /^ *[0-9]+ *$/ { print v, "decode", $2 + 0, $5 + 0 }
+        NF == 7 && $2 ~ /^ *[0-9]+ *$/ { print v, "prefill", $2 + 0, $4 + 0 }' /tmp/b.log >> /tmp/rounds.txt
     done
+    # Each build's mean over the rounds, in the order of DECODE_VARIANTS.
+    echo "== $(el) tok/s, mean of ${ROUNDS:-1} round(s)"
+    awk '{ k = $1 " " $2 " " $3; if (!(k in n)) order[++m] = k; s[k] += $4; n[k]++ }
+      END { for (i = 1; i <= m; ++i) { k = order[i]; printf "%s: %.1f\n", k, s[k] / n[k] } }' /tmp/rounds.txt
   fi
   echo "== $(el) done"
   exit 0
