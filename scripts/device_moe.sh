@@ -148,6 +148,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
   wait $models; echo "== $(el) models done"; cat /tmp/models.log
   [ "${PROFILE:-0}" = 1 ] || bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
   if [ -d /tmp/models/qwen3 ]; then
+    rm -f /tmp/rounds.txt  # this call's rounds only
     for v in $(for i in $(seq "${ROUNDS:-1}"); do echo ${DECODE_VARIANTS:-base new}; done); do
       x="$B/exl3"; [ $v != new ] && x="$B/$v/exl3"
       [ -x "$x" ] || { echo "no $x"; continue; }
