@@ -101,10 +101,10 @@ EXL3_HD constexpr int ring_words(int K, int H = 1, bool LN = false) {
     return ring_stages(K, H, LN) * slot_words(K, H);
 }
 // The grouped MoE kernel's (exl3_moe_kernel.cuh) largest part of the dynamic shared memory besides the activations:
-// the weight ring, which the reduction (4 slices of rows x 128 sums) reuses once the main loop is done. In 32-bit
+// the weight ring, which the sums (rows x 128) reuse once the main loop is done. In 32-bit
 // words.
 EXL3_HD constexpr int moe_main_words(int K, int BT) {
-    const int ring = ring_stages(K) * stage_words(K), red = 4 * 8 * BT * kRedStride;
+    const int ring = ring_stages(K) * stage_words(K), red = 8 * BT * kRedStride;
     return ring > red ? ring : red;
 }
 // With H = 2 two warps share a tile row and swap decoded fragments through shared memory: [2 stages][8 tile rows]

@@ -144,19 +144,23 @@ static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int gr
 
 // The stage kernel: grid (column groups, splits, active slots), 8 warps. Block (g, s, a) runs column group g (of
 // part pi) of the a-th active expert over stages [s * per, s * per + nst) of k, for all of the expert's rows in
-// passes of ROWS = 8 * BT.
+// passes of ROWS = 8 * BT. Warp w owns the group's 16 columns 16 w .. 16 w + 15 (tile column w) over the whole
+// stage, so it keeps one tile's accumulators (4 BT floats) and no reduction across warps is needed: three blocks
+// an SM fit the 8-row builds without spills (two with the 8 tiles' accumulators a warp held before).
 template <int K, int CB, int BT>
-__global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams p) {
+__global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_moe_kernel(const MoeMmParams p) {
     constexpr int P = ring_stages(K);
     constexpr int SW = stage_words(K);
     constexpr int ROWS = 8 * BT;
     constexpr bool UNROLL_RING = !(CB == 2 && (K == 5 || K == 8));  // as the fused kernel (spills otherwise)
+    // The tile rows of a stage unrolled by 4 in the 8-row builds but K8's: fully unrolled, K4 MUL1 spills under the
+    // three-block cap (36 bytes; K8 MUL1 by 4: 28; ptxas -v, sm_90). K1 spills 8-16 bytes either way.
+    constexpr int TILE_UNROLL = BT == 1 && K != 8 ? 4 : 8;
     extern __shared__ __align__(16) uint32_t smem[];
     uint32_t* ring = smem;                                               // [P][SW]
-    float* red = reinterpret_cast<float*>(smem);                         // [4][ROWS][kRedStride], after the loop
+    float* red = reinterpret_cast<float*>(smem);                         // [ROWS][kRedStride], after the loop
     __half* xs = reinterpret_cast<__half*>(smem + moe_main_words(K, BT));  // [ROWS][xs_stride]
-    __shared__ float xsum[ROWS];       // MUL1: a row's sum of the block's activations
-    __shared__ float xpart[8][ROWS];   // MUL1: the same per warp
+    __shared__ float xsum[ROWS];  // MUL1: a row's sum of the block's activations
 
     // The routing and the activations come from earlier kernels of the step: read after the grid-dependency wait --
     // except where the routing was complete before the previous kernel began (in.routes_ready, the down stage):
@@ -190,22 +194,25 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
 
     const int tid = static_cast<int>(threadIdx.x), lane = tid & 31, warp = tid >> 5;
     const int gq = lane >> 2, q = lane & 3;
-    // The weights of stage s (of this block) for this warp: tile row 8 (st0 + s) + warp, tiles 8 gl .. 8 gl + 7 of
-    // the part, 64 K contiguous words = 16 K chunks of 16 bytes, into words [warp * 64 K, (warp + 1) * 64 K) of a
-    // ring slot. Each warp copies and reads only its own rows: no block barrier in the main loop.
+    // The weights of stage s (of this block) for this warp: tile column 8 gl + warp of the part in tile rows
+    // 8 (st0 + s) .. 8 (st0 + s) + 7, 8 tiles of 8 K contiguous words (2 K chunks of 16 bytes each), into words
+    // r * 64 K + warp * 8 K of a ring slot (tile row r, column warp: the stage's layout). Each warp copies and reads
+    // only its own tiles: no block barrier in the main loop.
     const int64_t row_words = static_cast<int64_t>(p.n_pad[pi] / 16) * 8 * K;
     const int64_t stage_step = 8 * row_words;
-    const uint32_t* wsrc = trellis + static_cast<int64_t>(gl) * 64 * K +
-                           static_cast<int64_t>(st0) * stage_step + warp * row_words;
-    constexpr int kRowChunks = 16 * K;
-    constexpr int kPerLane = (kRowChunks + 31) / 32;
+    const uint32_t* wsrc = trellis + static_cast<int64_t>(gl) * 64 * K + static_cast<int64_t>(st0) * stage_step +
+                           warp * 8 * K;
+    constexpr int kTileChunks = 2 * K;
+    constexpr int kColChunks = 8 * kTileChunks;
+    constexpr int kPerLane = (kColChunks + 31) / 32;
     auto issue = [&](int s, int slot) {
         const uint32_t* src = wsrc + s * stage_step;
-        uint32_t* dst = ring + slot * SW + warp * 64 * K;
+        uint32_t* dst = ring + slot * SW + warp * 8 * K;
 #pragma unroll
         for (int it = 0; it < kPerLane; ++it) {
             const int c = lane + it * 32;
-            if (kRowChunks % 32 == 0 || c < kRowChunks) cp_async16(dst + c * 4, src + c * 4);
+            const int r = c / kTileChunks, x = c - r * kTileChunks;
+            if (kColChunks % 32 == 0 || c < kColChunks) cp_async16(dst + r * 64 * K + x * 4, src + r * row_words + x * 4);
         }
     };
     const uint32_t sel0 = (!(gq & 1) && q == (gq >> 1)) ? 0x01010101u : 0u;  // MUL1 byte sums (mul1_sums)
@@ -245,28 +252,37 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             *reinterpret_cast<uint2*>(xs + r * p.xs_stride + s * 128 + 4 * lane) = packed;
         }
         __syncthreads();  // xs complete
+        // MUL1's affine map needs each row's sum of the block's activations: a warp a row, in a fixed order (the
+        // lanes' strided sums, then the butterfly), whatever else shares the pass.
+        if constexpr (CB == 2) {
+            for (int r = warp; r < rc; r += kWarps) {
+                const __half* xr = xs + r * p.xs_stride;
+                float t = 0.0f;
+                for (int i = lane; i < nst * 128; i += 32) t += __half2float(xr[i]);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                if (lane == 0) xsum[r] = t;
+            }
+        }
 
-        float acc[8][BT][4];
+        float acc[BT][4];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+        for (int b = 0; b < BT; ++b)
 #pragma unroll
-            for (int b = 0; b < BT; ++b)
-#pragma unroll
-                for (int x = 0; x < 4; ++x) acc[i][b][x] = 0.0f;
-        float xacc[BT][4] = {};  // MUL1: the rows' sums of this warp's activations (an mma with A = ones)
-        // B fragments: rows 8 b + gq, k = 16 warp + 2 q (and + 8) of each stage; rows past the pass read as zero.
+            for (int x = 0; x < 4; ++x) acc[b][x] = 0.0f;
+        // B fragments: rows 8 b + gq, k = 16 r + 2 q (and + 8) of tile row r of each stage; rows past the pass read
+        // as zero.
         int xb[BT];  // offsets into xs
         bool xvalid[BT];
 #pragma unroll
         for (int b = 0; b < BT; ++b) {
             const int r = 8 * b + gq;
             xvalid[b] = r < rc;
-            xb[b] = (xvalid[b] ? r : 0) * p.xs_stride + 16 * warp + 2 * q;
+            xb[b] = (xvalid[b] ? r : 0) * p.xs_stride + 2 * q;
         }
-        // The stage: the fused kernel's H = 1 stage (exl3_fused_kernel.cuh) with the activations in shared memory
-        // already: its 3INST / MCG tile multiply and its stage loop are the fused kernel's (exl3_tile_mma.cuh), the
-        // rest written again: fused_segment stays one function (docs/kernels/exl3.md, "The split into files": moving
-        // its stages out changed its code and gave some builds spills).
+        // The stage: the fused kernel's per-tile decode and multiply (exl3_fused_kernel.cuh, exl3_tile_mma.cuh: the
+        // tile states, MUL1's byte sums, 3INST / MCG's halves) and its stage loop, over a tile column where the fused
+        // kernel's warp takes a tile row; the activations are in shared memory already.
         auto stage = [&](int s, int slot) {
             // This lane's copies of stage s have landed; after the warp sync every lane's have, and every lane is
             // done with stage s - 1, whose slot the next copy reuses.
@@ -274,84 +290,44 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
             __syncwarp();
             if (s + P - 1 < nst) issue(s + P - 1, (slot + P - 1) % P);
             cp_async_commit();
-            uint32_t bf[BT][2];
+            const uint32_t* colp = ring + slot * SW + warp * 8 * K;
+#pragma unroll TILE_UNROLL
+            for (int r = 0; r < 8; ++r) {
+                uint32_t bf[BT][2];
 #pragma unroll
-            for (int b = 0; b < BT; ++b) {
-                const __half* xr = xs + xb[b] + s * 128;
-                bf[b][0] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
-                bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
-            }
-            const uint32_t* rowp = ring + slot * SW + warp * 64 * K;
-            if constexpr (CB == 2) {
-                const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
-#pragma unroll
-                for (int b = 0; b < BT; ++b) mma16816(xacc[b], ones, bf[b][0], bf[b][1]);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    uint32_t st[8], fa[4];
-                    tile_states<K, dp2a_states<CB, K>()>(rowp + i * 8 * K, lane, st, hs);
+                for (int b = 0; b < BT; ++b) {
+                    const __half* xr = xs + xb[b] + s * 128 + 16 * r;
+                    bf[b][0] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr) : 0u;
+                    bf[b][1] = xvalid[b] ? *reinterpret_cast<const uint32_t*>(xr + 8) : 0u;
+                }
+                uint32_t st[8];
+                tile_states<K, dp2a_states<CB, K>()>(colp + r * 64 * K, lane, st, hs);
+                if constexpr (CB == 2) {
+                    uint32_t fa[4];
                     mul1_sums(st, sel0, sel1, fa);
 #pragma unroll
-                    for (int b = 0; b < BT; ++b) mma16816(acc[i][b], fa, bf[b][0], bf[b][1]);
-                }
-            } else {
-                // 3INST / MCG: {lo, hi} of a weight in one register, each activation twice (halves_of).
-                uint32_t bdup[BT][4];
-                dup_activations<BT>(bf, bdup);
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    uint32_t st[8];
-                    tile_states<K, dp2a_states<CB, K>()>(rowp + i * 8 * K, lane, st, hs);
-                    mma_tile_halves<CB, BT>(acc[i], st, bdup, p.cb_mask, p.cb_flip);
+                    for (int b = 0; b < BT; ++b) mma16816(acc[b], fa, bf[b][0], bf[b][1]);
+                } else {
+                    // 3INST / MCG: {lo, hi} of a weight in one register, each activation twice (halves_of).
+                    uint32_t bdup[BT][4];
+                    dup_activations<BT>(bf, bdup);
+                    mma_tile_halves<CB, BT>(acc, st, bdup, p.cb_mask, p.cb_flip);
                 }
             }
         };
         ring_loop<P, UNROLL_RING>(nst, stage);
         cp_async_wait<0>();
 
-        // MUL1's affine map needs each row's activation sum: D = ones . B holds row 8 b + 2 q (+ 1) in lane (0, q).
-        if constexpr (CB == 2) {
-            if (gq == 0)
+        __syncthreads();  // the ring is no longer read (the sums reuse it)
+        // Warp w's sums are final: lane (gq, q) holds (column 16 w + gq (+ 8), row 8 b + 2 q (+ 1)) (the mma's D
+        // fragment).
 #pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    xpart[warp][8 * b + 2 * q] = xacc[b][0];
-                    xpart[warp][8 * b + 2 * q + 1] = xacc[b][1];
-                }
-        }
-        __syncthreads();  // the ring is no longer read (the reduction reuses it); xpart complete
-        if (CB == 2 && tid < ROWS) {
-            float t = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 8; ++w) t += xpart[w][tid];
-            xsum[tid] = t;
-        }
-        // The warps' sums: warps 4..7 write slices 0..3, then warps 0..3 add theirs. Lane (gq, q) holds (column
-        // 16 i + gq (+ 8), row 8 b + 2 q (+ 1)) of tile i (the mma's D fragment).
-        auto put = [&](int slice, bool add) {
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-#pragma unroll
-                for (int b = 0; b < BT; ++b) {
-                    float* base = red + (slice * ROWS + 8 * b + 2 * q) * kRedStride + 16 * i + gq;
-                    const int off[4] = {0, kRedStride, 8, kRedStride + 8};
-#pragma unroll
-                    for (int x = 0; x < 4; ++x) base[off[x]] = add ? base[off[x]] + acc[i][b][x] : acc[i][b][x];
-                }
-        };
-        if (warp >= 4) put(warp - 4, false);
-        __syncthreads();
-        if (warp < 4) put(warp, true);
-        __syncthreads();
-        for (int idx = tid; idx < rc * 128; idx += kThreads) {
-            const int r = idx >> 7, c = idx & 127;
-            float sum = 0.0f;
-#pragma unroll
-            for (int w = 0; w < 4; ++w) sum += red[(w * ROWS + r) * kRedStride + c];
-            if constexpr (CB == 2)  // sum = 2^-24 sum(b x): value = (1024 + b) scale + offset
-                sum = sum * (16777216.0f * __half2float(__ushort_as_half(kMul1ScaleBits))) +
-                      xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
-                                 __half2float(__ushort_as_half(kMul1OffsetBits)));
-            red[r * kRedStride + c] = sum;  // slice 0, row r: read above by this thread only
+        for (int b = 0; b < BT; ++b) {
+            float* base = red + (8 * b + 2 * q) * kRedStride + 16 * warp + gq;
+            base[0] = acc[b][0];
+            base[kRedStride] = acc[b][1];
+            base[8] = acc[b][2];
+            base[kRedStride + 8] = acc[b][3];
         }
         __syncthreads();
         // The output rotation, scales and bias: a warp a row, lane l holding columns 4 l .. 4 l + 3 of the group.
@@ -360,7 +336,13 @@ __global__ void __launch_bounds__(kThreads, 2) exl3_moe_kernel(const MoeMmParams
         for (int r = warp; r < rc; r += kWarps) {
             float v[4];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) v[i] = red[r * kRedStride + 4 * lane + i];
+            for (int i = 0; i < 4; ++i) {
+                v[i] = red[r * kRedStride + 4 * lane + i];
+                if constexpr (CB == 2)  // sum = 2^-24 sum(b x): value = (1024 + b) scale + offset
+                    v[i] = v[i] * (16777216.0f * __half2float(__ushort_as_half(kMul1ScaleBits))) +
+                           xsum[r] * (1024.0f * __half2float(__ushort_as_half(kMul1ScaleBits)) +
+                                      __half2float(__ushort_as_half(kMul1OffsetBits)));
+            }
             fwht128(v, lane);
             const int j = r0 + c0 + r;
             const int cl = gl * 128 + 4 * lane;  // the part's column of v[0]
