@@ -123,14 +123,16 @@ int current_device_sm_count() {
     return n;
 }
 
+namespace {
+std::atomic<long long> g_smem_limit_for_tests{0};   // testing::set_smem_per_block_limit
+std::atomic<long long> g_smem_per_sm_for_tests{0};  // testing::set_smem_per_sm
+}  // namespace
+
 int current_device_smem_per_sm() {
     static const int n = device_attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, 0);
-    return n;
+    const long long t = g_smem_per_sm_for_tests.load(std::memory_order_relaxed);
+    return t > 0 ? static_cast<int>(std::min<long long>(t, 1 << 30)) : n;
 }
-
-namespace {
-std::atomic<long long> g_smem_limit_for_tests{0};  // testing::set_smem_per_block_limit
-}  // namespace
 
 int current_device_smem_per_block() {
     static const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, 0);
@@ -142,6 +144,9 @@ int current_device_smem_per_block() {
 namespace testing {
 void set_smem_per_block_limit(long long bytes) {
     g_smem_limit_for_tests.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed);
+}
+void set_smem_per_sm(long long bytes) {
+    g_smem_per_sm_for_tests.store(bytes > 0 ? bytes : 0, std::memory_order_relaxed);
 }
 }  // namespace testing
 

@@ -9,5 +9,8 @@ namespace exl3::cuda::testing {
 // run on this one; <= 0 restores the device's own limit. Set it before the first kernel runs: the kernels' launchers
 // cache what they derive from it (the attention shapes' occupancy, function attributes).
 void set_smem_per_block_limit(long long bytes);
+// current_device_smem_per_sm() returns `bytes` (> 0; <= 0 restores the device's own): the MoE plan's co-resident
+// blocks as on that GPU, from a machine without one (tests/cuda/moe_plan_test.cpp).
+void set_smem_per_sm(long long bytes);
 
 }  // namespace exl3::cuda::testing

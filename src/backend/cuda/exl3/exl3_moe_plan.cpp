@@ -53,6 +53,14 @@ size_t smem_for(const std::vector<int>& classes, int per, int bt) {
     return main + static_cast<size_t>(8 * bt) * static_cast<size_t>(per * 128 + 8) * 2;
 }
 
+// Stage-kernel blocks of 8-row passes an SM holds: the kernel's launch bound (exl3_moe_kernel.cuh: 3), or fewer where
+// the dynamic shared memory says so (2 KiB more a block: its static arrays and what the runtime reserves).
+int blocks_per_sm(size_t smem) {
+    const int per_sm = current_device_smem_per_sm();
+    if (per_sm <= 0) return 1;
+    return std::clamp(static_cast<int>(static_cast<size_t>(per_sm) / (smem + 2048)), 1, 3);
+}
+
 }  // namespace
 
 }  // namespace exl3k
@@ -76,8 +84,14 @@ Exl3MoePlan exl3_moe_plan(const Exl3MoeShape& s, const std::vector<int>& classes
     for (int sp = 1; sp <= std::max(1, S / kMinStagesPerSplit); ++sp) {
         const int per = (S + sp - 1) / sp;
         if ((S + per - 1) / per != sp || smem_for(classes, per, bt_fit) > limit) continue;
-        const double rounds = std::ceil(l.active * s.groups() * sp / sms);
-        const double cost = rounds * passes * (per + kBlockOver);
+        // m blocks on the busiest SM. At 8-row passes (latency-bound: docs/kernels/moe.md) f = min(m, what fits)
+        // of them run together at sqrt(f) times one block's rate, fitted to the split pairs measured at 1-4 tokens
+        // (Qwen3-30B-A3B shape, H100); 16-row passes gain nothing from a second block (prefill 2048 measured with
+        // two splits, two blocks an SM, against one: slower), so one at a time there.
+        const double m = std::ceil(l.active * s.groups() * sp / sms);
+        const double fit = bt_plan == 1 ? blocks_per_sm(smem_for(classes, per, 1)) : 1;
+        const double f = std::min(m, fit);
+        const double cost = m / std::sqrt(f) * passes * (per + kBlockOver);
         if (best < 0.0 || cost < best) {
             best = cost;
             p.splits = sp;
