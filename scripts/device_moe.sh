@@ -34,8 +34,10 @@
 # Compute on the last timed step of `exl3 bench` at batch 1 and 32 (scripts/device_step_profile.sh: each kernel's own
 # time, summed by name) and its first layer's two stage kernels at batch 32 in detail (speed of light, occupancy,
 # launch, warp states, scheduler: what bounds exl3_moe_kernel there).
+# PROFILE=detail (~1.5 minutes): only the stage kernels in detail (and the memory workload) at PROFILE_DETAIL_BATCHES
+# (default 32 1): what bounds the tile-column kernel at batch 32 (docs/kernels/moe.md), the first thing to run next.
 # PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips
-# memcheck. PROFILE's step profile ran (standalone, on an H100, tenth session); its stage-kernel detail has not run yet.
+# memcheck. PROFILE ran on the earlier stage kernel (tenth, eleventh sessions, H100), not on the tile-column one.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -100,23 +102,27 @@ bench_models() {
   models=$!
 }
 
-if [ "${PROFILE:-0}" = 1 ]; then  # the step's time, kernel by kernel (see the header)
+PROFILE=${PROFILE:-0}
+if [ "$PROFILE" = 1 ] || [ "$PROFILE" = detail ]; then  # the step's time, kernel by kernel (see the header)
   echo "== $(el) Qwen3-30B-A3B shape"
   bench_models 0; wait $models; cat /tmp/models.log
-  BENCH_SECONDS=300 bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,2,3,4,6,8,16,32}"
+  [ "$PROFILE" = detail ] ||
+    BENCH_SECONDS=300 bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,2,3,4,6,8,16,32}"
   if command -v ncu > /dev/null; then
-    for b in 1 32; do
+    steps="1 32"; [ "$PROFILE" = detail ] && steps=""
+    for b in $steps; do
       echo "== $(el) the last step's kernels, batch $b (Nsight Compute, serialised)"
       OUT="$OUT/b$b" EXL3_BIN=$B/exl3 MODEL=/tmp/models/qwen3 BATCH=$b timeout 240 bash scripts/device_step_profile.sh |
         head -40
     done
-    keys="exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|Stall"
-    keys="$keys|Issued|Eligible|Active Warps|Warp Cycles|Limit"
+    keys="exl3_moe_kernel|Duration|Throughput|Occupancy|Registers|Shared Memory|Block Size|Grid Size|Waves|[Ss]tall"
+    keys="$keys|Issued|Eligible|Active Warps|Warp Cycles|Limit|[Bb]ank|Shared|L1|L2|DRAM"
     for b in ${PROFILE_DETAIL_BATCHES:-32 1}; do
       echo "== $(el) the first layer's stage kernels at batch $b in detail"
       timeout 200 ncu --nvtx --nvtx-include "exl3_bench_last_step/" -k regex:exl3_moe_kernel --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-        --section SchedulerStats $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b $b -c 512 -g 4 -r 1 \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        $B/exl3 bench -m /tmp/models/qwen3 -d cuda -p 16 -b $b -c 512 -g 4 -r 1 \
         > "$OUT/ncu_moe_b$b.txt" 2>&1
       echo "exit $?"
       grep -vE "^==PROF==|^\| |^$" "$OUT/ncu_moe_b$b.txt" | grep -E "$keys" | head -90
