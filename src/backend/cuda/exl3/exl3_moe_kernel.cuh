@@ -146,7 +146,8 @@ static __device__ __noinline__ void moe_down_combine(const MoeCombine co, int gr
 // part pi) of the a-th active expert over stages [s * per, s * per + nst) of k, for all of the expert's rows in
 // passes of ROWS = 8 * BT. Warp w owns the group's 16 columns 16 w .. 16 w + 15 (tile column w) over the whole
 // stage, so it keeps one tile's accumulators (4 BT floats) and no reduction across warps is needed: three blocks
-// an SM fit the 8-row builds without spills (two with the 8 tiles' accumulators a warp held before).
+// an SM fit the 8-row builds in 80 registers (spills only at K1, 8-16 bytes; two blocks with the 8 tiles'
+// accumulators a warp held before).
 template <int K, int CB, int BT>
 __global__ void __launch_bounds__(kThreads, BT == 1 ? 3 : 2) exl3_moe_kernel(const MoeMmParams p) {
     constexpr int P = ring_stages(K);
