@@ -35,9 +35,10 @@
 # time, summed by name) and its first layer's two stage kernels at batch 32 in detail (speed of light, occupancy,
 # launch, warp states, scheduler: what bounds exl3_moe_kernel there).
 # PROFILE=detail (~1.5 minutes): only the stage kernels in detail (and the memory workload) at PROFILE_DETAIL_BATCHES
-# (default 32 1): what bounds the tile-column kernel at batch 32 (docs/kernels/moe.md), the first thing to run next.
-# PROFILE=1 DECODE=1: both in one call (the layer bench once, the models made once); DECODE_MEMCHECK=none skips
-# memcheck. PROFILE ran on the earlier stage kernel (tenth, eleventh sessions, H100), not on the tile-column one.
+# (default 32 1). Both profiles first write the K4 MUL1 8-row stage kernel's SASS to $OUT (cuobjdump) and print its
+# opcode counts: the instructions a tile (docs/kernels/moe.md, fourteenth session).
+# PROFILE=1 DECODE=1 (or PROFILE=detail DECODE=1): both in one call (the models made once); DECODE_MEMCHECK=none skips
+# memcheck.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -108,6 +109,15 @@ if [ "$PROFILE" = 1 ] || [ "$PROFILE" = detail ]; then  # the step's time, kerne
   bench_models 0; wait $models; cat /tmp/models.log
   [ "$PROFILE" = detail ] ||
     BENCH_SECONDS=300 bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,2,3,4,6,8,16,32}"
+  # The K4 MUL1 8-row stage kernel's SASS (the Qwen3-30B-A3B build): its opcodes counted, the listing kept.
+  if command -v cuobjdump > /dev/null; then
+    cuobjdump -sass -fun '_ZN4exl34cuda5exl3k15exl3_moe_kernelILi4ELi2ELi1EEEvNS1_11MoeMmParamsE' $B/exl3 \
+      > "$OUT/sass_moe_k4_mul1_bt1.txt" 2>&1
+    echo "== $(el) SASS of exl3_moe_kernel<4, 2, 1>: $(grep -cE '^ +/\*[0-9a-f]{4}\*/' "$OUT/sass_moe_k4_mul1_bt1.txt") instructions"
+    grep -E '^ +/\*[0-9a-f]{4}\*/' "$OUT/sass_moe_k4_mul1_bt1.txt" | sed -E 's/^ +\/\*[0-9a-f]+\*\/ +(@!?U?P[0-9T] +)?//' |
+      awk '{ split($1, o, "."); n[o[1]]++ } END { for (k in n) printf "%s %d\n", k, n[k] }' | sort -k2 -nr | head -30 | tr '\n' ' '
+    echo
+  fi
   if command -v ncu > /dev/null; then
     steps="1 32"; [ "$PROFILE" = detail ] && steps=""
     for b in $steps; do
