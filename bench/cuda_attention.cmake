@@ -25,3 +25,10 @@ target_link_libraries(bench_cuda_moe PRIVATE exl3_cuda exl3_cpu exl3_options)
 # Tensor parallelism: the one-rank sharded path against the plain executor, and the all-reduces of a step over GPUs.
 add_executable(bench_cuda_tp ${CMAKE_CURRENT_LIST_DIR}/cuda_tp_bench.cpp)
 target_link_libraries(bench_cuda_tp PRIVATE exl3_models exl3_options)
+
+# The step timeline lab (bench/lab/step_trace_lab.cpp): only where the kernels record one.
+if(EXL3_STEP_TRACE)
+  add_executable(step_trace_lab ${CMAKE_CURRENT_LIST_DIR}/lab/step_trace_lab.cpp)
+  target_link_libraries(step_trace_lab PRIVATE exl3_models exl3_cuda exl3_options)
+  target_include_directories(step_trace_lab PRIVATE ${PROJECT_SOURCE_DIR}/src)
+endif()

@@ -152,6 +152,19 @@ if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the
   exit 0
 fi
 
+# TRACE=1 (with DECODE=1, where a build with -DEXL3_STEP_TRACE=ON packed bench/lab/step_trace_lab by pack_device.sh's
+# LABS): the timeline of one decode step at TRACE_BATCHES (default 1,32), context 512, on the Qwen3-30B-A3B shape:
+# each launch's share of the step on its critical path (tools/bench/step_trace.py; docs/kernels/exl3.md note 44).
+trace_step() {
+  [ "${TRACE:-0}" = 1 ] && [ -x $B/labs/step_trace_lab ] || return 0
+  echo "== $(el) step timeline, batches ${TRACE_BATCHES:-1,32}"
+  timeout 120 $B/labs/step_trace_lab /tmp/models/qwen3 "$OUT/st" "${TRACE_BATCHES:-1,32}" 512 16 || return 0
+  for b in $(echo "${TRACE_BATCHES:-1,32}" | tr , ' '); do
+    python3 tools/bench/step_trace.py "$OUT/st.b$b.c512" --src src/backend/cuda > "$OUT/st_b$b.txt" 2>&1
+    echo "-- batch $b"; head -60 "$OUT/st_b$b.txt"
+  done
+}
+
 if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the header)
   echo "== $(el) random models (tiny for the tests; Qwen3-30B-A3B shape in the background)"
   tiny_model
@@ -180,6 +193,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
     echo "== $(el) tok/s, mean of ${ROUNDS:-1} round(s)"
     awk '{ k = $1 " " $2 " " $3; if (!(k in n)) order[++m] = k; s[k] += $4; n[k]++ }
       END { for (i = 1; i <= m; ++i) { k = order[i]; printf "%s: %.1f\n", k, s[k] / n[k] } }' /tmp/rounds.txt
+    trace_step
   fi
   echo "== $(el) done"
   exit 0

@@ -6,9 +6,9 @@ A build with -DEXL3_STEP_TRACE=ON records, for every block of every kernel that 
 launch before it has completed, so the releases order the chain: a launch's share of the step is the time from its
 first release to the next launch's first release (its critical path, hop included), whatever overlapped it.
 
-Usage (the records came from `exl3 bench` until the restructure, 598c874, took its hook out: a lab program must arm
-and write them again, cuda::step_trace_start / step_trace_stop; docs/kernels/exl3.md note 44):
-       EXL3_STEP_TRACE_OUT=/tmp/st exl3 bench -m MODEL -d cuda -p 16 -b 1 -c 512 -g 64
+Usage (a tree configured with -DEXL3_STEP_TRACE=ON builds bench/lab/step_trace_lab, which records the last of a few
+decode steps at each batch; scripts/device_moe.sh TRACE=1 runs it on the GPU machine):
+       step_trace_lab MODEL /tmp/st 1,32 512
        python3 tools/bench/step_trace.py /tmp/st.b1.c512 [--src src/backend/cuda] [--layer N]
 """
 import argparse
@@ -98,10 +98,14 @@ def main():
     recs = load(a.trace)
     ls = launches(recs, sites)
     starts = [i for i, l in enumerate(ls) if l["name"].startswith("embed_kernel")]
+    if not starts:
+        sys.exit(f"{len(recs)} records, {len(ls)} launches, no step")
     if len(starts) < 3:
-        sys.exit(f"{len(recs)} records, {len(ls)} launches, {len(starts)} steps: too few")
-    # Whole steps only (the last may be cut by the buffer's capacity); the first timed step is skipped.
-    steps = [ls[starts[i]:starts[i + 1] + 1] for i in range(1, len(starts) - 1)]
+        # One recorded step (step_trace_lab): from its embedding to its last launch (whose own share is not known).
+        steps = [ls[starts[-1]:]]
+    else:
+        # Whole steps only (the last may be cut by the buffer's capacity); the first timed step is skipped.
+        steps = [ls[starts[i]:starts[i + 1] + 1] for i in range(1, len(starts) - 1)]
     print(f"{len(recs)} records, {len(ls)} launches, {len(steps)} whole steps of {len(steps[0]) - 1} launches")
     lens = [(s[-1]["t1"][0] - s[0]["t1"][0]) / 1e3 for s in steps]
     print(f"step (embed release to the next embed release): median {statistics.median(lens):.1f} us, "
