@@ -37,6 +37,7 @@
 # PROFILE=detail (~1.5 minutes): only the stage kernels in detail (and the memory workload) at PROFILE_DETAIL_BATCHES
 # (default 32 1). Both profiles first write the K4 MUL1 8-row stage kernel's SASS to $OUT (cuobjdump) and print its
 # opcode counts: the instructions a tile (docs/kernels/moe.md, fourteenth session).
+# TESTS_ONLY=1: DECODE=1's tests and memcheck on the layer's kernels, nothing else (~1.5 minutes).
 # PROFILE=1 DECODE=1 (or PROFILE=detail DECODE=1): both in one call (the models made once); DECODE_MEMCHECK=none skips
 # memcheck.
 # Usage (device tool): bash scripts/device_moe.sh [P=.device/r1]
@@ -164,6 +165,16 @@ trace_step() {
     echo "-- batch $b"; head -60 "$OUT/st_b$b.txt"
   done
 }
+
+if [ "${TESTS_ONLY:-0}" = 1 ]; then  # DECODE=1's tests and memcheck alone (~1.5 minutes; no bench models)
+  tiny_model
+  moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*:CudaModel.Exl3Experts*:*OpsFixture.Gemv*' 240
+  gen_tests
+  bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
+  memcheck "$LAYER_MEMCHECK" 150
+  echo "== $(el) done"
+  exit 0
+fi
 
 if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the header)
   echo "== $(el) random models (tiny for the tests; Qwen3-30B-A3B shape in the background)"
