@@ -81,6 +81,12 @@ bin_tests() {
   cat /tmp/bin_tests.log >> "$OUT/tests.log"
 }
 gen_tests() { bin_tests exl3_cuda_generator_tests 'GeneratorCuda.BatchInvariant*'; }
+# The tests' outcome once more, printed last (the device tool keeps only the output's tail and a few files of $OUT).
+test_summary() {
+  [ -f "$OUT/tests.log" ] || return 0
+  echo "== tests: $(grep -c '^\[       OK \]' "$OUT/tests.log") OK, $(grep -c '^\[  FAILED  \] [A-Za-z]' "$OUT/tests.log") failed"
+  grep -E "^\[  (PASSED|FAILED) |^\[  FAILED  \] [A-Za-z]" "$OUT/tests.log" | head -20
+}
 # bench_cuda_moe ($@: its options).
 bench_layer() {
   echo "== $(el) bench_cuda_moe $*"
@@ -149,9 +155,10 @@ if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the
   moe_tests '*MoeLayer*:MoeRouteSort*:*FamilyOps.Moe*' 300
   memcheck "$LAYER_MEMCHECK"
   bench_layer --shape qwen3-30b-a3b --tokens "${BENCH_TOKENS:-1,8,32}"
-  echo "== $(el) done"
+  test_summary; echo "== $(el) done"
   exit 0
 fi
+
 
 # TRACE=1 (with DECODE=1, where a build with -DEXL3_STEP_TRACE=ON packed bench/lab/step_trace_lab by pack_device.sh's
 # LABS): the timeline of one decode step at TRACE_BATCHES (default 1,32), context 512, on the Qwen3-30B-A3B shape:
@@ -159,9 +166,10 @@ fi
 trace_step() {
   [ "${TRACE:-0}" = 1 ] && [ -x $B/labs/step_trace_lab ] || return 0
   echo "== $(el) step timeline, batches ${TRACE_BATCHES:-1,32}"
-  timeout 120 $B/labs/step_trace_lab /tmp/models/qwen3 "$OUT/st" "${TRACE_BATCHES:-1,32}" 512 16 || return 0
+  # The records stay here (tens of MB); the summaries go to $OUT (the device tool returns a few files only).
+  timeout 120 $B/labs/step_trace_lab /tmp/models/qwen3 /tmp/st "${TRACE_BATCHES:-1,32}" 512 16 || return 0
   for b in $(echo "${TRACE_BATCHES:-1,32}" | tr , ' '); do
-    python3 tools/bench/step_trace.py "$OUT/st.b$b.c512" --src src/backend/cuda > "$OUT/st_b$b.txt" 2>&1
+    python3 tools/bench/step_trace.py "/tmp/st.b$b.c512" --src src/backend/cuda > "$OUT/st_b$b.txt" 2>&1
     echo "-- batch $b"; head -60 "$OUT/st_b$b.txt"
   done
 }
@@ -172,7 +180,7 @@ if [ "${TESTS_ONLY:-0}" = 1 ]; then  # DECODE=1's tests and memcheck alone (~1.5
   gen_tests
   bin_tests exl3_cuda_tp_tests 'CudaTensorParallel.Exl3Experts*'
   memcheck "$LAYER_MEMCHECK" 150
-  echo "== $(el) done"
+  test_summary; echo "== $(el) done"
   exit 0
 fi
 
@@ -206,7 +214,7 @@ if [ "${DECODE:-0}" = 1 ]; then  # a decode change, before and after (see the he
       END { for (i = 1; i <= m; ++i) { k = order[i]; printf "%s: %.1f\n", k, s[k] / n[k] } }' /tmp/rounds.txt
     trace_step
   fi
-  echo "== $(el) done"
+  test_summary; echo "== $(el) done"
   exit 0
 fi
 
@@ -229,4 +237,4 @@ for m in qwen3 mixtral; do
   grep -E "^experts:|^ideal step|^\| [0-9]+ \||error|Error" /tmp/bench_$m.log | head -12
   rm -rf /tmp/models/$m  # disk
 done
-echo "== $(el) done"
+test_summary; echo "== $(el) done"
