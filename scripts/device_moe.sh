@@ -159,7 +159,6 @@ if [ "${QUICK:-0}" = 1 ]; then  # the layer's kernels only: tests, memcheck, the
   exit 0
 fi
 
-
 # TRACE=1 (with DECODE=1, where a build with -DEXL3_STEP_TRACE=ON packed bench/lab/step_trace_lab by pack_device.sh's
 # LABS): the timeline of one decode step at TRACE_BATCHES (default 1,32), context 512, on the Qwen3-30B-A3B shape:
 # each launch's share of the step on its critical path (tools/bench/step_trace.py; docs/kernels/exl3.md note 44).

@@ -106,9 +106,12 @@ def main():
     else:
         # Whole steps only (the last may be cut by the buffer's capacity); the first timed step is skipped.
         steps = [ls[starts[i]:starts[i + 1] + 1] for i in range(1, len(starts) - 1)]
-    print(f"{len(recs)} records, {len(ls)} launches, {len(steps)} whole steps of {len(steps[0]) - 1} launches")
+    one = len(starts) < 3
+    print(f"{len(recs)} records, {len(ls)} launches, {len(steps)} whole steps of {len(steps[0]) - 1} launches"
+          + (" (one step: the last launch's share is not known and not counted)" if one else ""))
     lens = [(s[-1]["t1"][0] - s[0]["t1"][0]) / 1e3 for s in steps]
-    print(f"step (embed release to the next embed release): median {statistics.median(lens):.1f} us, "
+    span = "embed release to the last launch's release" if one else "embed release to the next embed release"
+    print(f"step ({span}): median {statistics.median(lens):.1f} us, "
           f"min {min(lens):.1f}, max {max(lens):.1f}")
 
     # Per launch position: its share (first release to the next launch's first release), median over steps.
